@@ -1,0 +1,68 @@
+"""`ffkv index` time over a plain forward pass of the same model on the same batches.
+
+Both run in this process, alternating, on a GPT-2-small-shaped model and real
+WikiText-103 sentences; the index time includes reading and tokenizing the corpus,
+the reductions, the top-k merges and writing every table. Goal: ratio <= 1.10.
+
+    python benchmarks/index_overhead.py [--device cuda] [--dtype bfloat16] [--sentences 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from common import corpus_file, gpt2_small, timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--sentences", type=int, default=384)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--mode", default="example")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    from ffkv.corpus import CorpusReader, CorpusSpec
+    from ffkv.index.batching import collate, length_batches, windows
+    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, run_forward
+
+    loaded = gpt2_small(args.device, args.dtype)
+    spec = CorpusSpec(source=str(corpus_file(args.sentences)), unit="sentence", max_examples=args.sentences)
+    batching = BatchOptions(batch_size=args.batch_size)
+    # The same batches the indexer forms: same windows, same length grouping.
+    examples = list(CorpusReader(spec, loaded.tokenizer))
+    batches = [collate(g, loaded.tokenizer.pad_id, loaded.tokenizer.special_ids).to(args.device)
+               for w in windows(examples, batching.batch_size * batching.window_batches)
+               for g in length_batches(w, batching.batch_size, batching.max_batch_tokens)]
+    n_tokens = sum(b.n_tokens for b in batches)
+
+    def forward():
+        for b in batches:
+            run_forward(loaded, b)
+
+    def index():
+        out = Path(tempfile.mkdtemp()) / "run"
+        build_index(loaded, spec, out, IndexOptions(top_k=50, mode=args.mode), batching, progress=False)
+        shutil.rmtree(out.parent)
+
+    forward()  # warm-up
+    t_forward, t_index = [], []
+    for _ in range(args.repeats):
+        t_forward.append(timed(forward))
+        t_index.append(timed(index))
+    f, i = min(t_forward), min(t_index)
+    print(f"device={args.device} dtype={args.dtype} examples={len(examples)} tokens={n_tokens} "
+          f"batches={len(batches)} mode={args.mode}")
+    print(f"plain forward: {f:.2f} s ({n_tokens / f:,.0f} tok/s)   ffkv index: {i:.2f} s ({n_tokens / i:,.0f} tok/s)")
+    print(f"ratio index/forward = {i / f:.3f}   (goal <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()

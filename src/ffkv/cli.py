@@ -1,0 +1,144 @@
+"""The `ffkv` command: a thin layer that parses options and calls the library.
+
+Every user-input problem surfaces as one line `ffkv: error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Callable, Sequence
+
+from ffkv.errors import FfkvError, FfkvWarning
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str):
+    """Register the function that runs a subcommand."""
+    def wrap(fn):
+        COMMANDS[name] = fn
+        return fn
+    return wrap
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="ffkv-tiny",
+                   help="ffkv-tiny (embedded), a local Hugging Face or fairseq model directory, or a hub id "
+                        "(default: %(default)s)")
+    g.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="float32 is the exact reference (default: %(default)s)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+
+
+def _add_corpus_options(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("corpus")
+    g.add_argument("--corpus", required=required, default=None,
+                   help="a text/WikiText/JSONL/Parquet file or folder, or hf:<dataset id>[:<config>]")
+    g.add_argument("--format", default="auto", choices=("auto", "text", "wikitext", "jsonl", "parquet", "hf"))
+    g.add_argument("--unit", default="sentence", choices=("sentence", "line", "document", "window"),
+                   help="what one example is (default: %(default)s, as in the paper)")
+    g.add_argument("--window", type=_positive_int, default=128, help="tokens per example with --unit window")
+    g.add_argument("--text-field", default="text", help="text column of JSONL/Parquet/datasets sources")
+    g.add_argument("--split", default="all", choices=("all", "train", "heldout"),
+                   help="for sources without splits of their own: a deterministic hash split")
+    g.add_argument("--hf-split", default="train", help="split of a Hugging Face dataset")
+    g.add_argument("--seed", type=int, default=None, help="shuffle seed: with --max-examples, a random subset")
+    g.add_argument("--max-examples", type=_positive_int, default=None, help="use at most this many examples")
+    g.add_argument("--max-tokens", type=_positive_int, default=512, help="truncate each example (default 512)")
+
+
+def _corpus_spec(args: argparse.Namespace, source: str):
+    from ffkv.corpus import CorpusSpec
+
+    return CorpusSpec(source=source, format=args.format, unit=args.unit, window=args.window,
+                      text_field=args.text_field, split=args.split, hf_split=args.hf_split,
+                      shuffle_seed=args.seed, max_examples=args.max_examples, max_tokens=args.max_tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ffkv",
+        description="Read transformer feed-forward layers as key-value memories (Geva et al. 2021).",
+        epilog="Start with `ffkv demo`. Each command has its own --help.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("index", help="find the top trigger examples of every key in every layer",
+                       description="One streaming pass over a corpus: for every layer and key, the top-k "
+                                   "examples whose prefixes activate the key most (SPEC section 3).")
+    _add_model_options(p)
+    _add_corpus_options(p, required=True)
+    p.add_argument("--out", required=True, help="run directory to create (or to resume)")
+    p.add_argument("--top-k", type=_positive_int, default=50, help="trigger examples per key (default 50)")
+    p.add_argument("--mode", default="example", choices=("example", "prefix"),
+                   help="example: one prefix per example per key (paper); prefix: every prefix competes")
+    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
+                   help="cap on padded tokens per batch (default 16384)")
+    p.add_argument("--checkpoint-seconds", type=float, default=300.0,
+                   help="save a resumable checkpoint this often (default 300)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+@command("index")
+def _index(args: argparse.Namespace) -> int:
+    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.models import load_model
+
+    spec = _corpus_spec(args, args.corpus)
+    options = IndexOptions(top_k=args.top_k, mode=args.mode)
+    batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
+                            checkpoint_seconds=args.checkpoint_seconds)
+    options.validate()
+    batching.validate()
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    run = build_index(loaded, spec, args.out, options, batching, resume=args.resume,
+                      progress=not args.no_progress)
+    manifest = run.manifest()
+    print(f"indexed {manifest['counts']['examples']:,} examples ({manifest['counts']['tokens']:,} tokens) "
+          f"in {manifest['timings']['index_seconds']:.1f} s -> {run.path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `ffkv` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FfkvWarning)
+        try:
+            code = COMMANDS[args.command](args)
+        except FfkvError as exc:
+            print(f"ffkv: error: {exc}", file=sys.stderr)
+            code = 2
+        except KeyboardInterrupt:
+            print("\nffkv: interrupted; the last checkpoint is saved: rerun the same command with --resume",
+                  file=sys.stderr)
+            code = 130
+        finally:
+            for w in caught:
+                if issubclass(w.category, FfkvWarning):
+                    print(f"ffkv: warning: {w.message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Examples to padded batches, grouped by similar length to waste little on padding.
+
+Batches are built from consecutive windows of the example stream, so a run can
+checkpoint after any window and resume by skipping the examples already consumed.
+Within a batch, rows are in ascending example id, which the exact tie-break needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    """A padded batch (right padding).
+
+    Attributes:
+        example_ids: (B,) int64, ascending.
+        input_ids: (B, T) int64, padded with the tokenizer's pad id.
+        attention_mask: (B, T) int64, 1 on real tokens.
+        competes: (B, T) bool, positions whose prefix competes for trigger examples
+            (real tokens that are not special tokens such as BOS or SEP).
+        next_token: (B, T) int32, the next token of each prefix, -1 at the end.
+        n_tokens: number of real tokens.
+    """
+
+    example_ids: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    competes: torch.Tensor
+    next_token: torch.Tensor
+    n_tokens: int
+
+    def to(self, device: torch.device | str) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.example_ids), move(self.input_ids), move(self.attention_mask),
+                     move(self.competes), move(self.next_token), self.n_tokens)
+
+
+def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = ()) -> Batch:
+    """Pad examples (objects with `example_id` and `token_ids`) into one `Batch`."""
+    examples = sorted(examples, key=lambda e: e.example_id)
+    lengths = [len(e.token_ids) for e in examples]
+    b, t = len(examples), max(lengths)
+    ids = np.full((b, t), pad_id, dtype=np.int64)
+    nxt = np.full((b, t), -1, dtype=np.int32)
+    mask = np.zeros((b, t), dtype=np.int64)
+    for row, (e, n) in enumerate(zip(examples, lengths)):
+        ids[row, :n] = e.token_ids
+        nxt[row, : n - 1] = e.token_ids[1:]
+        mask[row, :n] = 1
+    input_ids = torch.from_numpy(ids)
+    attention_mask = torch.from_numpy(mask)
+    competes = attention_mask.bool()
+    special = torch.tensor(sorted(set(special_ids)), dtype=torch.int64)
+    if len(special):
+        competes &= ~torch.isin(input_ids, special)
+    return Batch(
+        example_ids=torch.tensor([e.example_id for e in examples], dtype=torch.int64),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        competes=competes,
+        next_token=torch.from_numpy(nxt),
+        n_tokens=int(sum(lengths)),
+    )
+
+
+def windows(examples: Iterable, window: int) -> Iterator[list]:
+    """Consecutive lists of `window` examples (the last may be shorter)."""
+    chunk: list = []
+    for e in examples:
+        chunk.append(e)
+        if len(chunk) == window:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def length_batches(chunk: Sequence, batch_size: int, max_batch_tokens: int | None = None) -> list[list]:
+    """Split one window into batches of similar length (stable: ties keep stream order).
+
+    A batch holds at most `batch_size` examples and, when given, at most
+    `max_batch_tokens` padded tokens.
+    """
+    by_length = sorted(chunk, key=lambda e: len(e.token_ids))
+    batches: list[list] = []
+    current: list = []
+    for e in by_length:
+        # Sorted by length, so e is the longest of the batch it would join.
+        too_many = max_batch_tokens is not None and current and len(e.token_ids) * (len(current) + 1) > max_batch_tokens
+        if len(current) == batch_size or too_many:
+            batches.append(current)
+            current = []
+        current.append(e)
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,281 @@
+"""`ffkv index`: the top-t trigger examples of every key in every layer, in one streaming pass.
+
+SPEC section 3. The corpus is read once, in windows of consecutive examples; each
+window is cut into batches of similar length, run through the model with a
+coefficient capture that reduces every layer at once (`TriggerReducer`), and
+merged into an exact running top-k kept on the model's device. After a window,
+the run may checkpoint; `resume=True` continues from the last checkpoint and ends
+with the identical result. Peak memory: one layer's activations for one batch,
+the (L, d_m, k) state, and at most `part_rows` buffered examples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm.auto import tqdm
+
+from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
+from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.index.batching import Batch, collate, length_batches, windows
+from ffkv.index.reducer import MODES, TriggerReducer
+from ffkv.index.interrupt import deferred_interrupt
+from ffkv.index.topk import EMPTY, TopKState
+from ffkv.models.loading import LoadedModel
+from ffkv.store import atomic, schemas
+from ffkv.store.run import FORMAT_VERSION, RunDir, library_versions
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """Options of `build_index` that shape the result (batching never does)."""
+
+    top_k: int = 50
+    mode: str = "example"
+
+    def validate(self) -> None:
+        if not isinstance(self.top_k, int) or not 1 <= self.top_k <= 32767:
+            raise FfkvError(f"--top-k must be an integer from 1 to 32767, got {self.top_k!r}")
+        if self.mode not in MODES:
+            raise FfkvError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How examples are grouped for the forward pass (speed only, never the result)."""
+
+    batch_size: int = 32
+    max_batch_tokens: int | None = 16384
+    window_batches: int = 16
+    checkpoint_seconds: float = 300.0
+    part_rows: int = 50_000
+
+    def validate(self) -> None:
+        for name in ("batch_size", "window_batches", "part_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise FfkvError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise FfkvError(f"--max-batch-tokens must be positive, got {self.max_batch_tokens!r}")
+        if self.checkpoint_seconds < 0:
+            raise FfkvError(f"--checkpoint-seconds must be >= 0, got {self.checkpoint_seconds!r}")
+
+
+class _ExampleParts:
+    """Examples buffered and written as numbered Parquet parts under RUN/.partial/."""
+
+    def __init__(self, folder: Path, part_rows: int, first_part: int) -> None:
+        self.folder = folder
+        self.part_rows = part_rows
+        self.n_parts = first_part
+        self.rows: list = []
+
+    def add(self, examples) -> None:
+        self.rows.extend(examples)
+        if len(self.rows) >= self.part_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        table = pa.table({
+            "example_id": pa.array([e.example_id for e in self.rows], pa.int64()),
+            "token_ids": pa.array([e.token_ids.tolist() for e in self.rows], pa.list_(pa.int32())),
+            "text": pa.array([e.text for e in self.rows], pa.string()),
+        }, schema=schemas.EXAMPLES)
+        atomic.write_parquet(self.folder / f"examples-{self.n_parts:06d}.parquet", table)
+        self.n_parts += 1
+        self.rows = []
+
+    def discard_after(self, n_parts: int) -> None:
+        """Remove parts written after the checkpoint that is being resumed."""
+        for path in self.folder.glob("examples-*.parquet"):
+            if int(path.stem.split("-")[1]) >= n_parts:
+                path.unlink()
+
+    def assemble(self, path: Path) -> int:
+        """Concatenate the parts, in example-id order, into one table; returns its row count."""
+        parts = sorted(self.folder.glob("examples-*.parquet"))
+        rows = 0
+        with atomic.atomic_path(path) as tmp:
+            with pq.ParquetWriter(tmp, schemas.EXAMPLES, compression="zstd") as writer:
+                for table in map(pq.read_table, parts):
+                    writer.write_table(table.sort_by("example_id"))
+                    rows += table.num_rows
+        return rows
+
+
+def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> dict:
+    return {
+        "model_id": loaded.model_id,
+        "weights_sha256": loaded.weights_hash(),
+        "dtype": loaded.dtype,
+        "corpus": spec.to_dict(),
+        "corpus_fingerprint": fingerprint(spec),
+        "index": asdict(options),
+    }
+
+
+def trigger_table(state: TopKState) -> pa.Table:
+    """The state as the public trigger_examples table, sorted by (layer, key, rank)."""
+    state = state.to("cpu")
+    n_layers, d_m, k = state.values.shape
+    filled = state.example_id != EMPTY
+    layer, key, rank = torch.nonzero(filled, as_tuple=True)
+    return pa.table({
+        "layer": pa.array(layer.to(torch.int16).numpy()),
+        "key": pa.array(key.to(torch.int32).numpy()),
+        "rank": pa.array(rank.to(torch.int16).numpy()),
+        "coefficient": pa.array(state.values[filled].numpy()),
+        "example_id": pa.array(state.example_id[filled].numpy()),
+        "position": pa.array(state.position[filled].numpy()),
+        "next_token_id": pa.array(state.next_token[filled].numpy()),
+    }, schema=schemas.TRIGGER_EXAMPLES)
+
+
+def run_forward(loaded: LoadedModel, batch: Batch) -> None:
+    """A plain forward pass of the model's blocks (the benchmark's baseline)."""
+    loaded.view.forward(batch.input_ids, batch.attention_mask)
+
+
+def build_index(
+    loaded: LoadedModel,
+    spec: CorpusSpec,
+    out: str | Path,
+    options: IndexOptions = IndexOptions(),
+    batching: BatchOptions = BatchOptions(),
+    resume: bool = False,
+    progress: bool = True,
+    after_window: Callable[[int], None] | None = None,
+) -> RunDir:
+    """Index a corpus: write RUN/{manifest.json, examples.parquet, trigger_examples.parquet}.
+
+    Args:
+        loaded: the model (see `ffkv.models.loading.load_model`).
+        spec: the corpus.
+        out: the run directory (created; must be new, or an interrupted run with `resume`).
+        options: top-k and mode (they define the result).
+        batching: batch size, grouping and checkpoint interval (speed only).
+        resume: continue an interrupted run from its last checkpoint.
+        progress: show a progress bar.
+        after_window: called with the number of windows done (tests use it to interrupt).
+
+    Returns:
+        The finished run directory.
+    """
+    options.validate()
+    batching.validate()
+    run = RunDir(out)
+    identity = _identity(loaded, spec, options)
+    previous = run.prepare(identity, resume)
+    view = loaded.view
+    device = view.device
+    started = time.time()
+    checkpoint_path = run.partial / "checkpoint.pt"
+
+    state = TopKState.empty(view.n_layers, view.d_m, options.top_k, device)
+    consumed = n_tokens = 0
+    elapsed_before = 0.0
+    if previous is not None and checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, map_location=device, weights_only=True)
+        state = TopKState.from_state_dict(saved["state"])
+        consumed, n_tokens = int(saved["consumed"]), int(saved["n_tokens"])
+        elapsed_before = float(saved["elapsed"])
+        first_part = int(saved["n_parts"])
+        groups_done = int(saved["groups_done"])
+    else:
+        first_part = groups_done = 0
+    run.partial.mkdir(parents=True, exist_ok=True)
+    parts = _ExampleParts(run.partial, batching.part_rows, first_part)
+    parts.discard_after(first_part)
+
+    manifest = previous or {
+        "format_version": FORMAT_VERSION,
+        "kind": "ffkv-run",
+        "status": "running",
+        "identity": identity,
+        "model": {
+            "id": loaded.model_id, "family": view.arch.family, "n_layers": view.n_layers, "d_m": view.d_m,
+            "d_model": view.d_model, "vocab_size": view.vocab_size, "dtype": loaded.dtype,
+            "gated": view.gated, "parallel": view.parallel, "encoder": view.encoder,
+            "resid_mid": view.resid_mid_definition,
+        },
+        "corpus": spec.to_dict(),
+        "index": {**asdict(options), "batching": asdict(batching)},
+        "versions": library_versions(),
+        "timings": {},
+    }
+    manifest["status"] = "running"
+    run.write_manifest(manifest)
+
+    reducer = TriggerReducer(state, options.mode)
+    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+    reader = CorpusReader(spec, loaded.tokenizer)
+    stream = itertools.islice(iter(reader), consumed, None)
+    total = reader.approx_total()
+    bar = tqdm(total=total, initial=consumed, unit="ex", disable=not progress, dynamic_ncols=True,
+               desc="index", smoothing=0.05)
+    last_checkpoint = time.time()
+
+    def checkpoint() -> None:
+        parts.flush()
+        with atomic.atomic_path(checkpoint_path) as tmp:
+            torch.save({"state": state.state_dict(), "consumed": consumed, "n_tokens": n_tokens,
+                        "n_parts": parts.n_parts, "groups_done": groups_done,
+                        "elapsed": elapsed_before + time.time() - started}, tmp)
+
+    n_windows = 0
+    with view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
+        for chunk in windows(stream, batching.batch_size * batching.window_batches):
+            groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
+            for group in groups[groups_done:]:
+                batch = collate(group, loaded.tokenizer.pad_id, special).to(device)
+                reducer.start(batch)
+                view.forward(batch.input_ids, batch.attention_mask)
+                reducer.commit()
+                groups_done += 1
+                n_tokens += batch.n_tokens
+                bar.update(len(group))
+                bar.set_postfix(tok_s=f"{n_tokens / max(time.time() - started + elapsed_before, 1e-9):,.0f}",
+                                refresh=False)
+                if interrupted():
+                    # The state holds whole batches: save it, with the batches done in this window.
+                    bar.close()
+                    checkpoint()
+                    run.update_manifest(status="interrupted")
+                    raise KeyboardInterrupt
+            consumed += len(chunk)
+            parts.add(chunk)
+            groups_done = 0
+            n_windows += 1
+            if time.time() - last_checkpoint >= batching.checkpoint_seconds:
+                checkpoint()
+                last_checkpoint = time.time()
+            if after_window is not None:
+                after_window(n_windows)
+    bar.close()
+
+    if consumed == 0:
+        raise FfkvError("the corpus gave no examples (empty, or every example shorter than --min-tokens)")
+    if consumed < options.top_k:
+        warnings.warn(f"--top-k {options.top_k} is larger than the {consumed} examples in the corpus; "
+                      f"keeping all {consumed} for every key", FfkvWarning, stacklevel=2)
+    parts.flush()
+    n_examples = parts.assemble(run.table("examples"))
+    atomic.write_parquet(run.table("trigger_examples"), trigger_table(state))
+    manifest["timings"]["index_seconds"] = round(elapsed_before + time.time() - started, 3)
+    manifest["counts"] = {"examples": n_examples, "tokens": n_tokens}
+    manifest["status"] = "complete"
+    run.write_manifest(manifest)
+    for path in run.partial.glob("*"):
+        path.unlink()
+    run.partial.rmdir()
+    return run

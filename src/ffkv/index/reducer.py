@@ -1,0 +1,73 @@
+"""Reduce one layer's coefficients of one batch to its top-k trigger candidates per key.
+
+This runs inside the forward pass (as a capture sink), so a layer's full
+coefficient tensor is dropped as soon as it is reduced: memory stays at one
+layer's activations, whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ffkv.index.batching import Batch
+from ffkv.index.topk import EMPTY, TopKState, select_top
+
+MODES = ("example", "prefix")
+
+
+class TriggerReducer:
+    """Collects per-batch candidates from coefficient captures, then merges them into a state.
+
+    Candidates are merged only in `commit`, after the whole forward pass, so the
+    state is always consistent with a whole number of batches (safe to checkpoint
+    even when a pass is interrupted).
+    """
+
+    def __init__(self, state: TopKState, mode: str = "example") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.state = state
+        self.mode = mode
+        self.batch: Batch | None = None
+        self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def start(self, batch: Batch) -> None:
+        """Announce the batch whose coefficients the next forward pass produces."""
+        self.batch = batch
+        self._blocked = ~batch.competes[..., None]
+        self._pending.clear()
+
+    def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
+        """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key."""
+        batch = self.batch
+        c = coefficients.float()  # in place where already float32: the model is done with it
+        c.masked_fill_(self._blocked, float("-inf"))
+        b, t, d_m = c.shape
+        if self.mode == "example":
+            # torch.max over a dimension returns the first maximal index: ties go to the lower position.
+            best, pos = c.max(dim=1)                                            # (B, d_m)
+            has_any = batch.competes.any(dim=1)
+            eid = torch.where(has_any, batch.example_ids, EMPTY)
+            values = best.T                                                     # (d_m, B)
+            position = pos.T
+            example_id = eid[None, :].expand(d_m, b)
+            next_token = batch.next_token.gather(1, position.T).T
+        else:
+            values = c.reshape(b * t, d_m).T                                    # (d_m, B*T), (eid, pos) order
+            flat_eid = torch.where(batch.competes, batch.example_ids[:, None], EMPTY).reshape(-1)
+            position = torch.arange(t, device=c.device).repeat(b)[None, :].expand(d_m, -1)
+            example_id = flat_eid[None, :].expand(d_m, -1)
+            next_token = batch.next_token.reshape(-1)[None, :].expand(d_m, -1)
+        k = min(self.state.k, values.shape[1])
+        if k < values.shape[1]:
+            top = select_top(values, k)
+            values, example_id = values.gather(1, top), example_id.gather(1, top)
+            position, next_token = position.gather(1, top), next_token.gather(1, top)
+        self._pending[layer] = (values, example_id, position, next_token)
+
+    def commit(self) -> None:
+        """Merge the finished batch's candidates into the state."""
+        for layer, candidates in self._pending.items():
+            self.state.merge_layer(layer, *candidates)
+        self._pending.clear()
+        self.batch = self._blocked = None

@@ -1,0 +1,120 @@
+"""Exact running top-k of candidates per (layer, key), kept on the model's device.
+
+Order (SPEC section 3): higher coefficient first; ties by lower example id, then
+lower position. The state merges exactly and associatively, so shards, batches
+and resumed runs all end with the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: example id of an empty slot; it loses every tie.
+EMPTY = torch.iinfo(torch.int64).max
+
+
+def _ordered_bits(values: torch.Tensor) -> torch.Tensor:
+    """Map float32 to int64 so that integer order equals float order (-0.0 counts as 0.0)."""
+    bits = (values.float() + 0.0).view(torch.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)
+
+
+def select_top(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k best columns of each row, ties going to the lower column.
+
+    Args:
+        values: (rows, n) float scores; columns must already be in tie-break order.
+        k: how many to keep (at most n).
+
+    Returns:
+        (rows, k) int64 column indices, best first.
+    """
+    n = values.shape[-1]
+    if n >= 2**32:
+        raise ValueError("too many candidates in one batch for the 32-bit tie-break field")
+    order = torch.arange(n - 1, -1, -1, device=values.device, dtype=torch.int64)
+    key = (_ordered_bits(values) << 32) | order
+    return key.topk(k, dim=-1, sorted=True).indices
+
+
+def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Row-wise permutation sorting by (-value, example_id, position), stable sorts last key first."""
+    perm = position.argsort(dim=-1, stable=True)
+    perm = perm.gather(-1, example_id.gather(-1, perm).argsort(dim=-1, stable=True))
+    return perm.gather(-1, (-values).gather(-1, perm).argsort(dim=-1, stable=True))
+
+
+@dataclass
+class TopKState:
+    """Top-k entries of every key of every layer: tensors of shape (L, d_m, k)."""
+
+    values: torch.Tensor
+    example_id: torch.Tensor
+    position: torch.Tensor
+    next_token: torch.Tensor
+
+    @classmethod
+    def empty(cls, n_layers: int, d_m: int, k: int, device: torch.device | str = "cpu") -> "TopKState":
+        shape = (n_layers, d_m, k)
+        return cls(
+            values=torch.full(shape, float("-inf"), dtype=torch.float32, device=device),
+            example_id=torch.full(shape, EMPTY, dtype=torch.int64, device=device),
+            position=torch.zeros(shape, dtype=torch.int32, device=device),
+            next_token=torch.full(shape, -1, dtype=torch.int32, device=device),
+        )
+
+    @property
+    def k(self) -> int:
+        return self.values.shape[-1]
+
+    def merge_layer(
+        self,
+        layer: int,
+        values: torch.Tensor,
+        example_id: torch.Tensor,
+        position: torch.Tensor,
+        next_token: torch.Tensor,
+    ) -> None:
+        """Merge candidates (d_m, n) of one layer into the state, keeping the best k per key."""
+        rows = None
+        if values.device.type == "cpu":
+            # Only keys where some candidate reaches the current k-th value can change; on a
+            # CPU, selecting them first saves most of the sorting once the state has filled.
+            reach = values.max(dim=-1).values >= self.values[layer, :, -1]
+            if not bool(reach.all()):
+                rows = reach.nonzero().squeeze(1)
+                if rows.numel() == 0:
+                    return
+                values, example_id = values[rows], example_id[rows]
+                position, next_token = position[rows], next_token[rows]
+        own = [t[layer] if rows is None else t[layer, rows]
+               for t in (self.values, self.example_id, self.position, self.next_token)]
+        v = torch.cat([own[0], values.float()], dim=-1)
+        e = torch.cat([own[1], example_id], dim=-1)
+        p = torch.cat([own[2], position.to(torch.int32)], dim=-1)
+        t = torch.cat([own[3], next_token.to(torch.int32)], dim=-1)
+        keep = _lexsort(v, e, p)[:, : self.k]
+        for target, source in zip((self.values, self.example_id, self.position, self.next_token), (v, e, p, t)):
+            if rows is None:
+                target[layer] = source.gather(-1, keep)
+            else:
+                target[layer, rows] = source.gather(-1, keep)
+
+    def merge(self, other: "TopKState") -> None:
+        """Merge another state (e.g. another shard's) into this one, exactly."""
+        for layer in range(self.values.shape[0]):
+            self.merge_layer(layer, other.values[layer], other.example_id[layer],
+                             other.position[layer], other.next_token[layer])
+
+    def to(self, device: torch.device | str) -> "TopKState":
+        return TopKState(*(t.to(device) for t in (self.values, self.example_id, self.position, self.next_token)))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"values": self.values, "example_id": self.example_id,
+                "position": self.position, "next_token": self.next_token}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor]) -> "TopKState":
+        return cls(state["values"], state["example_id"], state["position"], state["next_token"])

@@ -1,0 +1,112 @@
+"""Load a model and its tokenizer by name: a Hugging Face hub id, a local directory, or an ffkv name.
+
+Named models (such as the embedded ``ffkv-tiny``) and special checkpoint layouts
+(such as fairseq's) register a loader in `LOADERS`; everything else goes through
+Hugging Face's Auto classes. Nothing is downloaded unless the user names a hub id
+on a machine with a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ffkv.errors import FfkvError
+from ffkv.memories.view import MemoryView
+from ffkv.models.tokenizer import HFTokenizer, Tokenizer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for analysis: weights in eval mode, its tokenizer and memory view."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    view: MemoryView
+    model_id: str
+    dtype: str
+    device: str
+
+    def weights_hash(self) -> str:
+        """sha256 over every parameter and buffer (names, shapes and bytes), in name order."""
+        h = hashlib.sha256()
+        for name, t in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+
+#: A loader claims a model name (returns None when it does not apply) and loads it.
+Loader = Callable[[str, torch.dtype, str], "tuple[nn.Module, Tokenizer] | None"]
+LOADERS: list[Loader] = []
+
+
+def register_loader(loader: Loader) -> Loader:
+    """Add a loader tried before the Hugging Face Auto classes (usable as a decorator)."""
+    LOADERS.append(loader)
+    return loader
+
+
+def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tokenizer]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001 - HF raises many types; the user needs one line
+        raise FfkvError(
+            f"cannot load model {name!r}: not a local model directory, an ffkv model name, "
+            f"or a reachable Hugging Face hub id ({type(exc).__name__})"
+        ) from None
+    from ffkv.memories.architectures import ARCHITECTURES, supported_families
+
+    arch = next((a for a in ARCHITECTURES if config.model_type in a.model_types), None)
+    if arch is None:
+        raise FfkvError(
+            f"unsupported architecture {config.model_type!r} in {name!r}; ffkv supports: {supported_families()}"
+        )
+    auto = AutoModelForMaskedLM if arch.encoder else AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001
+        raise FfkvError(f"cannot load model {name!r}: {exc}".splitlines()[0]) from None
+    return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
+
+
+def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """Load a model for analysis.
+
+    Args:
+        name: ``ffkv-tiny`` (or another registered name), a local directory in
+            Hugging Face (or fairseq) format, or a hub id.
+        dtype: ``float32`` (exact reference), ``float16`` or ``bfloat16``.
+        device: a torch device string such as ``cpu`` or ``cuda:0``.
+    """
+    if dtype not in DTYPES:
+        raise FfkvError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise FfkvError(f"unknown device {device!r}; use e.g. cpu, cuda or cuda:1") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise FfkvError(f"device {device!r} asked for, but no CUDA GPU is available here; use --device cpu")
+    if Path(name).exists() and not Path(name).is_dir():
+        raise FfkvError(f"model path {name!r} is a file; give the model's directory")
+    for loader in LOADERS:
+        found = loader(name, DTYPES[dtype], device)
+        if found is not None:
+            model, tokenizer = found
+            break
+    else:
+        model, tokenizer = _load_hf(name, DTYPES[dtype], device)
+    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, MemoryView(model), name, dtype, device)
