@@ -6,6 +6,7 @@ Every user-input problem surfaces as one line `ffkv: error: ...` and exit status
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from typing import Callable, Sequence
@@ -68,6 +69,16 @@ def _corpus_spec(args: argparse.Namespace, source: str):
                       shuffle_seed=args.seed, max_examples=args.max_examples, max_tokens=args.max_tokens)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N such as 0/4, got {text!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"expected 0 <= I < N, got {text!r}")
+    return i, n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ffkv",
@@ -91,12 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-seconds", type=float, default=300.0,
                    help="save a resumable checkpoint this often (default 300)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                   help="index only shard I of N (0-based); join the N runs with `ffkv merge`")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.epilog = ("Several processes or machines: `torchrun --nproc-per-node N -m ffkv.cli index ...` "
+                "(Gloo on CPU, NCCL on GPU), or --shard i/n on each machine, then `ffkv merge`.")
+
+    p = sub.add_parser("merge", help="join the runs of `ffkv index --shard i/n` into one run",
+                       description="Merge shard runs exactly: the result is the run one process would have written.")
+    p.add_argument("shards", nargs="+", help="the shard run directories")
+    p.add_argument("--out", required=True, help="the merged run directory to create")
     return parser
 
 
 @command("index")
 def _index(args: argparse.Namespace) -> int:
+    from ffkv.index.distributed import build_index_distributed, launched_by_torchrun, local_device
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
     from ffkv.models import load_model
 
@@ -106,12 +127,28 @@ def _index(args: argparse.Namespace) -> int:
                             checkpoint_seconds=args.checkpoint_seconds)
     options.validate()
     batching.validate()
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    run = build_index(loaded, spec, args.out, options, batching, resume=args.resume,
-                      progress=not args.no_progress)
+    loaded = load_model(args.model, dtype=args.dtype, device=local_device(args.device))
+    if launched_by_torchrun():
+        run = build_index_distributed(loaded, spec, args.out, options, batching, resume=args.resume,
+                                      progress=not args.no_progress)
+    else:
+        run = build_index(loaded, spec, args.out, options, batching, resume=args.resume,
+                          progress=not args.no_progress, shard=args.shard)
     manifest = run.manifest()
+    if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
+        return 0
     print(f"indexed {manifest['counts']['examples']:,} examples ({manifest['counts']['tokens']:,} tokens) "
           f"in {manifest['timings']['index_seconds']:.1f} s -> {run.path}")
+    return 0
+
+
+@command("merge")
+def _merge(args: argparse.Namespace) -> int:
+    from ffkv.index.merge import merge_runs
+
+    run = merge_runs(args.shards, args.out)
+    counts = run.manifest()["counts"]
+    print(f"merged {len(args.shards)} shards: {counts['examples']:,} examples -> {run.path}")
     return 0
 
 

@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
@@ -28,9 +26,10 @@ from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.index.batching import Batch, collate, length_batches, windows
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
-from ffkv.index.topk import EMPTY, TopKState
+from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
-from ffkv.store import atomic, schemas
+from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
+from ffkv.store import atomic
 from ffkv.store.run import FORMAT_VERSION, RunDir, library_versions
 
 
@@ -70,13 +69,16 @@ class BatchOptions:
 
 
 class _ExampleParts:
-    """Examples buffered and written as numbered Parquet parts under RUN/.partial/."""
+    """Examples buffered and written as numbered, id-sorted Parquet parts under RUN/.partial/."""
 
     def __init__(self, folder: Path, part_rows: int, first_part: int) -> None:
         self.folder = folder
         self.part_rows = part_rows
         self.n_parts = first_part
         self.rows: list = []
+        for path in folder.glob("examples-*.parquet"):  # parts written after the checkpoint resumed
+            if int(path.stem.split("-")[1]) >= first_part:
+                path.unlink()
 
     def add(self, examples) -> None:
         self.rows.extend(examples)
@@ -86,31 +88,16 @@ class _ExampleParts:
     def flush(self) -> None:
         if not self.rows:
             return
-        table = pa.table({
-            "example_id": pa.array([e.example_id for e in self.rows], pa.int64()),
-            "token_ids": pa.array([e.token_ids.tolist() for e in self.rows], pa.list_(pa.int32())),
-            "text": pa.array([e.text for e in self.rows], pa.string()),
-        }, schema=schemas.EXAMPLES)
-        atomic.write_parquet(self.folder / f"examples-{self.n_parts:06d}.parquet", table)
+        self.rows.sort(key=lambda e: e.example_id)
+        atomic.write_parquet(self.folder / f"examples-{self.n_parts:06d}.parquet", examples_table(self.rows))
         self.n_parts += 1
         self.rows = []
 
-    def discard_after(self, n_parts: int) -> None:
-        """Remove parts written after the checkpoint that is being resumed."""
-        for path in self.folder.glob("examples-*.parquet"):
-            if int(path.stem.split("-")[1]) >= n_parts:
-                path.unlink()
-
     def assemble(self, path: Path) -> int:
-        """Concatenate the parts, in example-id order, into one table; returns its row count."""
+        """Write all parts as the run's examples table; returns its row count."""
         parts = sorted(self.folder.glob("examples-*.parquet"))
-        rows = 0
-        with atomic.atomic_path(path) as tmp:
-            with pq.ParquetWriter(tmp, schemas.EXAMPLES, compression="zstd") as writer:
-                for table in map(pq.read_table, parts):
-                    writer.write_table(table.sort_by("example_id"))
-                    rows += table.num_rows
-        return rows
+        stream = (batch for part in parts for batch in parquet_batches(part))
+        return write_examples(path, [stream])
 
 
 def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> dict:
@@ -122,23 +109,6 @@ def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> d
         "corpus_fingerprint": fingerprint(spec),
         "index": asdict(options),
     }
-
-
-def trigger_table(state: TopKState) -> pa.Table:
-    """The state as the public trigger_examples table, sorted by (layer, key, rank)."""
-    state = state.to("cpu")
-    n_layers, d_m, k = state.values.shape
-    filled = state.example_id != EMPTY
-    layer, key, rank = torch.nonzero(filled, as_tuple=True)
-    return pa.table({
-        "layer": pa.array(layer.to(torch.int16).numpy()),
-        "key": pa.array(key.to(torch.int32).numpy()),
-        "rank": pa.array(rank.to(torch.int16).numpy()),
-        "coefficient": pa.array(state.values[filled].numpy()),
-        "example_id": pa.array(state.example_id[filled].numpy()),
-        "position": pa.array(state.position[filled].numpy()),
-        "next_token_id": pa.array(state.next_token[filled].numpy()),
-    }, schema=schemas.TRIGGER_EXAMPLES)
 
 
 def run_forward(loaded: LoadedModel, batch: Batch) -> None:
@@ -155,6 +125,7 @@ def build_index(
     resume: bool = False,
     progress: bool = True,
     after_window: Callable[[int], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> RunDir:
     """Index a corpus: write RUN/{manifest.json, examples.parquet, trigger_examples.parquet}.
 
@@ -167,14 +138,22 @@ def build_index(
         resume: continue an interrupted run from its last checkpoint.
         progress: show a progress bar.
         after_window: called with the number of windows done (tests use it to interrupt).
+        shard: (i, n): index only the batches that shard i of n owns; `merge_runs`
+            joins the n shard runs into the run one process would have written, byte for byte.
 
     Returns:
         The finished run directory.
     """
     options.validate()
     batching.validate()
+    shard_index, n_shards = shard
+    if not (isinstance(n_shards, int) and n_shards >= 1 and 0 <= shard_index < n_shards):
+        raise FfkvError(f"--shard must be i/n with 0 <= i < n, got {shard_index}/{n_shards}")
     run = RunDir(out)
     identity = _identity(loaded, spec, options)
+    if n_shards > 1:
+        identity["shard"] = [shard_index, n_shards]
+        identity["batching"] = asdict(batching)  # shards must cut the same batches to merge exactly
     previous = run.prepare(identity, resume)
     view = loaded.view
     device = view.device
@@ -191,11 +170,19 @@ def build_index(
         elapsed_before = float(saved["elapsed"])
         first_part = int(saved["n_parts"])
         groups_done = int(saved["groups_done"])
+        n_windows = int(saved["windows"])
     else:
-        first_part = groups_done = 0
+        first_part = groups_done = n_windows = 0
+    # Read the first example before writing anything, so a bad corpus leaves no run behind.
+    reader = CorpusReader(spec, loaded.tokenizer)
+    stream = itertools.islice(iter(reader), consumed, None)
+    first = next(stream, None)
+    if first is None and consumed == 0:
+        raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
+                        "shorter than the minimum length); check --corpus, --format and --unit")
+    stream = itertools.chain([first] if first is not None else [], stream)
     run.partial.mkdir(parents=True, exist_ok=True)
     parts = _ExampleParts(run.partial, batching.part_rows, first_part)
-    parts.discard_after(first_part)
 
     manifest = previous or {
         "format_version": FORMAT_VERSION,
@@ -218,30 +205,33 @@ def build_index(
 
     reducer = TriggerReducer(state, options.mode)
     special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
-    reader = CorpusReader(spec, loaded.tokenizer)
-    stream = itertools.islice(iter(reader), consumed, None)
-    total = reader.approx_total()
-    bar = tqdm(total=total, initial=consumed, unit="ex", disable=not progress, dynamic_ncols=True,
-               desc="index", smoothing=0.05)
+    bar = tqdm(total=reader.approx_total(), initial=consumed, unit="ex", disable=not progress,
+               dynamic_ncols=True, desc="index", smoothing=0.05)
     last_checkpoint = time.time()
 
     def checkpoint() -> None:
         parts.flush()
         with atomic.atomic_path(checkpoint_path) as tmp:
             torch.save({"state": state.state_dict(), "consumed": consumed, "n_tokens": n_tokens,
-                        "n_parts": parts.n_parts, "groups_done": groups_done,
+                        "n_parts": parts.n_parts, "groups_done": groups_done, "windows": n_windows,
                         "elapsed": elapsed_before + time.time() - started}, tmp)
 
-    n_windows = 0
+    mine: list = []  # examples of this shard's batches in the current window
     with view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
         for chunk in windows(stream, batching.batch_size * batching.window_batches):
             groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
-            for group in groups[groups_done:]:
+            for g, group in enumerate(groups):
+                if (n_windows + g) % n_shards != shard_index:
+                    continue
+                if g < groups_done:  # done before the interrupt that this run resumes
+                    mine.extend(group)
+                    continue
                 batch = collate(group, loaded.tokenizer.pad_id, special).to(device)
                 reducer.start(batch)
                 view.forward(batch.input_ids, batch.attention_mask)
                 reducer.commit()
-                groups_done += 1
+                groups_done = g + 1
+                mine.extend(group)
                 n_tokens += batch.n_tokens
                 bar.update(len(group))
                 bar.set_postfix(tok_s=f"{n_tokens / max(time.time() - started + elapsed_before, 1e-9):,.0f}",
@@ -253,8 +243,9 @@ def build_index(
                     run.update_manifest(status="interrupted")
                     raise KeyboardInterrupt
             consumed += len(chunk)
-            parts.add(chunk)
-            groups_done = 0
+            bar.update(len(chunk) - len(mine) if n_shards > 1 else 0)
+            parts.add(mine)
+            mine, groups_done = [], 0
             n_windows += 1
             if time.time() - last_checkpoint >= batching.checkpoint_seconds:
                 checkpoint()
@@ -263,14 +254,12 @@ def build_index(
                 after_window(n_windows)
     bar.close()
 
-    if consumed == 0:
-        raise FfkvError("the corpus gave no examples (empty, or every example shorter than --min-tokens)")
     if consumed < options.top_k:
         warnings.warn(f"--top-k {options.top_k} is larger than the {consumed} examples in the corpus; "
                       f"keeping all {consumed} for every key", FfkvWarning, stacklevel=2)
     parts.flush()
     n_examples = parts.assemble(run.table("examples"))
-    atomic.write_parquet(run.table("trigger_examples"), trigger_table(state))
+    write_triggers(run.table("trigger_examples"), state)
     manifest["timings"]["index_seconds"] = round(elapsed_before + time.time() - started, 3)
     manifest["counts"] = {"examples": n_examples, "tokens": n_tokens}
     manifest["status"] = "complete"

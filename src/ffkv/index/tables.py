@@ -1,0 +1,118 @@
+"""The index's two public tables, written in one canonical layout.
+
+`examples.parquet` is always sorted by example id and cut into row groups of
+`ROW_GROUP` rows, and `trigger_examples.parquet` is always sorted by (layer, key,
+rank): so a run split into shards and merged gives the same bytes as one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ffkv.index.topk import EMPTY, TopKState
+from ffkv.store import atomic, schemas
+
+ROW_GROUP = 65_536
+
+
+def examples_table(examples: list) -> pa.Table:
+    """Examples (objects with example_id, token_ids, text) as an Arrow table."""
+    return pa.table({
+        "example_id": pa.array([e.example_id for e in examples], pa.int64()),
+        "token_ids": pa.array([np.asarray(e.token_ids, dtype=np.int32) for e in examples], pa.list_(pa.int32())),
+        "text": pa.array([e.text for e in examples], pa.string()),
+    }, schema=schemas.EXAMPLES)
+
+
+def _sorted_batches(sources: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.Table]:
+    """Merge streams that are each sorted by example_id into one sorted stream of tables."""
+    buffers: list[pa.Table | None] = [None] * len(sources)
+
+    def refill(i: int) -> None:
+        while buffers[i] is None or buffers[i].num_rows == 0:
+            batch = next(sources[i], None)
+            if batch is None:
+                buffers[i] = None
+                return
+            buffers[i] = pa.Table.from_batches([batch])
+
+    for i in range(len(sources)):
+        refill(i)
+    while any(b is not None for b in buffers):
+        live = [i for i, b in enumerate(buffers) if b is not None]
+        # Every row up to the smallest "last id" among live buffers can be emitted now.
+        bound = min(buffers[i]["example_id"][-1].as_py() for i in live)
+        ready = []
+        for i in live:
+            ids = buffers[i]["example_id"].to_numpy()
+            n = int(np.searchsorted(ids, bound, side="right"))
+            ready.append(buffers[i].slice(0, n))
+            buffers[i] = buffers[i].slice(n)
+            if buffers[i].num_rows == 0:
+                refill(i)
+        yield pa.concat_tables(ready).sort_by("example_id")
+
+
+def write_examples(path: Path, sorted_sources: Iterable[Iterator[pa.RecordBatch]]) -> int:
+    """Write examples from streams each sorted by id, merged, in fixed row groups; returns the row count."""
+    rows = 0
+    pending: list[pa.Table] = []
+    n_pending = 0
+    with atomic.atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schemas.EXAMPLES, compression="zstd") as writer:
+            for table in _sorted_batches(list(sorted_sources)):
+                pending.append(table)
+                n_pending += table.num_rows
+                while n_pending >= ROW_GROUP:
+                    whole = pa.concat_tables(pending)
+                    writer.write_table(whole.slice(0, ROW_GROUP), row_group_size=ROW_GROUP)
+                    pending, n_pending = [whole.slice(ROW_GROUP)], whole.num_rows - ROW_GROUP
+                    rows += ROW_GROUP
+            if n_pending:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP)
+                rows += n_pending
+    return rows
+
+
+def parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """Record batches of a Parquet file, in file order."""
+    return pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP)
+
+
+def trigger_table(state: TopKState) -> pa.Table:
+    """The state as the public trigger_examples table, sorted by (layer, key, rank)."""
+    state = state.to("cpu")
+    filled = state.example_id != EMPTY
+    layer, key, rank = torch.nonzero(filled, as_tuple=True)
+    return pa.table({
+        "layer": pa.array(layer.to(torch.int16).numpy()),
+        "key": pa.array(key.to(torch.int32).numpy()),
+        "rank": pa.array(rank.to(torch.int16).numpy()),
+        "coefficient": pa.array(state.values[filled].numpy()),
+        "example_id": pa.array(state.example_id[filled].numpy()),
+        "position": pa.array(state.position[filled].numpy()),
+        "next_token_id": pa.array(state.next_token[filled].numpy()),
+    }, schema=schemas.TRIGGER_EXAMPLES)
+
+
+def state_from_table(table: pa.Table, n_layers: int, d_m: int, k: int) -> TopKState:
+    """The inverse of `trigger_table`: a state holding a table's entries."""
+    state = TopKState.empty(n_layers, d_m, k)
+    column = lambda name, dtype: torch.tensor(table[name].to_numpy().astype(dtype))  # noqa: E731
+    at = (column("layer", np.int64), column("key", np.int64), column("rank", np.int64))
+    state.values[at] = column("coefficient", np.float32)
+    state.example_id[at] = column("example_id", np.int64)
+    state.position[at] = column("position", np.int32)
+    state.next_token[at] = column("next_token_id", np.int32)
+    return state
+
+
+def write_triggers(path: Path, state: TopKState) -> None:
+    """Write trigger_examples.parquet atomically."""
+    atomic.write_parquet(path, trigger_table(state))
