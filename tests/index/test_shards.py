@@ -20,7 +20,7 @@ TABLES = ("examples.parquet", "trigger_examples.parquet")
 
 
 def corpus(tmp_path: Path) -> Path:
-    lines = [f"{'ab cd ef'[: 1 + i % 8]} line {i} {'xyz' * (i % 5)}" for i in range(90)]
+    lines = [f"{'ab cd ef'[: 1 + i % 8]} line {i % 13} {'xyz' * (i % 5)}" for i in range(90)]
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
