@@ -1,0 +1,145 @@
+"""Examples: a corpus spec and a tokenizer to a deterministic stream of token ids (SPEC §2).
+
+Every unit (sentence, line, document or token window) gets the 0-based index of its
+place in the whole source as its example id, before any split, subset or length
+filter, so the same source and options always give the same ids. Examples are
+yielded in ascending id order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ffkv.corpus.readers import iter_documents
+from ffkv.corpus.selection import SubsetHeap, in_split, subset_rank
+from ffkv.corpus.sentences import split_sentences
+from ffkv.corpus.spec import CorpusSpec
+from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.models.tokenizer import Tokenizer
+
+
+@dataclass
+class Example:
+    """One example.
+
+    Attributes:
+        example_id: the unit's 0-based index in the source (stable across runs).
+        token_ids: (T,) int32, as the tokenizer encodes the text, at most ``max_tokens``.
+        text: the example's text (for a window, the decoded window).
+    """
+
+    example_id: int
+    token_ids: np.ndarray
+    text: str
+
+
+@dataclass
+class _Unit:
+    example_id: int
+    text: str | None  # None for windows until needed (decoding costs)
+    token_ids: list[int] | None  # known up front only for windows
+
+
+def iter_examples(spec: CorpusSpec, tokenizer: Tokenizer) -> Iterator[Example]:
+    """The examples of a corpus, in ascending example id.
+
+    ``split`` keeps ids by a hash of the id; ``min_tokens`` skips short examples;
+    ``max_examples`` keeps the first n, or with ``shuffle_seed`` a seeded uniform
+    random n (found in a first pass over the source that keeps only ids).
+    """
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise FfkvError("reading corpus examples needs a tokenizer with encode(text): load the model's tokenizer first")
+    if spec.max_examples is not None and spec.shuffle_seed is not None:
+        chosen = _choose_subset(spec, tokenizer)
+        examples = _examples(spec, tokenizer, chosen)
+        limit = len(chosen)
+    else:
+        examples = _examples(spec, tokenizer, None)
+        limit = spec.max_examples
+    count = 0
+    if limit != 0:
+        for example in examples:
+            yield example
+            count += 1
+            if limit is not None and count >= limit:
+                break
+    if count == 0:
+        warnings.warn(f"corpus {spec.source} gave no examples after split={spec.split!r} and "
+                      f"min_tokens={spec.min_tokens}: loosen them", FfkvWarning, stacklevel=2)
+
+
+class CorpusReader:
+    """A re-iterable view of a corpus's examples, for runs that read it more than once."""
+
+    def __init__(self, spec: CorpusSpec, tokenizer: Tokenizer) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter_examples(self.spec, self.tokenizer)
+
+    def approx_total(self) -> int | None:
+        """A cheap upper estimate of the number of examples (for a progress bar), or None."""
+        return self.spec.max_examples
+
+
+def iter_units(spec: CorpusSpec, tokenizer: Tokenizer | None) -> Iterator[_Unit]:
+    """Every unit of the source, numbered in source order; windows need the tokenizer."""
+    if spec.unit == "window" and tokenizer is None:
+        raise FfkvError("unit 'window' counts tokens, so it needs a tokenizer: pass the model's tokenizer")
+    next_id = 0
+    for document in iter_documents(spec):
+        if spec.unit == "line":
+            texts = iter(document.lines)
+        elif spec.unit == "sentence":
+            texts = (s for paragraph in document.paragraphs for s in split_sentences(paragraph))
+        elif spec.unit == "document":
+            texts = iter([document.text])
+        else:
+            ids = list(tokenizer.encode(document.text))
+            for start in range(0, len(ids), spec.window):
+                yield _Unit(next_id, None, ids[start:start + spec.window])
+                next_id += 1
+            continue
+        for text in texts:
+            yield _Unit(next_id, text, None)
+            next_id += 1
+    if next_id == 0:
+        raise FfkvError(f"corpus {spec.source} holds no text (empty, or only blank lines and headings): "
+                        "check the source and text_field")
+
+
+def _token_ids(unit: _Unit, tokenizer: Tokenizer) -> list[int]:
+    if unit.token_ids is None:
+        unit.token_ids = list(tokenizer.encode(unit.text))
+    return unit.token_ids
+
+
+def _examples(spec: CorpusSpec, tokenizer: Tokenizer, only: set[int] | None) -> Iterator[Example]:
+    for unit in iter_units(spec, tokenizer):
+        if only is not None and unit.example_id not in only:
+            continue
+        if not in_split(unit.example_id, spec.split, spec.heldout_fraction):
+            continue
+        ids = _token_ids(unit, tokenizer)
+        if len(ids) < spec.min_tokens:
+            continue
+        text = unit.text if unit.text is not None else tokenizer.decode(ids)
+        yield Example(unit.example_id, np.asarray(ids[:spec.max_tokens], dtype=np.int32), text)
+
+
+def _choose_subset(spec: CorpusSpec, tokenizer: Tokenizer) -> set[int]:
+    """First pass: the ids of a seeded uniform subset of the eligible examples."""
+    heap = SubsetHeap(spec.max_examples)
+    for unit in iter_units(spec, tokenizer):
+        if not in_split(unit.example_id, spec.split, spec.heldout_fraction):
+            continue
+        rank = subset_rank(unit.example_id, spec.shuffle_seed)
+        # Tokenize only units that would enter the heap: about n·(1 + ln(N/n)) of N.
+        if heap.would_keep(rank, unit.example_id) and len(_token_ids(unit, tokenizer)) >= spec.min_tokens:
+            heap.offer(rank, unit.example_id)
+    return heap.ids()
