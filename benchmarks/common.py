@@ -40,9 +40,12 @@ def gpt2_small(device: str = "cpu", dtype: str = "float32", layers: int = 12):
 
 
 def corpus_file(n_lines: int) -> Path:
-    """The first n non-empty article lines of WikiText-103 validation, as a temporary text file."""
-    src = shared_data() / "wikitext-103" / "wiki.valid.raw"
-    lines = [l.strip() for l in src.read_text().splitlines() if l.strip() and not l.strip().startswith("=")]
+    """The first n non-empty article lines of WikiText-103 validation then test, as a temporary text file."""
+    lines = []
+    for split in ("valid", "test"):
+        src = shared_data() / "wikitext-103" / f"wiki.{split}.raw"
+        if src.exists():
+            lines += [l.strip() for l in src.read_text().splitlines() if l.strip() and not l.strip().startswith("=")]
     path = Path(tempfile.mkdtemp()) / "corpus.txt"
     path.write_text("\n".join(lines[:n_lines]) + "\n")
     return path

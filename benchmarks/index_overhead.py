@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--sentences", type=int, default=384)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--mode", default="example")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -35,10 +36,11 @@ def main() -> None:
 
     loaded = gpt2_small(args.device, args.dtype)
     spec = CorpusSpec(source=str(corpus_file(args.sentences)), unit="sentence", max_examples=args.sentences)
-    batching = BatchOptions(batch_size=args.batch_size)
+    batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
     # The same batches the indexer forms: same windows, same length grouping.
     examples = list(CorpusReader(spec, loaded.tokenizer))
-    batches = [collate(g, loaded.tokenizer.pad_id, loaded.tokenizer.special_ids).to(args.device)
+    pad = batching.pad_to(torch.device(args.device))
+    batches = [collate(g, loaded.tokenizer.pad_id, loaded.tokenizer.special_ids, pad).to(args.device)
                for w in windows(examples, batching.batch_size * batching.window_batches)
                for g in length_batches(w, batching.batch_size, batching.max_batch_tokens)]
     n_tokens = sum(b.n_tokens for b in batches)
@@ -53,6 +55,7 @@ def main() -> None:
         shutil.rmtree(out.parent)
 
     forward()  # warm-up
+    hash_seconds = timed(loaded._hash_weights)  # a fixed cost per run, paid once per loaded model
     t_forward, t_index = [], []
     for _ in range(args.repeats):
         t_forward.append(timed(forward))
@@ -61,7 +64,8 @@ def main() -> None:
     print(f"device={args.device} dtype={args.dtype} examples={len(examples)} tokens={n_tokens} "
           f"batches={len(batches)} mode={args.mode}")
     print(f"plain forward: {f:.2f} s ({n_tokens / f:,.0f} tok/s)   ffkv index: {i:.2f} s ({n_tokens / i:,.0f} tok/s)")
-    print(f"ratio index/forward = {i / f:.3f}   (goal <= 1.10)")
+    print(f"ratio index/forward = {i / f:.3f}   (goal <= 1.10; the weights hash, {hash_seconds:.2f} s "
+          "once per loaded model, is in the first repeat only)")
 
 
 if __name__ == "__main__":

@@ -41,11 +41,15 @@ class Batch:
                      move(self.competes), move(self.next_token), self.n_tokens)
 
 
-def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = ()) -> Batch:
-    """Pad examples (objects with `example_id` and `token_ids`) into one `Batch`."""
+def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = (), pad_multiple: int = 1) -> Batch:
+    """Pad examples (objects with `example_id` and `token_ids`) into one `Batch`.
+
+    The padded length is rounded up to a multiple of `pad_multiple`: on a GPU, few
+    distinct shapes mean few kernel plans to build, and aligned tiles.
+    """
     examples = sorted(examples, key=lambda e: e.example_id)
     lengths = [len(e.token_ids) for e in examples]
-    b, t = len(examples), max(lengths)
+    b, t = len(examples), -(-max(lengths) // pad_multiple) * pad_multiple
     ids = np.full((b, t), pad_id, dtype=np.int64)
     nxt = np.full((b, t), -1, dtype=np.int32)
     mask = np.zeros((b, t), dtype=np.int64)

@@ -26,6 +26,7 @@ from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.index.batching import Batch, collate, length_batches, windows
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
+from ffkv.index.prefetch import prefetched_examples
 from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
@@ -56,6 +57,14 @@ class BatchOptions:
     window_batches: int = 16
     checkpoint_seconds: float = 300.0
     part_rows: int = 50_000
+    prefetch: bool | None = None  # tokenize in another process; None: only when the model is on a GPU
+    pad_multiple: int | None = None  # round padded lengths up; None: 32 on a GPU, 1 on a CPU
+
+    def pad_to(self, device: torch.device) -> int:
+        """The padding multiple used on `device`."""
+        if self.pad_multiple is not None:
+            return self.pad_multiple
+        return 32 if device.type == "cuda" else 1
 
     def validate(self) -> None:
         for name in ("batch_size", "window_batches", "part_rows"):
@@ -175,7 +184,11 @@ def build_index(
         first_part = groups_done = n_windows = 0
     # Read the first example before writing anything, so a bad corpus leaves no run behind.
     reader = CorpusReader(spec, loaded.tokenizer)
-    stream = itertools.islice(iter(reader), consumed, None)
+    prefetch = batching.prefetch if batching.prefetch is not None else device.type == "cuda"
+    if prefetch:
+        stream = prefetched_examples(spec, loaded.tokenizer, skip=consumed)
+    else:
+        stream = itertools.islice(iter(reader), consumed, None)
     first = next(stream, None)
     if first is None and consumed == 0:
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
@@ -204,6 +217,7 @@ def build_index(
     run.write_manifest(manifest)
 
     reducer = TriggerReducer(state, options.mode)
+    pad_multiple = batching.pad_to(device)
     special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
     bar = tqdm(total=reader.approx_total(), initial=consumed, unit="ex", disable=not progress,
                dynamic_ncols=True, desc="index", smoothing=0.05)
@@ -226,7 +240,7 @@ def build_index(
                 if g < groups_done:  # done before the interrupt that this run resumes
                     mine.extend(group)
                     continue
-                batch = collate(group, loaded.tokenizer.pad_id, special).to(device)
+                batch = collate(group, loaded.tokenizer.pad_id, special, pad_multiple).to(device)
                 reducer.start(batch)
                 view.forward(batch.input_ids, batch.attention_mask)
                 reducer.commit()

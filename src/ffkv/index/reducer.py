@@ -29,35 +29,40 @@ class TriggerReducer:
         self.state = state
         self.mode = mode
         self.batch: Batch | None = None
+        self._blocked = self._eid = self._pos = self._next = None
         self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def start(self, batch: Batch) -> None:
         """Announce the batch whose coefficients the next forward pass produces."""
         self.batch = batch
+        # Per-batch constants, made once on the device (no scalar copies inside the layer loop).
         self._blocked = ~batch.competes[..., None]
+        b, t = batch.input_ids.shape
+        if self.mode == "example":
+            self._eid = torch.where(batch.competes.any(dim=1), batch.example_ids, EMPTY)
+        else:
+            self._eid = torch.where(batch.competes, batch.example_ids[:, None], EMPTY).reshape(-1)
+            self._pos = torch.arange(t, device=batch.input_ids.device, dtype=torch.int32).repeat(b)
+            self._next = batch.next_token.reshape(-1)
         self._pending.clear()
 
     def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
         """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key."""
-        batch = self.batch
-        c = coefficients.float()  # in place where already float32: the model is done with it
-        c.masked_fill_(self._blocked, float("-inf"))
+        # In place, in the model's dtype: the model is done with this tensor, and max is exact in any dtype.
+        c = coefficients.masked_fill_(self._blocked, float("-inf"))
         b, t, d_m = c.shape
         if self.mode == "example":
             # torch.max over a dimension returns the first maximal index: ties go to the lower position.
             best, pos = c.max(dim=1)                                            # (B, d_m)
-            has_any = batch.competes.any(dim=1)
-            eid = torch.where(has_any, batch.example_ids, EMPTY)
-            values = best.T                                                     # (d_m, B)
+            values = best.T.float()                                             # (d_m, B)
             position = pos.T
-            example_id = eid[None, :].expand(d_m, b)
-            next_token = batch.next_token.gather(1, position.T).T
+            example_id = self._eid[None, :].expand(d_m, b)
+            next_token = self.batch.next_token.gather(1, pos).T
         else:
-            values = c.reshape(b * t, d_m).T                                    # (d_m, B*T), (eid, pos) order
-            flat_eid = torch.where(batch.competes, batch.example_ids[:, None], EMPTY).reshape(-1)
-            position = torch.arange(t, device=c.device).repeat(b)[None, :].expand(d_m, -1)
-            example_id = flat_eid[None, :].expand(d_m, -1)
-            next_token = batch.next_token.reshape(-1)[None, :].expand(d_m, -1)
+            values = c.reshape(b * t, d_m).T.float()                            # (d_m, B*T), (eid, pos) order
+            position = self._pos[None, :].expand(d_m, -1)
+            example_id = self._eid[None, :].expand(d_m, -1)
+            next_token = self._next[None, :].expand(d_m, -1)
         k = min(self.state.k, values.shape[1])
         if k < values.shape[1]:
             top = select_top(values, k)
@@ -70,4 +75,4 @@ class TriggerReducer:
         for layer, candidates in self._pending.items():
             self.state.merge_layer(layer, *candidates)
         self._pending.clear()
-        self.batch = self._blocked = None
+        self.batch = self._blocked = self._eid = self._pos = self._next = None

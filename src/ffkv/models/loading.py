@@ -9,7 +9,7 @@ on a machine with a network.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,9 +33,18 @@ class LoadedModel:
     model_id: str
     dtype: str
     device: str
+    _weights_hash: str | None = field(default=None, repr=False, compare=False)
 
     def weights_hash(self) -> str:
-        """sha256 over every parameter and buffer (names, shapes and bytes), in name order."""
+        """sha256 over every parameter and buffer (names, shapes and bytes), in name order.
+
+        Computed once per loaded model (the weights are frozen after loading).
+        """
+        if self._weights_hash is None:
+            self._weights_hash = self._hash_weights()
+        return self._weights_hash
+
+    def _hash_weights(self) -> str:
         h = hashlib.sha256()
         for name, t in sorted(self.model.state_dict().items()):
             h.update(name.encode())
