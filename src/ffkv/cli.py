@@ -112,7 +112,33 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Merge shard runs exactly: the result is the run one process would have written.")
     p.add_argument("shards", nargs="+", help="the shard run directories")
     p.add_argument("--out", required=True, help="the merged run directory to create")
+    p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
+                       description="One self-contained HTML file (figures embedded, opens offline).")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
+                   help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
+
+    p = sub.add_parser("serve", help="explore a run in the browser: memories, search, trace, intervene, annotate")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     return parser
+
+
+@command("report")
+def _report(args: argparse.Namespace) -> int:
+    from ffkv.report import write_report
+
+    print(f"report written: {write_report(args.run, explorer_url=args.explorer_url)}")
+    return 0
+
+
+@command("serve")
+def _serve(args: argparse.Namespace) -> int:
+    from ffkv.explorer import serve
+
+    serve(args.run, host=args.host, port=args.port)
+    return 0
 
 
 @command("index")

@@ -1,0 +1,99 @@
+"""Per-key lookup tables the explorer computes once per run, with the model (SPEC sections 4 and 6).
+
+For every key of every layer: its value's top tokens with probabilities (the projection
+p_i = softmax(v_i·Eᵀ), identity normalization as in the paper), the confidence max p_i,
+whether the argmax agrees with the next token of the key's top-1 trigger example, that
+token's rank in p_i, the log-normaliser of p_i (so p_i(x) of any token x is one dot product
+later), ‖v_i‖, and how often the key is active (m_i > 0) over a sample of the corpus.
+Values are projected `chunk` keys at a time (`value_logits`), never L x d_m x |V| at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from ffkv.memories.projection import DEFAULT_FOR_VALUES, value_logits
+from ffkv.models.loading import LoadedModel
+
+VALUE_TOP_SCHEMA = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("rank", pa.int16()),
+    ("token_id", pa.int32()),
+    ("prob", pa.float32()),
+])
+
+
+@torch.no_grad()
+def value_tables(loaded: LoadedModel, top1_next: np.ndarray, top_tokens: int = 10, chunk: int = 512,
+                 projection: str = DEFAULT_FOR_VALUES) -> tuple[pa.Table, pd.DataFrame]:
+    """The value_top_tokens table and the per-key value statistics.
+
+    Args:
+        top1_next: (L, d_m) next token id of each key's top-1 trigger example (-1: none).
+    """
+    view = loaded.view
+    tops, stats = [], []
+    for layer in range(view.n_layers):
+        norms = view.values(layer).float().norm(dim=1).cpu().numpy()
+        for start, lg in value_logits(view, layer, projection, chunk):
+            n, vocab = lg.shape
+            keys = np.arange(start, start + n)
+            lse = torch.logsumexp(lg, dim=1)
+            k = min(top_tokens, vocab)
+            top = lg.topk(k, dim=1)
+            probs = (top.values - lse[:, None]).exp()
+            nxt = torch.as_tensor(top1_next[layer, start:start + n], dtype=torch.long, device=lg.device)
+            valid = (nxt >= 0) & (nxt < vocab)
+            at = lg.gather(1, nxt.clamp(0, vocab - 1)[:, None])
+            rank = torch.where(valid, (lg > at).sum(1), torch.full_like(nxt, -1))
+            agree = valid & (top.indices[:, 0] == nxt)
+            tops.append(pd.DataFrame({
+                "layer": np.int16(layer), "key": np.repeat(keys, k).astype(np.int32),
+                "rank": np.tile(np.arange(k, dtype=np.int16), n),
+                "token_id": top.indices.cpu().numpy().astype(np.int32).ravel(),
+                "prob": probs.cpu().numpy().astype(np.float32).ravel(),
+            }))
+            stats.append(pd.DataFrame({
+                "layer": np.int16(layer), "key": keys.astype(np.int32),
+                "confidence": probs[:, 0].cpu().numpy().astype(np.float32),
+                "top_token_id": top.indices[:, 0].cpu().numpy().astype(np.int32),
+                "agreement": agree.cpu().numpy(),
+                "next_token_rank": rank.cpu().numpy().astype(np.int32),
+                "logsumexp": lse.cpu().numpy().astype(np.float32),
+                "value_norm": norms[start:start + n].astype(np.float32),
+            }))
+    table = pa.Table.from_pandas(pd.concat(tops, ignore_index=True), schema=VALUE_TOP_SCHEMA, preserve_index=False)
+    return table, pd.concat(stats, ignore_index=True)
+
+
+@torch.no_grad()
+def activation_frequency(loaded: LoadedModel, token_lists: list[list[int]], batch_size: int = 16,
+                         max_tokens: int = 128) -> np.ndarray:
+    """(L, d_m) share of token positions of the sample where m_i > 0 (SPEC section 7's "active")."""
+    view = loaded.view
+    counts = torch.zeros(view.n_layers, view.d_m, dtype=torch.float64)
+    total = 0
+    token_lists = [list(t)[:max_tokens] for t in token_lists if len(t)]
+    mask_holder: dict[str, torch.Tensor] = {}
+
+    def sink(quantity: str, layer: int, m: torch.Tensor) -> None:
+        mask = mask_holder["mask"]
+        counts[layer] += ((m > 0) & mask[..., None]).sum(dim=(0, 1)).double().cpu()
+
+    with view.capture(("coefficients",), sink=sink):
+        for i in range(0, len(token_lists), batch_size):
+            group = token_lists[i:i + batch_size]
+            width = max(len(t) for t in group)
+            ids = torch.full((len(group), width), loaded.tokenizer.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.bool)
+            for row, tokens in enumerate(group):
+                ids[row, :len(tokens)] = torch.tensor(tokens)
+                mask[row, :len(tokens)] = True
+            mask_holder["mask"] = mask.to(view.device)
+            view.forward(ids.to(view.device), mask.long().to(view.device))
+            total += int(mask.sum())
+    return (counts / max(total, 1)).numpy().astype(np.float32)

@@ -1,0 +1,92 @@
+"""The look shared by the report and the explorer: one stylesheet, token rendering, number formats."""
+
+from __future__ import annotations
+
+import math
+
+from markupsafe import Markup, escape
+
+CSS = """
+:root { --fg:#1d232b; --muted:#66707c; --line:#dde2e8; --accent:#2f6db5; --bar:#8fb4e3; --mark:#ffe28a;
+        --bg:#ffffff; --soft:#f5f7fa; --bad:#b3261e; --good:#1e7b34; }
+* { box-sizing: border-box; }
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+       background: var(--bg); margin: 0; }
+main { max-width: 1180px; margin: 0 auto; padding: 1rem 1.5rem 4rem; }
+header.top { background: var(--soft); border-bottom: 1px solid var(--line); padding: .6rem 1.5rem; }
+header.top a { margin-right: 1.2rem; font-weight: 600; }
+a { color: var(--accent); text-decoration: none; } a:hover { text-decoration: underline; }
+h1 { font-size: 1.5rem; margin: 1rem 0 .5rem; } h2 { font-size: 1.2rem; margin: 1.8rem 0 .5rem; }
+h3 { font-size: 1.05rem; margin: 1.2rem 0 .4rem; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
+th, td { border-bottom: 1px solid var(--line); padding: .25rem .6rem; text-align: left; vertical-align: top; }
+th { background: var(--soft); font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.muted { color: var(--muted); } .small { font-size: .85rem; }
+.tok { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre; background: var(--soft);
+       border: 1px solid var(--line); border-radius: 3px; padding: 0 .2em; font-size: .88em; }
+.example { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; white-space: pre-wrap;
+           word-break: break-word; }
+.example .rest { color: #9aa3ad; } .example mark { background: var(--mark); font-weight: 700; padding: 0 1px; }
+.example .next { border-bottom: 2px solid var(--accent); color: var(--fg); }
+.bar { display: inline-block; height: .8em; background: var(--bar); vertical-align: middle; min-width: 1px; }
+.barcell { width: 130px; white-space: nowrap; }
+.finding { background: var(--soft); border-left: 4px solid var(--accent); padding: .5rem .8rem; margin: .5rem 0; }
+.reading { border-left: 4px solid var(--good); padding: .5rem .8rem; margin: .5rem 0; }
+figure { margin: .5rem 0 1rem; } figure img { max-width: 100%; border: 1px solid var(--line); }
+.figure-block { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 1.2rem; align-items: start; }
+@media (max-width: 900px) { .figure-block { grid-template-columns: 1fr; } }
+td.pred { white-space: nowrap; }
+.changed { background: #fff1cc; font-weight: 600; }
+.error { border-left: 4px solid var(--bad); padding: .6rem 1rem; background: #fdf0ef; }
+.chip { display: inline-block; margin: 0 .35rem .25rem 0; padding: 0 .3rem; border: 1px solid var(--line);
+        border-radius: 4px; background: var(--bg); white-space: nowrap; font-size: .85rem; }
+.chip input[type=number] { width: 4.2em; }
+textarea, input[type=text], select { font: inherit; padding: .3rem; border: 1px solid var(--line); border-radius: 4px; }
+textarea { width: 100%; }
+button { font: inherit; padding: .3rem .9rem; border: 1px solid var(--accent); background: var(--accent);
+         color: white; border-radius: 4px; cursor: pointer; }
+.label-shallow { color: #7a4d00; } .label-semantic { color: #1e5c9b; } .label-both { color: #5b2d8c; }
+dl.run { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
+dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def token_html(text: str | None) -> Markup:
+    """A token as a visible chip: escaped, spaces kept, newlines and tabs shown."""
+    if text is None:
+        text = ""
+    shown = str(text).replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+    return Markup('<span class="tok">') + escape(shown) + Markup("</span>")
+
+
+def number(value, digits: int = 3) -> str:
+    """A short readable number (blank for missing)."""
+    if value is None:
+        return ""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(value):
+        return ""
+    if value == 0:
+        return "0"
+    if value.is_integer() and abs(value) < 1e9:
+        return f"{int(value):,}"
+    if abs(value) >= 1000 or abs(value) < 10 ** -digits:
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}f}"
+
+
+def percent(value, digits: int = 1) -> str:
+    if value is None:
+        return ""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(value):
+        return ""
+    return f"{100 * value:.{digits}f}%"

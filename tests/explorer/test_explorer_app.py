@@ -1,0 +1,184 @@
+"""Every page of the explorer answers; every bad request gets a clear 4xx, never a 500."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from ffkv.explorer import Explorer, create_app
+from ffkv.explorer.annotations import read_labels
+
+
+@pytest.fixture(scope="module")
+def client(indexed):
+    run, loaded = indexed
+    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize("url, expect", [
+    ("/", "Figure 2"),
+    ("/layer/0", 'id="keys"'),
+    ("/layer/2?sort=confidence&order=desc&page=0", 'id="keys"'),
+    ("/layer/1?sort=pattern", "shallow"),
+    ("/layer/1?sort=activation+frequency&order=asc", 'id="keys"'),
+    ("/memory/1/7", 'id="triggers"'),
+    ("/search", 'id="token-search"'),
+    ("/search?q=paris", 'id="hits"'),
+    ("/search?token=%23" + "10", 'id="promoting"'),
+    ("/trace", 'id="trace-form"'),
+    ("/trace?prompt=the+cat+sat", 'id="predictions"'),
+    ("/trace?prompt=the+cat+sat&off=2:3&scale=1:4:10", "with interventions"),
+    ("/files/figures/values.png", None),
+])
+def test_pages(client, url, expect):
+    r = client.get(url)
+    assert r.status_code == 200, r.text[-500:]
+    if expect:
+        assert expect in r.text
+
+
+def test_layer_sorting(client, indexed):
+    r = client.get("/layer/0?sort=confidence&order=desc")
+    keys = [int(k) for k in re.findall(r'<a href="/memory/0/(\d+)">', r.text)]
+    data = client.app.state.data
+    conf = [float(data.key_stats.loc[(0, k)].confidence) for k in keys]
+    assert len(keys) == 40 and conf == sorted(conf, reverse=True)
+
+
+BAD = [
+    ("get", "/layer/3", 404), ("get", "/layer/-1", 404), ("get", "/layer/abc", 404),
+    ("get", "/memory/0/40", 404), ("get", "/memory/9/0", 404), ("get", "/memory/0/1e3", 404),
+    ("get", "/layer/0?sort=nonsense", 422), ("get", "/layer/0?page=99", 404), ("get", "/layer/0?order=up", 422),
+    ("get", "/search?token=not-a-token-here", 404), ("get", "/search?token=", 422), ("get", "/search?q=+", 422),
+    ("get", "/trace?prompt=", 422), ("get", "/trace?prompt=+++", 422),
+    ("get", "/trace?prompt=" + "a" * 60_000, 413), ("get", "/trace?prompt=" + "a" * 3000, 413),  # > model tokens
+    ("get", "/trace?prompt=hi&off=0:99", 422), ("get", "/trace?prompt=hi&off=7:1", 422),
+    ("get", "/trace?prompt=hi&scale=0:1:nan", 422), ("get", "/trace?prompt=hi&scale=0:1:inf", 422),
+    ("get", "/trace?prompt=hi&scale=0:1:abc", 422), ("get", "/trace?prompt=hi&off=01", 422),
+    ("get", "/files/%2e%2e/%2e%2e/etc/passwd", 403), ("get", "/files/..%2f..%2fetc%2fpasswd", 403),
+    ("get", "/files/manifest.json", 404), ("get", "/files/explorer/explorer.duckdb", 404),
+    ("get", "/files/figures/none.png", 404), ("get", "/nowhere", 404), ("delete", "/", 405),
+]
+
+
+@pytest.mark.parametrize("method, url, status", BAD)
+def test_bad_requests_are_clear_4xx(client, method, url, status):
+    r = client.request(method, url)
+    assert r.status_code == status, r.text[-400:]
+    assert 'id="error-message"' in r.text and "Traceback" not in r.text
+
+
+def test_bad_posts(client):
+    big = client.post("/trace", data={"prompt": "a" * 100_000})
+    assert big.status_code == 413 and "limit" in big.text
+    huge = client.post("/trace", content=b"prompt=" + b"a" * 400_000,
+                       headers={"content-type": "application/x-www-form-urlencoded"})
+    assert huge.status_code == 413
+    assert client.post("/trace", data={"prompt": ""}).status_code == 422
+    assert client.post("/trace", content=b"{}", headers={"content-type": "application/json"}).status_code == 415
+    assert client.post("/memory/0/1/annotate", data={"label": "deep"}).status_code == 422
+    assert client.post("/memory/0/99/annotate", data={"label": "none"}).status_code == 404
+    assert client.post("/memory/0/1/annotate", data={"label": "none", "description": "x" * 3000}).status_code == 413
+
+
+def test_a_100kb_prompt_through_the_real_server_is_4xx(client):
+    """uvicorn itself (not the app) may answer an over-long request line: still a 4xx."""
+    import socket
+
+    from browser_support import live_server
+
+    with live_server(client.app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for request in (
+            b"GET /trace?prompt=" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"POST /trace HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Length: 100007\r\nConnection: close\r\n\r\nprompt=" + b"a" * 100_000,
+        ):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request)
+                status = s.recv(64).split(b" ")[1]
+            assert 400 <= int(status) < 500
+
+
+def test_trace_form_post_with_interventions(client):
+    r = client.post("/trace", data={"prompt": "she was born in", "off": ["0:1", "2:5"], "scale:1:3": "50",
+                                    "scale:1:4": ""})
+    assert r.status_code == 200 and "with interventions" in r.text
+    assert 'value="2:5" checked' in r.text and 'name="scale:1:3" value="50.0"' in r.text
+
+
+def test_annotation_is_saved_in_the_run(fresh_run):
+    run, loaded = fresh_run
+    with TestClient(create_app(run, loaded=loaded)) as c:
+        r = c.post("/memory/2/11/annotate", data={"label": "semantic", "description": "cities <b>", "annotator": "ada"},
+                   follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/memory/2/11")
+        page = c.get("/memory/2/11").text
+    assert "cities &lt;b&gt;" in page and "ada" in page
+    labels = read_labels(run)
+    assert labels[["layer", "key", "label", "annotator"]].values.tolist() == [[2, 11, "semantic", "ada"]]
+
+
+def test_corpus_text_is_escaped(client):
+    page = client.get("/search?q=loud").text
+    assert "&lt;b&gt;loud&lt;/b&gt; &amp; clear" in page and "<b>loud</b>" not in page
+
+
+def test_notebook_objects_render_the_same_html(indexed):
+    run, loaded = indexed
+    ex = Explorer(run, loaded, root="")
+    m = ex.memory(1, 7)
+    html = m._repr_html_()
+    assert html.startswith('<div class="ffkv-memory">') and 'id="triggers"' in html and "<style>" in html
+    assert 'id="triggers"' in m._repr_html_() and "Memory(layer=1, key=7" in repr(m)
+    t = ex.trace("the cat sat", off=[(2, 3)], scale={(1, 4): 10})
+    html = t._repr_html_()
+    assert 'id="predictions"' in html and "with interventions" in html and "<input" not in html
+    with pytest.raises(Exception, match="empty"):
+        ex.trace("")
+
+
+@pytest.mark.parametrize("family", ["opt", "llama", "bert"])
+def test_other_families(tmp_path, family):
+    from ffkv_runs import index_run
+
+    run, loaded = index_run(tmp_path, family=family)
+    with TestClient(create_app(run, loaded=loaded)) as c:
+        for url in ("/", "/layer/1?sort=pattern", "/memory/2/3", "/search?q=cat",
+                    "/trace?prompt=the+cat+sat&off=2:3&scale=0:1:3"):
+            assert c.get(url).status_code == 200, (family, url)
+
+
+def test_serve_checks_the_port_and_runs_uvicorn(indexed, monkeypatch):
+    import uvicorn
+
+    from ffkv.errors import FfkvError
+    from ffkv.explorer import serve
+
+    run, loaded = indexed
+    with pytest.raises(FfkvError, match="port"):
+        serve(run, port=70000, loaded=loaded)
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(app=app, host=host, port=port))
+    serve(run, host="127.0.0.1", port=8123, loaded=loaded)
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["app"].state.data.n_layers == 3
+
+
+def test_serve_refuses_what_is_not_a_run(tmp_path):
+    from ffkv.errors import FfkvError
+
+    with pytest.raises(FfkvError, match="not an ffkv run directory"):
+        create_app(tmp_path, loaded=object())
+
+
+def test_the_runs_model_is_loaded_by_its_manifest(indexed, monkeypatch):
+    import ffkv.models.loading as loading
+
+    run, loaded = indexed
+    calls = []
+    monkeypatch.setattr(loading, "load_model", lambda name, dtype="float32", device="cpu": calls.append((name, dtype)) or loaded)
+    app = create_app(run)
+    assert calls == [("tiny-gpt2", "float32")] and app.state.data.loaded is loaded

@@ -1,0 +1,29 @@
+"""A memory page answers in well under a second on a large run (a smaller cut of the benchmark's)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from explorer_latency import Stub, write_lookups, write_run  # noqa: E402
+from ffkv.explorer import create_app  # noqa: E402
+
+
+def test_memory_page_latency(tmp_path):
+    layers, keys = 4, 2048
+    run = write_run(tmp_path, layers, keys, top_k=50, n_examples=50_000)
+    write_lookups(run, layers, keys)
+    with TestClient(create_app(run, loaded=Stub())) as client:
+        times = []
+        for i in range(30):
+            t = time.perf_counter()
+            r = client.get(f"/memory/{i % layers}/{(i * 997) % keys}")
+            times.append(time.perf_counter() - t)
+            assert r.status_code == 200 and r.text.count("<mark>") == 50
+    assert statistics.median(times) < 0.3, times

@@ -1,0 +1,78 @@
+"""`write_report`: one self-contained HTML file with every figure and table beside the paper's finding."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import pytest
+
+from ffkv.errors import FfkvError
+from ffkv.report import write_report
+from ffkv.report.content import discover_figures, paper_finding, reading
+
+
+def test_index_only_run_gets_a_report(index_only):
+    path = write_report(index_only)
+    assert path == index_only / "report.html"
+    page = path.read_text()
+    assert 'id="no-analyses"' in page and "ffkv analyze" in page
+    assert "tiny-gpt2" in page and "index_seconds" in page  # model and timings
+    assert page.count("<tr>") >= 4  # header + one row per layer
+    assert not list(index_only.glob(".report.html.*"))  # atomic write leaves nothing behind
+
+
+def test_every_figure_and_table_is_embedded_beside_its_finding(analysed):
+    page = write_report(analysed).read_text()
+    images = re.findall(r'<img class="figure" src="([^"]+)"', page)
+    assert len(images) == len(discover_figures(analysed)) == 3
+    assert all(src.startswith(("data:image/png;base64,", "data:image/svg+xml;base64,")) for src in images)
+    for name in ("patterns", "values", "refinement"):
+        assert f'id="analysis-{name}"' in page
+    assert "Figure 2" in page and "Figure 4" in page and "Figure 11" in page
+    assert "This model:" in page and "agreement_rate goes from 0 at layer 0 to 0.035 at layer 2" in page
+    # Per-key tables are summarised per layer, with the label shares of the paper's Figure 2.
+    assert "label: shallow" in page
+    # Nothing is fetched: no external sources, and a CSP that forbids them.
+    assert not re.search(r'(src|href)="(?!data:|http://127\.0\.0\.1:8000|#)', page.replace('href="http://127.0.0.1:8000', ""))
+    assert "default-src 'none'" in page
+    assert "<script" not in page
+
+
+def test_table_text_is_escaped(index_only, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(index_only, run)
+    (run / "metrics").mkdir()
+    pd.DataFrame({"layer": [0, 1], "case": ["<script>alert(1)</script>", "a & b"]}).to_parquet(
+        run / "metrics" / "refinement_last_layer.parquet")
+    page = write_report(run).read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "a &amp; b" in page
+    assert "Table 3" in page  # its paper finding, by name
+
+
+def test_findings_module_is_used_when_present(analysed, monkeypatch):
+    module = types.ModuleType("ffkv.experiments.findings")
+    module.PAPER_FINDINGS = {"values": {"figure": "Figure 4", "finding": "Agreement rises in the top layers."}}
+    module.reading = lambda name, table: f"custom reading of {name} with {len(table)} rows"
+    monkeypatch.setitem(sys.modules, "ffkv.experiments.findings", module)
+    assert paper_finding("values") == {"finding": "Agreement rises in the top layers.", "figure": "Figure 4"}
+    assert paper_finding("values_rank")["finding"] == "Agreement rises in the top layers."
+    page = write_report(analysed).read_text()
+    assert "Agreement rises in the top layers." in page and "custom reading of values with 3 rows" in page
+
+
+def test_findings_fall_back_to_spec_and_tolerate_odd_shapes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ffkv.experiments.findings", None)  # import fails
+    assert paper_finding("composition")["figure"] == "Figure 8"
+    assert paper_finding("something_else") is None
+    assert reading("x", None) is None
+
+
+def test_report_refuses_what_is_not_a_complete_run(tmp_path):
+    with pytest.raises(FfkvError, match="not an ffkv run directory"):
+        write_report(tmp_path)
