@@ -126,3 +126,28 @@ def test_corpus_reader(lines_file, tok):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(list(reader)) == 7
+
+
+def test_batch_encoding_gives_the_same_examples(tmp_path):
+    from ffkv.corpus import CorpusSpec, iter_examples, shared_data_dir
+    from ffkv.models.tokenizer import HFTokenizer
+
+    data = shared_data_dir()
+    if data is None or not (data / "tokenizers" / "gpt2").is_dir():
+        pytest.skip("needs ../shared/data/tokenizers/gpt2")
+    from transformers import AutoTokenizer
+
+    fast = HFTokenizer(AutoTokenizer.from_pretrained(str(data / "tokenizers" / "gpt2")))
+
+    class OneByOne:  # the same tokenizer without encode_batch
+        def __getattr__(self, name):
+            if name == "encode_batch":
+                raise AttributeError(name)
+            return getattr(fast, name)
+
+    path = tmp_path / "c.txt"
+    path.write_text("".join(f"Sentence number {i} is here. And another, {i * 7}!\n" for i in range(700)))
+    spec = CorpusSpec(source=str(path), min_tokens=3)
+    a = [(e.example_id, e.token_ids.tolist(), e.text) for e in iter_examples(spec, fast)]
+    b = [(e.example_id, e.token_ids.tolist(), e.text) for e in iter_examples(spec, OneByOne())]
+    assert a == b and len(a) > 1000

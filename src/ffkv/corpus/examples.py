@@ -8,6 +8,7 @@ yielded in ascending id order.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -119,17 +120,32 @@ def _token_ids(unit: _Unit, tokenizer: Tokenizer) -> list[int]:
     return unit.token_ids
 
 
-def _examples(spec: CorpusSpec, tokenizer: Tokenizer, only: set[int] | None) -> Iterator[Example]:
-    for unit in iter_units(spec, tokenizer):
-        if only is not None and unit.example_id not in only:
-            continue
-        if not in_split(unit.example_id, spec.split, spec.heldout_fraction):
-            continue
-        ids = _token_ids(unit, tokenizer)
-        if len(ids) < spec.min_tokens:
-            continue
-        text = unit.text if unit.text is not None else tokenizer.decode(ids)
-        yield Example(unit.example_id, np.asarray(ids[:spec.max_tokens], dtype=np.int32), text)
+def _examples(spec: CorpusSpec, tokenizer: Tokenizer, only: set[int] | None,
+              chunk: int = 256) -> Iterator[Example]:
+    # Units are tokenized a chunk at a time: batch encoding (where the tokenizer has it) runs
+    # in parallel natively, which keeps a GPU fed.
+    def kept(unit: _Unit) -> bool:
+        return (only is None or unit.example_id in only) and in_split(unit.example_id, spec.split,
+                                                                       spec.heldout_fraction)
+
+    units = filter(kept, iter_units(spec, tokenizer))
+    while batch := list(itertools.islice(units, chunk)):
+        todo = [u for u in batch if u.token_ids is None]
+        if todo:
+            for unit, ids in zip(todo, encode_many(tokenizer, [u.text for u in todo])):
+                unit.token_ids = list(ids)
+        for unit in batch:
+            ids = unit.token_ids
+            if len(ids) < spec.min_tokens:
+                continue
+            text = unit.text if unit.text is not None else tokenizer.decode(ids)
+            yield Example(unit.example_id, np.asarray(ids[:spec.max_tokens], dtype=np.int32), text)
+
+
+def encode_many(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of several texts: the tokenizer's `encode_batch` where it has one, else `encode` each."""
+    batch = getattr(tokenizer, "encode_batch", None)
+    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
 
 
 def _choose_subset(spec: CorpusSpec, tokenizer: Tokenizer) -> set[int]:

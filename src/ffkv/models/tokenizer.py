@@ -62,6 +62,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text, add_special_tokens=True)["input_ids"])
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of several texts at once (parallel in fast tokenizers)."""
+        return [list(ids) for ids in self.hf(texts, add_special_tokens=True)["input_ids"]]
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids))
 
