@@ -112,6 +112,41 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Merge shard runs exactly: the result is the run one process would have written.")
     p.add_argument("shards", nargs="+", help="the shard run directories")
     p.add_argument("--out", required=True, help="the merged run directory to create")
+    p = sub.add_parser("analyze", help="run the paper's experiments on a run (Geva et al. 2021, sections 3-5)",
+                       description="Adds metrics/NAME.parquet and figures/NAME.{png,svg} per experiment "
+                                   "(SPEC sections 4-8).")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
+                   "patterns, ablations, values, composition, refinement")
+    p.add_argument("--eval-corpus", default=None,
+                   help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
+    p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
+                   help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
+    p.add_argument("--n-eval", type=_positive_int, default=4000, help="held-out examples (default 4000, as the paper)")
+    p.add_argument("--projection", default=None, choices=("identity", "final-norm"),
+                   help="one projection for every vector (default: SPEC's: identity for values and FF outputs, "
+                        "final normalization for residuals)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("train", help="train ffkv's own small LM (the shape of the paper's model)",
+                       description="Seeded, resumable training with held-out perplexity against a unigram baseline.")
+    p.add_argument("--corpus", default="default", help="text file, one example per line (default: the embedded KJV)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 1500)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--threads", type=_positive_int, default=None)
+    p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("demo", help="the whole job on the embedded model ffkv-tiny and its corpus",
+                       description="Index the embedded corpus with ffkv-tiny, run every analysis, write the report.")
+    p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
+    p.add_argument("--n-eval", type=_positive_int, default=2000, help="held-out examples for the analyses")
+    p.add_argument("--no-progress", action="store_true")
+
     p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
                        description="One self-contained HTML file (figures embedded, opens offline).")
     p.add_argument("run", help="a run directory")
@@ -123,6 +158,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     return parser
+
+
+@command("analyze")
+def _analyze(args: argparse.Namespace) -> int:
+    from ffkv.experiments import analyze
+    from ffkv.experiments.common import eval_spec_for
+
+    spec = None
+    if args.eval_corpus is not None or args.eval_split is not None:
+        spec = eval_spec_for(args.run, args.eval_corpus, args.eval_split)
+    done = analyze(args.run, only=args.only, eval_spec=spec, n_eval=args.n_eval, projection=args.projection,
+                   progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
+    print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
+    return 0
+
+
+@command("train")
+def _train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ffkv.models.train import TrainOptions, train
+
+    options = TrainOptions()
+    if args.steps is not None:
+        options = replace(options, steps=args.steps)
+    if args.seed is not None:
+        options = replace(options, seed=args.seed)
+    result = train(args.corpus, args.out, options, resume=args.resume, num_threads=args.threads,
+                   progress=not args.no_progress, command="ffkv " + " ".join(sys.argv[1:]))
+    print(f"held-out perplexity {result['heldout_perplexity']:.2f} "
+          f"(unigram baseline {result['unigram_perplexity']:.2f}); model in {args.out}")
+    return 0
+
+
+@command("demo")
+def _demo(args: argparse.Namespace) -> int:
+    from ffkv.demo import run_demo
+
+    run_demo(args.out, n_eval=args.n_eval, progress=not args.no_progress)
+    return 0
 
 
 @command("report")
