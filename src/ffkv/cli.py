@@ -131,6 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
+    p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
+                       description="SPEC section 4's human workflow: export top prefixes of sampled keys to CSV, "
+                                   "label them (shallow / semantic / both / none), import; `ffkv analyze --only "
+                                   "patterns` then reports agreement with the automatic labels.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    q = verbs.add_parser("export", help="write a CSV sample of keys to label")
+    q.add_argument("run")
+    q.add_argument("--out", required=True, help="CSV file to write")
+    q.add_argument("--keys-per-layer", type=_positive_int, default=10)
+    q.add_argument("--top", type=_positive_int, default=25, help="prefixes per key (the paper's experts read 25)")
+    q.add_argument("--seed", type=int, default=0)
+    q = verbs.add_parser("import", help="read a labelled CSV into RUN/annotations/labels.parquet")
+    q.add_argument("run")
+    q.add_argument("labels", help="the labelled CSV")
+    q.add_argument("--annotator", default="", help="who labelled")
+
     p = sub.add_parser("train", help="train ffkv's own small LM (the shape of the paper's model)",
                        description="Seeded, resumable training with held-out perplexity against a unigram baseline.")
     p.add_argument("--corpus", default="default", help="text file, one example per line (default: the embedded KJV)")
@@ -171,6 +187,20 @@ def _analyze(args: argparse.Namespace) -> int:
     done = analyze(args.run, only=args.only, eval_spec=spec, n_eval=args.n_eval, projection=args.projection,
                    progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
     print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
+    return 0
+
+
+@command("annotate")
+def _annotate(args: argparse.Namespace) -> int:
+    from ffkv.experiments import export_annotation_sample, import_annotations
+
+    if args.verb == "export":
+        path = export_annotation_sample(args.run, args.out, keys_per_layer=args.keys_per_layer, top=args.top,
+                                        seed=args.seed)
+        print(f"sample for annotation written: {path}")
+    else:
+        n = import_annotations(args.run, args.labels, annotator=args.annotator)
+        print(f"imported {n} labels into {args.run}/annotations/labels.parquet")
     return 0
 
 

@@ -1,0 +1,169 @@
+"""Local modifications of trigger prefixes (SPEC section 5; paper Figure 3).
+
+For a seeded sample of keys per layer (10 by default), each of the key's top-t trigger
+prefixes gets three variants: its first token removed, its last token removed, one
+uniformly random token removed (special tokens such as BOS are never removed and do not
+count). The key's coefficient is recomputed at the last position of each prefix,
+original and modified, the same way (the prefix run alone, in padded batches), and the
+relative change (m' - m) / m is averaged per layer and variant. Prefixes whose original
+coefficient is not positive (the relative change would flip sign) or that would become
+empty are left out and counted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
+from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+
+NAME = "ablations"
+KEYS_PER_LAYER = 10
+VARIANTS = ("first", "last", "random")
+
+
+def sample_keys(n_layers: int, d_m: int, per_layer: int, seed: int) -> list[tuple[int, int]]:
+    """Seeded sample of `per_layer` distinct keys in each layer (all keys when d_m is smaller)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for layer in range(n_layers):
+        keys = np.sort(rng.choice(d_m, size=min(per_layer, d_m), replace=False))
+        out.extend((layer, int(k)) for k in keys)
+    return out
+
+
+def modified(prefix: np.ndarray, variant: str, special: frozenset, rng: np.random.Generator) -> tuple[np.ndarray | None, int]:
+    """The prefix with one non-special token removed, and the removed index (-1 if impossible)."""
+    removable = [i for i, t in enumerate(prefix) if int(t) not in special]
+    if len(removable) < 2:  # removing the only real token leaves nothing to read the key at
+        return None, -1
+    if variant == "first":
+        i = removable[0]
+    elif variant == "last":
+        i = removable[-1]
+    else:
+        i = removable[int(rng.integers(len(removable)))]
+    return np.delete(prefix, i), i
+
+
+@torch.no_grad()
+def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """m_key^layer at the last position of each prefix (each run alone; padding never reaches a result)."""
+    view = ctx.view
+    values = np.full(len(prefixes), np.nan, dtype=np.float64)
+    state: dict = {}
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        sel = state["by_layer"].get(layer)
+        if sel is not None:
+            rows, last, key = sel
+            state["out"][layer] = t[rows, last, key].float()
+
+    rows = [(i, p) for i, p in enumerate(prefixes)]
+    bar = progress_bar(ctx.progress, len(rows), "ablations", "prefix")
+    needed = sorted(set(int(l) for l in layers))
+    with view.capture(("coefficients",), layers=needed, sink=sink, stop_early=True):
+        for idx, batch in batches(ctx.loaded, rows):
+            last = batch.attention_mask.sum(-1) - 1
+            lay = torch.as_tensor(layers[idx], device=view.device)
+            key = torch.as_tensor(keys[idx], device=view.device)
+            state["by_layer"] = {}
+            for layer in needed:
+                r = torch.nonzero(lay == layer)[:, 0]
+                if len(r):
+                    state["by_layer"][layer] = (r, last[r], key[r])
+            state["out"] = {}
+            view.forward(batch.input_ids, batch.attention_mask)
+            for layer, (r, _, _) in state["by_layer"].items():
+                values[idx[as_numpy(r)]] = as_numpy(state["out"][layer])
+            bar.update(len(idx))
+    bar.close()
+    return values
+
+
+def compute(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[str, pd.DataFrame]:
+    view = ctx.view
+    special = frozenset(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ()))
+    chosen = sample_keys(view.n_layers, view.d_m, keys_per_layer, ctx.seed)
+    trig = ctx.triggers().set_index(["layer", "key"]).sort_index()
+    records, prefixes, layers, keys = [], [], [], []
+    for layer, key in chosen:
+        if (layer, key) not in trig.index:
+            continue
+        for t in trig.loc[[(layer, key)]].itertuples():
+            base = ctx.prefix(t.example_id, t.position)
+            rng = np.random.default_rng([ctx.seed, layer, key, int(t.rank)])
+            for variant in ("original", *VARIANTS):
+                if variant == "original":
+                    p, removed = base, -1
+                else:
+                    p, removed = modified(base, variant, special, rng)
+                records.append({"layer": layer, "key": key, "rank": int(t.rank), "example_id": int(t.example_id),
+                                "position": int(t.position), "variant": variant, "removed_index": removed,
+                                "stored_coefficient": float(t.coefficient)})
+                if p is not None:
+                    prefixes.append(p)
+                    layers.append(layer)
+                    keys.append(key)
+                    records[-1]["_row"] = len(prefixes) - 1
+    m = coefficients_at_last(ctx, prefixes, np.array(layers, dtype=np.int64), np.array(keys, dtype=np.int64))
+    df = pd.DataFrame(records)
+    df["coefficient_recomputed"] = [m[int(r)] if pd.notna(r) else math.nan for r in df.get("_row", [math.nan] * len(df))]
+    original = df[df["variant"] == "original"].set_index(["layer", "key", "rank"])["coefficient_recomputed"]
+    out = df[df["variant"] != "original"].drop(columns=["_row"], errors="ignore").copy()
+    out["coefficient"] = original.reindex(pd.MultiIndex.from_frame(out[["layer", "key", "rank"]])).to_numpy()
+    out = out.rename(columns={"coefficient_recomputed": "coefficient_modified"})
+    ok = (out["coefficient"] > 0) & out["coefficient_modified"].notna()
+    out["relative_change"] = np.where(ok, (out["coefficient_modified"] - out["coefficient"]) / out["coefficient"], np.nan)
+    out["excluded"] = np.where(out["coefficient_modified"].isna(), "empty after removal",
+                               np.where(out["coefficient"] <= 0, "coefficient not positive", ""))
+    out = out.astype({"layer": np.int16, "key": np.int32, "rank": np.int16, "position": np.int32,
+                      "removed_index": np.int32})
+    cols = ["layer", "key", "rank", "example_id", "position", "variant", "removed_index", "stored_coefficient",
+            "coefficient", "coefficient_modified", "relative_change", "excluded"]
+    out = out[cols].reset_index(drop=True)
+    return {"per_layer": per_layer(out, view.n_layers), "prefixes": out}
+
+
+def per_layer(prefixes: pd.DataFrame, n_layers: int) -> pd.DataFrame:
+    rows = []
+    for layer in range(n_layers):
+        g = prefixes[prefixes["layer"] == layer]
+        row = {"layer": layer, "n_keys": int(g["key"].nunique()), "n_prefixes": int(g[["key", "rank"]].drop_duplicates().shape[0])}
+        for variant in VARIANTS:
+            v = g.loc[g["variant"] == variant, "relative_change"].dropna().to_numpy()
+            row[f"mean_change_{variant}"] = float(v.mean()) if len(v) else math.nan
+            row[f"sem_{variant}"] = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+            row[f"n_{variant}"] = int(len(v))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def draw(ctx: RunContext, per_layer_df: pd.DataFrame) -> None:
+    fig, ax = new_figure()
+    x = per_layer_df["layer"].to_numpy()
+    for i, variant in enumerate(VARIANTS):
+        ax.errorbar(x + (i - 1) * 0.08, 100 * per_layer_df[f"mean_change_{variant}"],
+                    yerr=100 * per_layer_df[f"sem_{variant}"].fillna(0), fmt="o-", ms=4, capsize=2,
+                    color=COLORS[variant], label=f"{variant} token removed")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_ylabel("mean relative change of m (%)")
+    ax.set_title("Coefficient change when a token is removed (paper Fig. 3)")
+    layer_axis(ax, ctx.view.n_layers)
+    ax.legend(frameon=False)
+    save_figure(fig, ctx.run.path, NAME)
+
+
+def run(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict:
+    result = compute(ctx, keys_per_layer)
+    meta = {"keys_per_layer": keys_per_layer, "seed": ctx.seed, "top_t": ctx.top_k,
+            "relative_change": "(m' - m) / m, m recomputed on the prefix alone; m <= 0 left out"}
+    ctx.write_table(NAME, result["per_layer"], **meta)
+    ctx.write_table(f"{NAME}_prefixes", result["prefixes"], **meta)
+    draw(ctx, result["per_layer"])
+    ctx.record(NAME, tables=[NAME, f"{NAME}_prefixes"], figures=[NAME], **meta)
+    return result

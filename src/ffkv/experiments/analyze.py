@@ -1,0 +1,82 @@
+"""`ffkv analyze`: run the paper's experiments on a complete run directory.
+
+Each experiment module has ``run(ctx)`` that computes, writes RUN/metrics/NAME*.parquet
+and draws RUN/figures/NAME*.{png,svg}. They share one `RunContext`: the model is
+loaded once, value projections made by `values` are reused by `composition`, and
+`composition` and `refinement` read the same single forward pass over the held-out
+examples. What was run, with which projection, is merged into manifest['analyses'].
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ffkv.experiments import ablations, composition, patterns, refinement, values
+from ffkv.experiments.common import Projections, RunContext, check_only, default_eval_spec, open_run
+
+#: Experiment name -> module, in the paper's order.
+MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
+           "composition": composition, "refinement": refinement}
+EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
+#: Experiments that read held-out examples (the others use the run's trigger examples only).
+HELD_OUT = ("composition", "refinement")
+
+
+def analyze(
+    run_dir: str | Path,
+    only: Sequence[str] | str | None = None,
+    eval_spec: Any = None,
+    n_eval: int = 4000,
+    projection: str | None = None,
+    progress: bool = True,
+    loaded: Any = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    seed: int = 0,
+) -> dict[str, dict]:
+    """Run experiments on a complete run and add their tables and figures to it.
+
+    Args:
+        run_dir: a run directory written by `ffkv index`.
+        only: experiment names (or "a,b") to run; default all of `EXPERIMENTS`.
+        eval_spec: the held-out examples' `CorpusSpec` (or its dict); default the run's
+            corpus with split="heldout". Always cut to a seeded subset of `n_eval`.
+        n_eval: number of held-out examples (SPEC section 7: 4,000).
+        projection: None for SPEC's defaults (identity for values, sub-updates and FF
+            outputs; final normalization for residual-stream vectors), or "identity" /
+            "final-norm" for every vector.
+        progress: show progress bars.
+        loaded: the run's model, already loaded (else loaded from manifest['model']['id']).
+        device, dtype: where and how to load the model when `loaded` is not given.
+        seed: seeds key samples and held-out positions.
+
+    Returns:
+        name -> what each experiment recorded (tables, figures, projection, options).
+    """
+    names = check_only(only, EXPERIMENTS)
+    projections = Projections.choose(projection)
+    run, manifest, loaded = open_run(run_dir, loaded, device, dtype)
+    spec = default_eval_spec(manifest, n_eval, eval_spec, seed) if set(names) & set(HELD_OUT) else None
+    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed,
+                     eval_spec=spec, n_eval=n_eval)
+    timings = {}
+    for name in names:
+        start = time.perf_counter()
+        MODULES[name].run(ctx)
+        timings[name] = round(time.perf_counter() - start, 3)
+        ctx.analyses[name]["seconds"] = timings[name]
+    if spec is not None:
+        held = ctx.held_out()
+        indexed = manifest.get("identity", {}).get("corpus", {})
+        for name in set(names) & set(HELD_OUT):
+            ctx.analyses[name]["held_out_overlaps_index"] = (
+                spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
+            ctx.analyses[name]["n_examples"] = len(held.examples)
+    current = run.manifest().get("analyses", {}) or {}
+    for name, info in ctx.analyses.items():
+        current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
+                         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    run.update_manifest(analyses=current)
+    return ctx.analyses

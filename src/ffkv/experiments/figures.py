@@ -1,0 +1,48 @@
+"""Saving figures: PNG and SVG side by side in RUN/figures/, written atomically, Agg backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed; set before pyplot is imported anywhere here
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ffkv.store import atomic  # noqa: E402
+
+plt.rcParams.update({"svg.hashsalt": "ffkv", "figure.dpi": 100, "font.size": 9,
+                     "axes.spines.top": False, "axes.spines.right": False})
+
+COLORS = {"shallow": "#4C72B0", "semantic": "#DD8452", "both": "#55A868", "none": "#BBBBBB",
+          "first": "#4C72B0", "last": "#C44E52", "random": "#8C8C8C",
+          "kept": "#4C72B0", "override": "#C44E52", "composition": "#55A868", "chance": "#8C8C8C"}
+
+
+def new_figure(width: float = 5.5, height: float = 3.4):
+    """A figure and one axis."""
+    return plt.subplots(figsize=(width, height), constrained_layout=True)
+
+
+def layer_axis(ax, n_layers: int) -> None:
+    """Layers numbered 1..L on the x axis, as in the paper's figures."""
+    ax.set_xlabel("layer")
+    step = max(1, n_layers // 16)
+    ax.set_xticks(range(0, n_layers, step))
+    ax.set_xticklabels([str(i + 1) for i in range(0, n_layers, step)])
+
+
+def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
+    """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure."""
+    folder = Path(run_path) / "figures"
+    paths = []
+    try:
+        for fmt in ("png", "svg"):
+            path = folder / f"{name}.{fmt}"
+            with atomic.atomic_path(path) as tmp:
+                fig.savefig(tmp, format=fmt, dpi=130 if fmt == "png" else None,
+                            metadata={"Date": None} if fmt == "svg" else None)
+            paths.append(path)
+    finally:
+        plt.close(fig)
+    return paths

@@ -1,0 +1,213 @@
+"""Values as distributions over the vocabulary (SPEC section 6; paper Section 4, Figures 4-5, Table 2).
+
+``p_i^l = softmax(N(v_i^l)·Eᵀ)``, N the identity by default. Per key: the top token and
+its probability, the entropy, the top 10 tokens, and the rank and probability of the
+*target* of the key's top-1 trigger example: its next token for a causal LM, the token at
+the trigger position for a masked-LM encoder (what the encoder predicts there).
+
+Memory (the paper's script needed ~150 GB here): values are projected `chunk` keys at a
+time, with chunk x |V| x 4 bytes <= `CHUNK_BYTES` (256 MiB). At most three such buffers
+are alive at once (logits, probabilities, the rank comparison and softmax temporaries),
+so the working memory is bounded by about 3 x CHUNK_BYTES = 0.75 GiB whatever L, d_m
+and |V| are, on top of the model's weights and O(L x d_m) per-key results. For the
+paper's model (16 x 4,096 memories, |V| = 267,744, d = 1,024) that is 250 keys per chunk,
+~0.75 GiB of working memory, ~1.1 GiB for E and ~2 GiB for all weights in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.memories.projection import logits as project
+
+NAME = "values"
+CHUNK_BYTES = 256 * 2**20
+TOP_TOKENS = 10
+N_CONFIDENT = 100
+TRIGGERS_SHOWN = 5
+
+
+def chunk_size(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Keys per chunk so that one chunk of float32 logits takes at most `chunk_bytes`."""
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
+@torch.no_grad()
+def scan_layer(view, layer: int, projection: str, targets: np.ndarray, chunk: int | None = None,
+               top: int = TOP_TOKENS) -> dict[str, np.ndarray]:
+    """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
+
+    Args:
+        targets: (d_m,) token id per key whose rank and probability are wanted; -1 for none.
+
+    Returns arrays of length d_m: top_token_id, top_prob, entropy, target_rank (1 = the
+    value's top token; ties count in the target's favour), target_prob, and (d_m, top)
+    top_token_ids / top_probs.
+    """
+    values = view.values(layer)
+    d_m = values.shape[0]
+    chunk = chunk or chunk_size(view.vocab_size)
+    device = values.device
+    targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
+    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "target_rank", "target_prob",
+                                 "top_token_ids", "top_probs")}
+    for start in range(0, d_m, chunk):
+        z = project(view, values[start:start + chunk], projection)  # (n, |V|) float32
+        lse = torch.logsumexp(z, dim=-1)
+        top_logits, top_ids = torch.topk(z, min(top, z.shape[1]), dim=-1)
+        t = targets_t[start:start + chunk]
+        has = t >= 0
+        t_logit = z.gather(1, t.clamp(min=0)[:, None])
+        rank = (z > t_logit).sum(dim=-1) + 1
+        # Entropy H = lse - sum p·z, with p built in place over z's own buffer.
+        pz = (z - lse[:, None]).exp_().mul_(z).sum(dim=-1)
+        out["entropy"].append(lse - pz)
+        out["top_token_id"].append(top_ids[:, 0])
+        out["top_prob"].append((top_logits[:, 0] - lse).exp())
+        out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))
+        out["target_prob"].append(torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))))
+        out["top_token_ids"].append(top_ids)
+        out["top_probs"].append((top_logits - lse[:, None]).exp())
+        del z, pz
+    return {k: as_numpy(torch.cat(v)) for k, v in out.items()}
+
+
+def value_top_tokens(ctx: RunContext, layer: int) -> np.ndarray:
+    """argmax p_i for every key of a layer under the values projection (cached for composition)."""
+    if layer not in ctx._value_tops:
+        stats = scan_layer(ctx.view, layer, ctx.projections.values, np.full(ctx.view.d_m, -1), top=1)
+        ctx._value_tops[layer] = stats["top_token_id"].astype(np.int64)
+    return ctx._value_tops[layer]
+
+
+def trigger_targets(ctx: RunContext) -> pd.DataFrame:
+    """Per trigger entry, the token the key's value should predict: next token (causal) or own token (encoder)."""
+    trig = ctx.triggers()
+    if not ctx.view.encoder:
+        return trig.assign(target=trig["next_token_id"].astype(np.int64))
+    own = [int(ctx.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])]
+    return trig.assign(target=np.array(own, dtype=np.int64))
+
+
+def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    view = ctx.view
+    L, d_m, V = view.n_layers, view.d_m, view.vocab_size
+    trig = trigger_targets(ctx)
+    first = trig[trig["rank"] == 0]
+    targets = np.full((L, d_m), -1, dtype=np.int64)
+    targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
+    keys = []
+    bar = progress_bar(ctx.progress, L, "values", "layer")
+    for layer in range(L):
+        s = scan_layer(view, layer, ctx.projections.values, targets[layer])
+        ctx._value_tops[layer] = s["top_token_id"].astype(np.int64)
+        keys.append(pd.DataFrame({
+            "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
+            "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),
+            "entropy": s["entropy"].astype(np.float32),
+            "trigger_target_id": targets[layer].astype(np.int32),
+            "agrees": (targets[layer] >= 0) & (s["top_token_id"] == targets[layer]),
+            "target_rank": s["target_rank"].astype(np.int64),
+            "target_prob": s["target_prob"].astype(np.float32),
+            "top_token_ids": list(s["top_token_ids"].astype(np.int32)),
+            "top_probs": list(s["top_probs"].astype(np.float32)),
+        }))
+        bar.update(1)
+    bar.close()
+    keys = pd.concat(keys, ignore_index=True)
+    keys["top_token"] = ctx.tokens(keys["top_token_id"])
+    return {"keys": keys, "per_layer": per_layer(keys, V), "confident": most_confident(ctx, keys, trig)}
+
+
+def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
+    """Figure 4 and 5 numbers: agreement rate (with chance), and the target rank's distribution."""
+    rows = []
+    for layer, g in keys.groupby("layer", sort=True):
+        with_target = g[g["trigger_target_id"] >= 0]
+        n = len(with_target)
+        ranks = with_target["target_rank"].to_numpy(float)
+        # Chance under random pairing of this layer's top tokens with its targets.
+        top_share = with_target["top_token_id"].value_counts(normalize=True)
+        target_share = with_target["trigger_target_id"].value_counts(normalize=True)
+        paired = float((top_share * target_share.reindex(top_share.index, fill_value=0)).sum()) if n else math.nan
+        q = np.quantile(ranks, [0.1, 0.25, 0.5, 0.75, 0.9]) if n else [math.nan] * 5
+        rows.append({
+            "layer": int(layer), "agreement_rate": float(with_target["agrees"].mean()) if n else math.nan,
+            "chance_rate": 1.0 / vocab_size, "chance_rate_shuffled": paired,
+            "n_keys": int(len(g)), "n_keys_with_target": n,
+            "mean_top_prob": float(g["top_prob"].mean()), "mean_entropy": float(g["entropy"].mean()),
+            "rank_p10": q[0], "rank_p25": q[1], "rank_median": q[2], "rank_p75": q[3], "rank_p90": q[4],
+            "mean_log10_rank": float(np.log10(ranks).mean()) if n else math.nan,
+            "share_rank_top10": float((ranks <= 10).mean()) if n else math.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def most_confident(ctx: RunContext, keys: pd.DataFrame, trig: pd.DataFrame, n: int = N_CONFIDENT) -> pd.DataFrame:
+    """Table 2: the n values with the highest max p over all layers and keys, and whether a trigger agrees."""
+    best = keys.sort_values(["top_prob", "layer", "key"], ascending=[False, True, True], kind="stable").head(n)
+    by_key = {k: g for k, g in trig.groupby(["layer", "key"], sort=False)}
+    rows = []
+    for r in best.itertuples(index=False):
+        g = by_key.get((int(r.layer), int(r.key)))
+        g = g.sort_values("rank") if g is not None else trig.iloc[:0]
+        hits = g["target"].to_numpy() == int(r.top_token_id)
+        shown = g.head(TRIGGERS_SHOWN)
+        rows.append({
+            "layer": int(r.layer), "key": int(r.key), "top_token_id": int(r.top_token_id), "top_token": r.top_token,
+            "top_prob": float(r.top_prob), "any_trigger_agrees": bool(hits.any()),
+            "n_triggers_agree": int(hits.sum()), "n_triggers": int(len(g)),
+            "first_agreeing_rank": int(g["rank"].to_numpy()[hits][0]) if hits.any() else -1,
+            "trigger_example_ids": [int(e) for e in shown["example_id"]],
+            "trigger_positions": [int(p) for p in shown["position"]],
+            "trigger_prefixes": [ctx.prefix_text(e, p) for e, p in zip(shown["example_id"], shown["position"])],
+            "trigger_targets": ctx.tokens(shown["target"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> None:
+    L = ctx.view.n_layers
+    fig, ax = new_figure()
+    x = per_layer_df["layer"].to_numpy()
+    ax.bar(x - 0.2, 100 * per_layer_df["agreement_rate"], width=0.4, label="agreement rate", color="#4C72B0")
+    ax.bar(x + 0.2, 100 * per_layer_df["chance_rate_shuffled"], width=0.4, label="chance (shuffled pairs)",
+           color=COLORS["chance"])
+    ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
+    ax.set_ylabel("% keys: top token = trigger's next token")
+    ax.set_title("Value top token vs. top trigger example (paper Fig. 4)")
+    layer_axis(ax, L)
+    ax.legend(frameon=False)
+    save_figure(fig, ctx.run.path, NAME)
+
+    fig, ax = new_figure()
+    data = [keys.loc[(keys["layer"] == l) & (keys["trigger_target_id"] >= 0), "target_rank"].to_numpy()
+            for l in range(L)]
+    ax.boxplot([d if len(d) else [np.nan] for d in data], positions=range(L), showfliers=False, widths=0.6)
+    ax.set_yscale("log")
+    ax.set_ylabel("rank of trigger's next token in p_i (1 = top)")
+    ax.set_title("Rank of the trigger's next token (paper Fig. 5)")
+    layer_axis(ax, L)
+    save_figure(fig, ctx.run.path, f"{NAME}_rank")
+
+
+def run(ctx: RunContext) -> dict:
+    result = compute(ctx)
+    meta = {"projection": ctx.projections.values, "vocab_size": ctx.view.vocab_size,
+            "target": "token at the trigger position (masked-LM encoder)" if ctx.view.encoder
+            else "next token of the key's top-1 trigger example",
+            "rank": "1 + number of tokens with a strictly higher logit"}
+    ctx.write_table(NAME, result["per_layer"], **meta)
+    ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
+    ctx.write_table(f"{NAME}_confident", result["confident"], **meta)
+    draw(ctx, result["per_layer"], result["keys"])
+    info = {"tables": [NAME, f"{NAME}_keys", f"{NAME}_confident"], "figures": [NAME, f"{NAME}_rank"], **meta,
+            "chunk_keys": chunk_size(ctx.view.vocab_size)}
+    ctx.record(NAME, **info)
+    return result

@@ -1,0 +1,77 @@
+"""`analyze`: every experiment on one run, what it records, and errors that say what to do."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import make_run
+from ffkv.corpus import CorpusSpec
+from ffkv.errors import FfkvError
+from ffkv.experiments import EXPERIMENTS, analyze, eval_spec_for
+from ffkv.experiments.common import table_metadata
+from ffkv.experiments.findings import PAPER_FINDINGS, reading
+
+FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
+           "refinement", "refinement_agreement", "refinement_confidence")
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
+    run, loaded = make_run(tmp_path, family, n=50, top_k=5)
+    done = analyze(run, loaded=loaded, n_eval=20, progress=False)
+    assert list(done) == list(EXPERIMENTS)
+    for name in FIGURES:
+        for fmt in ("png", "svg"):
+            assert (run / "figures" / f"{name}.{fmt}").stat().st_size > 0
+        assert name in PAPER_FINDINGS
+    assert not list(run.rglob("*.tmp"))  # atomic writes leave no temporary files
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert set(manifest["analyses"]) == set(EXPERIMENTS)
+    assert manifest["analyses"]["refinement"]["projections"] == {"values_and_sub_updates": "identity",
+                                                                   "residuals": "final-norm"}
+    assert manifest["analyses"]["composition"]["held_out_overlaps_index"] is True  # indexed split "all"
+    for name in EXPERIMENTS:
+        table = pd.read_parquet(run / "metrics" / f"{name}.parquet")
+        assert list(table["layer"]) == list(range(loaded.view.n_layers))
+        assert reading(name, table)
+    for name in ("composition_examples", "refinement_examples"):
+        assert {"example_id", "position", "layer"} <= set(pd.read_parquet(run / "metrics" / f"{name}.parquet").columns)
+    for name in ("patterns_keys", "values_keys", "ablations_prefixes"):
+        assert {"layer", "key"} <= set(pd.read_parquet(run / "metrics" / f"{name}.parquet").columns)
+
+
+def test_projection_choice_is_recorded_everywhere(tmp_path):
+    run, loaded = make_run(tmp_path, "gpt_neo", n=40)
+    analyze(run, only=["values", "refinement"], projection="identity", loaded=loaded, n_eval=10, progress=False)
+    assert table_metadata(run / "metrics" / "refinement.parquet")["residual_projection"] == "identity"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["analyses"]["values"]["projections"]["residuals"] == "identity"
+    analyze(run, only="values", projection="final-norm", loaded=loaded, progress=False)
+    assert table_metadata(run / "metrics" / "values.parquet")["projection"] == "final-norm"
+    assert set(json.loads((run / "manifest.json").read_text())["analyses"]) == {"values", "refinement"}
+
+
+def test_errors_say_what_to_do(tmp_path):
+    with pytest.raises(FfkvError, match="not an ffkv run directory"):
+        analyze(tmp_path, progress=False)
+    run, loaded = make_run(tmp_path / "r", "gpt2", n=30)
+    with pytest.raises(FfkvError, match="unknown experiment 'valuez'"):
+        analyze(run, only="values,valuez", loaded=loaded, progress=False)
+    with pytest.raises(FfkvError, match="unknown projection"):
+        analyze(run, only="values", projection="layer-norm", loaded=loaded, progress=False)
+    with pytest.raises(FfkvError, match="--n-eval"):
+        analyze(run, only="composition", n_eval=0, loaded=loaded, progress=False)
+    (tmp_path / "other.txt").write_text("\n")
+    with pytest.raises(FfkvError):
+        analyze(run, only="composition", eval_spec=CorpusSpec(source=str(tmp_path / "other.txt")), loaded=loaded,
+                progress=False)
+
+
+def test_eval_spec_for(tmp_path):
+    run, _ = make_run(tmp_path, "gpt2", n=20)
+    assert eval_spec_for(run).split == "heldout"
+    other = eval_spec_for(run, str(tmp_path / "corpus.txt"), "train")
+    assert other.split == "train" and other.unit == "line"

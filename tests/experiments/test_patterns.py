@@ -1,0 +1,113 @@
+"""Key patterns (SPEC 4): shallow scores by hand-set trigger tables, semantic score, human workflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from conftest import make_run
+from ffkv.errors import FfkvError
+from ffkv.experiments import analyze, export_annotation_sample, import_annotations
+from ffkv.experiments.patterns import cohen_kappa, masked_length
+from ffkv.store import atomic, schemas
+
+
+def set_triggers(run, rows):
+    """Replace the run's trigger table by hand-set (layer, key, rank, example_id, position) rows."""
+    df = pd.DataFrame(rows, columns=["layer", "key", "rank", "example_id", "position"])
+    df["coefficient"] = 1.0 - 0.01 * df["rank"]
+    df["next_token_id"] = -1
+    df = df[[f.name for f in schemas.TRIGGER_EXAMPLES]]
+    atomic.write_parquet(run / "trigger_examples.parquet",
+                         pa.Table.from_pandas(df, schema=schemas.TRIGGER_EXAMPLES, preserve_index=False))
+
+
+@pytest.fixture(scope="module")
+def patterned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("patterns")
+    run, loaded = make_run(folder, "gpt2", n=80)
+    examples = pd.read_parquet(run / "examples.parquet")
+    ids = examples["example_id"].to_numpy()
+    tokens = {int(e): np.asarray(t) for e, t in zip(examples["example_id"], examples["token_ids"])}
+    rows = []
+    # Key (0, 0): every prefix ends with the token 'a' (" a" and "a" share the char-level last token 'a').
+    ends_a = [(e, i) for e in ids for i, t in enumerate(tokens[e]) if t == tokens[e][0] * 0 + (4 + ord("a") % 93)][:8]
+    rows += [(0, 0, r, e, p) for r, (e, p) in enumerate(ends_a)]
+    # Key (0, 1): 8 prefixes of 8 examples, ending at their first token (different words mostly).
+    rows += [(0, 1, r, int(e), 0) for r, e in enumerate(ids[:8])]
+    # Key (2, 2): one example's prefix 8 times, ending at different positions of its longest words:
+    # identical context -> semantic; endings differ -> not shallow.
+    longest = max(ids, key=lambda e: len(tokens[e]))
+    rows += [(2, 2, r, int(longest), int(p)) for r, p in enumerate(range(len(tokens[longest]) - 8, len(tokens[longest])))]
+    set_triggers(run, rows)
+    analyze(run, only="patterns", loaded=loaded, progress=False)
+    keys = pd.read_parquet(run / "metrics" / "patterns_keys.parquet").set_index(["layer", "key"])
+    return run, loaded, keys, tokens, rows
+
+
+def test_shallow_score_is_the_share_of_the_most_common_ending(patterned):
+    run, loaded, keys, tokens, rows = patterned
+    for (layer, key), g in pd.DataFrame(rows, columns=["layer", "key", "rank", "e", "p"]).groupby(["layer", "key"]):
+        for n in (1, 2, 3):
+            suffixes = [tuple(tokens[e][max(0, p + 1 - n): p + 1]) for e, p in zip(g["e"], g["p"]) if p + 1 >= n]
+            best = max(suffixes.count(s) for s in set(suffixes)) if suffixes else 0
+            column = "shallow_score" if n == 1 else f"shallow_score_{n}"
+            assert keys.loc[(layer, key), column] == pytest.approx(best / len(g))
+    assert keys.loc[(0, 0), "shallow_score"] == 1.0
+    assert keys.loc[(0, 0), "label"] in ("shallow", "both")
+    suffix = list(keys.loc[(0, 0), "shared_suffix"])
+    assert suffix[-1] == 4 + ord("a") % 93  # the longest ending shared by >= 30%, ending in 'a'
+    assert f"ends with {loaded.tokenizer.decode(suffix)!r}" in keys.loc[(0, 0), "description"]
+
+
+def test_identical_contexts_are_semantic(patterned):
+    run, loaded, keys, tokens, rows = patterned
+    assert keys.loc[(2, 2), "is_semantic"]
+    assert keys.loc[(2, 2), "semantic_score"] > keys.loc[(0, 1), "semantic_score"]
+    per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet")
+    assert per_layer.shape[0] == 3
+    label_shares = per_layer[[f"keys_{l}" for l in ("shallow", "semantic", "both", "none")]].sum(axis=1)
+    np.testing.assert_allclose(label_shares, np.where(per_layer["n_keys"] > 0, 1.0, 0.0))  # layer 1 has no keys here
+    prefixes = pd.read_parquet(run / "metrics" / "patterns_prefixes.parquet")
+    assert len(prefixes) == len(rows)
+
+
+def test_masked_length():
+    assert masked_length(np.array([5, 4, 3]), (4, 5)) == 2  # tail is last-first; the suffix in text order
+    assert masked_length(np.array([5, 9, 3]), (4, 5)) == 1
+    assert masked_length(np.array([6, 4, 3]), (4, 5)) == 0
+    assert masked_length(np.array([5, 4, 3]), ()) == 0
+
+
+def test_human_workflow_round_trip(patterned, tmp_path):
+    run, loaded, keys, tokens, rows = patterned
+    sample = export_annotation_sample(run, tmp_path / "sample.csv", keys_per_layer=40, top=3, loaded=loaded)
+    table = pd.read_csv(sample, keep_default_na=False)
+    assert set(table.columns) >= {"layer", "key", "rank", "prefix", "label"} and (table["rank"] < 3).all()
+    # Label every exported key with the automatic label: agreement 1, kappa 1.
+    table["label"] = [keys.loc[(l, k), "label"] for l, k in zip(table["layer"], table["key"])]
+    table.to_csv(tmp_path / "filled.csv", index=False)
+    assert import_annotations(run, tmp_path / "filled.csv", annotator="me") == table.groupby(["layer", "key"]).ngroups
+    analyze(run, only="patterns", loaded=loaded, progress=False)
+    human = pd.read_parquet(run / "metrics" / "patterns_human.parquet")
+    assert (human["agreement"].dropna() == 1.0).all()
+    assert (run / "figures" / "patterns_human.png").exists()
+    # A different label everywhere: agreement 0.
+    flip = {"shallow": "semantic", "semantic": "none", "both": "none", "none": "shallow"}
+    table["label"] = table["label"].map(flip)
+    table.to_csv(tmp_path / "flipped.csv", index=False)
+    import_annotations(run, tmp_path / "flipped.csv", annotator="me")
+    analyze(run, only="patterns", loaded=loaded, progress=False)
+    assert (pd.read_parquet(run / "metrics" / "patterns_human.parquet")["agreement"].dropna() == 0.0).all()
+    table.loc[0, "label"] = "deep"
+    table.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(FfkvError, match="unknown label 'deep'"):
+        import_annotations(run, tmp_path / "bad.csv")
+
+
+def test_cohen_kappa():
+    a = np.array(["x", "x", "y", "y"])
+    assert cohen_kappa(a, a) == 1.0
+    assert cohen_kappa(a, np.array(["y", "y", "x", "x"])) == -1.0
