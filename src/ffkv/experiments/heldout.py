@@ -119,12 +119,8 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
                 state.clear()
                 state["rows"] = torch.arange(len(idx), device=device)
                 state["pos"] = torch.as_tensor(held.positions[idx], device=device)
-                view._shape = tuple(batch.input_ids.shape)  # what view.forward sets: OPT flattens (B, T)
                 state["armed"] = True
-                try:
-                    view.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                except StopForward:
-                    pass
+                view.forward(batch.input_ids, batch.attention_mask, with_head=True)  # head_pre stops it
                 state["armed"] = False
                 o = _final_logits(view, state.get("head_input"), state[("resid_post", L - 1)]).argmax(-1)
                 final[idx] = as_numpy(o)

@@ -175,16 +175,21 @@ class MemoryView:
     def device(self) -> torch.device:
         return self.unembedding.device
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> None:
-        """Run the blocks (not the LM head) on a batch; hooks of an open `capture` fire.
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                with_head: bool = False) -> None:
+        """Run the blocks on a batch; hooks of an open `capture` fire.
 
-        A `StopForward` raised by `capture(stop_after=...)` ends the pass early.
+        Args:
+            with_head: run the whole model, LM head included (for hooks on the head);
+                by default only the blocks run.
+
+        A `StopForward` raised by a hook (e.g. `capture(stop_early=True)`) ends the pass early.
         """
-        base = self.arch.base(self.model)
+        module = self.model if with_head else self.arch.base(self.model)
         self._shape = (int(input_ids.shape[0]), int(input_ids.shape[1]))
         try:
             with torch.no_grad():
-                base(input_ids=input_ids, attention_mask=attention_mask)
+                module(input_ids=input_ids, attention_mask=attention_mask)
         except StopForward:
             pass
 
