@@ -198,6 +198,23 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     _gated("Llama-style gated (Llama, Mistral, Qwen2)", ("llama", "mistral", "qwen2")),
     _encoder("BERT", ("bert",), "bert", _bert_final_norm),
     _encoder("RoBERTa", ("roberta",), "roberta", _roberta_final_norm),
+    _gpt_style("ffkv LM (ffkv-tiny)", ("ffkv_lm",), conv1d=False),
+    Architecture(
+        family="fairseq transformer_lm (the paper's model)",
+        model_types=("fairseq_transformer_lm",),
+        blocks=lambda m: m.decoder.layers,
+        key_proj=lambda b: b.fc1,
+        down_proj=lambda b: b.fc2,
+        activation=lambda m, b: b.activation_fn,
+        # Pre-norm feeds resid_mid to final_layer_norm; post-norm feeds the normed residual to fc1.
+        resid_mid_site=lambda b: (b.final_layer_norm, 0) if b.normalize_before else (b.fc1, 0),
+        attention=lambda b: b.self_attn,
+        final_norm=lambda m: m.decoder.layer_norm,
+        unembed=lambda m: m.decoder.output_layer,
+        base=lambda m: m.decoder,
+        notes="adaptive softmax: the unembedding's call gives exact log-probabilities; "
+        "its weight is the effective (|V|, d) matrix (see ffkv.models.fairseq_lm)",
+    ),
 )
 
 

@@ -1,0 +1,118 @@
+"""ffkv's own LM (ffkv_lm): memory view, padding, save/load, and the embedded ffkv-tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import ffkv.models  # noqa: F401 - registers the loaders
+from ffkv.errors import FfkvError
+from ffkv.memories.architectures import architecture_of
+from ffkv.memories.view import MemoryView
+from ffkv.models.loading import load_model
+from ffkv.models.tiny_lm import (
+    FfkvLMConfig,
+    FfkvLMForCausalLM,
+    save_tokenizer,
+    tiny_path,
+    train_tokenizer,
+)
+
+D, D_M, LAYERS, VOCAB = 16, 40, 3, 300
+
+
+def _tiny(positions="learned", seed=0):
+    torch.manual_seed(seed)
+    model = FfkvLMForCausalLM(FfkvLMConfig(vocab_size=VOCAB, hidden_size=D, num_layers=LAYERS, num_heads=2,
+                                           intermediate_size=D_M, max_position_embeddings=32, positions=positions,
+                                           dropout=0.0)).eval()
+    with torch.no_grad():  # random biases, so that bias handling is exercised
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, VOCAB, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_memory_view_matches_model(positions):
+    model = _tiny(positions)
+    view = MemoryView(model)
+    assert architecture_of(model).family.startswith("ffkv LM")
+    assert (view.n_layers, view.d_m, view.d_model, view.vocab_size) == (LAYERS, D_M, D, VOCAB)
+    assert not view.gated and not view.parallel and not view.encoder
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied
+    ids, mask = _batch()
+    with view.capture(("coefficients", "ff_in", "resid_mid", "ff_out", "resid_post")) as cap:
+        view.forward(ids, mask)
+    block_out = {}
+    hooks = [b.register_forward_hook(lambda m, a, o, i=i: block_out.__setitem__(i, o)) for i, b in enumerate(view.blocks)]
+    view.forward(ids, mask)
+    for h in hooks:
+        h.remove()
+    for layer in range(LAYERS):
+        m, x = cap["coefficients"][layer], cap["ff_in"][layer]
+        torch.testing.assert_close(m, torch.relu(x @ view.keys(layer).T + view.key_bias(layer)))
+        ff = torch.einsum("btm,md->btd", m, view.values(layer)) + view.value_bias(layer)
+        torch.testing.assert_close(cap["ff_out"][layer], ff, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cap["resid_post"][layer], cap["resid_mid"][layer] + cap["ff_out"][layer])
+        torch.testing.assert_close(cap["resid_post"][layer], block_out[layer], rtol=1e-5, atol=1e-5)
+    # logits = ln_f(resid_post[L-1]) · Eᵀ
+    logits = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(logits, view.final_norm(cap["resid_post"][LAYERS - 1]) @ view.unembedding.T,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_padding_left_or_right_matches_unpadded():
+    model = _tiny()
+    ids, mask = _batch()
+    alone = model(ids[1:2, :6]).logits
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits[1:2, :6], alone, rtol=1e-5, atol=1e-5)
+    left = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids[1:2, :6]], dim=1)
+    left_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    out = model(left, attention_mask=left_mask).logits
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, 3:], alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(FfkvError, match="longer than"):
+        model(torch.ones(1, 40, dtype=torch.long))
+
+
+def test_save_load_roundtrip(tmp_path):
+    model = _tiny()
+    model.save_pretrained(tmp_path)
+    lines = ["In the beginning God created the heaven and the earth."] * 5 + ["And the earth was without form."]
+    save_tokenizer(train_tokenizer(lines, VOCAB), tmp_path)
+    loaded = load_model(str(tmp_path))
+    ids, mask = _batch()
+    torch.testing.assert_close(loaded.model(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+    tok = loaded.tokenizer
+    encoded = tok.encode("the earth")
+    assert encoded[0] == 1 and 1 in tok.special_ids and tok.pad_id == 0
+    assert tok.decode(encoded[1:]).strip() == "the earth"
+    assert loaded.view.n_layers == LAYERS
+
+
+@pytest.mark.skipif(not (tiny_path() / "config.json").is_file(), reason="ffkv-tiny checkpoint not built")
+def test_embedded_ffkv_tiny():
+    loaded = load_model("ffkv-tiny")
+    info = json.loads((tiny_path() / "training.json").read_text())
+    assert info["heldout_perplexity"] < info["unigram_perplexity"] / 3
+    assert (tiny_path() / "README.md").is_file()
+    size = sum(p.stat().st_size for p in tiny_path().iterdir())
+    assert size < 20 * 2**20
+    view = loaded.view
+    assert view.n_layers == info["options"]["num_layers"] and view.d_m == info["options"]["intermediate_size"]
+    ids = torch.tensor([loaded.tokenizer.encode("In the beginning God created the")])
+    with torch.no_grad():
+        top = loaded.model(ids).logits[0, -1].topk(5).indices.tolist()
+    assert "heaven" in "".join(loaded.tokenizer.token_strings(top))
