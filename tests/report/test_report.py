@@ -76,3 +76,19 @@ def test_findings_fall_back_to_spec_and_tolerate_odd_shapes(monkeypatch):
 def test_report_refuses_what_is_not_a_complete_run(tmp_path):
     with pytest.raises(FfkvError, match="not an ffkv run directory"):
         write_report(tmp_path)
+
+
+def test_per_layer_view_skips_list_columns():
+    import numpy as np
+    import pandas as pd
+
+    from ffkv.report.html import per_layer_view
+
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "key": [0, 1, 0, 1], "label": ["a", "b", "a", "a"],
+                          "tokens": [np.array([1, 2]), np.array([3]), np.array([4]), np.array([5])],
+                          "score": [1.0, 3.0, 2.0, 2.0]})
+    out, summarised = per_layer_view(table)
+    assert summarised
+    assert list(out["mean score"]) == [2.0, 2.0]
+    assert list(out["label: a"]) == [0.5, 1.0]
+    assert not any(c.startswith("tokens") for c in out.columns)

@@ -40,7 +40,7 @@ def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
         for fmt in ("png", "svg"):
             path = folder / f"{name}.{fmt}"
             with atomic.atomic_path(path) as tmp:
-                fig.savefig(tmp, format=fmt, dpi=130 if fmt == "png" else None,
+                fig.savefig(tmp, format=fmt, dpi=130 if fmt == "png" else None, bbox_inches="tight",
                             metadata={"Date": None} if fmt == "svg" else None)
             paths.append(path)
     finally:

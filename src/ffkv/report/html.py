@@ -78,6 +78,11 @@ def _table_html(table: pd.DataFrame, percent_columns: tuple[str, ...] = ()) -> s
     return f'<table><tr>{head}</tr>{"".join(rows)}</table>'
 
 
+def _is_categorical(column: pd.Series) -> bool:
+    """A column of strings (not of lists or arrays, which cannot be counted as categories)."""
+    return column.dtype == object and column.map(lambda v: isinstance(v, str) or v is None).all()
+
+
 def per_layer_view(table: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     """A per-key table (layer, key, ...) summarised per layer: label shares and column means."""
     if not {"layer", "key"} <= set(table.columns) or table.groupby("layer").size().max() <= 1:
@@ -88,7 +93,7 @@ def per_layer_view(table: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
         if column in ("layer", "key"):
             continue
         if column in ("label", "pattern", "auto_label", "human_label") or (
-                table[column].dtype == object and table[column].nunique() <= 8):
+                _is_categorical(table[column]) and table[column].nunique() <= 8):
             shares = grouped[column].value_counts(normalize=True).unstack(fill_value=0)
             out = out.join(shares.add_prefix(f"{column}: "))
         elif pd.api.types.is_numeric_dtype(table[column]):
