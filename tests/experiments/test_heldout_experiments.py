@@ -15,7 +15,7 @@ from ffkv.memories.projection import logits
 
 def brute_force(loaded, run, values_proj, resid_proj):
     """Each held-out prefix alone, unpadded; every active sub-update projected on its own; o from the HF logits."""
-    view, tok = loaded.view, loaded.tokenizer
+    view = loaded.view
     comp = pd.read_parquet(run / "metrics" / "composition_examples.parquet")
     examples = pd.read_parquet(run / "examples.parquet").set_index("example_id")
     rows = []

@@ -41,7 +41,6 @@ def test_switching_off_every_memory_leaves_only_the_bias():
 
 def test_scaling_a_memory_changes_its_sub_update_linearly():
     loaded = loaded_tiny("llama")  # gated FF: m = act(x·Gᵀ) ⊙ (x·Uᵀ)
-    view = loaded.view
     key = 3
     base = trace(loaded, PROMPT)
     edited = trace(loaded, PROMPT, {(0, key): 2.0})

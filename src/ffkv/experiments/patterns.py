@@ -40,7 +40,7 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
-from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, layer_axis, save_figure
 
 NAME = "patterns"
 LABELS = ("shallow", "semantic", "both", "none")

@@ -16,7 +16,6 @@ point queries and from small in-memory arrays: a memory page reads ~t rows.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import threading
 from collections import Counter

@@ -59,6 +59,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ffkv.errors import FfkvError
+from ffkv.models.attention import causal_attention
 from ffkv.models.loading import register_loader
 
 MODEL_TYPE = "fairseq_transformer_lm"
@@ -238,18 +239,7 @@ class SelfAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, d = x.shape
-        h = self.num_heads
-
-        def heads(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, h, d // h).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        if attn_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        return self.out_proj(causal_attention(x, self.q_proj, self.k_proj, self.v_proj, self.num_heads, attn_mask))
 
 
 class DecoderLayer(nn.Module):

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ffkv.errors import FfkvError
+from ffkv.models.attention import causal_attention
 from ffkv.models.loading import register_loader
 from ffkv.models.tokenizer import HFTokenizer
 
@@ -148,18 +149,7 @@ def _define_classes() -> dict:
             self.dropout = nn.Dropout(config.dropout)
 
         def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-            b, t, d = hidden_states.shape
-            h = self.num_heads
-
-            def heads(x: torch.Tensor) -> torch.Tensor:
-                return x.view(b, t, h, d // h).transpose(1, 2)
-
-            q, k, v = heads(self.q_proj(hidden_states)), heads(self.k_proj(hidden_states)), heads(self.v_proj(hidden_states))
-            if attn_mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-            out = out.transpose(1, 2).reshape(b, t, d)
+            out = causal_attention(hidden_states, self.q_proj, self.k_proj, self.v_proj, self.num_heads, attn_mask)
             return self.dropout(self.out_proj(out))
 
     class FfkvMLP(nn.Module):
