@@ -26,6 +26,7 @@ class Batch:
             (real tokens that are not special tokens such as BOS or SEP).
         next_token: (B, T) int32, the next token of each prefix, -1 at the end.
         n_tokens: number of real tokens.
+        max_example_id: the largest example id (known on the host, no device sync).
     """
 
     example_ids: torch.Tensor
@@ -34,11 +35,12 @@ class Batch:
     competes: torch.Tensor
     next_token: torch.Tensor
     n_tokens: int
+    max_example_id: int
 
     def to(self, device: torch.device | str) -> "Batch":
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.example_ids), move(self.input_ids), move(self.attention_mask),
-                     move(self.competes), move(self.next_token), self.n_tokens)
+                     move(self.competes), move(self.next_token), self.n_tokens, self.max_example_id)
 
 
 def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = (), pad_multiple: int = 1) -> Batch:
@@ -70,6 +72,7 @@ def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = (), pa
         competes=competes,
         next_token=torch.from_numpy(nxt),
         n_tokens=int(sum(lengths)),
+        max_example_id=int(examples[-1].example_id),
     )
 
 

@@ -48,7 +48,7 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
         if state is None:
             state = shard_state
         else:
-            state.merge(shard_state)
+            state.merge(shard_state, one_per_example=first["identity"]["index"]["mode"] == "example")
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
     write_triggers(target.table("trigger_examples"), state)
     manifest = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ffkv.index.batching import Batch
-from ffkv.index.topk import EMPTY, TopKState, select_top
+from ffkv.index.topk import EMPTY, ID_LIMIT, TopKState, select_top
 
 MODES = ("example", "prefix")
 
@@ -28,6 +28,8 @@ class TriggerReducer:
             raise ValueError(f"mode must be one of {MODES}")
         self.state = state
         self.mode = mode
+        # The one-sort merge applies while each example is one candidate per key and ids fit 32 bits.
+        self._fast = mode == "example" and state.ids_fit()
         self.batch: Batch | None = None
         self._blocked = self._eid = self._pos = self._next = None
         self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -35,6 +37,7 @@ class TriggerReducer:
     def start(self, batch: Batch) -> None:
         """Announce the batch whose coefficients the next forward pass produces."""
         self.batch = batch
+        self._fast = self._fast and batch.max_example_id < ID_LIMIT
         # Per-batch constants, made once on the device (no scalar copies inside the layer loop).
         self._blocked = ~batch.competes[..., None]
         b, t = batch.input_ids.shape
@@ -73,6 +76,6 @@ class TriggerReducer:
     def commit(self) -> None:
         """Merge the finished batch's candidates into the state."""
         for layer, candidates in self._pending.items():
-            self.state.merge_layer(layer, *candidates)
+            self.state.merge_layer(layer, *candidates, one_per_example=self._fast)
         self._pending.clear()
         self.batch = self._blocked = self._eid = self._pos = self._next = None

@@ -39,6 +39,15 @@ def select_top(values: torch.Tensor, k: int) -> torch.Tensor:
     return key.topk(k, dim=-1, sorted=True).indices
 
 
+#: Example ids below this fit the 32-bit tie-break field of the one-sort merge.
+ID_LIMIT = 2**32 - 1
+
+
+def _value_then_id_key(values: torch.Tensor, example_id: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered by (value desc, example_id asc); empty slots last. Needs ids < ID_LIMIT."""
+    return (_ordered_bits(values) << 32) | (ID_LIMIT - example_id.clamp(max=ID_LIMIT))
+
+
 def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """Row-wise permutation sorting by (-value, example_id, position), stable sorts last key first."""
     perm = position.argsort(dim=-1, stable=True)
@@ -76,8 +85,15 @@ class TopKState:
         example_id: torch.Tensor,
         position: torch.Tensor,
         next_token: torch.Tensor,
+        one_per_example: bool = False,
     ) -> None:
-        """Merge candidates (d_m, n) of one layer into the state, keeping the best k per key."""
+        """Merge candidates (d_m, n) of one layer into the state, keeping the best k per key.
+
+        Args:
+            one_per_example: the caller guarantees that no example appears twice for a key
+                and that every example id is below `ID_LIMIT`; then one top-k over a packed
+                (value, id) key replaces the three stable sorts (positions never tie-break).
+        """
         rows = None
         if values.device.type == "cpu":
             # Only keys where some candidate reaches the current k-th value can change; on a
@@ -95,18 +111,27 @@ class TopKState:
         e = torch.cat([own[1], example_id], dim=-1)
         p = torch.cat([own[2], position.to(torch.int32)], dim=-1)
         t = torch.cat([own[3], next_token.to(torch.int32)], dim=-1)
-        keep = _lexsort(v, e, p)[:, : self.k]
+        if one_per_example:
+            keep = _value_then_id_key(v, e).topk(self.k, dim=-1, sorted=True).indices
+        else:
+            keep = _lexsort(v, e, p)[:, : self.k]
         for target, source in zip((self.values, self.example_id, self.position, self.next_token), (v, e, p, t)):
             if rows is None:
                 target[layer] = source.gather(-1, keep)
             else:
                 target[layer, rows] = source.gather(-1, keep)
 
-    def merge(self, other: "TopKState") -> None:
-        """Merge another state (e.g. another shard's) into this one, exactly."""
+    def merge(self, other: "TopKState", one_per_example: bool = False) -> None:
+        """Merge another state (e.g. another shard's, of disjoint examples) into this one, exactly."""
+        fast = one_per_example and self.ids_fit() and other.ids_fit()
         for layer in range(self.values.shape[0]):
             self.merge_layer(layer, other.values[layer], other.example_id[layer],
-                             other.position[layer], other.next_token[layer])
+                             other.position[layer], other.next_token[layer], one_per_example=fast)
+
+    def ids_fit(self) -> bool:
+        """Whether every stored example id is below `ID_LIMIT` (one host sync)."""
+        filled = self.example_id[self.example_id != EMPTY]
+        return filled.numel() == 0 or int(filled.max()) < ID_LIMIT
 
     def to(self, device: torch.device | str) -> "TopKState":
         return TopKState(*(t.to(device) for t in (self.values, self.example_id, self.position, self.next_token)))
