@@ -55,8 +55,7 @@ class TriggerReducer:
         c = coefficients.masked_fill_(self._blocked, float("-inf"))
         b, t, d_m = c.shape
         if self.mode == "example":
-            # torch.max over a dimension returns the first maximal index: ties go to the lower position.
-            best, pos = c.max(dim=1)                                            # (B, d_m)
+            best, pos = self._best_positions(layer, c)                         # (B, d_m)
             values = best.T.float()                                             # (d_m, B)
             position = pos.T
             example_id = self._eid[None, :].expand(d_m, b)
@@ -72,6 +71,27 @@ class TriggerReducer:
             values, example_id = values.gather(1, top), example_id.gather(1, top)
             position, next_token = position.gather(1, top), next_token.gather(1, top)
         self._pending[layer] = (values, example_id, position, next_token)
+
+    def _best_positions(self, layer: int, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per example and key: the maximum over positions and its first position.
+
+        torch's max and argmax return the first maximal index, so ties go to the lower
+        position. On a CPU, max with indices over the middle dimension is slow, so the
+        values come from amax and positions are looked up only where a candidate can
+        still enter the state (its value reaches the key's current k-th value); the
+        others are never kept, and their position is left at 0.
+        """
+        if c.device.type != "cpu":
+            return c.max(dim=1)
+        best = c.amax(dim=1)
+        reach = best >= self.state.values[layer, :, -1]
+        rows, keys = reach.nonzero(as_tuple=True)
+        if len(rows) > reach.numel() // 4:  # early in a run most candidates reach: one pass is cheaper
+            return c.max(dim=1)
+        pos = torch.zeros(best.shape, dtype=torch.long)
+        if len(rows):
+            pos[rows, keys] = c[rows, :, keys].argmax(dim=1)
+        return best, pos
 
     def commit(self) -> None:
         """Merge the finished batch's candidates into the state."""
