@@ -38,7 +38,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = 2000, progress: bool =
     report = write_report(out)
     minutes = (time.perf_counter() - started) / 60
     print(f"\ndone in {minutes:.1f} min. Look at:\n"
-          f"  {report}                      the figures next to the paper's findings\n"
-          f"  ffkv serve {run.path}          the explorer: memories, search, trace, intervene\n"
-          f"  {run.path}/trigger_examples.parquet   the index (docs/run-directory.md)")
+          f"  the report, each figure next to the paper's finding:  {report}\n"
+          f"  the explorer (memories, search, trace, intervene):    ffkv serve {run.path}\n"
+          f"  the index itself (docs/run-directory.md):             {run.path}/trigger_examples.parquet")
     return run
