@@ -35,3 +35,23 @@ def loaded_tiny(family: str, seed: int = 0, **tokenizer_options) -> LoadedModel:
     model = tiny_model(family, seed)
     model.requires_grad_(False)
     return LoadedModel(model, CharTokenizer(**tokenizer_options), MemoryView(model), f"tiny-{family}", "float32", "cpu")
+
+
+def assert_memory_view_consistent(view, cap, activation=None) -> None:
+    """Captured m, ff_out and resid_post agree with the raw weights (SPEC section 1), every layer.
+
+    m = f(x·Kᵀ + b_K) recomputed from the FF input; FF(x) = Σ_i m_i v_i + b_V;
+    resid_post = resid_mid + ff_out. `activation` defaults to the layer's own f.
+    """
+    import torch
+
+    for layer in range(view.n_layers):
+        m, x = cap["coefficients"][layer], cap["ff_in"][layer]
+        f = activation or view.activation(layer)
+        bias = view.key_bias(layer) if view.key_bias(layer) is not None else 0
+        torch.testing.assert_close(m, f(x @ view.keys(layer).T + bias))
+        ff = torch.einsum("btm,md->btd", m, view.values(layer))
+        if view.value_bias(layer) is not None:
+            ff = ff + view.value_bias(layer)
+        torch.testing.assert_close(cap["ff_out"][layer], ff, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cap["resid_post"][layer], cap["resid_mid"][layer] + cap["ff_out"][layer])

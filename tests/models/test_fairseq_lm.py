@@ -13,6 +13,7 @@ import ffkv.models  # noqa: F401 - registers the loaders
 from ffkv.errors import FfkvError
 from ffkv.models.fairseq_lm import FairseqDictTokenizer, moses_split
 from ffkv.models.loading import load_model
+from helpers import assert_memory_view_consistent
 
 D, FFN, LAYERS, HEADS = 16, 40, 2, 2
 CUTOFF = [16, 32, 48]  # bands of the adaptive input and softmax; vocabulary 48
@@ -179,12 +180,7 @@ def test_right_padding_and_memory_view(tmp_path):
         view.forward(ids, mask)
     alone = loaded.model(ids[1:, :3]).logits
     torch.testing.assert_close(loaded.model(ids, mask).logits[1:, :3], alone, rtol=1e-5, atol=1e-5)
-    for layer in range(LAYERS):
-        m, x = cap["coefficients"][layer], cap["ff_in"][layer]
-        torch.testing.assert_close(m, torch.relu(x @ view.keys(layer).T + view.key_bias(layer)))
-        ff = torch.einsum("btm,md->btd", m, view.values(layer)) + view.value_bias(layer)
-        torch.testing.assert_close(cap["ff_out"][layer], ff, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(cap["resid_post"][layer], cap["resid_mid"][layer] + cap["ff_out"][layer])
+    assert_memory_view_consistent(view, cap, activation=torch.relu)
     # resid_post of a layer is the next layer's input; the last one feeds the output layer.
     out = loaded.model.decoder(input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(cap["resid_post"][LAYERS - 1], out)
