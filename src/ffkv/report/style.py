@@ -61,16 +61,22 @@ def token_html(text: str | None) -> Markup:
     return Markup('<span class="tok">') + escape(shown) + Markup("</span>")
 
 
-def number(value, digits: int = 3) -> str:
-    """A short readable number (blank for missing)."""
+def _as_float(value) -> float | str:
+    """value as a float, "" when missing or NaN, or its text when it is not a number."""
     if value is None:
         return ""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return str(value)
-    if math.isnan(value):
-        return ""
+    return "" if math.isnan(value) else value
+
+
+def number(value, digits: int = 3) -> str:
+    """A short readable number (blank for missing)."""
+    value = _as_float(value)
+    if isinstance(value, str):
+        return value
     if value == 0:
         return "0"
     if value.is_integer() and abs(value) < 1e9:
@@ -81,12 +87,6 @@ def number(value, digits: int = 3) -> str:
 
 
 def percent(value, digits: int = 1) -> str:
-    if value is None:
-        return ""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(value):
-        return ""
-    return f"{100 * value:.{digits}f}%"
+    """A share as a percentage (blank for missing)."""
+    value = _as_float(value)
+    return value if isinstance(value, str) else f"{100 * value:.{digits}f}%"
