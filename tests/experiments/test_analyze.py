@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import make_run
+from experiment_runs import make_run
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.experiments import EXPERIMENTS, analyze, eval_spec_for

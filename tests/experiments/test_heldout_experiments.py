@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import make_run
+from experiment_runs import make_run
 from ffkv.experiments import analyze
 from ffkv.experiments.common import choose_position, table_metadata
 from ffkv.memories.projection import logits

@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from conftest import make_run
+from experiment_runs import make_run
 from ffkv.errors import FfkvError
 from ffkv.experiments import analyze, export_annotation_sample, import_annotations
 from ffkv.experiments.patterns import cohen_kappa, masked_length

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny indexed runs to analyse (built once per test module)."""
+"""Tiny indexed runs to analyse, shared by the experiment tests (a plain module: `conftest` names clash)."""
 
 from __future__ import annotations
 
