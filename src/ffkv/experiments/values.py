@@ -46,17 +46,17 @@ def scan_layer(view, layer: int, projection: str, targets: np.ndarray, chunk: in
     Args:
         targets: (d_m,) token id per key whose rank and probability are wanted; -1 for none.
 
-    Returns arrays of length d_m: top_token_id, top_prob, entropy, target_rank (1 = the
-    value's top token; ties count in the target's favour), target_prob, and (d_m, top)
-    top_token_ids / top_probs.
+    Returns arrays of length d_m: top_token_id, top_prob, entropy, logsumexp, target_rank
+    (1 = the value's top token; ties count in the target's favour), target_prob, and
+    (d_m, top) top_token_ids / top_probs.
     """
     values = view.values(layer)
     d_m = values.shape[0]
     chunk = chunk or chunk_size(view.vocab_size)
     device = values.device
     targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
-    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "target_rank", "target_prob",
-                                 "top_token_ids", "top_probs")}
+    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
+                                 "target_prob", "top_token_ids", "top_probs")}
     for start in range(0, d_m, chunk):
         z = project(view, values[start:start + chunk], projection)  # (n, |V|) float32
         lse = torch.logsumexp(z, dim=-1)
@@ -68,6 +68,7 @@ def scan_layer(view, layer: int, projection: str, targets: np.ndarray, chunk: in
         # Entropy H = lse - sum p·z, with p built in place over z's own buffer.
         pz = (z - lse[:, None]).exp_().mul_(z).sum(dim=-1)
         out["entropy"].append(lse - pz)
+        out["logsumexp"].append(lse)
         out["top_token_id"].append(top_ids[:, 0])
         out["top_prob"].append((top_logits[:, 0] - lse).exp())
         out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))

@@ -5,7 +5,7 @@ p_i = softmax(v_i·Eᵀ), identity normalization as in the paper), the confidenc
 whether the argmax agrees with the next token of the key's top-1 trigger example, that
 token's rank in p_i, the log-normaliser of p_i (so p_i(x) of any token x is one dot product
 later), ‖v_i‖, and how often the key is active (m_i > 0) over a sample of the corpus.
-Values are projected `chunk` keys at a time (`value_logits`), never L x d_m x |V| at once.
+Values are projected `chunk` keys at a time (the `values` experiment's `scan_layer`), never L x d_m x |V| at once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from ffkv.memories.projection import DEFAULT_FOR_VALUES, value_logits
+from ffkv.memories.projection import DEFAULT_FOR_VALUES
 from ffkv.models.loading import LoadedModel
 
 VALUE_TOP_SCHEMA = pa.schema([
@@ -27,45 +27,43 @@ VALUE_TOP_SCHEMA = pa.schema([
 ])
 
 
-@torch.no_grad()
 def value_tables(loaded: LoadedModel, top1_next: np.ndarray, top_tokens: int = 10, chunk: int = 512,
                  projection: str = DEFAULT_FOR_VALUES) -> tuple[pa.Table, pd.DataFrame]:
     """The value_top_tokens table and the per-key value statistics.
 
+    The statistics are those of the `values` experiment (`scan_layer`), computed the same way.
+
     Args:
         top1_next: (L, d_m) next token id of each key's top-1 trigger example (-1: none).
     """
+    from ffkv.experiments.values import scan_layer
+
     view = loaded.view
     tops, stats = [], []
     for layer in range(view.n_layers):
         norms = view.values(layer).float().norm(dim=1).cpu().numpy()
-        for start, lg in value_logits(view, layer, projection, chunk):
-            n, vocab = lg.shape
-            keys = np.arange(start, start + n)
-            lse = torch.logsumexp(lg, dim=1)
-            k = min(top_tokens, vocab)
-            top = lg.topk(k, dim=1)
-            probs = (top.values - lse[:, None]).exp()
-            nxt = torch.as_tensor(top1_next[layer, start:start + n], dtype=torch.long, device=lg.device)
-            valid = (nxt >= 0) & (nxt < vocab)
-            at = lg.gather(1, nxt.clamp(0, vocab - 1)[:, None])
-            rank = torch.where(valid, (lg > at).sum(1), torch.full_like(nxt, -1))
-            agree = valid & (top.indices[:, 0] == nxt)
-            tops.append(pd.DataFrame({
-                "layer": np.int16(layer), "key": np.repeat(keys, k).astype(np.int32),
-                "rank": np.tile(np.arange(k, dtype=np.int16), n),
-                "token_id": top.indices.cpu().numpy().astype(np.int32).ravel(),
-                "prob": probs.cpu().numpy().astype(np.float32).ravel(),
-            }))
-            stats.append(pd.DataFrame({
-                "layer": np.int16(layer), "key": keys.astype(np.int32),
-                "confidence": probs[:, 0].cpu().numpy().astype(np.float32),
-                "top_token_id": top.indices[:, 0].cpu().numpy().astype(np.int32),
-                "agreement": agree.cpu().numpy(),
-                "next_token_rank": rank.cpu().numpy().astype(np.int32),
-                "logsumexp": lse.cpu().numpy().astype(np.float32),
-                "value_norm": norms[start:start + n].astype(np.float32),
-            }))
+        targets = np.asarray(top1_next[layer], dtype=np.int64)
+        targets = np.where(targets < view.vocab_size, targets, -1)
+        s = scan_layer(view, layer, projection, targets, chunk=chunk, top=top_tokens)
+        d_m, k = s["top_token_ids"].shape
+        keys = np.arange(d_m)
+        tops.append(pd.DataFrame({
+            "layer": np.int16(layer), "key": np.repeat(keys, k).astype(np.int32),
+            "rank": np.tile(np.arange(k, dtype=np.int16), d_m),
+            "token_id": s["top_token_ids"].astype(np.int32).ravel(),
+            "prob": s["top_probs"].astype(np.float32).ravel(),
+        }))
+        has = s["target_rank"] >= 0
+        stats.append(pd.DataFrame({
+            "layer": np.int16(layer), "key": keys.astype(np.int32),
+            "confidence": s["top_prob"].astype(np.float32),
+            "top_token_id": s["top_token_id"].astype(np.int32),
+            "agreement": has & (s["top_token_id"] == targets),
+            # 0-based here (tokens strictly more probable); the pages show it 1-based.
+            "next_token_rank": np.where(has, s["target_rank"] - 1, -1).astype(np.int32),
+            "logsumexp": s["logsumexp"].astype(np.float32),
+            "value_norm": norms.astype(np.float32),
+        }))
     table = pa.Table.from_pandas(pd.concat(tops, ignore_index=True), schema=VALUE_TOP_SCHEMA, preserve_index=False)
     return table, pd.concat(stats, ignore_index=True)
 
