@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from common import corpus_file, gpt2_small, timed
+from common import corpus_file, gpt2_shaped, timed
 
 
 def paper_memory(chunk_bytes: int) -> None:
@@ -91,7 +91,7 @@ def main() -> None:
     from ffkv.experiments.common import Projections, RunContext, batches, default_eval_spec, open_run
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
 
-    loaded = gpt2_small(args.device, args.dtype, layers=args.layers)
+    loaded = gpt2_shaped(args.device, args.dtype, layers=args.layers)
     folder = Path(tempfile.mkdtemp())
     spec = CorpusSpec(source=str(corpus_file(args.sentences)), unit="sentence", heldout_fraction=0.5)
     build_index(loaded, spec, folder / "run", IndexOptions(top_k=50), BatchOptions(batch_size=32), progress=False)

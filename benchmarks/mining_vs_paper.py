@@ -16,7 +16,7 @@ import heapq
 
 import torch
 
-from common import corpus_file, gpt2_small, timed
+from common import corpus_file, gpt2_shaped, timed
 
 
 def paper_mining(coefficients: torch.Tensor, example_id: int, heaps: list[list[list]], k: int) -> None:
@@ -49,7 +49,7 @@ def main() -> None:
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState
 
-    loaded = gpt2_small(args.device, args.dtype)
+    loaded = gpt2_shaped(args.device, args.dtype)
     view, k = loaded.view, 50
     spec = CorpusSpec(source=str(corpus_file(args.sentences)), unit="sentence", max_examples=args.sentences)
     examples = list(CorpusReader(spec, loaded.tokenizer))

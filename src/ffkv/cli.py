@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
+                "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
 
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
                        description="SPEC section 4's human workflow: export top prefixes of sampled keys to CSV, "
@@ -186,7 +188,8 @@ def _analyze(args: argparse.Namespace) -> int:
         spec = eval_spec_for(args.run, args.eval_corpus, args.eval_split)
     done = analyze(args.run, only=args.only, eval_spec=spec, n_eval=args.n_eval, projection=args.projection,
                    progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
-    print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
+    if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
+        print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
     return 0
 
 

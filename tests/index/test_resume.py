@@ -67,12 +67,12 @@ def test_other_run_in_out_dir_is_refused(tmp_path, setup):
         build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=3), progress=False)
 
 
-def test_prefetch_process_gives_the_same_run(tmp_path, setup):
+def test_tokenizing_processes_give_the_same_run(tmp_path, setup):
     loaded, spec = setup
     options = IndexOptions(top_k=5)
-    plain = build_index(loaded, spec, tmp_path / "plain", options, BatchOptions(batch_size=8, prefetch=False),
+    plain = build_index(loaded, spec, tmp_path / "plain", options, BatchOptions(batch_size=8, tokenizer_workers=0),
                         progress=False)
-    ahead = build_index(loaded, spec, tmp_path / "ahead", options, BatchOptions(batch_size=8, prefetch=True),
+    ahead = build_index(loaded, spec, tmp_path / "ahead", options, BatchOptions(batch_size=8, tokenizer_workers=3),
                         progress=False)
     for a, b in zip(read(plain), read(ahead)):
         pd.testing.assert_frame_equal(a, b)

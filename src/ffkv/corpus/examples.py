@@ -52,21 +52,58 @@ def iter_examples(spec: CorpusSpec, tokenizer: Tokenizer) -> Iterator[Example]:
     ``max_examples`` keeps the first n, or with ``shuffle_seed`` a seeded uniform
     random n (found in a first pass over the source that keeps only ids).
     """
+    yield from limit_examples(spec, itertools.chain.from_iterable(example_chunks(spec, tokenizer)))
+
+
+def example_chunks(spec: CorpusSpec, tokenizer: Tokenizer, part: tuple[int, int] = (0, 1),
+                   chunk: int = 256) -> Iterator[list[Example]]:
+    """The examples of consecutive chunks of `chunk` units, before ``max_examples`` applies.
+
+    With ``part=(w, n)`` only chunks j with j % n == w are tokenized and yielded: n
+    processes that each take one part, read in turn, give the whole stream in order
+    (`ffkv.index.prefetch`). Units are tokenized a chunk at a time: batch encoding
+    (where the tokenizer has it) runs natively, in parallel where it may.
+    """
     if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
         raise FfkvError("reading corpus examples needs a tokenizer with encode(text): load the model's tokenizer first")
-    if spec.max_examples is not None and spec.shuffle_seed is not None:
-        chosen = _choose_subset(spec, tokenizer)
-        examples = _examples(spec, tokenizer, chosen)
-        limit = len(chosen)
-    else:
-        examples = _examples(spec, tokenizer, None)
-        limit = spec.max_examples
+    only = _choose_subset(spec, tokenizer) if spec.max_examples is not None and spec.shuffle_seed is not None else None
+
+    def kept(unit: _Unit) -> bool:
+        return (only is None or unit.example_id in only) and in_split(unit.example_id, spec.split,
+                                                                       spec.heldout_fraction)
+
+    units = filter(kept, iter_units(spec, tokenizer))
+    mine, n_parts = part
+    for j in itertools.count():
+        batch = list(itertools.islice(units, chunk))
+        if not batch:
+            return
+        if j % n_parts == mine:
+            yield _tokenized(spec, tokenizer, batch)
+
+
+def _tokenized(spec: CorpusSpec, tokenizer: Tokenizer, units: list[_Unit]) -> list[Example]:
+    todo = [u for u in units if u.token_ids is None]
+    if todo:
+        for unit, ids in zip(todo, encode_many(tokenizer, [u.text for u in todo])):
+            unit.token_ids = list(ids)
+    return [Example(u.example_id, np.asarray(u.token_ids[:spec.max_tokens], dtype=np.int32),
+                    u.text if u.text is not None else tokenizer.decode(u.token_ids))
+            for u in units if len(u.token_ids) >= spec.min_tokens]
+
+
+def limit_examples(spec: CorpusSpec, examples: Iterator[Example]) -> Iterator[Example]:
+    """The first ``max_examples`` of `examples` (all without a limit); warns when there are none.
+
+    With ``shuffle_seed`` the chunks hold only the chosen subset, which has at most
+    ``max_examples`` examples, so the same cut applies.
+    """
     count = 0
-    if limit != 0:
+    if spec.max_examples != 0:
         for example in examples:
             yield example
             count += 1
-            if limit is not None and count >= limit:
+            if spec.max_examples is not None and count >= spec.max_examples:
                 break
     if count == 0:
         warnings.warn(f"corpus {spec.source} gave no examples after split={spec.split!r} and "
@@ -118,28 +155,6 @@ def _token_ids(unit: _Unit, tokenizer: Tokenizer) -> list[int]:
     if unit.token_ids is None:
         unit.token_ids = list(tokenizer.encode(unit.text))
     return unit.token_ids
-
-
-def _examples(spec: CorpusSpec, tokenizer: Tokenizer, only: set[int] | None,
-              chunk: int = 256) -> Iterator[Example]:
-    # Units are tokenized a chunk at a time: batch encoding (where the tokenizer has it) runs
-    # in parallel natively, which keeps a GPU fed.
-    def kept(unit: _Unit) -> bool:
-        return (only is None or unit.example_id in only) and in_split(unit.example_id, spec.split,
-                                                                       spec.heldout_fraction)
-
-    units = filter(kept, iter_units(spec, tokenizer))
-    while batch := list(itertools.islice(units, chunk)):
-        todo = [u for u in batch if u.token_ids is None]
-        if todo:
-            for unit, ids in zip(todo, encode_many(tokenizer, [u.text for u in todo])):
-                unit.token_ids = list(ids)
-        for unit in batch:
-            ids = unit.token_ids
-            if len(ids) < spec.min_tokens:
-                continue
-            text = unit.text if unit.text is not None else tokenizer.decode(ids)
-            yield Example(unit.example_id, np.asarray(ids[:spec.max_tokens], dtype=np.int32), text)
 
 
 def encode_many(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:

@@ -10,6 +10,7 @@
     figures.py      PNG + SVG figures, written atomically
     findings.py     the paper's finding per figure (for the report)
     analyze.py      `analyze(run_dir, ...)`, what `ffkv analyze` calls
+    sharding.py     under torchrun: which batches (or layers) each rank runs, gathering the rows back
 """
 
 from ffkv.experiments.analyze import EXPERIMENTS, analyze

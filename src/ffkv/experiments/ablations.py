@@ -20,6 +20,7 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.sharding import gather_rows
 
 NAME = "ablations"
 KEYS_PER_LAYER = 10
@@ -52,7 +53,10 @@ def modified(prefix: np.ndarray, variant: str, special: frozenset, rng: np.rando
 
 @torch.no_grad()
 def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """m_key^layer at the last position of each prefix (each run alone; padding never reaches a result)."""
+    """m_key^layer at the last position of each prefix (each run alone; padding never reaches a result).
+
+    Under torchrun each rank runs its share of the batches; every rank gets every prefix's value.
+    """
     view = ctx.view
     values = np.full(len(prefixes), np.nan, dtype=np.float64)
     state: dict = {}
@@ -63,11 +67,11 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
             rows, last, key = sel
             state["out"][layer] = t[rows, last, key].float()
 
-    rows = [(i, p) for i, p in enumerate(prefixes)]
-    bar = progress_bar(ctx.progress, len(rows), "ablations", "prefix")
+    mine = batches(ctx.loaded, list(enumerate(prefixes)))
+    bar = progress_bar(ctx.progress, len(mine.rows), "ablations", "prefix")
     needed = sorted(set(int(l) for l in layers))
     with view.capture(("coefficients",), layers=needed, sink=sink, stop_early=True):
-        for idx, batch in batches(ctx.loaded, rows):
+        for idx, batch in mine:
             last = batch.attention_mask.sum(-1) - 1
             lay = torch.as_tensor(layers[idx], device=view.device)
             key = torch.as_tensor(keys[idx], device=view.device)
@@ -82,7 +86,7 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
                 values[idx[as_numpy(r)]] = as_numpy(state["out"][layer])
             bar.update(len(idx))
     bar.close()
-    return values
+    return gather_rows(values, mine.rows)
 
 
 def compute(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[str, pd.DataFrame]:

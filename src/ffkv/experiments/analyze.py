@@ -5,6 +5,11 @@ and draws RUN/figures/NAME*.{png,svg}. They share one `RunContext`: the model is
 loaded once, value projections made by `values` are reused by `composition`, and
 `composition` and `refinement` read the same single forward pass over the held-out
 examples. What was run, with which projection, is merged into manifest['analyses'].
+
+Under torchrun (`torchrun --nproc-per-node N -m ffkv.cli analyze RUN`) the call opens one
+process group; each rank runs its share of every forward pass and of the values scan,
+every rank then holds what one process computes (`ffkv.experiments.sharding`), and rank
+0 alone writes the tables, figures and manifest: the same as one process writes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any, Sequence
 
 from ffkv.experiments import ablations, composition, patterns, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, default_eval_spec, open_run
+from ffkv.experiments.sharding import is_writer, process_group
+from ffkv.index.distributed import local_device
 
 #: Experiment name -> module, in the paper's order.
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
@@ -49,7 +56,8 @@ def analyze(
             "final-norm" for every vector.
         progress: show progress bars.
         loaded: the run's model, already loaded (else loaded from manifest['model']['id']).
-        device, dtype: where and how to load the model when `loaded` is not given.
+        device, dtype: where and how to load the model when `loaded` is not given (under
+            torchrun "cuda" means each rank's own GPU, cuda:LOCAL_RANK).
         seed: seeds key samples and held-out positions.
 
     Returns:
@@ -57,26 +65,26 @@ def analyze(
     """
     names = check_only(only, EXPERIMENTS)
     projections = Projections.choose(projection)
-    run, manifest, loaded = open_run(run_dir, loaded, device, dtype)
+    run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = default_eval_spec(manifest, n_eval, eval_spec, seed) if set(names) & set(HELD_OUT) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed,
                      eval_spec=spec, n_eval=n_eval)
-    timings = {}
-    for name in names:
-        start = time.perf_counter()
-        MODULES[name].run(ctx)
-        timings[name] = round(time.perf_counter() - start, 3)
-        ctx.analyses[name]["seconds"] = timings[name]
-    if spec is not None:
-        held = ctx.held_out()
-        indexed = manifest.get("identity", {}).get("corpus", {})
-        for name in set(names) & set(HELD_OUT):
-            ctx.analyses[name]["held_out_overlaps_index"] = (
-                spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
-            ctx.analyses[name]["n_examples"] = len(held.examples)
-    current = run.manifest().get("analyses", {}) or {}
-    for name, info in ctx.analyses.items():
-        current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
-                         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    run.update_manifest(analyses=current)
+    with process_group(loaded.view.device):
+        for name in names:
+            start = time.perf_counter()
+            MODULES[name].run(ctx)
+            ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
+        if spec is not None:
+            held = ctx.held_out()
+            indexed = manifest.get("identity", {}).get("corpus", {})
+            for name in set(names) & set(HELD_OUT):
+                ctx.analyses[name]["held_out_overlaps_index"] = (
+                    spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
+                ctx.analyses[name]["n_examples"] = len(held.examples)
+        if is_writer():
+            current = run.manifest().get("analyses", {}) or {}
+            for name, info in ctx.analyses.items():
+                current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
+                                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            run.update_manifest(analyses=current)
     return ctx.analyses

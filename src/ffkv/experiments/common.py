@@ -20,6 +20,7 @@ import pyarrow as pa
 import torch
 
 from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.experiments.sharding import is_writer, owned
 from ffkv.index.batching import Batch, collate, length_batches
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, check_projection
 from ffkv.models.loading import LoadedModel
@@ -156,13 +157,18 @@ class RunContext:
 
     # --------------------------------------------------------------- output
     def write_table(self, name: str, df: pd.DataFrame, **meta: Any) -> Path:
-        """Write RUN/metrics/NAME.parquet atomically, with how it was computed in its metadata."""
+        """Write RUN/metrics/NAME.parquet atomically, with how it was computed in its metadata.
+
+        Under torchrun only rank 0 writes; every rank gets the path.
+        """
+        path = self.run.path / "metrics" / f"{name}.parquet"
+        if not is_writer():
+            return path
         table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
         description = {"name": name, "model_id": self.loaded.model_id, **meta}
         metadata = dict(table.schema.metadata or {})
         metadata[b"ffkv"] = json.dumps(description, default=str).encode()
         table = table.replace_schema_metadata(metadata)
-        path = self.run.path / "metrics" / f"{name}.parquet"
         atomic.write_parquet(path, table)
         return path
 
@@ -304,25 +310,47 @@ class _Row:
     token_ids: np.ndarray
 
 
-def batches(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], batch_size: int = BATCH_SIZE,
-            max_batch_tokens: int | None = MAX_BATCH_TOKENS) -> Iterator[tuple[np.ndarray, Batch]]:
-    """Padded batches of (row index, token ids) pairs, grouped by length.
+@dataclass
+class RowBatches:
+    """This rank's padded batches of some rows (every batch in one process; `ffkv.experiments.sharding`).
 
-    Yields (row indices of the batch, in batch order; the batch on the model's device).
+    Iterating yields (row indices of the batch, in batch order; the batch on the model's device).
+    """
+
+    loaded: LoadedModel
+    groups: list[list[_Row]]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row indices of this rank's batches: what it passes to `gather_rows`."""
+        return np.array([r.example_id for group in self.groups for r in group], dtype=np.int64)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, Batch]]:
+        tok = self.loaded.tokenizer
+        special = getattr(tok, "special_ids", ()) or ()
+        for group in self.groups:
+            batch = collate(group, tok.pad_id, special).to(self.loaded.view.device)
+            yield batch.example_ids.cpu().numpy(), batch
+
+
+def batches(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], batch_size: int = BATCH_SIZE,
+            max_batch_tokens: int | None = MAX_BATCH_TOKENS) -> RowBatches:
+    """The padded batches of (row index, token ids) pairs, grouped by length, that this rank runs.
+
+    All rows are cut into the batches one process would run, then each rank keeps its
+    share (`owned`), so every row goes through the same padded batch in any world size.
     The row index stands in for the example id, so `collate` keeps rows in index order.
     """
     items = [_Row(i, np.asarray(t)) for i, t in rows]
-    tok = loaded.tokenizer
-    special = getattr(tok, "special_ids", ()) or ()
-    for group in length_batches(items, batch_size, max_batch_tokens):
-        batch = collate(group, tok.pad_id, special).to(loaded.view.device)
-        yield batch.example_ids.cpu().numpy(), batch
+    return RowBatches(loaded, owned(length_batches(items, batch_size, max_batch_tokens)))
 
 
 def progress_bar(ctx_progress: bool, total: int, desc: str, unit: str = "it"):
+    """A progress bar, shown by the writing rank only (one bar for a torchrun job)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=not ctx_progress, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not (ctx_progress and is_writer()), dynamic_ncols=True,
+                leave=False)
 
 
 def check_only(only, names: Sequence[str]) -> list[str]:

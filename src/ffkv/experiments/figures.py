@@ -1,4 +1,4 @@
-"""Saving figures: PNG and SVG side by side in RUN/figures/, written atomically, Agg backend."""
+"""Saving figures: PNG and SVG side by side in RUN/figures/, written atomically (by rank 0 alone), Agg backend."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed; set before pyplot is imported anywhere here
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ffkv.experiments.sharding import is_writer  # noqa: E402
 from ffkv.store import atomic  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "ffkv", "figure.dpi": 100, "font.size": 9,
@@ -33,11 +34,12 @@ def layer_axis(ax, n_layers: int) -> None:
 
 
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
-    """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure."""
+    """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure. Returns the paths written
+    (none on ranks other than 0 under torchrun: rank 0 alone writes)."""
     folder = Path(run_path) / "figures"
     paths = []
     try:
-        for fmt in ("png", "svg"):
+        for fmt in ("png", "svg") if is_writer() else ():
             path = folder / f"{name}.{fmt}"
             with atomic.atomic_path(path) as tmp:
                 fig.savefig(tmp, format=fmt, dpi=130 if fmt == "png" else None, bbox_inches="tight",

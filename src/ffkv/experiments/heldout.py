@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, batches, mask_token_id, progress_bar
+from ffkv.experiments.sharding import gather_rows
 from ffkv.memories.projection import logits as project
 from ffkv.memories.view import StopForward
 
@@ -74,7 +75,10 @@ def _matches_exact(view, layer: int, m: torch.Tensor, projection: str, *tops: to
 
 @torch.no_grad()
 def capture_eval(ctx: RunContext) -> EvalCapture:
-    """Run the held-out examples once (cached on the context for the second experiment)."""
+    """Run the held-out examples once (cached on the context for the second experiment).
+
+    Under torchrun each rank runs its share of the batches; every rank gets every example's row.
+    """
     if ctx._eval_capture is not None:
         return ctx._eval_capture
     from ffkv.experiments.values import value_top_tokens
@@ -111,11 +115,12 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
         state["head_input"] = args[0][state["rows"], state["pos"]]
         raise StopForward
 
-    bar = progress_bar(ctx.progress, N, "held-out pass", "ex")
+    mine = batches(ctx.loaded, rows)
+    bar = progress_bar(ctx.progress, len(mine.rows), "held-out pass", "ex")
     handle = head.register_forward_pre_hook(head_pre)
     try:
         with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post"), sink=sink):
-            for idx, batch in batches(ctx.loaded, rows):
+            for idx, batch in mine:
                 state.clear()
                 state["rows"] = torch.arange(len(idx), device=device)
                 state["pos"] = torch.as_tensor(held.positions[idx], device=device)
@@ -148,5 +153,6 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
     finally:
         handle.remove()
         bar.close()
-    ctx._eval_capture = EvalCapture(**out, final=final)
+    out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
+    ctx._eval_capture = EvalCapture(**out)
     return ctx._eval_capture

@@ -41,6 +41,7 @@ import torch
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, save_figure
+from ffkv.experiments.sharding import gather_rows
 
 NAME = "patterns"
 LABELS = ("shallow", "semantic", "both", "none")
@@ -121,6 +122,7 @@ def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: 
     """Mean of resid_post[layer] over non-special positions 0..end of a token list, per request.
 
     requests: (index into token_lists, end position inclusive). NaN rows where nothing is pooled.
+    Under torchrun each rank runs its share of the batches; every rank gets every request's row.
     """
     view = ctx.view
     special = torch.tensor(sorted(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ())) or [-1],
@@ -136,9 +138,11 @@ def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: 
     def sink(name, l, t):
         state["h"] = t.float()
 
-    bar = progress_bar(ctx.progress, len(rows), "pattern embeddings", "ex")
+    mine = batches(ctx.loaded, rows)
+    done: list[int] = []  # the requests this rank pooled
+    bar = progress_bar(ctx.progress, len(mine.rows), "pattern embeddings", "ex")
     with view.capture(("resid_post",), layers=[layer], sink=sink, stop_early=True):
-        for idx, batch in batches(ctx.loaded, rows):
+        for idx, batch in mine:
             view.forward(batch.input_ids, batch.attention_mask)
             keep = (batch.attention_mask.bool() & ~torch.isin(batch.input_ids, special)).float()
             sums = torch.cumsum(state.pop("h") * keep[..., None], dim=1)
@@ -154,9 +158,10 @@ def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: 
                 pooled = pooled @ projection
             pooled[~(ok & (cnt > 0))] = float("nan")
             out[req] = as_numpy(pooled)
+            done += req
             bar.update(len(idx))
     bar.close()
-    return out
+    return gather_rows(out, done)
 
 
 def random_prefixes(ctx: RunContext, n: int) -> list[np.ndarray]:

@@ -24,6 +24,7 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.sharding import gather_rows, owned
 from ffkv.memories.projection import logits as project
 
 NAME = "values"
@@ -103,10 +104,20 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     first = trig[trig["rank"] == 0]
     targets = np.full((L, d_m), -1, dtype=np.int64)
     targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
+    mine = owned(range(L))  # under torchrun each rank scans its layers, then every rank has all
+    stats: dict[str, np.ndarray] = {}
+    bar = progress_bar(ctx.progress, len(mine), "values", "layer")
+    for layer in mine:
+        for name, v in scan_layer(view, layer, ctx.projections.values, targets[layer]).items():
+            if name not in stats:
+                stats[name] = np.zeros((L, *v.shape), v.dtype)
+            stats[name][layer] = v
+        bar.update(1)
+    bar.close()
+    stats = gather_rows(stats, mine)
     keys = []
-    bar = progress_bar(ctx.progress, L, "values", "layer")
     for layer in range(L):
-        s = scan_layer(view, layer, ctx.projections.values, targets[layer])
+        s = {name: v[layer] for name, v in stats.items()}
         ctx._value_tops[layer] = s["top_token_id"].astype(np.int64)
         keys.append(pd.DataFrame({
             "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
@@ -119,8 +130,6 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
             "top_token_ids": list(s["top_token_ids"].astype(np.int32)),
             "top_probs": list(s["top_probs"].astype(np.float32)),
         }))
-        bar.update(1)
-    bar.close()
     keys = pd.concat(keys, ignore_index=True)
     keys["top_token"] = ctx.tokens(keys["top_token_id"])
     return {"keys": keys, "per_layer": per_layer(keys, V), "confident": most_confident(ctx, keys, trig)}

@@ -25,6 +25,8 @@ class Batch:
         competes: (B, T) bool, positions whose prefix competes for trigger examples
             (real tokens that are not special tokens such as BOS or SEP).
         next_token: (B, T) int32, the next token of each prefix, -1 at the end.
+        blocked: (rows, columns) int64 indices of the positions that do not compete
+            (found on the host, so that masking them costs no device sync).
         n_tokens: number of real tokens.
         max_example_id: the largest example id (known on the host, no device sync).
     """
@@ -34,13 +36,17 @@ class Batch:
     attention_mask: torch.Tensor
     competes: torch.Tensor
     next_token: torch.Tensor
+    blocked: tuple[torch.Tensor, torch.Tensor]
     n_tokens: int
     max_example_id: int
 
     def to(self, device: torch.device | str) -> "Batch":
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        """The batch on `device`; to a GPU through pinned memory, so the copy does not wait for the GPU."""
+        pin = torch.device(device).type == "cuda"
+        move = lambda t: (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.example_ids), move(self.input_ids), move(self.attention_mask),
-                     move(self.competes), move(self.next_token), self.n_tokens, self.max_example_id)
+                     move(self.competes), move(self.next_token), (move(self.blocked[0]), move(self.blocked[1])),
+                     self.n_tokens, self.max_example_id)
 
 
 def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = (), pad_multiple: int = 1) -> Batch:
@@ -71,6 +77,7 @@ def collate(examples: Sequence, pad_id: int, special_ids: Iterable[int] = (), pa
         attention_mask=attention_mask,
         competes=competes,
         next_token=torch.from_numpy(nxt),
+        blocked=torch.nonzero(~competes, as_tuple=True),
         n_tokens=int(sum(lengths)),
         max_example_id=int(examples[-1].example_id),
     )

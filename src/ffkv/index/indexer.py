@@ -26,7 +26,7 @@ from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.index.batching import Batch, collate, length_batches, windows
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
-from ffkv.index.prefetch import prefetched_examples
+from ffkv.index.prefetch import default_workers, prefetched_examples
 from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
@@ -57,7 +57,7 @@ class BatchOptions:
     window_batches: int = 16
     checkpoint_seconds: float = 300.0
     part_rows: int = 50_000
-    prefetch: bool | None = None  # tokenize in another process; None: only when the model is on a GPU
+    tokenizer_workers: int | None = None  # processes tokenizing ahead; 0: in this process; None: see workers()
     pad_multiple: int | None = None  # round padded lengths up; None: 32 on a GPU, 1 on a CPU
 
     def pad_to(self, device: torch.device) -> int:
@@ -66,7 +66,16 @@ class BatchOptions:
             return self.pad_multiple
         return 32 if device.type == "cuda" else 1
 
+    def workers(self, device: torch.device, spec: CorpusSpec) -> int:
+        """Tokenizing processes: by default several on a GPU (it outruns one tokenizer), none on a CPU."""
+        if self.tokenizer_workers is not None:
+            return self.tokenizer_workers
+        return default_workers(spec) if device.type == "cuda" else 0
+
     def validate(self) -> None:
+        if self.tokenizer_workers is not None and (not isinstance(self.tokenizer_workers, int)
+                                                   or self.tokenizer_workers < 0):
+            raise FfkvError(f"--tokenizer-workers must be an integer >= 0, got {self.tokenizer_workers!r}")
         for name in ("batch_size", "window_batches", "part_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -184,9 +193,9 @@ def build_index(
         first_part = groups_done = n_windows = 0
     # Read the first example before writing anything, so a bad corpus leaves no run behind.
     reader = CorpusReader(spec, loaded.tokenizer)
-    prefetch = batching.prefetch if batching.prefetch is not None else device.type == "cuda"
-    if prefetch:
-        stream = prefetched_examples(spec, loaded.tokenizer, skip=consumed)
+    workers = batching.workers(device, spec)
+    if workers:
+        stream = prefetched_examples(spec, loaded.tokenizer, skip=consumed, workers=workers)
     else:
         stream = itertools.islice(iter(reader), consumed, None)
     first = next(stream, None)

@@ -31,7 +31,7 @@ class TriggerReducer:
         # The one-sort merge applies while each example is one candidate per key and ids fit 32 bits.
         self._fast = mode == "example" and state.ids_fit()
         self.batch: Batch | None = None
-        self._blocked = self._eid = self._pos = self._next = None
+        self._eid = self._pos = self._next = None
         self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def start(self, batch: Batch) -> None:
@@ -39,7 +39,6 @@ class TriggerReducer:
         self.batch = batch
         self._fast = self._fast and batch.max_example_id < ID_LIMIT
         # Per-batch constants, made once on the device (no scalar copies inside the layer loop).
-        self._blocked = ~batch.competes[..., None]
         b, t = batch.input_ids.shape
         if self.mode == "example":
             self._eid = torch.where(batch.competes.any(dim=1), batch.example_ids, EMPTY)
@@ -52,7 +51,9 @@ class TriggerReducer:
     def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
         """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key."""
         # In place, in the model's dtype: the model is done with this tensor, and max is exact in any dtype.
-        c = coefficients.masked_fill_(self._blocked, float("-inf"))
+        # Only the few blocked positions are written (padding and special tokens), not a full masked copy.
+        c = coefficients
+        c[self.batch.blocked] = float("-inf")
         b, t, d_m = c.shape
         if self.mode == "example":
             best, pos = self._best_positions(layer, c)                         # (B, d_m)
@@ -98,4 +99,4 @@ class TriggerReducer:
         for layer, candidates in self._pending.items():
             self.state.merge_layer(layer, *candidates, one_per_example=self._fast)
         self._pending.clear()
-        self.batch = self._blocked = self._eid = self._pos = self._next = None
+        self.batch = self._eid = self._pos = self._next = None
