@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=32)
     p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
                    help="cap on padded tokens per batch (default 16384)")
+    p.add_argument("--tokenizer-workers", type=int, default=None,
+                   help="processes tokenizing ahead of the model (default: up to 4 on a GPU, 0 on a CPU)")
     p.add_argument("--checkpoint-seconds", type=float, default=300.0,
                    help="save a resumable checkpoint this often (default 300)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
@@ -258,7 +260,7 @@ def _index(args: argparse.Namespace) -> int:
     spec = _corpus_spec(args, args.corpus)
     options = IndexOptions(top_k=args.top_k, mode=args.mode)
     batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
-                            checkpoint_seconds=args.checkpoint_seconds)
+                            checkpoint_seconds=args.checkpoint_seconds, tokenizer_workers=args.tokenizer_workers)
     options.validate()
     batching.validate()
     loaded = load_model(args.model, dtype=args.dtype, device=local_device(args.device))

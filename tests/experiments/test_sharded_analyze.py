@@ -19,6 +19,7 @@ from experiment_runs import write_corpus
 from ffkv import cli
 from ffkv.experiments import sharding
 from ffkv.experiments.common import batches
+from ffkv.index.distributed import process_group
 from helpers import loaded_tiny
 
 
@@ -31,7 +32,7 @@ def test_one_process_owns_everything_and_gathers_the_identity():
     named = {"x": a, "y": np.arange(6)}
     gathered = sharding.gather_rows(named, np.arange(6))
     assert gathered.keys() == named.keys() and all(gathered[k] is named[k] for k in named)
-    with sharding.process_group("cpu") as shard:  # not launched by torchrun: no group opened
+    with process_group("cpu") as shard:  # not launched by torchrun: no group opened
         assert shard == (0, 1)
 
 

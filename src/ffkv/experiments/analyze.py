@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 from ffkv.experiments import ablations, composition, patterns, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, default_eval_spec, open_run
-from ffkv.experiments.sharding import is_writer, process_group
-from ffkv.index.distributed import local_device
+from ffkv.experiments.sharding import is_writer
+from ffkv.index.distributed import local_device, process_group
 
 #: Experiment name -> module, in the paper's order.
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,

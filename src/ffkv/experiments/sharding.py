@@ -1,7 +1,7 @@
 """`ffkv analyze` across torchrun ranks: which rows each rank runs, and gathering them back.
 
 Under torchrun (WORLD_SIZE > 1) `analyze` opens one process group for the whole call
-(`process_group`: Gloo on CPU, NCCL on GPU). A forward pass over many rows (held-out
+(`ffkv.index.distributed.process_group`: Gloo on CPU, NCCL on GPU). A forward pass over many rows (held-out
 examples, ablated prefixes, prefixes to embed) first cuts all its rows into the padded
 batches one process would run; rank r runs batches r, r + world, r + 2·world, ...
 (`owned`). The split is fixed by the rows alone, never by timing, and each rank runs
@@ -21,28 +21,17 @@ Without a process group this process is rank 0 of 1: `owned` keeps every item an
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence, TypeVar, overload
+from typing import Mapping, Sequence, TypeVar, overload
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
-from ffkv.index.distributed import launched_by_torchrun
+from ffkv.index.distributed import Shard, current_shard
 
 T = TypeVar("T")
 
-#: (rank, world size) of one process of a job.
-Shard = tuple[int, int]
 #: One rank's share of a gather: (row indices, those rows of each named array).
 Part = tuple[np.ndarray, Mapping[str, np.ndarray]]
-
-
-def current_shard() -> Shard:
-    """(rank, world size) in the open process group; (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def is_writer() -> bool:
@@ -119,26 +108,3 @@ def gather_rows(arrays: np.ndarray | Mapping[str, np.ndarray],
             raise RuntimeError(f"rank {rank} has {len(a)} rows of {name or 'its array'!r} but the ranks computed "
                                f"{len(full[name])}: a sharding bug, please report it")
     return full[""] if isinstance(arrays, np.ndarray) else full
-
-
-@contextmanager
-def process_group(device: torch.device | str) -> Iterator[Shard]:
-    """Under torchrun, one process group for the block (NCCL for a GPU device, else Gloo).
-
-    At the end of the block every rank waits for the others (so rank 0 finishes writing
-    before any rank leaves), then the group is closed, also after an error. In one
-    process, or when a group is already open (its opener closes it), it does nothing.
-    Yields (rank, world size).
-    """
-    if not launched_by_torchrun() or dist.is_initialized():
-        yield current_shard()
-        return
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # collectives of objects go through the current GPU: one per rank
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        yield current_shard()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
