@@ -19,8 +19,8 @@ def test_one_sort_merge_equals_three_sort_merge():
     fast, slow = TopKState.empty(1, 16, 5), TopKState.empty(1, 16, 5)
     for step in range(12):
         batch = _random_candidates(g, 16, 7, first_id=1000 * ((step * 7) % 12))  # distinct ids, out of order
-        fast.merge_layer(0, *batch, one_per_example=True)
-        slow.merge_layer(0, *batch)
+        fast.merge_candidates(*(t[None] for t in batch), one_per_example=True)
+        slow.merge_candidates(*(t[None] for t in batch))
     for a, b in zip(fast.state_dict().values(), slow.state_dict().values()):
         assert torch.equal(a, b)
     # Order: value desc, then example id asc.
@@ -32,9 +32,9 @@ def test_one_sort_merge_equals_three_sort_merge():
 
 def test_state_keeps_empty_slots_last_until_full():
     state = TopKState.empty(1, 2, 4)
-    state.merge_layer(0, torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([[5, 3], [9, 8]]),
-                      torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
-                      one_per_example=True)
+    state.merge_candidates(torch.tensor([[[1.0, 2.0], [0.0, 0.0]]]), torch.tensor([[[5, 3], [9, 8]]]),
+                           torch.zeros(1, 2, 2, dtype=torch.int32), torch.zeros(1, 2, 2, dtype=torch.int32),
+                           one_per_example=True)
     assert state.example_id[0].tolist() == [[3, 5, EMPTY, EMPTY], [8, 9, EMPTY, EMPTY]]
 
 
@@ -42,3 +42,24 @@ def test_select_top_breaks_ties_by_lower_column():
     values = torch.tensor([[1.0, 3.0, 3.0, -0.0, 0.0, 3.0]])
     assert select_top(values, 4).tolist() == [[1, 2, 5, 0]]
     assert select_top(torch.tensor([[-0.0, 0.0]]), 1).tolist() == [[0]]  # -0.0 counts as 0.0
+
+
+def test_all_layers_merge_like_a_brute_force_sort_of_everything_seen():
+    """Several layers merged at once, over batches, keep per (layer, key) the k best of all candidates."""
+    g = torch.Generator().manual_seed(1)
+    n_layers, d_m, k = 3, 8, 4
+    state = TopKState.empty(n_layers, d_m, k)
+    seen: dict[tuple[int, int], list] = {}
+    for step in range(6):
+        batch = [_random_candidates(g, d_m, 5, first_id=100 * ((step * 5) % 6)) for _ in range(n_layers)]
+        state.merge_candidates(*(torch.stack(f) for f in zip(*batch)), one_per_example=step % 2 == 0)
+        for layer, (v, e, p, t) in enumerate(batch):
+            for key in range(d_m):
+                seen.setdefault((layer, key), []).extend(
+                    zip((-v[key]).tolist(), e[key].tolist(), p[key].tolist(), t[key].tolist()))
+    for (layer, key), entries in seen.items():
+        best = sorted(entries)[:k]
+        assert state.values[layer, key].tolist() == [-b[0] for b in best]
+        assert state.example_id[layer, key].tolist() == [b[1] for b in best]
+        assert state.position[layer, key].tolist() == [b[2] for b in best]
+        assert state.next_token[layer, key].tolist() == [b[3] for b in best]

@@ -226,10 +226,10 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
     row_of = {int(e): i for i, e in enumerate(ex_ids)}
     randoms = random_prefixes(ctx, N_RANDOM_PREFIXES)
     token_lists = [examples[int(e)][0] for e in ex_ids] + randoms
-    suffix = per_key["shared_suffix"]
+    suffix = per_key["shared_suffix"].to_dict()  # a dict: a lookup per entry, where .loc costs ~0.1 ms
     requests = []
     for t in entries[["layer", "key", "example_id", "position", "t1", "t2", "t3"]].itertuples(index=False):
-        n_mask = masked_length(np.array([t.t1, t.t2, t.t3]), suffix.loc[(t.layer, t.key)])
+        n_mask = masked_length(np.array([t.t1, t.t2, t.t3]), suffix[(int(t.layer), int(t.key))])
         requests.append((row_of[int(t.example_id)], int(t.position) - n_mask))
     requests += [(len(ex_ids) + i, len(p) - 1) for i, p in enumerate(randoms)]
     emb = pooled_embeddings(ctx, token_lists, requests, layer, projection)
@@ -350,15 +350,15 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     per_key["label"] = [label_of(a, b) for a, b in zip(per_key["is_shallow"], per_key["is_semantic"])]
 
     # Per prefix: ends with the shallow key's shared suffix; semantic by its own test.
-    suffix = per_key["shared_suffix"]
+    suffix = per_key["shared_suffix"].to_dict()
     tails = entries[["t1", "t2", "t3"]].to_numpy()
-    shallow_key = per_key["is_shallow"]
+    shallow_key = per_key["is_shallow"].to_dict()
     masked, prefix_shallow = [], []
-    for i, (l, k) in enumerate(zip(entries["layer"].to_numpy(), entries["key"].to_numpy())):
-        s = suffix.loc[(l, k)]
+    for i, (l, k) in enumerate(zip(entries["layer"].tolist(), entries["key"].tolist())):
+        s = suffix[(l, k)]
         n = masked_length(tails[i], s)
         masked.append(n)
-        prefix_shallow.append(bool(shallow_key.loc[(l, k)]) and len(s) > 0 and n == len(s))
+        prefix_shallow.append(bool(shallow_key[(l, k)]) and len(s) > 0 and n == len(s))
     entries["prefix_label"] = [label_of(a, b) for a, b in zip(prefix_shallow, prefix_semantic)]
 
     doc_freq, n_docs = corpus_document_frequency(ctx)

@@ -129,9 +129,20 @@ def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> d
     }
 
 
+def model_mask(loaded: LoadedModel, batch: Batch) -> torch.Tensor | None:
+    """The attention mask the model needs for a batch: none for a causal model.
+
+    Batches are right-padded, so under causal attention no real token sees padding,
+    and positions count from 0 with or without a mask: a causal model computes the same
+    function of every real prefix without one, and skips building a padded mask (which
+    costs a device sync in Hugging Face models). An encoder attends both ways and needs it.
+    """
+    return batch.attention_mask if loaded.view.encoder else None
+
+
 def run_forward(loaded: LoadedModel, batch: Batch) -> None:
-    """A plain forward pass of the model's blocks (the benchmark's baseline)."""
-    loaded.view.forward(batch.input_ids, batch.attention_mask)
+    """A plain forward pass of the model's blocks, as the index runs it (the benchmark's baseline)."""
+    loaded.view.forward(batch.input_ids, model_mask(loaded, batch))
 
 
 def build_index(
@@ -251,7 +262,7 @@ def build_index(
                     continue
                 batch = collate(group, loaded.tokenizer.pad_id, special, pad_multiple).to(device)
                 reducer.start(batch)
-                view.forward(batch.input_ids, batch.attention_mask)
+                run_forward(loaded, batch)
                 reducer.commit()
                 groups_done = g + 1
                 mine.extend(group)

@@ -55,6 +55,28 @@ def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Ten
     return perm.gather(-1, (-values).gather(-1, perm).argsort(dim=-1, stable=True))
 
 
+#: Rows (keys) merged at once on a CPU: a block's candidates fit in its cache.
+_CPU_BLOCK_ROWS = 2048
+
+
+def _merge_rows(state: list[torch.Tensor], new: list[torch.Tensor], rows: torch.Tensor | None,
+                one_per_example: bool) -> None:
+    """Merge candidate rows `new` (values, ids, positions, next tokens) into the (rows, k) `state`
+    views, at `rows` (None: every row), keeping the best k of each row."""
+    k = state[0].shape[-1]
+    own = state if rows is None else [t[rows] for t in state]
+    v, e, p, t = (torch.cat([a, b], dim=-1) for a, b in zip(own, new))
+    if one_per_example:
+        keep = _value_then_id_key(v, e).topk(k, dim=-1, sorted=True).indices
+    else:
+        keep = _lexsort(v, e, p)[:, :k]
+    for target, source in zip(state, (v, e, p, t)):
+        if rows is None:
+            target.copy_(source.gather(-1, keep))
+        else:
+            target[rows] = source.gather(-1, keep)
+
+
 @dataclass
 class TopKState:
     """Top-k entries of every key of every layer: tensors of shape (L, d_m, k)."""
@@ -63,6 +85,11 @@ class TopKState:
     example_id: torch.Tensor
     position: torch.Tensor
     next_token: torch.Tensor
+
+    def __post_init__(self) -> None:
+        # Merges work on (L * d_m, k) views of these tensors.
+        for name in ("values", "example_id", "position", "next_token"):
+            setattr(self, name, getattr(self, name).contiguous())
 
     @classmethod
     def empty(cls, n_layers: int, d_m: int, k: int, device: torch.device | str = "cpu") -> "TopKState":
@@ -78,55 +105,47 @@ class TopKState:
     def k(self) -> int:
         return self.values.shape[-1]
 
-    def merge_layer(
+    def merge_candidates(
         self,
-        layer: int,
         values: torch.Tensor,
         example_id: torch.Tensor,
         position: torch.Tensor,
         next_token: torch.Tensor,
         one_per_example: bool = False,
     ) -> None:
-        """Merge candidates (d_m, n) of one layer into the state, keeping the best k per key.
+        """Merge candidates (L, d_m, n) of every layer into the state, keeping the best k per key.
+
+        All layers merge in one set of tensor operations (on a GPU, one launch per step for
+        the whole model rather than one per layer).
 
         Args:
             one_per_example: the caller guarantees that no example appears twice for a key
                 and that every example id is below `ID_LIMIT`; then one top-k over a packed
                 (value, id) key replaces the three stable sorts (positions never tie-break).
         """
-        rows = None
-        if values.device.type == "cpu":
-            # Only keys where some candidate reaches the current k-th value can change; on a
-            # CPU, selecting them first saves most of the sorting once the state has filled.
-            reach = values.max(dim=-1).values >= self.values[layer, :, -1]
-            if not bool(reach.all()):
-                rows = reach.nonzero().squeeze(1)
-                if rows.numel() == 0:
-                    return
-                values, example_id = values[rows], example_id[rows]
-                position, next_token = position[rows], next_token[rows]
-        own = [t[layer] if rows is None else t[layer, rows]
-               for t in (self.values, self.example_id, self.position, self.next_token)]
-        v = torch.cat([own[0], values.float()], dim=-1)
-        e = torch.cat([own[1], example_id], dim=-1)
-        p = torch.cat([own[2], position.to(torch.int32)], dim=-1)
-        t = torch.cat([own[3], next_token.to(torch.int32)], dim=-1)
-        if one_per_example:
-            keep = _value_then_id_key(v, e).topk(self.k, dim=-1, sorted=True).indices
-        else:
-            keep = _lexsort(v, e, p)[:, : self.k]
-        for target, source in zip((self.values, self.example_id, self.position, self.next_token), (v, e, p, t)):
-            if rows is None:
-                target[layer] = source.gather(-1, keep)
-            else:
-                target[layer, rows] = source.gather(-1, keep)
+        if values.shape[:2] != self.values.shape[:2]:
+            raise ValueError(f"candidates of shape {tuple(values.shape)} do not match a state of "
+                             f"{tuple(self.values.shape[:2])} (layers, keys)")
+        k = self.k
+        state = [t.view(-1, k) for t in (self.values, self.example_id, self.position, self.next_token)]
+        n = values.shape[-1]
+        new = [values.reshape(-1, n).float(), example_id.reshape(-1, n),
+               position.reshape(-1, n).to(torch.int32), next_token.reshape(-1, n).to(torch.int32)]
+        if values.device.type != "cpu":
+            _merge_rows(state, new, None, one_per_example)
+            return
+        # On a CPU, only keys where some candidate reaches the current k-th value can change
+        # (selecting them first saves most of the sorting once the state has filled), and
+        # blocks of keys that stay in cache sort faster than the whole model at once.
+        reach = new[0].max(dim=-1).values >= state[0][:, -1]
+        for rows in reach.nonzero().squeeze(1).split(_CPU_BLOCK_ROWS):
+            _merge_rows(state, [t[rows] for t in new], rows, one_per_example)
 
     def merge(self, other: "TopKState", one_per_example: bool = False) -> None:
         """Merge another state (e.g. another shard's, of disjoint examples) into this one, exactly."""
         fast = one_per_example and self.ids_fit() and other.ids_fit()
-        for layer in range(self.values.shape[0]):
-            self.merge_layer(layer, other.values[layer], other.example_id[layer],
-                             other.position[layer], other.next_token[layer], one_per_example=fast)
+        self.merge_candidates(other.values, other.example_id, other.position, other.next_token,
+                              one_per_example=fast)
 
     def ids_fit(self) -> bool:
         """Whether every stored example id is below `ID_LIMIT` (one host sync)."""
