@@ -39,7 +39,7 @@ def main() -> None:
 
     from ffkv.corpus import CorpusReader, CorpusSpec
     from ffkv.index.batching import collate, length_batches, windows
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, run_forward
+    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, run_forward
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState
 
@@ -74,9 +74,7 @@ def main() -> None:
 
         def reduced_pass(b):
             with view.capture(("coefficients",), sink=reducer):
-                reducer.start(b)
-                run_forward(loaded, b)
-                reducer.commit()
+                index_batch(loaded, reducer, b)
 
         plain = reduce = 0.0
         for n, b in enumerate(batches):

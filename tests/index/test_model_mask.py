@@ -10,18 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ffkv.corpus import Example
 from ffkv.index.batching import collate
 from ffkv.index.indexer import model_mask
 from ffkv.models.loading import LoadedModel
 from ffkv.memories.view import MemoryView
 from ffkv.models.tiny_lm import FfkvLMConfig, FfkvLMForCausalLM
-from helpers import loaded_tiny
+from helpers import CharTokenizer, loaded_tiny
 from tiny_models import FAMILIES, VOCAB
-
-
-class _Example:
-    def __init__(self, example_id, token_ids):
-        self.example_id, self.token_ids = example_id, token_ids
 
 
 def _ffkv_lm(positions: str) -> LoadedModel:
@@ -29,8 +25,7 @@ def _ffkv_lm(positions: str) -> LoadedModel:
     model = FfkvLMForCausalLM(FfkvLMConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
                                            intermediate_size=24, max_position_embeddings=32,
                                            positions=positions, dropout=0.0)).eval()
-    base = loaded_tiny("gpt2")
-    return LoadedModel(model, base.tokenizer, MemoryView(model), f"tiny-ffkv-lm-{positions}", "float32", "cpu")
+    return LoadedModel(model, CharTokenizer(), MemoryView(model), f"tiny-ffkv-lm-{positions}", "float32", "cpu")
 
 
 def _coefficients(loaded: LoadedModel, input_ids, mask) -> dict[int, torch.Tensor]:
@@ -43,7 +38,7 @@ def _coefficients(loaded: LoadedModel, input_ids, mask) -> dict[int, torch.Tenso
 def test_batched_coefficients_equal_lone_examples(family):
     loaded = _ffkv_lm(family.split("-")[1]) if family.startswith("ffkv_lm") else loaded_tiny(family)
     g = torch.Generator().manual_seed(0)
-    examples = [_Example(i, torch.randint(5, VOCAB, (n,), generator=g).numpy()) for i, n in enumerate((9, 3, 6))]
+    examples = [Example(i, torch.randint(5, VOCAB, (n,), generator=g).numpy(), "") for i, n in enumerate((9, 3, 6))]
     batch = collate(examples, pad_id=0)
     mask = model_mask(loaded, batch)
     assert (mask is not None) == loaded.view.encoder

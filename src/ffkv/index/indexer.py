@@ -145,6 +145,14 @@ def run_forward(loaded: LoadedModel, batch: Batch) -> None:
     loaded.view.forward(batch.input_ids, model_mask(loaded, batch))
 
 
+def index_batch(loaded: LoadedModel, reducer: TriggerReducer, batch: Batch) -> None:
+    """One batch of the index: the forward pass, reduced inside it by `reducer` (a capture
+    sink that must be open on the model's coefficients), then merged into its state."""
+    reducer.start(batch)
+    run_forward(loaded, batch)
+    reducer.commit()
+
+
 def build_index(
     loaded: LoadedModel,
     spec: CorpusSpec,
@@ -261,9 +269,7 @@ def build_index(
                     mine.extend(group)
                     continue
                 batch = collate(group, loaded.tokenizer.pad_id, special, pad_multiple).to(device)
-                reducer.start(batch)
-                run_forward(loaded, batch)
-                reducer.commit()
+                index_batch(loaded, reducer, batch)
                 groups_done = g + 1
                 mine.extend(group)
                 n_tokens += batch.n_tokens
