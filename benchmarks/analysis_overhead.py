@@ -32,7 +32,7 @@ def paper_memory(chunk_bytes: int) -> None:
     """
     import numpy as np
 
-    from ffkv.experiments import values as values_mod
+    from ffkv.memories import projection
 
     d_m, d, vocab = 4096, 1024, 267_744
 
@@ -43,7 +43,7 @@ def paper_memory(chunk_bytes: int) -> None:
         def unembed(self, model):
             return model.head
 
-    class View:  # just what scan_layer touches
+    class View:  # just what scan_values touches
         def __init__(self):
             self.model = torch.nn.Module()
             self.model.head = Head(d, vocab, bias=False)
@@ -61,8 +61,8 @@ def paper_memory(chunk_bytes: int) -> None:
 
     view = View()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is KiB on Linux)
-    chunk = values_mod.chunk_size(vocab, chunk_bytes)
-    values_mod.scan_layer(view, 0, "identity", np.zeros(d_m, dtype=np.int64), chunk=chunk)
+    chunk = projection.chunk_size(vocab, chunk_bytes)
+    projection.scan_values(view, 0, "identity", np.zeros(d_m, dtype=np.int64), chunk=chunk)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     weights = (vocab * d + d_m * d) * 4 / 2**30
     print(f"paper shape: d_m={d_m} d={d} |V|={vocab:,}; chunk = {chunk} keys ({chunk_bytes / 2**20:.0f} MiB of logits)")
@@ -88,7 +88,7 @@ def main() -> None:
 
     from ffkv.corpus import CorpusSpec
     from ffkv.experiments import composition, refinement, values
-    from ffkv.experiments.common import Projections, RunContext, batches, default_eval_spec, open_run
+    from ffkv.experiments.common import Projections, RunContext, eval_spec, open_run
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
 
     loaded = gpt2_shaped(args.device, args.dtype, layers=args.layers)
@@ -99,12 +99,12 @@ def main() -> None:
 
     def context() -> RunContext:
         return RunContext(run, manifest, loaded, projections=Projections(), progress=False,
-                          eval_spec=default_eval_spec(manifest, args.n_eval))
+                          eval_spec=eval_spec(manifest, n_eval=args.n_eval))
 
     ctx = context()
     held = ctx.held_out()
     rows = [(i, e.token_ids) for i, e in enumerate(held.examples)]
-    prepared = [b for _, b in batches(loaded, rows)]
+    prepared = [b for _, b in ctx.batches(rows)]
     n_tokens = sum(b.n_tokens for b in prepared)
 
     def forward():
@@ -120,8 +120,9 @@ def main() -> None:
 
     def heldout_step():
         c = context()
-        c._held_out = held  # reading the corpus is not part of the measured step
-        c._value_tops = dict(tops)  # made by `values`, which runs first in `analyze`
+        c.once("held_out", lambda: held)  # reading the corpus is not part of the measured step
+        for layer, top in tops.items():  # made by `values`, which runs first in `analyze`
+            c.once(("value_top_tokens", layer), lambda top=top: top)
         composition.run(c)
         refinement.run(c)
 

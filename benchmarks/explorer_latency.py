@@ -11,7 +11,6 @@ second), the layer page, token search and full-text search.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from ffkv.store import atomic, schemas  # noqa: E402
+from ffkv.store.manifest import Identity, Manifest, ModelInfo  # noqa: E402
+from ffkv.store.run import RunDir  # noqa: E402
 
 VOCAB = 50257
 
@@ -78,12 +79,15 @@ def write_run(folder: Path, layers: int, keys: int, top_k: int, n_examples: int,
         "coefficient": coefficient, "example_id": example_id.astype(np.int64), "position": position,
         "next_token_id": tokens[offsets[example_id] + position + 1],
     }, schema=schemas.TRIGGER_EXAMPLES))
-    manifest = {"format_version": 1, "status": "complete", "identity": {"synthetic": seed},
-                "model": {"id": "synthetic", "family": "gpt2", "n_layers": layers, "d_m": keys, "d_model": 1024,
-                          "vocab_size": VOCAB, "dtype": "float32"},
-                "corpus": {"source": "synthetic"}, "index": {"top_k": top_k, "mode": "example"},
-                "timings": {"index_seconds": 0.0}, "counts": {"examples": n_examples, "tokens": int(offsets[-1])}}
-    (run / "manifest.json").write_text(json.dumps(manifest))
+    index = {"top_k": top_k, "mode": "example"}
+    manifest = Manifest(
+        identity=Identity(model_id="synthetic", weights_sha256=f"synthetic-{seed}", dtype="float32",
+                          corpus={"source": "synthetic"}, corpus_fingerprint="synthetic", index=index),
+        model=ModelInfo(id="synthetic", family="GPT-2", n_layers=layers, d_m=keys, d_model=1024, vocab_size=VOCAB,
+                        dtype="float32", gated=False, parallel=False, encoder=False, resid_mid="sequential"),
+        corpus={"source": "synthetic"}, index=index, status="complete", timings={"index_seconds": 0.0},
+        counts={"examples": n_examples, "tokens": int(offsets[-1])})
+    RunDir(run).write_manifest(manifest)
     print(f"synthetic run: {n:,} trigger rows, {n_examples:,} examples, written in {time.perf_counter() - t:.1f} s")
     return run
 
@@ -93,8 +97,6 @@ def write_lookups(run: Path, layers: int, keys: int, seed: int = 0) -> None:
     import pandas as pd
 
     from ffkv.explorer.data import TOP_TOKENS, build_database, write_cache_info
-    from ffkv.explorer.lookups import VALUE_TOP_SCHEMA
-    from ffkv.store.run import RunDir
 
     rng = np.random.default_rng(seed)
     folder = run / "explorer"
@@ -110,7 +112,7 @@ def write_lookups(run: Path, layers: int, keys: int, seed: int = 0) -> None:
         "key": np.tile(np.repeat(np.arange(keys, dtype=np.int32), TOP_TOKENS), layers),
         "rank": np.tile(np.arange(TOP_TOKENS, dtype=np.int16), n),
         "token_id": rng.integers(0, VOCAB, n * TOP_TOKENS).astype(np.int32), "prob": probs.ravel() * 0.1,
-    }, schema=VALUE_TOP_SCHEMA))
+    }, schema=schemas.VALUE_TOP_TOKENS))
     stats = pd.DataFrame({
         "layer": np.repeat(np.arange(layers, dtype=np.int16), keys), "key": np.tile(np.arange(keys, dtype=np.int32), layers),
         "confidence": rng.random(n).astype(np.float32), "top_token_id": rng.integers(0, VOCAB, n).astype(np.int32),
@@ -118,8 +120,9 @@ def write_lookups(run: Path, layers: int, keys: int, seed: int = 0) -> None:
         "logsumexp": rng.random(n).astype(np.float32), "value_norm": rng.random(n).astype(np.float32),
         "activation_frequency": rng.random(n).astype(np.float32), "shallow_share": rng.random(n).astype(np.float32),
         "common_last_token_id": rng.integers(0, VOCAB, n).astype(np.int32)})
-    atomic.write_parquet(folder / "key_stats.parquet", pa.Table.from_pandas(stats, preserve_index=False))
-    write_cache_info(RunDir(run), json.loads((run / "manifest.json").read_text()), folder)
+    atomic.write_parquet(folder / "key_stats.parquet",
+                         pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
+    write_cache_info(RunDir(run), RunDir(run).manifest(), folder)
 
 
 def timed_get(client, url: str) -> float:

@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ffkv.corpus import CorpusReader, CorpusSpec
-    from ffkv.index.batching import collate, length_batches, windows
+    from ffkv.batching import collate, length_batches, windows
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, run_forward
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState

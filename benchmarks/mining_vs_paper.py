@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ffkv.corpus import CorpusReader, CorpusSpec
-    from ffkv.index.batching import collate
+    from ffkv.batching import collate
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState
 

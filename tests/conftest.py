@@ -1,5 +1,25 @@
-import sys
-from pathlib import Path
+"""Runs built once per test session by the real pipeline, shared by the surface tests."""
 
-# Test helpers (tiny models, tokenizers) live beside the tests.
-sys.path.insert(0, str(Path(__file__).parent))
+import pytest
+
+from support.runs import analyzed_run, copy_run, index_run
+
+
+@pytest.fixture(scope="session")
+def analyzed(tmp_path_factory):
+    """(run, loaded): a tiny GPT-2 run, indexed and analysed with every experiment."""
+    return analyzed_run(tmp_path_factory.mktemp("analyzed"))
+
+
+@pytest.fixture(scope="session")
+def index_only(tmp_path_factory):
+    """A run with only the index: no analyses, no explorer tables."""
+    run, _ = index_run(tmp_path_factory.mktemp("index_only"))
+    return run
+
+
+@pytest.fixture
+def fresh_run(analyzed, tmp_path):
+    """A private copy of the analysed run (for tests that write into it)."""
+    run, loaded = analyzed
+    return copy_run(run, tmp_path / "run"), loaded

@@ -183,12 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 @command("analyze")
 def _analyze(args: argparse.Namespace) -> int:
     from ffkv.experiments import analyze
-    from ffkv.experiments.common import eval_spec_for
 
-    spec = None
-    if args.eval_corpus is not None or args.eval_split is not None:
-        spec = eval_spec_for(args.run, args.eval_corpus, args.eval_split)
-    done = analyze(args.run, only=args.only, eval_spec=spec, n_eval=args.n_eval, projection=args.projection,
+    done = analyze(args.run, only=args.only, eval_corpus=args.eval_corpus, eval_split=args.eval_split,
+                   n_eval=args.n_eval, projection=args.projection,
                    progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
         print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
@@ -197,14 +194,15 @@ def _analyze(args: argparse.Namespace) -> int:
 
 @command("annotate")
 def _annotate(args: argparse.Namespace) -> int:
-    from ffkv.experiments import export_annotation_sample, import_annotations
-
     if args.verb == "export":
-        path = export_annotation_sample(args.run, args.out, keys_per_layer=args.keys_per_layer, top=args.top,
-                                        seed=args.seed)
+        from ffkv.experiments import export_sample
+
+        path = export_sample(args.run, args.out, keys_per_layer=args.keys_per_layer, top=args.top, seed=args.seed)
         print(f"sample for annotation written: {path}")
     else:
-        n = import_annotations(args.run, args.labels, annotator=args.annotator)
+        from ffkv.store.annotations import import_csv
+
+        n = import_csv(args.run, args.labels, annotator=args.annotator)
         print(f"imported {n} labels into {args.run}/annotations/labels.parquet")
     return 0
 
@@ -253,9 +251,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 @command("index")
 def _index(args: argparse.Namespace) -> int:
-    from ffkv.index.distributed import build_index_distributed, launched_by_torchrun, local_device
+    from ffkv.index.distributed import build_index_distributed
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
     from ffkv.models import load_model
+    from ffkv.parallel import launched_by_torchrun, local_device
 
     spec = _corpus_spec(args, args.corpus)
     options = IndexOptions(top_k=args.top_k, mode=args.mode)
@@ -273,8 +272,8 @@ def _index(args: argparse.Namespace) -> int:
     manifest = run.manifest()
     if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
         return 0
-    print(f"indexed {manifest['counts']['examples']:,} examples ({manifest['counts']['tokens']:,} tokens) "
-          f"in {manifest['timings']['index_seconds']:.1f} s -> {run.path}")
+    print(f"indexed {manifest.counts['examples']:,} examples ({manifest.counts['tokens']:,} tokens) "
+          f"in {manifest.timings['index_seconds']:.1f} s -> {run.path}")
     return 0
 
 
@@ -283,7 +282,7 @@ def _merge(args: argparse.Namespace) -> int:
     from ffkv.index.merge import merge_runs
 
     run = merge_runs(args.shards, args.out)
-    counts = run.manifest()["counts"]
+    counts = run.manifest().counts
     print(f"merged {len(args.shards)} shards: {counts['examples']:,} examples -> {run.path}")
     return 0
 

@@ -25,7 +25,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = 2000, progress: bool =
     started = time.perf_counter()
     run = RunDir(out)
     loaded = load_model("ffkv-tiny")
-    if run.exists() and run.manifest().get("status") == "complete":
+    if run.exists() and run.manifest().complete:
         print(f"[1/3] index: reusing the complete run in {run.path}")
     else:
         print("[1/3] index: top-50 trigger examples of every key of ffkv-tiny over its training verses")
@@ -33,7 +33,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = 2000, progress: bool =
         build_index(loaded, spec, out, IndexOptions(top_k=50), resume=run.exists(), progress=progress)
     print("[2/3] analyze: patterns, ablations, values, composition, refinement")
     heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
-    analyze(out, eval_spec=heldout, n_eval=n_eval, progress=progress, loaded=loaded)
+    analyze(out, eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded)
     print("[3/3] report")
     report = write_report(out)
     minutes = (time.perf_counter() - started) / 60

@@ -9,7 +9,7 @@ import pytest
 
 from ffkv import cli
 from ffkv.models import loading
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corpus_helpers import WordTokenizer
+from support.corpus import WordTokenizer
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpus_helpers import WordTokenizer
+from support.corpus import WordTokenizer
 from ffkv.corpus import CorpusReader, CorpusSpec, Example, iter_examples
 from ffkv.errors import FfkvError, FfkvWarning
 

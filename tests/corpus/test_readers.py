@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_helpers import WIKITEXT
+from support.corpus import WIKITEXT
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
 

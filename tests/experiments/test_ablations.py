@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiment_runs import make_run
+from support.experiment_runs import make_run
 from ffkv.experiments import analyze
 from ffkv.experiments.ablations import sample_keys
 

@@ -7,12 +7,13 @@ import json
 import pandas as pd
 import pytest
 
-from experiment_runs import make_run
+from support.experiment_runs import make_run
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.experiments import EXPERIMENTS, analyze, eval_spec_for
-from ffkv.experiments.common import table_metadata
-from ffkv.experiments.findings import PAPER_FINDINGS, reading
+from ffkv.experiments import EXPERIMENTS, analyze
+from ffkv.experiments.common import eval_spec
+from ffkv.presentation.findings import PAPER_FINDINGS, reading
+from ffkv.store.run import RunDir
 
 FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
            "refinement", "refinement_agreement", "refinement_confidence")
@@ -46,11 +47,11 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
 def test_projection_choice_is_recorded_everywhere(tmp_path):
     run, loaded = make_run(tmp_path, "gpt_neo", n=40)
     analyze(run, only=["values", "refinement"], projection="identity", loaded=loaded, n_eval=10, progress=False)
-    assert table_metadata(run / "metrics" / "refinement.parquet")["residual_projection"] == "identity"
+    assert RunDir(run).metric_description("refinement")["residual_projection"] == "identity"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["analyses"]["values"]["projections"]["residuals"] == "identity"
     analyze(run, only="values", projection="final-norm", loaded=loaded, progress=False)
-    assert table_metadata(run / "metrics" / "values.parquet")["projection"] == "final-norm"
+    assert RunDir(run).metric_description("values")["projection"] == "final-norm"
     assert set(json.loads((run / "manifest.json").read_text())["analyses"]) == {"values", "refinement"}
 
 
@@ -66,12 +67,14 @@ def test_errors_say_what_to_do(tmp_path):
         analyze(run, only="composition", n_eval=0, loaded=loaded, progress=False)
     (tmp_path / "other.txt").write_text("\n")
     with pytest.raises(FfkvError):
-        analyze(run, only="composition", eval_spec=CorpusSpec(source=str(tmp_path / "other.txt")), loaded=loaded,
+        analyze(run, only="composition", eval_corpus=CorpusSpec(source=str(tmp_path / "other.txt")), loaded=loaded,
                 progress=False)
 
 
-def test_eval_spec_for(tmp_path):
+def test_eval_spec(tmp_path):
     run, _ = make_run(tmp_path, "gpt2", n=20)
-    assert eval_spec_for(run).split == "heldout"
-    other = eval_spec_for(run, str(tmp_path / "corpus.txt"), "train")
+    manifest = RunDir(run).manifest()
+    assert eval_spec(manifest).split == "heldout"
+    other = eval_spec(manifest, str(tmp_path / "corpus.txt"), "train")
     assert other.split == "train" and other.unit == "line"
+    assert eval_spec(manifest, n_eval=7).max_examples == 7 and eval_spec(manifest, other).source == other.source

@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from experiment_runs import make_run
+from support.experiment_runs import make_run
 from ffkv.experiments import analyze
-from ffkv.experiments.common import choose_position, table_metadata
+from ffkv.experiments.common import choose_position
+from ffkv.store.run import RunDir
 from ffkv.memories.projection import logits
 
 
@@ -75,7 +76,7 @@ def test_equals_brute_force(tmp_path, family, projection):
     np.testing.assert_allclose(refinement["kept"], kept.to_numpy())
     np.testing.assert_allclose(refinement["override"], override.to_numpy())
     np.testing.assert_allclose(refinement["kept"] + refinement["override"] + refinement["composition"], 1.0)
-    meta = table_metadata(run / "metrics" / "refinement.parquet")
+    meta = RunDir(run).metric_description("refinement")
     assert meta["residual_projection"] == pr and meta["ff_out_projection"] == pv
 
 

@@ -7,9 +7,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from experiment_runs import make_run
+from support.experiment_runs import make_run
 from ffkv.errors import FfkvError
-from ffkv.experiments import analyze, export_annotation_sample, import_annotations
+from ffkv.experiments import analyze, export_sample
+from ffkv.store.annotations import import_csv
 from ffkv.experiments.patterns import cohen_kappa, masked_length
 from ffkv.store import atomic, schemas
 
@@ -83,13 +84,13 @@ def test_masked_length():
 
 def test_human_workflow_round_trip(patterned, tmp_path):
     run, loaded, keys, tokens, rows = patterned
-    sample = export_annotation_sample(run, tmp_path / "sample.csv", keys_per_layer=40, top=3, loaded=loaded)
+    sample = export_sample(run, tmp_path / "sample.csv", keys_per_layer=40, top=3, loaded=loaded)
     table = pd.read_csv(sample, keep_default_na=False)
     assert set(table.columns) >= {"layer", "key", "rank", "prefix", "label"} and (table["rank"] < 3).all()
     # Label every exported key with the automatic label: agreement 1, kappa 1.
     table["label"] = [keys.loc[(l, k), "label"] for l, k in zip(table["layer"], table["key"])]
     table.to_csv(tmp_path / "filled.csv", index=False)
-    assert import_annotations(run, tmp_path / "filled.csv", annotator="me") == table.groupby(["layer", "key"]).ngroups
+    assert import_csv(run, tmp_path / "filled.csv", annotator="me") == table.groupby(["layer", "key"]).ngroups
     analyze(run, only="patterns", loaded=loaded, progress=False)
     human = pd.read_parquet(run / "metrics" / "patterns_human.parquet")
     assert (human["agreement"].dropna() == 1.0).all()
@@ -98,13 +99,13 @@ def test_human_workflow_round_trip(patterned, tmp_path):
     flip = {"shallow": "semantic", "semantic": "none", "both": "none", "none": "shallow"}
     table["label"] = table["label"].map(flip)
     table.to_csv(tmp_path / "flipped.csv", index=False)
-    import_annotations(run, tmp_path / "flipped.csv", annotator="me")
+    import_csv(run, tmp_path / "flipped.csv", annotator="me")
     analyze(run, only="patterns", loaded=loaded, progress=False)
     assert (pd.read_parquet(run / "metrics" / "patterns_human.parquet")["agreement"].dropna() == 0.0).all()
     table.loc[0, "label"] = "deep"
     table.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(FfkvError, match="unknown label 'deep'"):
-        import_annotations(run, tmp_path / "bad.csv")
+        import_csv(run, tmp_path / "bad.csv")
 
 
 def test_cohen_kappa():

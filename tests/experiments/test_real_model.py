@@ -20,7 +20,7 @@ def real_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("real") / "run"
     spec = CorpusSpec(source=str(data / "tinystories" / "sample.txt"), unit="sentence")
     build_index(loaded, spec, out, IndexOptions(top_k=10), progress=False)
-    analyze(out, eval_spec=spec, n_eval=40, progress=False, loaded=loaded)
+    analyze(out, eval_corpus=spec, n_eval=40, progress=False, loaded=loaded)
     return out, loaded
 
 

@@ -15,12 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
-from experiment_runs import write_corpus
+from support.experiment_runs import write_corpus
 from ffkv import cli
-from ffkv.experiments import sharding
-from ffkv.experiments.common import batches
-from ffkv.index.distributed import process_group
-from helpers import loaded_tiny
+from ffkv import parallel as sharding
+from ffkv.batching import row_batches
+from ffkv.parallel import process_group
 
 
 # ------------------------------------------------------------------ primitives
@@ -66,14 +65,13 @@ def test_merge_of_a_two_rank_split_gives_the_original_rows():
 
 
 def test_ranks_run_the_batches_one_process_runs(monkeypatch):
-    loaded = loaded_tiny("gpt2")
     rng = np.random.default_rng(1)
     rows = [(i, rng.integers(4, 90, rng.integers(1, 12))) for i in range(100)]
-    alone = batches(loaded, rows, batch_size=8)
+    alone = row_batches(rows, 0, (), "cpu", batch_size=8)
     shares = []
     for rank in range(2):
         monkeypatch.setattr(sharding, "current_shard", lambda rank=rank: (rank, 2))
-        shares.append(batches(loaded, rows, batch_size=8))
+        shares.append(row_batches(rows, 0, (), "cpu", batch_size=8))
     assert sorted(np.concatenate([s.rows for s in shares]).tolist()) == list(range(100))
     one = {tuple(idx): batch.input_ids.tolist() for idx, batch in alone}
     both = {tuple(idx): batch.input_ids.tolist() for s in shares for idx, batch in s}

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from experiment_runs import make_run
+from support.experiment_runs import make_run
 from ffkv.experiments import analyze
-from ffkv.experiments.common import table_metadata
-from ffkv.experiments.values import scan_layer
-from helpers import loaded_tiny
+from ffkv.memories.projection import scan_values
+from ffkv.store.run import RunDir
+from support.helpers import loaded_tiny
 
 
 def test_scan_equals_full_softmax_across_chunk_edges():
@@ -19,7 +19,7 @@ def test_scan_equals_full_softmax_across_chunk_edges():
     view = loaded.view
     rng = np.random.default_rng(0)
     targets = rng.integers(-1, view.vocab_size, size=view.d_m)
-    got = scan_layer(view, 1, "identity", targets, chunk=7, top=5)
+    got = scan_values(view, 1, "identity", targets, chunk=7, top=5)
     # Brute force, in float64 numpy, every key at once.
     z = view.values(1).double().numpy() @ view.unembedding.double().numpy().T
     p = np.exp(z - z.max(1, keepdims=True))
@@ -75,7 +75,7 @@ def test_value_set_to_token_embedding_is_its_argmax(tmp_path):
     for r in confident.itertuples():
         nxt = trig[(trig.layer == r.layer) & (trig.key == r.key)]["next_token_id"].to_numpy()
         assert r.any_trigger_agrees == bool((nxt == r.top_token_id).any())
-    assert table_metadata(run / "metrics" / "values.parquet")["projection"] == "identity"
+    assert RunDir(run).metric_description("values")["projection"] == "identity"
     for name in ("values", "values_rank"):
         assert (run / "figures" / f"{name}.png").stat().st_size > 0
         assert (run / "figures" / f"{name}.svg").stat().st_size > 0

@@ -8,12 +8,12 @@ import pytest
 from starlette.testclient import TestClient
 
 from ffkv.explorer import Explorer, create_app
-from ffkv.explorer.annotations import read_labels
+from ffkv.store.annotations import read_labels
 
 
 @pytest.fixture(scope="module")
-def client(indexed):
-    run, loaded = indexed
+def client(analyzed):
+    run, loaded = analyzed
     with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
         yield c
 
@@ -40,7 +40,7 @@ def test_pages(client, url, expect):
         assert expect in r.text
 
 
-def test_layer_sorting(client, indexed):
+def test_layer_sorting(client, analyzed):
     r = client.get("/layer/0?sort=confidence&order=desc")
     keys = [int(k) for k in re.findall(r'<a href="/memory/0/(\d+)">', r.text)]
     data = client.app.state.data
@@ -88,7 +88,7 @@ def test_a_100kb_prompt_through_the_real_server_is_4xx(client):
     """uvicorn itself (not the app) may answer an over-long request line: still a 4xx."""
     import socket
 
-    from browser_support import live_server
+    from support.browser import live_server
 
     with live_server(client.app) as url:
         port = int(url.rsplit(":", 1)[1])
@@ -127,8 +127,8 @@ def test_corpus_text_is_escaped(client):
     assert "&lt;b&gt;loud&lt;/b&gt; &amp; clear" in page and "<b>loud</b>" not in page
 
 
-def test_notebook_objects_render_the_same_html(indexed):
-    run, loaded = indexed
+def test_notebook_objects_render_the_same_html(analyzed):
+    run, loaded = analyzed
     ex = Explorer(run, loaded, root="")
     m = ex.memory(1, 7)
     html = m._repr_html_()
@@ -143,7 +143,7 @@ def test_notebook_objects_render_the_same_html(indexed):
 
 @pytest.mark.parametrize("family", ["opt", "llama", "bert"])
 def test_other_families(tmp_path, family):
-    from ffkv_runs import index_run
+    from support.runs import index_run
 
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(create_app(run, loaded=loaded)) as c:
@@ -152,13 +152,13 @@ def test_other_families(tmp_path, family):
             assert c.get(url).status_code == 200, (family, url)
 
 
-def test_serve_checks_the_port_and_runs_uvicorn(indexed, monkeypatch):
+def test_serve_checks_the_port_and_runs_uvicorn(analyzed, monkeypatch):
     import uvicorn
 
     from ffkv.errors import FfkvError
     from ffkv.explorer import serve
 
-    run, loaded = indexed
+    run, loaded = analyzed
     with pytest.raises(FfkvError, match="port"):
         serve(run, port=70000, loaded=loaded)
     seen = {}
@@ -174,10 +174,10 @@ def test_serve_refuses_what_is_not_a_run(tmp_path):
         create_app(tmp_path, loaded=object())
 
 
-def test_the_runs_model_is_loaded_by_its_manifest(indexed, monkeypatch):
+def test_the_runs_model_is_loaded_by_its_manifest(analyzed, monkeypatch):
     import ffkv.models.loading as loading
 
-    run, loaded = indexed
+    run, loaded = analyzed
     calls = []
     monkeypatch.setattr(loading, "load_model", lambda name, dtype="float32", device="cpu": calls.append((name, dtype)) or loaded)
     app = create_app(run)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import browser, live_server
+from support.browser import browser, live_server
 from ffkv.explorer import create_app
+from ffkv.store.run import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,8 @@ def _page(chromium):
     return page, errors
 
 
-def test_pages_trace_and_intervention(chromium, indexed):
-    run, loaded = indexed
+def test_pages_trace_and_intervention(chromium, analyzed):
+    run, loaded = analyzed
     with live_server(create_app(run, loaded=loaded)) as url:
         page, errors = _page(chromium)
         for path, selector in [("/", "#layers"), ("/layer/1?sort=agreement&order=desc", "#keys"),
@@ -38,7 +39,7 @@ def test_pages_trace_and_intervention(chromium, indexed):
         page.goto(url + "/")
         page.wait_for_load_state("networkidle")
         widths = page.eval_on_selector_all("figure img", "imgs => imgs.map(i => i.complete && i.naturalWidth)")
-        assert len(widths) == 3 and all(widths)
+        assert len(widths) == len(RunDir(run).figure_names()) >= 9 and all(widths)
         # A memory link from the layer page leads to its memory page.
         page.goto(url + "/layer/2")
         page.click("#keys a[href='/memory/2/5']")

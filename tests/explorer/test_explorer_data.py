@@ -9,22 +9,21 @@ import pandas as pd
 import pytest
 import torch
 
-from ffkv.explorer.annotations import Annotations, labels_path, read_labels
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.validation import BadRequest
 from ffkv.memories.projection import logits
 
 
 @pytest.fixture(scope="module")
-def data(indexed):
-    run, loaded = indexed
+def data(analyzed):
+    run, loaded = analyzed
     d = ExplorerData(run, loaded)
     yield d
     d.close()
 
 
-def test_value_lookups_match_a_direct_projection(data, indexed):
-    run, loaded = indexed
+def test_value_lookups_match_a_direct_projection(data, analyzed):
+    run, loaded = analyzed
     te = pd.read_parquet(run / "trigger_examples.parquet")
     for layer, key in [(0, 0), (1, 7), (2, 39)]:
         p = logits(loaded.view, loaded.view.values(layer)[key], "identity").softmax(-1)
@@ -41,8 +40,8 @@ def test_value_lookups_match_a_direct_projection(data, indexed):
         assert 0 < stats.shallow_share <= 1
 
 
-def test_memory_page_data(data, indexed):
-    run, loaded = indexed
+def test_memory_page_data(data, analyzed):
+    run, loaded = analyzed
     m = data.memory(1, 7)
     te = pd.read_parquet(run / "trigger_examples.parquet")
     rows = te[(te.layer == 1) & (te.key == 7)].sort_values("rank")
@@ -52,7 +51,9 @@ def test_memory_page_data(data, indexed):
     ids = list(ex.at[first["example_id"], "token_ids"])
     assert first["last"] == loaded.tokenizer.token_strings([ids[first["position"]]])[0]
     assert "".join(first["prefix"]) + first["last"] + "".join(first["rest"]) == loaded.tokenizer.decode(ids)
-    assert m["auto"]["label"] in ("shallow", "semantic", "both", "none")  # from metrics/patterns.parquet
+    assert m["auto"]["label"] in ("shallow", "semantic", "both", "none")  # from metrics/patterns_keys.parquet
+    keys = pd.read_parquet(run / "metrics" / "patterns_keys.parquet").set_index(["layer", "key"])
+    assert m["auto"]["label"] == keys.at[(1, 7), "label"] and m["auto"]["description"] == keys.at[(1, 7), "description"]
     assert len(m["value_top"]) == 10
 
 
@@ -67,8 +68,8 @@ def test_unknown_layer_key_and_token_are_4xx(data):
         data.promoting("#100000")
 
 
-def test_promoting_ranks_exactly(data, indexed):
-    _, loaded = indexed
+def test_promoting_ranks_exactly(data, analyzed):
+    _, loaded = analyzed
     token_id = int(data.top_ids[2, 5, 0])
     found = data.promoting(loaded.tokenizer.token_strings([token_id])[0])
     assert found["results"][0]["rank"] == 0
@@ -91,10 +92,10 @@ def test_text_search(data):
         data.text_search("  ")
 
 
-def test_cache_is_reused_and_rebuilt_when_the_index_changes(indexed, tmp_path):
+def test_cache_is_reused_and_rebuilt_when_the_index_changes(analyzed, tmp_path):
     import shutil
 
-    run, loaded = indexed
+    run, loaded = analyzed
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     db = copy / "explorer" / "explorer.duckdb"
@@ -107,23 +108,10 @@ def test_cache_is_reused_and_rebuilt_when_the_index_changes(indexed, tmp_path):
     assert db.stat().st_mtime_ns != before
 
 
-def test_annotations_upsert_and_persist(tmp_path):
-    store = Annotations(tmp_path)
-    store.save(1, 2, "shallow", "ends with 'of'", "ann")
-    store.save(1, 2, "semantic", "places", "ann")
-    store.save(1, 2, "both", "", "bob")
-    table = read_labels(tmp_path)
-    assert len(table) == 2 and set(table.annotator) == {"ann", "bob"}
-    assert Annotations(tmp_path).of(1, 2)[0]["label"] in ("semantic", "both")
-    assert labels_path(tmp_path).exists()
-    assert list(table.columns) == ["layer", "key", "label", "description", "annotator", "time"]
-    assert str(pd.read_parquet(labels_path(tmp_path)).layer.dtype) == "int16"
-
-
-def test_activation_frequency_counts_only_real_tokens(indexed):
+def test_activation_frequency_counts_only_real_tokens(analyzed):
     from ffkv.explorer.lookups import activation_frequency
 
-    _, loaded = indexed
+    _, loaded = analyzed
     a = activation_frequency(loaded, [[5, 6, 7, 8]])
     b = activation_frequency(loaded, [[5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11][:4]], batch_size=1)
     np.testing.assert_allclose(a, b, atol=1e-6)

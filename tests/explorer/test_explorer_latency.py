@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 from starlette.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from explorer_latency import Stub, write_lookups, write_run  # noqa: E402
-from ffkv.explorer import create_app  # noqa: E402
+from explorer_latency import Stub, write_lookups, write_run
+from ffkv.explorer import create_app
 
 
 def test_memory_page_latency(tmp_path):

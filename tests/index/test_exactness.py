@@ -11,7 +11,7 @@ import torch
 
 from ffkv.corpus import CorpusSpec
 from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 FAMILIES = ("gpt2", "gpt_neox_parallel", "opt", "llama", "bert")
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from ffkv.corpus import Example
-from ffkv.index.batching import collate
+from ffkv.batching import collate
 from ffkv.index.indexer import model_mask
 from ffkv.models.loading import LoadedModel
 from ffkv.memories.view import MemoryView
 from ffkv.models.tiny_lm import FfkvLMConfig, FfkvLMForCausalLM
-from helpers import CharTokenizer, loaded_tiny
-from tiny_models import FAMILIES, VOCAB
+from support.helpers import CharTokenizer, loaded_tiny
+from support.tiny_models import FAMILIES, VOCAB
 
 
 def _ffkv_lm(positions: str) -> LoadedModel:

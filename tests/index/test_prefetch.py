@@ -8,7 +8,7 @@ from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
 from ffkv.index import prefetch
 from ffkv.index.prefetch import prefetched_examples
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 
 @pytest.fixture(scope="module")

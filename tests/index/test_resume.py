@@ -12,7 +12,7 @@ from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.store.run import RunDir
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 
 class Killed(Exception):
@@ -47,12 +47,12 @@ def test_resume_equals_uninterrupted(tmp_path, setup, how):
     with pytest.raises(Killed if how == "killed" else KeyboardInterrupt):
         build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, after_window=interrupt)
     cut = RunDir(tmp_path / "cut")
-    assert cut.manifest()["status"] != "complete"
+    assert cut.manifest().status != "complete"
     assert not cut.table("trigger_examples").exists()
     with pytest.raises(FfkvError, match="--resume"):
         build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False)
     resumed = build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, resume=True)
-    assert resumed.manifest()["status"] == "complete"
+    assert resumed.manifest().status == "complete"
     for a, b in zip(read(whole), read(resumed)):
         pd.testing.assert_frame_equal(a, b)
     assert not (tmp_path / "cut" / ".partial").exists()

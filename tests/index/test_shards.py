@@ -14,7 +14,7 @@ from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.index.merge import merge_runs
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 TABLES = ("examples.parquet", "trigger_examples.parquet")
 
@@ -40,7 +40,7 @@ def test_three_shards_merge_to_single_run_bytes(tmp_path, mode):
               for i in range(3)]
     merged = merge_runs([s.path for s in reversed(shards)], tmp_path / "merged")
     assert same_bytes(single.path, merged.path)
-    assert merged.manifest()["identity"] == single.manifest()["identity"]
+    assert merged.manifest().identity == single.manifest().identity
     with pytest.raises(FfkvError, match="exactly one run of each shard"):
         merge_runs([shards[0].path, shards[1].path], tmp_path / "partial")
 
@@ -50,7 +50,7 @@ def _tiny_model_dir(tmp_path: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from tiny_models import tiny_model
+    from support.tiny_models import tiny_model
 
     words = sorted({w for line in corpus(tmp_path).read_text().split("\n") for w in line.split()})
     vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(words)}}

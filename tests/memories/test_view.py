@@ -9,7 +9,7 @@ import transformers as tf
 from ffkv.errors import FfkvError
 from ffkv.memories.architectures import architecture_of
 from ffkv.memories.view import MemoryView
-from tiny_models import D, D_M, FAMILIES, LAYERS, VOCAB, tiny_model
+from support.tiny_models import D, D_M, FAMILIES, LAYERS, VOCAB, tiny_model
 
 
 def _batch(seed=0):

@@ -13,7 +13,7 @@ import ffkv.models  # noqa: F401 - registers the loaders
 from ffkv.errors import FfkvError
 from ffkv.models.fairseq_lm import FairseqDictTokenizer, moses_split
 from ffkv.models.loading import load_model
-from helpers import assert_memory_view_consistent
+from support.helpers import assert_memory_view_consistent
 
 D, FFN, LAYERS, HEADS = 16, 40, 2, 2
 CUTOFF = [16, 32, 48]  # bands of the adaptive input and softmax; vocabulary 48

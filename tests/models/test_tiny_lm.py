@@ -19,7 +19,7 @@ from ffkv.models.tiny_lm import (
     tiny_path,
     train_tokenizer,
 )
-from helpers import assert_memory_view_consistent
+from support.helpers import assert_memory_view_consistent
 
 D, D_M, LAYERS, VOCAB = 16, 40, 3, 300
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-import sys
-import types
 
 import pytest
 
 from ffkv.errors import FfkvError
+from ffkv.presentation.findings import PAPER_FINDINGS, paper_finding
 from ffkv.report import write_report
-from ffkv.report.content import discover_figures, paper_finding, reading
+from ffkv.report.content import reading
+from ffkv.store.run import RunDir
 
 
 def test_index_only_run_gets_a_report(index_only):
@@ -23,17 +23,23 @@ def test_index_only_run_gets_a_report(index_only):
     assert not list(index_only.glob(".report.html.*"))  # atomic write leaves nothing behind
 
 
-def test_every_figure_and_table_is_embedded_beside_its_finding(analysed):
-    page = write_report(analysed).read_text()
+def test_every_figure_and_table_is_embedded_beside_its_finding(analyzed):
+    run, _ = analyzed
+    page = write_report(run).read_text()
     images = re.findall(r'<img class="figure" src="([^"]+)"', page)
-    assert len(images) == len(discover_figures(analysed)) == 3
+    figures = RunDir(run).figure_names()
+    assert len(images) == len(figures) >= 9  # every figure of every experiment
     assert all(src.startswith(("data:image/png;base64,", "data:image/svg+xml;base64,")) for src in images)
-    for name in ("patterns", "values", "refinement"):
-        assert f'id="analysis-{name}"' in page
-    assert "Figure 2" in page and "Figure 4" in page and "Figure 11" in page
-    assert "This model:" in page and "agreement_rate goes from 0 at layer 0 to 0.035 at layer 2" in page
+    for name in list(figures) + RunDir(run).metric_names():
+        assert f'id="analysis-{name}"' in page, name
+    for figure in ("Figure 2", "Figure 3", "Figure 4", "Figure 5", "Figure 7", "Figure 8", "Figure 9", "Figure 10",
+                   "Figure 11", "Table 2", "Table 3"):
+        assert figure in page, figure
+    values = RunDir(run).read_metric("values")
+    first, last = values["agreement_rate"].iloc[0], values["agreement_rate"].iloc[-1]
+    assert "This model:" in page and f"goes from {100 * first:.1f}% (layer 1) to {100 * last:.1f}% (layer 3)" in page
     # Per-key tables are summarised per layer, with the label shares of the paper's Figure 2.
-    assert "label: shallow" in page
+    assert re.search(r"label: (shallow|semantic|both|none)", page)
     # Nothing is fetched: no external sources, and a CSP that forbids them.
     assert not re.search(r'(src|href)="(?!data:|http://127\.0\.0\.1:8000|#)', page.replace('href="http://127.0.0.1:8000', ""))
     assert "default-src 'none'" in page
@@ -55,20 +61,12 @@ def test_table_text_is_escaped(index_only, tmp_path):
     assert "Table 3" in page  # its paper finding, by name
 
 
-def test_findings_module_is_used_when_present(analysed, monkeypatch):
-    module = types.ModuleType("ffkv.experiments.findings")
-    module.PAPER_FINDINGS = {"values": {"figure": "Figure 4", "finding": "Agreement rises in the top layers."}}
-    module.reading = lambda name, table: f"custom reading of {name} with {len(table)} rows"
-    monkeypatch.setitem(sys.modules, "ffkv.experiments.findings", module)
-    assert paper_finding("values") == {"finding": "Agreement rises in the top layers.", "figure": "Figure 4"}
-    assert paper_finding("values_rank")["finding"] == "Agreement rises in the top layers."
-    page = write_report(analysed).read_text()
-    assert "Agreement rises in the top layers." in page and "custom reading of values with 3 rows" in page
-
-
-def test_findings_fall_back_to_spec_and_tolerate_odd_shapes(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ffkv.experiments.findings", None)  # import fails
+def test_every_name_analyze_writes_has_one_paper_finding(analyzed):
+    run, _ = analyzed
+    names = set(RunDir(run).figure_names()) | set(RunDir(run).metric_names())
+    assert all(paper_finding(name) for name in names), [n for n in names if not paper_finding(n)]
     assert paper_finding("composition")["figure"] == "Figure 8"
+    assert paper_finding("values_rank") is PAPER_FINDINGS["values_rank"]
     assert paper_finding("something_else") is None
     assert reading("x", None) is None
 

@@ -7,14 +7,17 @@ import io
 
 import numpy as np
 
-from browser_support import browser
+from support.browser import browser
 from ffkv.report import write_report
 
 
-def test_report_renders_offline_with_every_figure(analysed, tmp_path):
+def test_report_renders_offline_with_every_figure(analyzed, tmp_path):
     from PIL import Image
 
-    path = write_report(analysed)
+    from ffkv.store.run import RunDir
+
+    run, _ = analyzed
+    path = write_report(run)
     requests: list[str] = []
     with browser() as chromium:
         context = chromium.new_context(offline=True)
@@ -31,7 +34,7 @@ def test_report_renders_offline_with_every_figure(analysed, tmp_path):
         page.goto(path.as_uri())
         page.wait_for_load_state("load")
         figures = page.locator("img.figure")
-        assert figures.count() == 3
+        assert figures.count() == len(RunDir(run).figure_names())
         for i in range(figures.count()):
             img = figures.nth(i)
             assert img.evaluate("i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0")

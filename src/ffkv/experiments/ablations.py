@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
-from ffkv.experiments.sharding import gather_rows
+from ffkv.parallel import gather_rows
 
 NAME = "ablations"
 KEYS_PER_LAYER = 10
@@ -67,7 +67,7 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
             rows, last, key = sel
             state["out"][layer] = t[rows, last, key].float()
 
-    mine = batches(ctx.loaded, list(enumerate(prefixes)))
+    mine = ctx.batches(list(enumerate(prefixes)))
     bar = progress_bar(ctx.progress, len(mine.rows), "ablations", "prefix")
     needed = sorted(set(int(l) for l in layers))
     with view.capture(("coefficients",), layers=needed, sink=sink, stop_early=True):
@@ -91,7 +91,7 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
 
 def compute(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[str, pd.DataFrame]:
     view = ctx.view
-    special = frozenset(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ()))
+    special = ctx.special_ids
     chosen = sample_keys(view.n_layers, view.d_m, keys_per_layer, ctx.seed)
     trig = ctx.triggers().set_index(["layer", "key"]).sort_index()
     records, prefixes, layers, keys = [], [], [], []

@@ -8,7 +8,7 @@ examples. What was run, with which projection, is merged into manifest['analyses
 
 Under torchrun (`torchrun --nproc-per-node N -m ffkv.cli analyze RUN`) the call opens one
 process group; each rank runs its share of every forward pass and of the values scan,
-every rank then holds what one process computes (`ffkv.experiments.sharding`), and rank
+every rank then holds what one process computes (`ffkv.parallel`), and rank
 0 alone writes the tables, figures and manifest: the same as one process writes.
 """
 
@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ffkv.experiments import ablations, composition, patterns, refinement, values
-from ffkv.experiments.common import Projections, RunContext, check_only, default_eval_spec, open_run
-from ffkv.experiments.sharding import is_writer
-from ffkv.index.distributed import local_device, process_group
+from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.parallel import is_writer, local_device, process_group
 
 #: Experiment name -> module, in the paper's order.
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
@@ -34,7 +33,8 @@ HELD_OUT = ("composition", "refinement")
 def analyze(
     run_dir: str | Path,
     only: Sequence[str] | str | None = None,
-    eval_spec: Any = None,
+    eval_corpus: Any = None,
+    eval_split: str | None = None,
     n_eval: int = 4000,
     projection: str | None = None,
     progress: bool = True,
@@ -48,8 +48,10 @@ def analyze(
     Args:
         run_dir: a run directory written by `ffkv index`.
         only: experiment names (or "a,b") to run; default all of `EXPERIMENTS`.
-        eval_spec: the held-out examples' `CorpusSpec` (or its dict); default the run's
-            corpus with split="heldout". Always cut to a seeded subset of `n_eval`.
+        eval_corpus: the held-out examples: None for the run's own corpus (split "heldout"),
+            a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
+            Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
+        eval_split: the split of `eval_corpus` (default: heldout for the run's corpus, all for another).
         n_eval: number of held-out examples (SPEC section 7: 4,000).
         projection: None for SPEC's defaults (identity for values, sub-updates and FF
             outputs; final normalization for residual-stream vectors), or "identity" /
@@ -66,9 +68,8 @@ def analyze(
     names = check_only(only, EXPERIMENTS)
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
-    spec = default_eval_spec(manifest, n_eval, eval_spec, seed) if set(names) & set(HELD_OUT) else None
-    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed,
-                     eval_spec=spec, n_eval=n_eval)
+    spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
+    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec)
     with process_group(loaded.view.device):
         for name in names:
             start = time.perf_counter()
@@ -76,13 +77,13 @@ def analyze(
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
         if spec is not None:
             held = ctx.held_out()
-            indexed = manifest.get("identity", {}).get("corpus", {})
+            indexed = manifest.identity.corpus
             for name in set(names) & set(HELD_OUT):
                 ctx.analyses[name]["held_out_overlaps_index"] = (
                     spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
                 ctx.analyses[name]["n_examples"] = len(held.examples)
         if is_writer():
-            current = run.manifest().get("analyses", {}) or {}
+            current = run.manifest().analyses
             for name, info in ctx.analyses.items():
                 current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

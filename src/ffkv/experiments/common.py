@@ -2,34 +2,35 @@
 
 `RunContext` opens a complete run directory once (manifest, model, trigger examples,
 example token ids) and is handed to each experiment's ``run(ctx)``. Tables go to
-``RUN/metrics/NAME.parquet`` with a JSON description (projection, options) in the
-Parquet schema metadata under ``b"ffkv"``, so each table says how it was computed.
+``RUN/metrics/NAME.parquet`` (`ffkv.store.run.RunDir.write_metric`) with a JSON
+description (projection, options) in the Parquet schema metadata, so each table says
+how it was computed.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
+from ffkv.batching import RowBatches, row_batches
+from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError, FfkvWarning
-from ffkv.experiments.sharding import is_writer, owned
-from ffkv.index.batching import Batch, collate, length_batches
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, check_projection
+from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
-from ffkv.store import atomic
+from ffkv.parallel import is_writer
+from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
-#: Batch shape of the experiments' own forward passes (speed only, never the result).
-BATCH_SIZE = 32
-MAX_BATCH_TOKENS = 8192
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class HeldOut:
     examples: list
     positions: np.ndarray
     targets: np.ndarray
-    spec: Any
+    spec: CorpusSpec
 
     @property
     def example_ids(self) -> np.ndarray:
@@ -81,24 +82,24 @@ class HeldOut:
 
 @dataclass
 class RunContext:
-    """A complete run opened for analysis, shared by the experiments of one `analyze` call."""
+    """A complete run opened for analysis, shared by the experiments of one `analyze` call.
+
+    What more than one experiment needs is computed once and kept here (`once`): the
+    trigger examples, the example token ids, the held-out examples, the held-out forward
+    pass, each layer's value top tokens.
+    """
 
     run: RunDir
-    manifest: dict
+    manifest: Manifest
     loaded: LoadedModel
     projections: Projections = field(default_factory=Projections)
     progress: bool = True
     seed: int = 0
-    eval_spec: Any = None
-    n_eval: int = 4000
+    eval_spec: CorpusSpec | None = None
     analyses: dict = field(default_factory=dict)
-    _triggers: pd.DataFrame | None = None
-    _examples: dict | None = None
-    _held_out: HeldOut | None = None
-    _value_tops: dict = field(default_factory=dict)
-    _eval_capture: Any = None
+    _shared: dict = field(default_factory=dict, repr=False)
 
-    # ----------------------------------------------------------- run tables
+    # ----------------------------------------------------------- the model
     @property
     def view(self):
         return self.loaded.view
@@ -108,33 +109,58 @@ class RunContext:
         return self.loaded.tokenizer
 
     @property
-    def top_k(self) -> int:
-        return int(self.manifest.get("index", {}).get("top_k", 50))
+    def special_ids(self) -> frozenset[int]:
+        """Token ids of special tokens (BOS, CLS, SEP, ...)."""
+        return frozenset(int(i) for i in (getattr(self.tokenizer, "special_ids", ()) or ()))
 
+    @property
+    def top_k(self) -> int:
+        return self.manifest.top_k
+
+    def once(self, name: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()` the first time `name` is asked for in this context, the same object after."""
+        if name not in self._shared:
+            self._shared[name] = compute()
+        return self._shared[name]
+
+    def batches(self, rows: Sequence[tuple[int, np.ndarray]]) -> RowBatches:
+        """This rank's padded batches of (row index, token ids) rows on the model's device."""
+        return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
+
+    # ----------------------------------------------------------- run tables
     def triggers(self) -> pd.DataFrame:
         """trigger_examples.parquet, sorted by (layer, key, rank)."""
-        if self._triggers is None:
+        def read() -> pd.DataFrame:
             df = pd.read_parquet(self.run.table("trigger_examples"))
-            self._triggers = df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self._triggers
+            return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
+        return self.once("triggers", read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
         """example_id -> (token ids, text) of every example that is some key's trigger."""
-        if self._examples is None:
-            import pyarrow.parquet as pq
-
+        def read() -> dict[int, tuple[np.ndarray, str]]:
             wanted = pa.array(np.unique(self.triggers()["example_id"].to_numpy()), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()
             tokens = table.column("token_ids").to_pylist()
             texts = table.column("text").to_pylist()
-            self._examples = {int(i): (np.asarray(t, dtype=np.int64), s) for i, t, s in zip(ids, tokens, texts)}
-        return self._examples
+            return {int(i): (np.asarray(t, dtype=np.int64), s) for i, t, s in zip(ids, tokens, texts)}
+        return self.once("examples", read)
 
     def prefix(self, example_id: int, position: int) -> np.ndarray:
         """Token ids x_1..x_{position+1} of a stored example."""
         return self.examples()[int(example_id)][0][: int(position) + 1]
+
+    def trigger_targets(self) -> pd.DataFrame:
+        """The trigger examples with a ``target`` column: the token the key's value should predict
+        (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
+        def compute() -> pd.DataFrame:
+            trig = self.triggers()
+            at_position = [int(self.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])] \
+                if self.view.encoder else trig["next_token_id"].to_numpy()
+            return trig.assign(target=trigger_targets(trig["next_token_id"].to_numpy(), np.asarray(at_position),
+                                                      self.view.encoder))
+        return self.once("trigger_targets", compute)
 
     def token(self, token_id: int) -> str:
         """Readable string of one token id; the end marker for -1."""
@@ -161,97 +187,65 @@ class RunContext:
 
         Under torchrun only rank 0 writes; every rank gets the path.
         """
-        path = self.run.path / "metrics" / f"{name}.parquet"
         if not is_writer():
-            return path
-        table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
-        description = {"name": name, "model_id": self.loaded.model_id, **meta}
-        metadata = dict(table.schema.metadata or {})
-        metadata[b"ffkv"] = json.dumps(description, default=str).encode()
-        table = table.replace_schema_metadata(metadata)
-        atomic.write_parquet(path, table)
-        return path
+            return self.run.metric_path(name)
+        return self.run.write_metric(name, df, {"model_id": self.loaded.model_id, **meta})
 
     def record(self, experiment: str, **info: Any) -> None:
-        """Note what an experiment wrote and how (merged into manifest['analyses'] at the end)."""
+        """Note what an experiment wrote and how (merged into the manifest's analyses at the end)."""
         self.analyses[experiment] = info
 
     # -------------------------------------------------------------- held out
     def held_out(self) -> HeldOut:
         """The held-out examples with their seeded positions (read once per `analyze`)."""
-        if self._held_out is None:
-            self._held_out = select_held_out(self.loaded, self.eval_spec, self.seed)
-        return self._held_out
-
-
-def table_metadata(path: str | Path) -> dict:
-    """The ``ffkv`` description stored in a metrics table's schema metadata."""
-    import pyarrow.parquet as pq
-
-    meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta.get(b"ffkv", b"{}"))
+        if self.eval_spec is None:
+            raise FfkvError("no held-out examples were given to this analysis")
+        return self.once("held_out", lambda: select_held_out(self.loaded, self.eval_spec, self.seed))
 
 
 def open_run(run_dir: str | Path, loaded: LoadedModel | None = None, device: str = "cpu",
-             dtype: str | None = None) -> tuple[RunDir, dict, LoadedModel]:
+             dtype: str | None = None) -> tuple[RunDir, Manifest, LoadedModel]:
     """A complete run, its manifest, and its model (loaded from the manifest unless given)."""
     run = RunDir(run_dir)
-    if run.path.exists() and not run.path.is_dir():
-        raise FfkvError(f"{run.path} is a file; give a run directory")
     manifest = run.require_complete()
     if loaded is None:
         from ffkv.models import load_model
 
-        model_id = manifest.get("model", {}).get("id") or manifest.get("identity", {}).get("model_id")
-        if not model_id:
-            raise FfkvError(f"the manifest of {run.path} names no model; it was not written by `ffkv index`")
-        loaded = load_model(model_id, dtype=dtype or manifest["model"].get("dtype", "float32"), device=device)
-        expected = manifest.get("identity", {}).get("weights_sha256")
-        if expected and loaded.weights_hash() != expected:
-            warnings.warn(f"the weights of {model_id!r} differ from those the run was indexed with; "
+        loaded = load_model(manifest.model.id, dtype=dtype or manifest.model.dtype, device=device)
+        if loaded.weights_hash() != manifest.identity.weights_sha256:
+            warnings.warn(f"the weights of {manifest.model.id!r} differ from those the run was indexed with; "
                           "trigger examples may not match this model", FfkvWarning, stacklevel=2)
-    model = manifest.get("model", {})
-    if model.get("n_layers") not in (None, loaded.view.n_layers) or model.get("d_m") not in (None, loaded.view.d_m):
+    if (manifest.model.n_layers, manifest.model.d_m) != (loaded.view.n_layers, loaded.view.d_m):
         raise FfkvError(f"the model ({loaded.view.n_layers} layers x {loaded.view.d_m} memories) does not match "
-                        f"the run ({model.get('n_layers')} x {model.get('d_m')}); analyse the run with its own model")
+                        f"the run ({manifest.model.n_layers} x {manifest.model.d_m}); analyse the run with its "
+                        "own model")
     return run, manifest, loaded
 
 
-def default_eval_spec(manifest: dict, n_eval: int, eval_spec=None, seed: int = 0):
-    """The held-out examples' corpus spec: the run's corpus with split="heldout" unless one is given.
+def eval_spec(manifest: Manifest, corpus: str | Path | CorpusSpec | dict | None = None, split: str | None = None,
+              n_eval: int = 4000, seed: int = 0) -> CorpusSpec:
+    """The held-out examples' corpus spec (SPEC section 7), for the CLI and the library alike.
 
-    Either way a seeded uniform subset of `n_eval` examples (SPEC section 7: 4,000 by default).
+    Args:
+        corpus: None for the run's own corpus (split "heldout" unless `split` says otherwise);
+            a path, read with the run's unit and length options (split "all" unless given);
+            or a `CorpusSpec` (or its dict), used as it is (but for `split`, when given).
+        n_eval: the spec is cut to a seeded uniform subset of this many examples (4,000 by default).
+        seed: the subset's seed, unless the spec has a shuffle seed of its own.
     """
-    from ffkv.corpus import CorpusSpec
-
     if not isinstance(n_eval, int) or isinstance(n_eval, bool) or n_eval < 1:
         raise FfkvError(f"--n-eval must be a positive integer, got {n_eval!r}")
-    if eval_spec is None:
-        corpus = manifest.get("identity", {}).get("corpus") or manifest.get("corpus")
-        if not corpus:
-            raise FfkvError("the run's manifest records no corpus: give the held-out examples with --eval-corpus")
-        eval_spec = replace(CorpusSpec.from_dict(corpus), split="heldout")
-    elif isinstance(eval_spec, dict):
-        eval_spec = CorpusSpec.from_dict(eval_spec)
-    seed_ = eval_spec.shuffle_seed if eval_spec.shuffle_seed is not None else seed
-    return replace(eval_spec, max_examples=n_eval, shuffle_seed=seed_)
-
-
-def eval_spec_for(run_dir: str | Path, corpus: str | None = None, split: str | None = None, **options):
-    """The CLI's --eval-corpus/--eval-split as a corpus spec (None: the run's corpus, held-out split).
-
-    A given corpus is read with the run's unit and length options unless `options` override them.
-    """
-    from ffkv.corpus import CorpusSpec
-
-    manifest = RunDir(run_dir).manifest()
-    base = manifest.get("identity", {}).get("corpus") or manifest.get("corpus") or {}
+    base = manifest.corpus or manifest.identity.corpus
     if corpus is None:
-        if not base:
-            raise FfkvError("the run's manifest records no corpus: give --eval-corpus")
-        return replace(CorpusSpec.from_dict(base), split=split or "heldout", **options)
-    keep = {k: base[k] for k in ("unit", "window", "max_tokens", "min_tokens", "text_field") if k in base}
-    return CorpusSpec(source=str(corpus), split=split or "all", **{**keep, **options})
+        spec = replace(CorpusSpec.from_dict(base), split=split or "heldout")
+    elif isinstance(corpus, (CorpusSpec, dict)):
+        spec = CorpusSpec.from_dict(corpus) if isinstance(corpus, dict) else corpus
+        spec = replace(spec, split=split) if split else spec
+    else:
+        keep = {k: base[k] for k in ("unit", "window", "max_tokens", "min_tokens", "text_field") if k in base}
+        spec = CorpusSpec(source=str(corpus), split=split or "all", **keep)
+    shuffle = spec.shuffle_seed if spec.shuffle_seed is not None else seed
+    return replace(spec, max_examples=n_eval, shuffle_seed=shuffle)
 
 
 def mask_token_id(tokenizer) -> int | None:
@@ -281,10 +275,8 @@ def choose_position(token_ids: np.ndarray, special: frozenset, seed: int, exampl
     return int(candidates[rng.integers(len(candidates))])
 
 
-def select_held_out(loaded: LoadedModel, spec, seed: int = 0) -> HeldOut:
+def select_held_out(loaded: LoadedModel, spec: CorpusSpec, seed: int = 0) -> HeldOut:
     """Read the held-out examples and draw one position in each (examples with none are skipped)."""
-    from ffkv.corpus import iter_examples
-
     special = frozenset(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
     encoder = loaded.view.encoder
     kept, positions, targets = [], [], []
@@ -304,52 +296,11 @@ def select_held_out(loaded: LoadedModel, spec, seed: int = 0) -> HeldOut:
     return HeldOut(kept, np.array(positions, dtype=np.int64), np.array(targets, dtype=np.int64), spec)
 
 
-@dataclass
-class _Row:
-    example_id: int
-    token_ids: np.ndarray
-
-
-@dataclass
-class RowBatches:
-    """This rank's padded batches of some rows (every batch in one process; `ffkv.experiments.sharding`).
-
-    Iterating yields (row indices of the batch, in batch order; the batch on the model's device).
-    """
-
-    loaded: LoadedModel
-    groups: list[list[_Row]]
-
-    @property
-    def rows(self) -> np.ndarray:
-        """The row indices of this rank's batches: what it passes to `gather_rows`."""
-        return np.array([r.example_id for group in self.groups for r in group], dtype=np.int64)
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, Batch]]:
-        tok = self.loaded.tokenizer
-        special = getattr(tok, "special_ids", ()) or ()
-        for group in self.groups:
-            batch = collate(group, tok.pad_id, special).to(self.loaded.view.device)
-            yield batch.example_ids.cpu().numpy(), batch
-
-
-def batches(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], batch_size: int = BATCH_SIZE,
-            max_batch_tokens: int | None = MAX_BATCH_TOKENS) -> RowBatches:
-    """The padded batches of (row index, token ids) pairs, grouped by length, that this rank runs.
-
-    All rows are cut into the batches one process would run, then each rank keeps its
-    share (`owned`), so every row goes through the same padded batch in any world size.
-    The row index stands in for the example id, so `collate` keeps rows in index order.
-    """
-    items = [_Row(i, np.asarray(t)) for i, t in rows]
-    return RowBatches(loaded, owned(length_batches(items, batch_size, max_batch_tokens)))
-
-
-def progress_bar(ctx_progress: bool, total: int, desc: str, unit: str = "it"):
+def progress_bar(show: bool, total: int, desc: str, unit: str = "it"):
     """A progress bar, shown by the writing rank only (one bar for a torchrun job)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=not (ctx_progress and is_writer()), dynamic_ncols=True,
+    return tqdm(total=total, desc=desc, unit=unit, disable=not (show and is_writer()), dynamic_ncols=True,
                 leave=False)
 
 

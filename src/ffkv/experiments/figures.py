@@ -9,8 +9,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed; set before pyplot is imported anywhere here
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ffkv.experiments.sharding import is_writer  # noqa: E402
+from ffkv.parallel import is_writer  # noqa: E402
 from ffkv.store import atomic  # noqa: E402
+from ffkv.store.run import RunDir  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "ffkv", "figure.dpi": 100, "font.size": 9,
                      "axes.spines.top": False, "axes.spines.right": False})
@@ -36,11 +37,11 @@ def layer_axis(ax, n_layers: int) -> None:
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
     """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure. Returns the paths written
     (none on ranks other than 0 under torchrun: rank 0 alone writes)."""
-    folder = Path(run_path) / "figures"
+    run = RunDir(run_path)
     paths = []
     try:
         for fmt in ("png", "svg") if is_writer() else ():
-            path = folder / f"{name}.{fmt}"
+            path = run.figure_path(name, fmt)
             with atomic.atomic_path(path) as tmp:
                 fig.savefig(tmp, format=fmt, dpi=130 if fmt == "png" else None, bbox_inches="tight",
                             metadata={"Date": None} if fmt == "svg" else None)

@@ -3,9 +3,9 @@
 For each example, at its one seeded position, every layer: the coefficients m (reduced
 at once to the number of active memories and whether an active memory's top token
 equals the FF output's), and the top tokens of resid_mid, ff_out and resid_post. The
-final prediction o is read from the model's own LM head (its input is captured by a
-pre-hook and the head is applied to the chosen positions only), so o is what the model
-predicts, head bias included. Only (examples x layers) integers and floats are kept.
+final prediction o is read from the model's own LM head (its input is captured as
+``head_in`` and the head is applied to the chosen positions only), so o is what the
+model predicts, head bias included. Only (examples x layers) integers and floats are kept.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ffkv.experiments.common import RunContext, as_numpy, batches, mask_token_id, progress_bar
-from ffkv.experiments.sharding import gather_rows
+from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
+from ffkv.experiments.values import value_top_tokens
 from ffkv.memories.projection import logits as project
-from ffkv.memories.view import StopForward
+from ffkv.parallel import gather_rows
 
 
 @dataclass
@@ -47,9 +47,8 @@ class EvalCapture:
 
 
 def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.Tensor) -> torch.Tensor:
-    head = view.arch.unembed(view.model)
     if head_input is not None:
-        return head(head_input.to(view.unembedding.dtype)).float()
+        return view.final_logits(head_input)
     # The model's forward did not call its head as a module: the logit lens of the last layer.
     z = project(view, resid_post_last, "final-norm")
     if view.unembedding_bias is not None:
@@ -73,16 +72,17 @@ def _matches_exact(view, layer: int, m: torch.Tensor, projection: str, *tops: to
     return found
 
 
-@torch.no_grad()
 def capture_eval(ctx: RunContext) -> EvalCapture:
-    """Run the held-out examples once (cached on the context for the second experiment).
+    """The held-out pass, run once per `analyze` and shared by composition and refinement."""
+    return ctx.once("eval_capture", lambda: _capture_eval(ctx))
+
+
+@torch.no_grad()
+def _capture_eval(ctx: RunContext) -> EvalCapture:
+    """Run the held-out examples once.
 
     Under torchrun each rank runs its share of the batches; every rank gets every example's row.
     """
-    if ctx._eval_capture is not None:
-        return ctx._eval_capture
-    from ffkv.experiments.values import value_top_tokens
-
     view, held = ctx.view, ctx.held_out()
     L, N = view.n_layers, len(held.examples)
     pv, pr = ctx.projections.values, ctx.projections.residuals
@@ -104,30 +104,20 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
     state: dict = {}
 
     def sink(name: str, layer: int, t: torch.Tensor) -> None:
-        state[(name, layer)] = t[state["rows"], state["pos"]].float()
+        # head_in keeps the model's dtype: the head is applied to it as the model would.
+        picked = t[state["rows"], state["pos"]]
+        state[(name, layer)] = picked if name == "head_in" else picked.float()
 
-    head = view.arch.unembed(view.model)
-
-    def head_pre(module, args):
-        if not state.get("armed"):  # our own call of the head below
-            return None
-        state["armed"] = False
-        state["head_input"] = args[0][state["rows"], state["pos"]]
-        raise StopForward
-
-    mine = batches(ctx.loaded, rows)
+    mine = ctx.batches(rows)
     bar = progress_bar(ctx.progress, len(mine.rows), "held-out pass", "ex")
-    handle = head.register_forward_pre_hook(head_pre)
     try:
-        with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post"), sink=sink):
+        with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"), sink=sink):
             for idx, batch in mine:
                 state.clear()
                 state["rows"] = torch.arange(len(idx), device=device)
                 state["pos"] = torch.as_tensor(held.positions[idx], device=device)
-                state["armed"] = True
-                view.forward(batch.input_ids, batch.attention_mask, with_head=True)  # head_pre stops it
-                state["armed"] = False
-                o = _final_logits(view, state.get("head_input"), state[("resid_post", L - 1)]).argmax(-1)
+                view.forward(batch.input_ids, batch.attention_mask, with_head=True)  # ends at the head
+                o = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
                 final[idx] = as_numpy(o)
                 for layer in range(L):
                     m = state[("coefficients", layer)]
@@ -151,8 +141,6 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
                         out[name][idx, layer] = as_numpy(value)
                 bar.update(len(idx))
     finally:
-        handle.remove()
         bar.close()
     out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
-    ctx._eval_capture = EvalCapture(**out)
-    return ctx._eval_capture
+    return EvalCapture(**out)

@@ -22,16 +22,13 @@ For every key, from its top-t trigger prefixes:
 - Label per key: shallow, semantic, both or none; per layer the shares of keys and of
   trigger prefixes in each label (Figure 2); a one-line description per key.
 
-Human workflow: `export_annotation_sample` writes a CSV to label, `import_annotations`
-stores the labels in RUN/annotations/labels.parquet (the explorer's table), and `run`
-then adds the same figure from the human labels and their agreement with the automatic ones.
+Human labels (`ffkv.store.annotations`, from the explorer or `ffkv annotate`): `run` adds
+the same figure from them and their agreement with the automatic ones.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,12 +36,12 @@ import pyarrow.parquet as pq
 import torch
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.common import RunContext, as_numpy, batches, progress_bar
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, save_figure
-from ffkv.experiments.sharding import gather_rows
+from ffkv.parallel import gather_rows
+from ffkv.store.annotations import LABELS, consensus, read_labels
 
 NAME = "patterns"
-LABELS = ("shallow", "semantic", "both", "none")
 SHALLOW_SHARE = 0.3
 MAX_SUFFIX = 3
 KEY_QUANTILE = 0.99
@@ -125,8 +122,7 @@ def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: 
     Under torchrun each rank runs its share of the batches; every rank gets every request's row.
     """
     view = ctx.view
-    special = torch.tensor(sorted(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ())) or [-1],
-                           device=view.device)
+    special = torch.tensor(sorted(ctx.special_ids) or [-1], device=view.device)
     dims = projection.shape[1] if projection is not None else view.d_model
     out = np.full((len(requests), dims), np.nan, dtype=np.float32)
     by_row: dict[int, list[int]] = {}
@@ -138,7 +134,7 @@ def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: 
     def sink(name, l, t):
         state["h"] = t.float()
 
-    mine = batches(ctx.loaded, rows)
+    mine = ctx.batches(rows)
     done: list[int] = []  # the requests this rank pooled
     bar = progress_bar(ctx.progress, len(mine.rows), "pattern embeddings", "ex")
     with view.capture(("resid_post",), layers=[layer], sink=sink, stop_early=True):
@@ -171,7 +167,7 @@ def random_prefixes(ctx: RunContext, n: int) -> list[np.ndarray]:
     chosen = np.sort(rng.choice(ids, size=min(n, len(ids)), replace=False))
     table = pq.read_table(ctx.run.table("examples"), columns=["example_id", "token_ids"],
                           filters=[("example_id", "in", chosen.tolist())])
-    special = frozenset(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ()))
+    special = ctx.special_ids
     out = []
     for tokens in table.column("token_ids").to_pylist():
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -290,7 +286,7 @@ def corpus_document_frequency(ctx: RunContext, n: int = 2000) -> tuple[np.ndarra
 
 def describe(ctx: RunContext, key_row, prefixes: list[np.ndarray], masked: list[int], doc_freq, n_docs) -> str:
     """One readable line: the shared ending and/or the topic words of a key's prefixes."""
-    special = frozenset(int(i) for i in (getattr(ctx.tokenizer, "special_ids", ()) or ()))
+    special = ctx.special_ids
     parts = []
     k = int(key_row.n_triggers)
     if key_row.is_shallow and key_row.shared_suffix:
@@ -420,75 +416,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
     save_figure(fig, ctx.run.path, name)
 
 
-# ---------------------------------------------------------- human workflow
-def export_annotation_sample(run_dir: str | Path, out: str | Path, keys_per_layer: int = 10, top: int = 25,
-                             seed: int = 0, loaded=None) -> Path:
-    """Write a CSV for human annotation: `keys_per_layer` seeded random keys per layer, `top` prefixes each.
-
-    One row per prefix (layer, key, rank, prefix, next token, coefficient) and an empty
-    ``label`` column (shallow, semantic, both or none) to fill in on any row of the key,
-    plus an optional ``description``. Automatic labels are left out so as not to prime.
-    """
-    from ffkv.experiments.common import open_run
-
-    run, manifest, loaded = open_run(run_dir, loaded)
-    ctx = RunContext(run, manifest, loaded, progress=False, seed=seed)
-    view = loaded.view
-    rng = np.random.default_rng([seed, 7])
-    trig = ctx.triggers()
-    trig = trig[trig["rank"] < top]
-    rows = []
-    for layer in range(view.n_layers):
-        chosen = np.sort(rng.choice(view.d_m, size=min(keys_per_layer, view.d_m), replace=False))
-        sub = trig[(trig["layer"] == layer) & trig["key"].isin(chosen)]
-        for t in sub.itertuples(index=False):
-            rows.append({"layer": layer, "key": int(t.key), "rank": int(t.rank),
-                         "prefix": ctx.prefix_text(t.example_id, t.position), "next_token": ctx.token(t.next_token_id),
-                         "coefficient": f"{t.coefficient:.4g}", "example_id": int(t.example_id),
-                         "position": int(t.position), "label": "", "description": ""})
-    from ffkv.store import atomic
-
-    out = Path(out)
-    with atomic.atomic_path(out) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["layer", "key", "label"])
-            writer.writeheader()
-            writer.writerows(rows)
-    return out
-
-
-def import_annotations(run_dir: str | Path, path: str | Path, annotator: str = "") -> int:
-    """Store the labels of a filled-in annotation CSV in RUN/annotations/labels.parquet; returns the key count.
-
-    Each key needs one label (shallow, semantic, both or none) on at least one of its rows;
-    different labels for one key are an error. Keys without a label are skipped.
-    """
-    from ffkv.explorer.annotations import Annotations
-
-    path = Path(path)
-    if not path.is_file():
-        raise FfkvError(f"annotation file {path} does not exist")
-    table = pd.read_csv(path, dtype={"label": str, "description": str}, keep_default_na=False)
-    missing = {"layer", "key", "label"} - set(table.columns)
-    if missing:
-        raise FfkvError(f"annotation file {path} lacks column(s) {', '.join(sorted(missing))}")
-    table["label"] = table["label"].str.strip().str.lower()
-    labelled = table[table["label"] != ""]
-    bad = sorted(set(labelled["label"]) - set(LABELS))
-    if bad:
-        raise FfkvError(f"unknown label {bad[0]!r} in {path}; use one of {', '.join(LABELS)}")
-    store = Annotations(run_dir)
-    n = 0
-    for (layer, key), g in labelled.groupby(["layer", "key"]):
-        labels = set(g["label"])
-        if len(labels) > 1:
-            raise FfkvError(f"key {layer}/{key} has several labels in {path}: {', '.join(sorted(labels))}")
-        description = next((d for d in g.get("description", []) if isinstance(d, str) and d.strip()), "")
-        store.save(int(layer), int(key), labels.pop(), description, annotator)
-        n += 1
-    return n
-
-
+# ------------------------------------------------------------ human labels
 def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float:
     """Cohen's kappa of two label arrays."""
     if not len(a):
@@ -501,18 +429,9 @@ def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float:
 
 def human_agreement(ctx: RunContext, keys: pd.DataFrame) -> pd.DataFrame | None:
     """Per layer: human label shares and agreement with the automatic labels; None without labels."""
-    try:
-        from ffkv.explorer.annotations import read_labels
-    except ImportError:
-        return None
-    human = read_labels(ctx.run.path)
+    human = consensus(read_labels(ctx.run.path))
     if human.empty:
         return None
-    human = human.sort_values("time").groupby(["layer", "key", "annotator"]).tail(1)
-    # One human label per key: the most common among annotators (ties: alphabetical).
-    human = (human.groupby(["layer", "key"])["label"]
-             .agg(lambda s: sorted(s.value_counts().loc[lambda c: c == c.max()].index)[0]).rename("human_label")
-             .reset_index())
     merged = human.merge(keys[["layer", "key", "label"]].astype({"layer": int, "key": int}),
                          on=["layer", "key"], how="inner")
     if merged.empty:

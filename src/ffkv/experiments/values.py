@@ -2,16 +2,10 @@
 
 ``p_i^l = softmax(N(v_i^l)·Eᵀ)``, N the identity by default. Per key: the top token and
 its probability, the entropy, the top 10 tokens, and the rank and probability of the
-*target* of the key's top-1 trigger example: its next token for a causal LM, the token at
-the trigger position for a masked-LM encoder (what the encoder predicts there).
-
-Memory (the paper's script needed ~150 GB here): values are projected `chunk` keys at a
-time, with chunk x |V| x 4 bytes <= `CHUNK_BYTES` (256 MiB). At most three such buffers
-are alive at once (logits, probabilities, the rank comparison and softmax temporaries),
-so the working memory is bounded by about 3 x CHUNK_BYTES = 0.75 GiB whatever L, d_m
-and |V| are, on top of the model's weights and O(L x d_m) per-key results. For the
-paper's model (16 x 4,096 memories, |V| = 267,744, d = 1,024) that is 250 keys per chunk,
-~0.75 GiB of working memory, ~1.1 GiB for E and ~2 GiB for all weights in float32.
+*trigger target* of the key's top-1 trigger example (`ffkv.memories.targets`: its next
+token for a causal LM, the token at the trigger position for a masked-LM encoder).
+Values are projected in chunks of keys (`ffkv.memories.projection.scan_values`), never
+L x d_m x |V| at once.
 """
 
 from __future__ import annotations
@@ -20,87 +14,30 @@ import math
 
 import numpy as np
 import pandas as pd
-import torch
 
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
-from ffkv.experiments.sharding import gather_rows, owned
-from ffkv.memories.projection import logits as project
+from ffkv.memories.projection import chunk_size, scan_values
+from ffkv.memories.targets import TARGET_DESCRIPTION
+from ffkv.parallel import gather_rows, owned
 
 NAME = "values"
-CHUNK_BYTES = 256 * 2**20
-TOP_TOKENS = 10
 N_CONFIDENT = 100
 TRIGGERS_SHOWN = 5
 
 
-def chunk_size(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Keys per chunk so that one chunk of float32 logits takes at most `chunk_bytes`."""
-    return max(1, chunk_bytes // (4 * vocab_size))
-
-
-@torch.no_grad()
-def scan_layer(view, layer: int, projection: str, targets: np.ndarray, chunk: int | None = None,
-               top: int = TOP_TOKENS) -> dict[str, np.ndarray]:
-    """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
-
-    Args:
-        targets: (d_m,) token id per key whose rank and probability are wanted; -1 for none.
-
-    Returns arrays of length d_m: top_token_id, top_prob, entropy, logsumexp, target_rank
-    (1 = the value's top token; ties count in the target's favour), target_prob, and
-    (d_m, top) top_token_ids / top_probs.
-    """
-    values = view.values(layer)
-    d_m = values.shape[0]
-    chunk = chunk or chunk_size(view.vocab_size)
-    device = values.device
-    targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
-    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
-                                 "target_prob", "top_token_ids", "top_probs")}
-    for start in range(0, d_m, chunk):
-        z = project(view, values[start:start + chunk], projection)  # (n, |V|) float32
-        lse = torch.logsumexp(z, dim=-1)
-        top_logits, top_ids = torch.topk(z, min(top, z.shape[1]), dim=-1)
-        t = targets_t[start:start + chunk]
-        has = t >= 0
-        t_logit = z.gather(1, t.clamp(min=0)[:, None])
-        rank = (z > t_logit).sum(dim=-1) + 1
-        # Entropy H = lse - sum p·z, with p built in place over z's own buffer.
-        pz = (z - lse[:, None]).exp_().mul_(z).sum(dim=-1)
-        out["entropy"].append(lse - pz)
-        out["logsumexp"].append(lse)
-        out["top_token_id"].append(top_ids[:, 0])
-        out["top_prob"].append((top_logits[:, 0] - lse).exp())
-        out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))
-        out["target_prob"].append(torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))))
-        out["top_token_ids"].append(top_ids)
-        out["top_probs"].append((top_logits - lse[:, None]).exp())
-        del z, pz
-    return {k: as_numpy(torch.cat(v)) for k, v in out.items()}
-
-
 def value_top_tokens(ctx: RunContext, layer: int) -> np.ndarray:
-    """argmax p_i for every key of a layer under the values projection (cached for composition)."""
-    if layer not in ctx._value_tops:
-        stats = scan_layer(ctx.view, layer, ctx.projections.values, np.full(ctx.view.d_m, -1), top=1)
-        ctx._value_tops[layer] = stats["top_token_id"].astype(np.int64)
-    return ctx._value_tops[layer]
-
-
-def trigger_targets(ctx: RunContext) -> pd.DataFrame:
-    """Per trigger entry, the token the key's value should predict: next token (causal) or own token (encoder)."""
-    trig = ctx.triggers()
-    if not ctx.view.encoder:
-        return trig.assign(target=trig["next_token_id"].astype(np.int64))
-    own = [int(ctx.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])]
-    return trig.assign(target=np.array(own, dtype=np.int64))
+    """argmax p_i for every key of a layer under the values projection (shared with composition)."""
+    def compute() -> np.ndarray:
+        stats = scan_values(ctx.view, layer, ctx.projections.values, np.full(ctx.view.d_m, -1), top=1)
+        return stats["top_token_id"].astype(np.int64)
+    return ctx.once(("value_top_tokens", layer), compute)
 
 
 def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     view = ctx.view
     L, d_m, V = view.n_layers, view.d_m, view.vocab_size
-    trig = trigger_targets(ctx)
+    trig = ctx.trigger_targets()
     first = trig[trig["rank"] == 0]
     targets = np.full((L, d_m), -1, dtype=np.int64)
     targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
@@ -108,7 +45,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     stats: dict[str, np.ndarray] = {}
     bar = progress_bar(ctx.progress, len(mine), "values", "layer")
     for layer in mine:
-        for name, v in scan_layer(view, layer, ctx.projections.values, targets[layer]).items():
+        for name, v in scan_values(view, layer, ctx.projections.values, targets[layer]).items():
             if name not in stats:
                 stats[name] = np.zeros((L, *v.shape), v.dtype)
             stats[name][layer] = v
@@ -118,7 +55,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys = []
     for layer in range(L):
         s = {name: v[layer] for name, v in stats.items()}
-        ctx._value_tops[layer] = s["top_token_id"].astype(np.int64)
+        ctx.once(("value_top_tokens", layer), lambda: s["top_token_id"].astype(np.int64))
         keys.append(pd.DataFrame({
             "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
             "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),
@@ -210,8 +147,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> Non
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
     meta = {"projection": ctx.projections.values, "vocab_size": ctx.view.vocab_size,
-            "target": "token at the trigger position (masked-LM encoder)" if ctx.view.encoder
-            else "next token of the key's top-1 trigger example",
+            "target": TARGET_DESCRIPTION[ctx.view.encoder],
             "rank": "1 + number of tokens with a strictly higher logit"}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_keys", result["keys"], **meta)

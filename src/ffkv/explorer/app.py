@@ -36,13 +36,13 @@ REASONS = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method 
 SERVED = ("figures", "metrics", "report.html")
 
 
-def _load(run_dir: str | Path):
+def load_run_model(run_dir: str | Path):
+    """The model a complete run was indexed with, loaded as the manifest names it."""
     from ffkv.models.loading import load_model
     from ffkv.store.run import RunDir
 
-    manifest = RunDir(run_dir).require_complete()
-    model = manifest["model"]
-    return load_model(model["id"], dtype=model.get("dtype", "float32"))
+    model = RunDir(run_dir).require_complete().model
+    return load_model(model.id, dtype=model.dtype)
 
 
 def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "") -> Starlette:
@@ -56,7 +56,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     """
     run_dir = Path(run_dir)
     if loaded is None:
-        loaded = _load(run_dir)
+        loaded = load_run_model(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
     model_lock = threading.Lock()  # hooks live on the model: one trace at a time
     max_tokens = max_prompt_tokens(loaded)

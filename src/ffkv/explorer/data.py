@@ -28,10 +28,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ffkv.errors import FfkvError
-from ffkv.explorer.annotations import Annotations
-from ffkv.explorer.validation import BadRequest
-from ffkv.store import atomic
+from ffkv.explorer.lookups import activation_frequency, value_tables
+from ffkv.explorer.validation import BadRequest, layer_key
+from ffkv.memories.targets import trigger_targets
+from ffkv.store import atomic, schemas
+from ffkv.store.annotations import Annotations
+from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 CACHE_VERSION = 1
@@ -43,19 +45,19 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
-def _fingerprint(run: RunDir, manifest: dict) -> dict:
+def _fingerprint(run: RunDir, manifest: Manifest) -> dict:
     files = {}
     for name in ("trigger_examples", "examples"):
         st = run.table(name).stat()
         files[name] = [st.st_size, st.st_mtime_ns]
-    return {"cache_version": CACHE_VERSION, "top_tokens": TOP_TOKENS, "identity": manifest.get("identity"),
+    return {"cache_version": CACHE_VERSION, "top_tokens": TOP_TOKENS, "identity": manifest.identity.to_dict(),
             "files": files}
 
 
 CACHE_FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 
 
-def cache_is_valid(run: RunDir, manifest: dict, folder: Path) -> bool:
+def cache_is_valid(run: RunDir, manifest: Manifest, folder: Path) -> bool:
     """Whether folder holds the explorer's tables for exactly this run's index."""
     info_path = folder / "info.json"
     if not info_path.exists() or not all((folder / n).exists() for n in CACHE_FILES):
@@ -66,7 +68,7 @@ def cache_is_valid(run: RunDir, manifest: dict, folder: Path) -> bool:
         return False
 
 
-def write_cache_info(run: RunDir, manifest: dict, folder: Path, **details: Any) -> None:
+def write_cache_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) -> None:
     """Mark the explorer's tables in folder as built for this run's index (written last)."""
     atomic.write_json(folder / "info.json", {"fingerprint": _fingerprint(run, manifest), "projection": "identity",
                                              "top_tokens": TOP_TOKENS, **details})
@@ -74,7 +76,7 @@ def write_cache_info(run: RunDir, manifest: dict, folder: Path, **details: Any) 
 
 def cache_folder(run: RunDir) -> Path:
     """RUN/explorer, or a temporary folder when the run directory is read-only."""
-    folder = run.path / "explorer"
+    folder = run.cache_dir
     try:
         folder.mkdir(exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe", delete=True)
@@ -113,17 +115,8 @@ def build_database(run: RunDir, path: Path) -> None:
             wal.unlink()
 
 
-def _per_key_metric_tables(run: RunDir) -> list[tuple[str, Path]]:
-    """Metrics tables of `ffkv analyze` with one row per (layer, key), such as the pattern labels."""
-    found = []
-    for path in sorted((run.path / "metrics").glob("*.parquet")):
-        try:
-            names = set(pq.read_schema(path).names)
-        except Exception:  # noqa: BLE001 - a foreign or damaged file is skipped, not fatal
-            continue
-        if {"layer", "key"} <= names:
-            found.append((path.stem, path))
-    return found
+#: The per-key table of `ffkv analyze` whose label, description and scores the pages show.
+PATTERN_KEYS = "patterns_keys"
 
 
 class ExplorerData:
@@ -137,12 +130,9 @@ class ExplorerData:
 
     def __init__(self, run_dir: str | Path, loaded, progress: bool = False) -> None:
         self.run = RunDir(run_dir)
-        if self.run.path.exists() and not self.run.path.is_dir():
-            raise FfkvError(f"{self.run.path} is a file; give a run directory")
         self.manifest = self.run.require_complete()
-        model = self.manifest["model"]
-        self.n_layers, self.d_m = int(model["n_layers"]), int(model["d_m"])
-        self.vocab_size = int(model.get("vocab_size") or loaded.tokenizer.vocab_size)
+        model = self.manifest.model
+        self.n_layers, self.d_m, self.vocab_size = model.n_layers, model.d_m, model.vocab_size
         self.loaded = loaded
         self.progress = progress
         self.folder = cache_folder(self.run)
@@ -172,7 +162,8 @@ class ExplorerData:
         build_database(self.run, self.folder / "explorer.duckdb")
         con = duckdb.connect(str(self.folder / "explorer.duckdb"), read_only=True)
         try:
-            first = con.execute("SELECT layer, key, next_token_id FROM triggers WHERE rank = 0").fetchnumpy()
+            first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers WHERE rank = 0"
+                                ).fetchnumpy()
             shallow = con.execute("""
                 SELECT layer, key, arg_max(last_token_id, n) AS common_last_token_id,
                        CAST(max(n) AS FLOAT) / sum(n) AS shallow_share
@@ -180,12 +171,12 @@ class ExplorerData:
                 GROUP BY layer, key""").df()
         finally:
             con.close()
-        top1_next = np.full((self.n_layers, self.d_m), -1, dtype=np.int64)
-        top1_next[first["layer"].astype(int), first["key"].astype(int)] = first["next_token_id"]
-        from ffkv.explorer.lookups import activation_frequency, value_tables
+        top1_target = np.full((self.n_layers, self.d_m), -1, dtype=np.int64)
+        top1_target[first["layer"].astype(int), first["key"].astype(int)] = trigger_targets(
+            first["next_token_id"], first["last_token_id"], self.manifest.model.encoder)
 
         self._say("projecting every value onto the vocabulary")
-        top_table, stats = value_tables(self.loaded, top1_next, TOP_TOKENS)
+        top_table, stats = value_tables(self.loaded, top1_target, TOP_TOKENS)
         self._say(f"activation frequency over {SAMPLE_EXAMPLES} examples")
         sample = pq.ParquetFile(self.run.table("examples"))
         batch = next(sample.iter_batches(batch_size=SAMPLE_EXAMPLES, columns=["token_ids"]), None)
@@ -195,27 +186,19 @@ class ExplorerData:
         stats["shallow_share"] = stats["shallow_share"].fillna(0).astype("float32")
         stats["common_last_token_id"] = stats["common_last_token_id"].fillna(-1).astype("int32")
         atomic.write_parquet(self.folder / "value_top_tokens.parquet", top_table)
-        atomic.write_parquet(self.folder / "key_stats.parquet", pa.Table.from_pandas(stats, preserve_index=False))
+        atomic.write_parquet(self.folder / "key_stats.parquet",
+                             pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
         write_cache_info(self.run, self.manifest, self.folder, activation_sample_examples=len(tokens))
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
-        """Per-key columns of `ffkv analyze` tables (pattern label, description, scores), if any."""
-        frames = []
-        for name, path in _per_key_metric_tables(self.run):
-            try:
-                table = pd.read_parquet(path)
-            except Exception:  # noqa: BLE001
-                continue
-            table = table.drop_duplicates(["layer", "key"]).astype({"layer": "int64", "key": "int64"})
-            keep = [c for c in table.columns if c not in ("layer", "key")
-                    and (pd.api.types.is_numeric_dtype(table[c]) or c in ("label", "description", "pattern"))]
-            table = table[["layer", "key", *keep]].set_index(["layer", "key"])
-            if frames:
-                table = table.add_prefix(f"{name}.")
-            frames.append(table)
-        if not frames:
+        """The automatic pattern label, description and scores of every key (`ffkv analyze --only
+        patterns`: metrics/patterns_keys.parquet), or None before that experiment ran."""
+        if not self.run.has_metric(PATTERN_KEYS):
             return None
-        return pd.concat(frames, axis=1)
+        table = self.run.read_metric(PATTERN_KEYS).astype({"layer": "int64", "key": "int64"})
+        keep = [c for c in table.columns if c not in ("layer", "key")
+                and (pd.api.types.is_numeric_dtype(table[c]) or c in ("label", "description"))]
+        return table[["layer", "key", *keep]].set_index(["layer", "key"]).sort_index()
 
     # --------------------------------------------------------------- tokens
     def tokens(self) -> list[str]:
@@ -276,8 +259,6 @@ class ExplorerData:
             cursor.close()
 
     def check(self, layer, key) -> tuple[int, int]:
-        from ffkv.explorer.validation import layer_key
-
         return layer_key(layer, key, self.n_layers, self.d_m)
 
     def value_top(self, layer: int, key: int) -> list[dict]:
@@ -433,23 +414,3 @@ class ExplorerData:
 
     def close(self) -> None:
         self._db.close()
-
-
-def manifest_summary(manifest: dict) -> list[tuple[str, str]]:
-    """(field, value) rows describing a run: model, corpus, options, timings, counts."""
-    rows = []
-    model, corpus = manifest.get("model", {}), manifest.get("corpus", {})
-    rows.append(("model", f"{model.get('id')} ({model.get('family')}, {model.get('dtype')})"))
-    rows.append(("shape", f"{model.get('n_layers')} layers x {model.get('d_m')} memories, d_model {model.get('d_model')}, "
-                          f"vocabulary {model.get('vocab_size')}"))
-    rows.append(("residual", str(model.get("resid_mid"))))
-    rows.append(("corpus", ", ".join(f"{k}={v}" for k, v in corpus.items() if v is not None)))
-    index = manifest.get("index", {})
-    rows.append(("index", ", ".join(f"{k}={v}" for k, v in index.items() if k != "batching")))
-    counts = manifest.get("counts", {})
-    rows.append(("counts", ", ".join(f"{k}: {v:,}" if isinstance(v, int) else f"{k}: {v}" for k, v in counts.items())))
-    timings = manifest.get("timings", {})
-    rows.append(("timings", ", ".join(f"{k}: {v:.1f} s" if isinstance(v, (int, float)) else f"{k}: {v}"
-                                      for k, v in timings.items())))
-    rows.append(("status", f"{manifest.get('status')} (updated {manifest.get('updated', '?')})"))
-    return rows

@@ -5,7 +5,8 @@ p_i = softmax(v_i·Eᵀ), identity normalization as in the paper), the confidenc
 whether the argmax agrees with the next token of the key's top-1 trigger example, that
 token's rank in p_i, the log-normaliser of p_i (so p_i(x) of any token x is one dot product
 later), ‖v_i‖, and how often the key is active (m_i > 0) over a sample of the corpus.
-Values are projected `chunk` keys at a time (the `values` experiment's `scan_layer`), never L x d_m x |V| at once.
+Values are projected `chunk` keys at a time (`ffkv.memories.projection.scan_values`, as the values
+experiment does), never L x d_m x |V| at once.
 """
 
 from __future__ import annotations
@@ -15,36 +16,26 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from ffkv.memories.projection import DEFAULT_FOR_VALUES
+from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.models.loading import LoadedModel
-
-VALUE_TOP_SCHEMA = pa.schema([
-    ("layer", pa.int16()),
-    ("key", pa.int32()),
-    ("rank", pa.int16()),
-    ("token_id", pa.int32()),
-    ("prob", pa.float32()),
-])
+from ffkv.store import schemas
 
 
-def value_tables(loaded: LoadedModel, top1_next: np.ndarray, top_tokens: int = 10, chunk: int = 512,
+def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = 10, chunk: int = 512,
                  projection: str = DEFAULT_FOR_VALUES) -> tuple[pa.Table, pd.DataFrame]:
-    """The value_top_tokens table and the per-key value statistics.
-
-    The statistics are those of the `values` experiment (`scan_layer`), computed the same way.
+    """The value_top_tokens table and the per-key value statistics (`scan_values`, as the values experiment).
 
     Args:
-        top1_next: (L, d_m) next token id of each key's top-1 trigger example (-1: none).
+        top1_target: (L, d_m) trigger target (`ffkv.memories.targets`) of each key's top-1 trigger
+            example (-1: none).
     """
-    from ffkv.experiments.values import scan_layer
-
     view = loaded.view
     tops, stats = [], []
     for layer in range(view.n_layers):
         norms = view.values(layer).float().norm(dim=1).cpu().numpy()
-        targets = np.asarray(top1_next[layer], dtype=np.int64)
+        targets = np.asarray(top1_target[layer], dtype=np.int64)
         targets = np.where(targets < view.vocab_size, targets, -1)
-        s = scan_layer(view, layer, projection, targets, chunk=chunk, top=top_tokens)
+        s = scan_values(view, layer, projection, targets, chunk=chunk, top=top_tokens)
         d_m, k = s["top_token_ids"].shape
         keys = np.arange(d_m)
         tops.append(pd.DataFrame({
@@ -64,7 +55,7 @@ def value_tables(loaded: LoadedModel, top1_next: np.ndarray, top_tokens: int = 1
             "logsumexp": s["logsumexp"].astype(np.float32),
             "value_norm": norms.astype(np.float32),
         }))
-    table = pa.Table.from_pandas(pd.concat(tops, ignore_index=True), schema=VALUE_TOP_SCHEMA, preserve_index=False)
+    table = pa.Table.from_pandas(pd.concat(tops, ignore_index=True), schema=schemas.VALUE_TOP_TOKENS, preserve_index=False)
     return table, pd.concat(stats, ignore_index=True)
 
 

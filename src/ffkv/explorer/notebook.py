@@ -51,9 +51,9 @@ class Explorer:
 
     def __init__(self, run_dir: str | Path, loaded=None, root: str = "http://127.0.0.1:8000") -> None:
         if loaded is None:
-            from ffkv.explorer.app import _load
+            from ffkv.explorer.app import load_run_model
 
-            loaded = _load(run_dir)
+            loaded = load_run_model(run_dir)
         self.data = ExplorerData(run_dir, loaded, progress=True)
         self.root = root.rstrip("/")
 

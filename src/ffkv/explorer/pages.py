@@ -12,11 +12,14 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from ffkv.explorer.data import ExplorerData, manifest_summary
+from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.tracing import TraceResult
-from ffkv.explorer.validation import LABELS, MAX_PROMPT_CHARS, BadRequest
-from ffkv.report.style import CSS, number, percent, token_html
+from ffkv.explorer.validation import MAX_PROMPT_CHARS, BadRequest
+from ffkv.presentation.findings import paper_finding
+from ffkv.presentation.style import CSS, number, percent, token_html
+from ffkv.presentation.summary import manifest_summary
+from ffkv.store.annotations import LABELS
 
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
@@ -32,7 +35,7 @@ PAGE_SIZE = 100
 
 
 def _common(data: ExplorerData, root: str) -> dict:
-    return {"root": root, "run_name": data.run.path.name, "has_report": (data.run.path / "report.html").exists(),
+    return {"root": root, "run_name": data.run.path.name, "has_report": data.run.report_path.exists(),
             "n_layers": data.n_layers, "d_m": data.d_m}
 
 
@@ -45,14 +48,12 @@ def error_page(status: int, reason: str, message: str, run_name: str = "", root:
                   root=root, has_report=False)
 
 
-def figures_of(run_dir: Path) -> list[dict]:
+def figures_of(data: ExplorerData) -> list[dict]:
     """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each."""
-    from ffkv.report.content import discover_figures, paper_finding
-
     out = []
-    for name, path in discover_figures(run_dir).items():
+    for name, path in data.run.figure_names().items():
         finding = paper_finding(name)
-        out.append({"name": name, "path": path.relative_to(run_dir).as_posix(),
+        out.append({"name": name, "path": path.relative_to(data.run.path).as_posix(),
                     "finding": finding.get("finding") if finding else None,
                     "paper_figure": finding.get("figure") if finding else None})
     return out
@@ -62,7 +63,7 @@ def overview(data: ExplorerData, root: str = "") -> str:
     summary = data.layer_summary()
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
                   summary_columns=list(summary.columns), summary_rows=summary.to_dict("records"),
-                  figures=figures_of(data.run.path))
+                  figures=figures_of(data))
 
 
 def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page=0, root: str = "") -> str:

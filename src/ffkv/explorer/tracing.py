@@ -3,19 +3,18 @@
 Per layer, at one position: the top prediction of the residual before the FF layer
 (`resid_mid`), of the FF output itself (`ff_out`) and of the residual after it
 (`resid_post`), and the memories that contributed most, by |m_i|·‖v_i‖. An intervention
-scales chosen coefficients m_i (0 switches a memory off) with a pre-forward hook on the
-second FF matrix, at every position, and the trace is run again.
+scales chosen coefficients m_i (0 switches a memory off) at every position
+(`ffkv.memories.interventions`), and the trace is run again.
 Projections: final normalization for residuals, identity for ff_out (SPEC section 1).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
+from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, logits
 from ffkv.models.loading import LoadedModel
 
@@ -57,31 +56,6 @@ def max_prompt_tokens(loaded: LoadedModel) -> int:
     return 1024
 
 
-@contextmanager
-def intervene(loaded: LoadedModel, edits: Edits) -> Iterator[None]:
-    """Within the block, memory (layer, key) has coefficient m_i·scale at every position."""
-    view = loaded.view
-    by_layer: dict[int, dict[int, float]] = {}
-    for (layer, key), scale in edits.items():
-        by_layer.setdefault(layer, {})[key] = scale
-    handles = []
-    for layer, scales in by_layer.items():
-        index = torch.tensor(list(scales), dtype=torch.long, device=view.device)
-        factor = torch.tensor(list(scales.values()), dtype=torch.float32, device=view.device)
-
-        def pre(module, args, index=index, factor=factor):
-            m = args[0].clone()
-            m[..., index] = m[..., index] * factor.to(m.dtype)
-            return (m, *args[1:])
-
-        handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(pre))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _top(lg: torch.Tensor) -> Prediction:
     p = lg.float().softmax(-1)
     value, index = p.max(-1)
@@ -97,7 +71,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     mask = torch.ones_like(ids)
     pos = position if position >= 0 else len(token_ids) + position
-    with intervene(loaded, edits):
+    with intervene(view, [Intervention.scaled(layer, key, factor) for (layer, key), factor in edits.items()]):
         with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post")) as cap:
             view.forward(ids, mask)
         out = loaded.model(input_ids=ids, attention_mask=mask)

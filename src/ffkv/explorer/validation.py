@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ffkv.errors import FfkvError
+from ffkv.store.annotations import LABELS
 
 #: The longest prompt the trace page accepts, in characters (the token limit of the model applies too).
 MAX_PROMPT_CHARS = 4000
@@ -14,7 +15,6 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_SCALE = 1e4
 #: Most memories one intervention may touch.
 MAX_EDITS = 4096
-LABELS = ("shallow", "semantic", "both", "none")
 
 
 class BadRequest(FfkvError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning
-from ffkv.index.batching import Batch, collate, length_batches, windows
+from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
@@ -31,7 +31,8 @@ from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
 from ffkv.store import atomic
-from ffkv.store.run import FORMAT_VERSION, RunDir, library_versions
+from ffkv.store.manifest import Identity, Manifest, ModelInfo, library_versions
+from ffkv.store.run import RunDir
 
 
 @dataclass(frozen=True)
@@ -118,15 +119,17 @@ class _ExampleParts:
         return write_examples(path, [stream])
 
 
-def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> dict:
-    return {
-        "model_id": loaded.model_id,
-        "weights_sha256": loaded.weights_hash(),
-        "dtype": loaded.dtype,
-        "corpus": spec.to_dict(),
-        "corpus_fingerprint": fingerprint(spec),
-        "index": asdict(options),
-    }
+def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> Identity:
+    return Identity(model_id=loaded.model_id, weights_sha256=loaded.weights_hash(), dtype=loaded.dtype,
+                    corpus=spec.to_dict(), corpus_fingerprint=fingerprint(spec), index=asdict(options))
+
+
+def model_info(loaded: LoadedModel) -> ModelInfo:
+    """The manifest's description of a loaded model."""
+    view = loaded.view
+    return ModelInfo(id=loaded.model_id, family=view.arch.family, n_layers=view.n_layers, d_m=view.d_m,
+                     d_model=view.d_model, vocab_size=view.vocab_size, dtype=loaded.dtype, gated=view.gated,
+                     parallel=view.parallel, encoder=view.encoder, resid_mid=view.resid_mid_definition)
 
 
 def model_mask(loaded: LoadedModel, batch: Batch) -> torch.Tensor | None:
@@ -189,8 +192,8 @@ def build_index(
     run = RunDir(out)
     identity = _identity(loaded, spec, options)
     if n_shards > 1:
-        identity["shard"] = [shard_index, n_shards]
-        identity["batching"] = asdict(batching)  # shards must cut the same batches to merge exactly
+        # Shards must cut the same batches to merge exactly.
+        identity = replace(identity, shard=(shard_index, n_shards), batching=asdict(batching))
     previous = run.prepare(identity, resume)
     view = loaded.view
     device = view.device
@@ -225,23 +228,10 @@ def build_index(
     run.partial.mkdir(parents=True, exist_ok=True)
     parts = _ExampleParts(run.partial, batching.part_rows, first_part)
 
-    manifest = previous or {
-        "format_version": FORMAT_VERSION,
-        "kind": "ffkv-run",
-        "status": "running",
-        "identity": identity,
-        "model": {
-            "id": loaded.model_id, "family": view.arch.family, "n_layers": view.n_layers, "d_m": view.d_m,
-            "d_model": view.d_model, "vocab_size": view.vocab_size, "dtype": loaded.dtype,
-            "gated": view.gated, "parallel": view.parallel, "encoder": view.encoder,
-            "resid_mid": view.resid_mid_definition,
-        },
-        "corpus": spec.to_dict(),
-        "index": {**asdict(options), "batching": asdict(batching)},
-        "versions": library_versions(),
-        "timings": {},
-    }
-    manifest["status"] = "running"
+    manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
+                                    index={**asdict(options), "batching": asdict(batching)},
+                                    versions=library_versions())
+    manifest.status = "running"
     run.write_manifest(manifest)
 
     reducer = TriggerReducer(state, options.mode)
@@ -300,9 +290,9 @@ def build_index(
     parts.flush()
     n_examples = parts.assemble(run.table("examples"))
     write_triggers(run.table("trigger_examples"), state)
-    manifest["timings"]["index_seconds"] = round(elapsed_before + time.time() - started, 3)
-    manifest["counts"] = {"examples": n_examples, "tokens": n_tokens}
-    manifest["status"] = "complete"
+    manifest.timings["index_seconds"] = round(elapsed_before + time.time() - started, 3)
+    manifest.counts = {"examples": n_examples, "tokens": n_tokens}
+    manifest.status = "complete"
     run.write_manifest(manifest)
     for path in run.partial.glob("*"):
         path.unlink()

@@ -7,6 +7,7 @@ with the same batching.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -17,10 +18,6 @@ from ffkv.index.tables import parquet_batches, state_from_table, write_examples,
 from ffkv.store.run import RunDir
 
 
-def _unsharded(identity: dict) -> dict:
-    return {k: v for k, v in identity.items() if k not in ("shard", "batching")}
-
-
 def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     """Merge complete shard runs (one per shard i of n, any order) into a new run directory."""
     if not shards:
@@ -28,36 +25,30 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     runs = [RunDir(p) for p in shards]
     manifests = [r.require_complete() for r in runs]
     first = manifests[0]
-    n = first["identity"].get("shard", [0, 1])[1]
-    seen = sorted(m["identity"].get("shard", [0, 1])[0] for m in manifests)
-    if seen != list(range(n)) or any(m["identity"].get("shard", [0, 1])[1] != n for m in manifests):
+    n = first.identity.shard_of[1]
+    seen = sorted(m.identity.shard_of[0] for m in manifests)
+    if seen != list(range(n)) or any(m.identity.shard_of[1] != n for m in manifests):
         raise FfkvError(f"need exactly one run of each shard 0..{n - 1} of {n}; got shards {seen}")
     for run, m in zip(runs, manifests):
-        if _unsharded(m["identity"]) != _unsharded(first["identity"]) or \
-                m["identity"].get("batching") != first["identity"].get("batching"):
+        if m.identity.unsharded() != first.identity.unsharded() or m.identity.batching != first.identity.batching:
             raise FfkvError(f"{run.path} is a shard of a different run (model, corpus, options or batching differ)")
     target = RunDir(out)
-    identity = _unsharded(first["identity"])
+    identity = first.identity.unsharded()
     target.prepare(identity, resume=False)
 
-    model, k = first["model"], first["identity"]["index"]["top_k"]
     state = None
     for run in runs:
         shard_state = state_from_table(pq.read_table(run.table("trigger_examples")),
-                                       model["n_layers"], model["d_m"], k)
+                                       first.model.n_layers, first.model.d_m, first.top_k)
         if state is None:
             state = shard_state
         else:
-            state.merge(shard_state, one_per_example=first["identity"]["index"]["mode"] == "example")
+            state.merge(shard_state, one_per_example=first.mode == "example")
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
     write_triggers(target.table("trigger_examples"), state)
-    manifest = {
-        **first,
-        "identity": identity,
-        "status": "complete",
-        "counts": {"examples": n_examples, "tokens": sum(m["counts"]["tokens"] for m in manifests)},
-        "timings": {"index_seconds": max(m["timings"]["index_seconds"] for m in manifests)},
-        "merged_from": [str(r.path) for r in runs],
-    }
+    manifest = replace(first, identity=identity, status="complete",
+                       counts={"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)},
+                       timings={"index_seconds": max(m.timings["index_seconds"] for m in manifests)},
+                       merged_from=[str(r.path) for r in runs])
     target.write_manifest(manifest)
     return target

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ffkv.index.batching import Batch
+from ffkv.batching import Batch
 from ffkv.index.topk import EMPTY, ID_LIMIT, TopKState, select_top
 
 MODES = ("example", "prefix")

@@ -1,7 +1,15 @@
-"""The key-value memory view of a model: architecture table, hooks, projections (SPEC section 1)."""
+"""The key-value memory view of a model (SPEC section 1), and all model-side math built on it.
+
+    architectures.py  where each family keeps its FF memories: the one per-family table
+    view.py           `MemoryView`: keys, values, norms, the unembedding, and captures (every hook)
+    projection.py     p(h) = softmax(N(h)·Eᵀ); the chunked projection of a layer's values
+    targets.py        the trigger target: the token a key's value should predict
+    interventions.py  switch memories off, scale or set their coefficients
+"""
 
 from ffkv.memories.architectures import ARCHITECTURES, Architecture, architecture_of, supported_families
+from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.view import QUANTITIES, Capture, MemoryView
 
 __all__ = ["ARCHITECTURES", "Architecture", "architecture_of", "supported_families",
-           "QUANTITIES", "Capture", "MemoryView"]
+           "QUANTITIES", "Capture", "MemoryView", "Intervention", "intervene"]

@@ -223,12 +223,6 @@ def supported_families() -> str:
     return ", ".join(a.family for a in ARCHITECTURES)
 
 
-def register(architecture: Architecture) -> None:
-    """Add an architecture entry (used by ffkv's own model families)."""
-    global ARCHITECTURES
-    ARCHITECTURES = tuple(a for a in ARCHITECTURES if a.family != architecture.family) + (architecture,)
-
-
 def architecture_of(model: nn.Module) -> Architecture:
     """The table entry for a loaded model, or a clear error naming the supported families."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)

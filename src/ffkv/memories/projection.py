@@ -3,13 +3,22 @@
 N is the identity (the paper's choice, and the default for values and memory
 sub-updates) or the model's final normalization (the default for residual-stream
 vectors, the "logit lens"). Every result records which one it used.
+
+`scan_values` is the one chunked projection of a layer's values: every per-value
+statistic of ffkv (the values experiment, the explorer's lookup tables) comes from it.
+Memory (the paper's script needed ~150 GB for this step): values are projected `chunk`
+keys at a time, with chunk x |V| x 4 bytes <= `CHUNK_BYTES` (256 MiB). At most three such
+buffers are alive at once (logits, probabilities, the rank comparison and softmax
+temporaries), so the working memory is about 3 x CHUNK_BYTES = 0.75 GiB whatever L, d_m
+and |V| are. For the paper's model (16 x 4,096 memories, |V| = 267,744, d = 1,024) that is
+250 keys per chunk.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
+import numpy as np
 import torch
+from jaxtyping import Float, Int
 
 from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
@@ -18,6 +27,8 @@ PROJECTIONS = ("identity", "final-norm")
 #: Defaults of SPEC section 1: values and sub-updates as in the paper, residuals through N.
 DEFAULT_FOR_VALUES = "identity"
 DEFAULT_FOR_RESIDUALS = "final-norm"
+CHUNK_BYTES = 256 * 2**20
+TOP_TOKENS = 10
 
 
 def check_projection(name: str) -> str:
@@ -28,8 +39,9 @@ def check_projection(name: str) -> str:
 
 
 @torch.no_grad()
-def logits(view: MemoryView, h: torch.Tensor, projection: str) -> torch.Tensor:
-    """Vocabulary logits of vectors h (..., d): N(h)·Eᵀ.
+def logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
+           projection: str) -> Float[torch.Tensor, "*batch vocab"]:
+    """Vocabulary logits of vectors h: N(h)·Eᵀ, float32.
 
     As in SPEC section 1, the LM head's bias (GPT-J, BERT) is not added: it is the
     same for every vector and would pull every distribution towards frequent tokens.
@@ -45,15 +57,51 @@ def logits(view: MemoryView, h: torch.Tensor, projection: str) -> torch.Tensor:
     return head(h).float()
 
 
-@torch.no_grad()
-def value_logits(
-    view: MemoryView, layer: int, projection: str = DEFAULT_FOR_VALUES, chunk: int = 1024
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """Logits of a layer's value vectors, `chunk` keys at a time.
+def chunk_size(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Keys per chunk so that one chunk of float32 logits takes at most `chunk_bytes`."""
+    return max(1, chunk_bytes // (4 * vocab_size))
 
-    Yields (first key of the chunk, logits (n, |V|) float32). Peak memory is
-    chunk x |V| floats, never d_m x |V| or L x d_m x |V|.
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").numpy()
+
+
+@torch.no_grad()
+def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.ndarray, "d_m"],
+                chunk: int | None = None, top: int = TOP_TOKENS) -> dict[str, np.ndarray]:
+    """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
+
+    Args:
+        targets: token id per key whose rank and probability are wanted; -1 for none.
+
+    Returns arrays of length d_m: top_token_id, top_prob, entropy, logsumexp, target_rank
+    (1 = the value's top token; ties count in the target's favour), target_prob, and
+    (d_m, top) top_token_ids / top_probs.
     """
     values = view.values(layer)
-    for start in range(0, values.shape[0], chunk):
-        yield start, logits(view, values[start : start + chunk], projection)
+    d_m = values.shape[0]
+    chunk = chunk or chunk_size(view.vocab_size)
+    device = values.device
+    targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
+    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
+                                 "target_prob", "top_token_ids", "top_probs")}
+    for start in range(0, d_m, chunk):
+        z = logits(view, values[start:start + chunk], projection)  # (n, |V|) float32
+        lse = torch.logsumexp(z, dim=-1)
+        top_logits, top_ids = torch.topk(z, min(top, z.shape[1]), dim=-1)
+        t = targets_t[start:start + chunk]
+        has = t >= 0
+        t_logit = z.gather(1, t.clamp(min=0)[:, None])
+        rank = (z > t_logit).sum(dim=-1) + 1
+        # Entropy H = lse - sum p·z, with p built in place over z's own buffer.
+        pz = (z - lse[:, None]).exp_().mul_(z).sum(dim=-1)
+        out["entropy"].append(lse - pz)
+        out["logsumexp"].append(lse)
+        out["top_token_id"].append(top_ids[:, 0])
+        out["top_prob"].append((top_logits[:, 0] - lse).exp())
+        out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))
+        out["target_prob"].append(torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))))
+        out["top_token_ids"].append(top_ids)
+        out["top_probs"].append((top_logits - lse[:, None]).exp())
+        del z, pz
+    return {k: _numpy(torch.cat(v)) for k, v in out.items()}

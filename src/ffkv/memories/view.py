@@ -10,6 +10,11 @@ during a forward pass with hooks, only for the layers and quantities asked for:
 - ``resid_mid``: the residual right before the FF output is added  (batch, pos, d)
 - ``ff_out``: FF(x)  (batch, pos, d)
 - ``resid_post``: resid_mid + ff_out  (batch, pos, d)
+- ``head_in``: the LM head's input, after the final normalization  (batch, pos, d); captured
+  only by ``forward(..., with_head=True)``, which then ends at the head: the consumer
+  applies the head to the positions it needs (`final_logits`), never to the whole batch.
+
+Every forward hook of ffkv lives in this package (here and in `ffkv.memories.interventions`).
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 import torch
+from jaxtyping import Float, Int
 from torch import nn
 
 from ffkv.errors import FfkvError
 from ffkv.memories.architectures import Architecture, architecture_of
 
-QUANTITIES = ("coefficients", "ff_in", "resid_mid", "ff_out", "resid_post")
+QUANTITIES = ("coefficients", "ff_in", "resid_mid", "ff_out", "resid_post", "head_in")
 
 #: sink(quantity, layer, tensor) receives each captured tensor instead of storing it.
 Sink = Callable[[str, int, torch.Tensor], None]
@@ -58,6 +64,7 @@ class MemoryView:
         self.arch = architecture or architecture_of(model)
         self.blocks = list(self.arch.blocks(model))
         self._shape: tuple[int, int] | None = None
+        self._running = False  # inside `forward`: the head hook fires only there
 
     # ------------------------------------------------------------------ shape
     @property
@@ -103,31 +110,31 @@ class MemoryView:
             raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{self.n_layers - 1}")
         return self.blocks[layer]
 
-    def keys(self, layer: int) -> torch.Tensor:
-        """K of a layer, (d_m, d): row i is key k_i (the gate row for gated layers)."""
+    def keys(self, layer: int) -> Float[torch.Tensor, "d_m d_model"]:
+        """K of a layer: row i is key k_i (the gate row for gated layers)."""
         return _weight_rows(self.arch.key_proj(self._check_layer(layer)), self.arch.conv1d)
 
-    def key_bias(self, layer: int) -> torch.Tensor | None:
-        """b_K of a layer, (d_m,), or None."""
+    def key_bias(self, layer: int) -> Float[torch.Tensor, "d_m"] | None:
+        """b_K of a layer, or None."""
         return self.arch.key_proj(self._check_layer(layer)).bias
 
-    def up(self, layer: int) -> torch.Tensor | None:
-        """U of a gated layer, (d_m, d), else None."""
+    def up(self, layer: int) -> Float[torch.Tensor, "d_m d_model"] | None:
+        """U of a gated layer, else None."""
         module = self.arch.up_proj(self._check_layer(layer))
         return None if module is None else _weight_rows(module, self.arch.conv1d)
 
-    def up_bias(self, layer: int) -> torch.Tensor | None:
+    def up_bias(self, layer: int) -> Float[torch.Tensor, "d_m"] | None:
         """Bias of U for gated layers that have one, else None."""
         module = self.arch.up_proj(self._check_layer(layer))
         return None if module is None else module.bias
 
-    def values(self, layer: int) -> torch.Tensor:
-        """V of a layer, (d_m, d): row i is value v_i."""
+    def values(self, layer: int) -> Float[torch.Tensor, "d_m d_model"]:
+        """V of a layer: row i is value v_i."""
         down = self.arch.down_proj(self._check_layer(layer))
         return down.weight if self.arch.conv1d else down.weight.T
 
-    def value_bias(self, layer: int) -> torch.Tensor | None:
-        """b_V of a layer, (d,), or None. Not a memory."""
+    def value_bias(self, layer: int) -> Float[torch.Tensor, "d_model"] | None:
+        """b_V of a layer, or None. Not a memory."""
         return self.arch.down_proj(self._check_layer(layer)).bias
 
     def activation(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -135,12 +142,12 @@ class MemoryView:
         return self.arch.activation(self.model, self._check_layer(layer))
 
     @property
-    def unembedding(self) -> torch.Tensor:
-        """E, (|V|, d): the output embedding (the LM head, tied or not)."""
+    def unembedding(self) -> Float[torch.Tensor, "vocab d_model"]:
+        """E: the output embedding (the LM head, tied or not)."""
         return self.arch.unembed(self.model).weight
 
     @property
-    def unembedding_bias(self) -> torch.Tensor | None:
+    def unembedding_bias(self) -> Float[torch.Tensor, "vocab"] | None:
         """The LM head's bias where the model has one (added to every projection)."""
         head = self.arch.unembed(self.model)
         return getattr(head, "bias", None)
@@ -150,33 +157,23 @@ class MemoryView:
         """|V|, the number of rows of E."""
         return self.unembedding.shape[0]
 
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+    def final_norm(self, h: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_model"]:
         """N(h): the model's final normalization (identity where it has none)."""
         norm = self.arch.final_norm(self.model)
         return h if norm is None else norm(h)
 
     @torch.no_grad()
-    def coefficients_from_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """m recomputed from the weights for FF input x: f(x·Kᵀ + b_K), or the gated form."""
-        f = self.activation(layer)
-        pre = x @ self.keys(layer).T
-        if self.key_bias(layer) is not None:
-            pre = pre + self.key_bias(layer)
-        m = f(pre)
-        if self.gated:
-            up = x @ self.up(layer).T
-            if self.up_bias(layer) is not None:
-                up = up + self.up_bias(layer)
-            m = m * up
-        return m
+    def final_logits(self, head_in: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch vocab"]:
+        """The model's own output logits for captured ``head_in`` vectors (the LM head, bias included)."""
+        return self.arch.unembed(self.model)(head_in.to(self.unembedding.dtype)).float()
 
     # ---------------------------------------------------------------- forward
     @property
     def device(self) -> torch.device:
         return self.unembedding.device
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                with_head: bool = False) -> None:
+    def forward(self, input_ids: Int[torch.Tensor, "batch pos"],
+                attention_mask: Int[torch.Tensor, "batch pos"] | None = None, with_head: bool = False) -> None:
         """Run the blocks on a batch; hooks of an open `capture` fire.
 
         Args:
@@ -187,11 +184,14 @@ class MemoryView:
         """
         module = self.model if with_head else self.arch.base(self.model)
         self._shape = (int(input_ids.shape[0]), int(input_ids.shape[1]))
+        self._running = True
         try:
             with torch.no_grad():
                 module(input_ids=input_ids, attention_mask=attention_mask)
         except StopForward:
             pass
+        finally:
+            self._running = False
 
     def _as_batch(self, t: torch.Tensor) -> torch.Tensor:
         # Some families (OPT) flatten (batch, pos) before the FF layer.
@@ -218,7 +218,8 @@ class MemoryView:
             stop_early: end `forward` right after the highest requested layer's FF.
 
         Yields:
-            A `Capture` filled as forward passes run (empty when a sink is given).
+            A `Capture` filled as forward passes run (empty when a sink is given);
+            ``head_in`` is stored under layer -1.
         """
         quantities = tuple(quantities)
         unknown = [q for q in quantities if q not in QUANTITIES]
@@ -268,6 +269,13 @@ class MemoryView:
                 handles.append(down.register_forward_hook(on_out))
             if need_mid:
                 handles.extend(self._hook_resid_mid(block, layer, emit, pending, on_pair, quantities))
+
+        if "head_in" in quantities:
+            def head_pre(mod, args):
+                if self._running:  # not a consumer's own call of the head (`final_logits`)
+                    emit("head_in", -1, self._as_batch(args[0]))
+                    raise StopForward
+            handles.append(self.arch.unembed(self.model).register_forward_pre_hook(head_pre))
 
         if stop_early and layers and layers[-1] < self.n_layers - 1:
             def stop(mod, args, out):

@@ -458,15 +458,6 @@ def _model_args(ckpt: dict) -> dict:
     return dict(vars(source))
 
 
-def _cutoff(value, vocab_size: int) -> list[int]:
-    if value is None or value == "":
-        return []
-    items = [int(v) for v in (value.split(",") if isinstance(value, str) else value)]
-    if items and items[-1] < vocab_size:
-        items.append(vocab_size)
-    return items
-
-
 def _upgrade(state: dict) -> dict:
     """Rename older fairseq parameter names to the current ones (combined in_proj, layer_norms.N)."""
     out = {}

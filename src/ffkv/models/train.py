@@ -47,7 +47,6 @@ from ffkv.models.tiny_lm import (
     PAD_ID,
     FfkvLMConfig,
     FfkvLMForCausalLM,
-    hf_tokenizer,
     quiet_transformers,
     save_tokenizer,
     train_tokenizer,
@@ -464,11 +463,6 @@ def _version(package: str) -> str:
         return version(package)
     except Exception:  # noqa: BLE001
         return "unknown"
-
-
-def load_tokenizer(out_dir: str | os.PathLike):
-    """The Hugging Face tokenizer of a trained directory (see `ffkv.models.tiny_lm.hf_tokenizer`)."""
-    return hf_tokenizer(out_dir)
 
 
 # ------------------------------------------------------------------------ main

@@ -20,9 +20,13 @@ import pandas as pd
 from markupsafe import Markup
 
 import ffkv
-from ffkv.report.content import discover_figures, discover_metrics, order_key, paper_finding, reading
-from ffkv.report.style import CSS, number, percent
+from ffkv.presentation.findings import paper_finding
+from ffkv.presentation.style import CSS, number, percent
+from ffkv.presentation.summary import manifest_summary
+from ffkv.report.content import order_key, reading
 from ffkv.store import atomic
+from ffkv.store.annotations import read_labels
+from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 #: Rows of a metrics table shown in the report (the rest are in the Parquet file).
@@ -42,7 +46,7 @@ TEMPLATE = """<!doctype html>
 <a href="{{ explorer }}/">overview</a> · <a href="{{ explorer }}/search">search</a> · <a href="{{ explorer }}/trace">trace</a> ·
 layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{% if not loop.last %}, {% endif %}{% endfor %}.</p>
 <h2>Layers</h2>
-<p class="small muted">From the trigger examples (top-{{ top_k }} per key){% if has_stats %} and the explorer's value projections{% endif %}.</p>
+<p class="small muted">From the trigger examples (top-{{ top_k }} per key){% if has_stats %} and the values experiment{% endif %}.</p>
 <div class="scroll">{{ layer_table }}</div>
 {% if annotations %}<h2>Human labels</h2><p class="small muted">From annotations/labels.parquet (latest label per key and annotator).</p>
 <div class="scroll">{{ annotations }}</div>{% endif %}
@@ -107,7 +111,7 @@ def _data_uri(path: Path) -> str:
 
 
 def layer_summary(run: RunDir) -> pd.DataFrame:
-    """Per-layer summary of the trigger examples (and of the explorer's key statistics, if present)."""
+    """Per-layer summary of the trigger examples (and of the values experiment, if it ran)."""
     te = str(run.table("trigger_examples")).replace("'", "''")
     con = duckdb.connect()
     try:
@@ -120,18 +124,14 @@ def layer_summary(run: RunDir) -> pd.DataFrame:
             FROM read_parquet('{te}') GROUP BY layer ORDER BY layer""").df()
     finally:
         con.close()
-    stats_path = run.path / "explorer" / "key_stats.parquet"
-    if stats_path.exists():
-        stats = pd.read_parquet(stats_path).groupby("layer").agg(
-            agreement_rate=("agreement", "mean"), mean_value_confidence=("confidence", "mean"),
-            mean_activation_frequency=("activation_frequency", "mean")).reset_index()
+    if run.has_metric("values"):
+        stats = run.read_metric("values", columns=["layer", "agreement_rate", "mean_top_prob"]).rename(
+            columns={"mean_top_prob": "mean_value_confidence"})
         summary = summary.merge(stats.astype({"layer": summary["layer"].dtype}), on="layer", how="left")
     return summary
 
 
 def _annotations(run: RunDir) -> str | None:
-    from ffkv.explorer.annotations import read_labels
-
     labels = read_labels(run.path)
     if labels.empty:
         return None
@@ -139,12 +139,9 @@ def _annotations(run: RunDir) -> str | None:
     return _table_html(counts)
 
 
-def _run_rows(manifest: dict) -> list[tuple[str, str]]:
-    from ffkv.explorer.data import manifest_summary
-
+def _run_rows(manifest: Manifest) -> list[tuple[str, str]]:
     rows = manifest_summary(manifest)
-    versions = manifest.get("versions", {})
-    rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
+    rows.append(("versions", ", ".join(f"{k} {v}" for k, v in manifest.versions.items())))
     return rows
 
 
@@ -157,13 +154,13 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     """
     run = RunDir(run_dir)
     manifest = run.require_complete()
-    metrics, figures = discover_metrics(run.path), discover_figures(run.path)
+    metrics, figures = set(run.metric_names()), run.figure_names()
     sections = []
-    for name in sorted(set(metrics) | set(figures), key=order_key):
+    for name in sorted(metrics | set(figures), key=order_key):
         table = None
         if name in metrics:
             try:
-                table = pd.read_parquet(metrics[name])
+                table = run.read_metric(name)
             except Exception as exc:  # noqa: BLE001 - one unreadable table must not sink the report
                 table = pd.DataFrame({"error": [f"cannot read metrics/{name}.parquet: {exc}"]})
         finding = paper_finding(name) or {}
@@ -187,14 +184,13 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     page = _ENV.from_string(TEMPLATE).render(
         css=CSS, run_name=run.path.name, run_path=str(run.path), version=ffkv.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M"), run_rows=_run_rows(manifest),
-        explorer=explorer_url.rstrip("/"), layers=list(range(int(manifest["model"]["n_layers"]))),
-        top_k=manifest.get("index", {}).get("top_k"), has_stats="agreement_rate" in summary.columns,
+        explorer=explorer_url.rstrip("/"), layers=list(range(manifest.model.n_layers)),
+        top_k=manifest.top_k, has_stats="agreement_rate" in summary.columns,
         layer_table=Markup(_table_html(
-            summary, percent_columns=("share_prefix_is_whole_example", "agreement_rate",
-                                      "mean_value_confidence", "mean_activation_frequency"))),
+            summary, percent_columns=("share_prefix_is_whole_example", "agreement_rate", "mean_value_confidence"))),
         annotations=Markup(annotations) if annotations else None,
         sections=sections,
     )
-    path = run.path / "report.html"
+    path = run.report_path
     atomic.write_bytes(path, page.encode("utf-8"))
     return path

@@ -1,45 +1,36 @@
 """The run directory: one per model and corpus, readable without ffkv (SPEC section 10).
 
-Layout (the public contract is docs/run-directory.md):
+`RunDir` names every path of the contract (docs/run-directory.md) and is the one way
+the rest of ffkv reads and writes a run:
 
-    RUN/manifest.json              what was run, on what, with which versions; status
-    RUN/examples.parquet           example_id, token_ids, text
-    RUN/trigger_examples.parquet   layer, key, rank, coefficient, example_id, position, next_token_id
-    RUN/metrics/, RUN/figures/     written by `ffkv analyze`
-    RUN/.partial/                  checkpoints of an unfinished run (removed when complete)
+    RUN/manifest.json                what was run, on what, with which versions; status (`Manifest`)
+    RUN/examples.parquet             example_id, token_ids, text
+    RUN/trigger_examples.parquet     layer, key, rank, coefficient, example_id, position, next_token_id
+    RUN/metrics/NAME.parquet         tables of `ffkv analyze` (`read_metric`, `write_metric`)
+    RUN/figures/NAME.{png,svg}       figures of `ffkv analyze`
+    RUN/annotations/labels.parquet   human pattern labels (`ffkv.store.annotations`)
+    RUN/explorer/                    the explorer's derived lookup tables (a cache)
+    RUN/report.html                  `ffkv report`
+    RUN/.partial/                    checkpoints of an unfinished run (removed when complete)
 """
 
 from __future__ import annotations
 
 import json
-import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.store import atomic
+from ffkv.store.manifest import Identity, Manifest
 
-FORMAT_VERSION = 1
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries whose behaviour shapes the results."""
-    import numpy
-    import pyarrow
-    import torch
-    import transformers
-
-    import ffkv
-
-    return {
-        "ffkv": ffkv.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": numpy.__version__,
-        "pyarrow": pyarrow.__version__,
-    }
+#: Key of a metrics table's schema metadata that holds how it was computed (JSON).
+DESCRIPTION_KEY = b"ffkv"
 
 
 class RunDir:
@@ -48,6 +39,18 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
+    def __repr__(self) -> str:
+        try:
+            manifest = self.manifest() if self.exists() else None
+        except FfkvError:
+            manifest = None
+        if manifest is None:
+            return f"RunDir({str(self.path)!r}, no run)"
+        m = manifest.model
+        return (f"RunDir({str(self.path)!r}, {manifest.status}: {m.id}, {m.n_layers} layers x {m.d_m} memories, "
+                f"top-{manifest.top_k}, {len(self.metric_names())} metrics tables)")
+
+    # ---------------------------------------------------------------- paths
     @property
     def manifest_path(self) -> Path:
         return self.path / "manifest.json"
@@ -58,43 +61,81 @@ class RunDir:
         return self.path / ".partial"
 
     def table(self, name: str) -> Path:
-        """Path of a top-level table, e.g. ``table('examples')``."""
+        """Path of a top-level table: ``examples`` or ``trigger_examples``."""
         return self.path / f"{name}.parquet"
 
+    @property
+    def metrics_dir(self) -> Path:
+        return self.path / "metrics"
+
+    def metric_path(self, name: str) -> Path:
+        """RUN/metrics/NAME.parquet."""
+        return self.metrics_dir / f"{name}.parquet"
+
+    @property
+    def figures_dir(self) -> Path:
+        return self.path / "figures"
+
+    def figure_path(self, name: str, fmt: str = "png") -> Path:
+        """RUN/figures/NAME.FMT (png or svg)."""
+        return self.figures_dir / f"{name}.{fmt}"
+
+    @property
+    def annotations_path(self) -> Path:
+        """RUN/annotations/labels.parquet: human pattern labels."""
+        return self.path / "annotations" / "labels.parquet"
+
+    @property
+    def cache_dir(self) -> Path:
+        """RUN/explorer: lookup tables derived from the run (rebuilt when the index changes)."""
+        return self.path / "explorer"
+
+    @property
+    def report_path(self) -> Path:
+        return self.path / "report.html"
+
+    # ------------------------------------------------------------- manifest
     def exists(self) -> bool:
         return self.manifest_path.exists()
 
-    def manifest(self) -> dict[str, Any]:
-        """The manifest, or a clear error when this is not a run directory."""
+    def manifest(self) -> Manifest:
+        """The manifest, or a clear error when this is not a run directory or it cannot be read."""
         if not self.manifest_path.exists():
             raise FfkvError(f"{self.path} is not an ffkv run directory (no manifest.json); run `ffkv index` first")
         try:
-            return json.loads(self.manifest_path.read_text())
+            data = json.loads(self.manifest_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise FfkvError(f"cannot read {self.manifest_path}: {exc}") from None
+        return Manifest.from_dict(data, str(self.manifest_path))
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        atomic.write_json(self.manifest_path, manifest)
+    def write_manifest(self, manifest: Manifest) -> None:
+        """Write the manifest atomically, stamping the time it was updated."""
+        manifest.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        atomic.write_json(self.manifest_path, manifest.to_dict())
 
-    def update_manifest(self, **fields: Any) -> dict[str, Any]:
-        """Read, update top-level fields, write back atomically."""
+    def update_manifest(self, **fields: Any) -> Manifest:
+        """Read, set fields of the `Manifest`, write back atomically."""
         manifest = self.manifest()
-        manifest.update(fields)
+        for name, value in fields.items():
+            if not hasattr(manifest, name):
+                raise AttributeError(f"a manifest has no field {name!r}")
+            setattr(manifest, name, value)
         self.write_manifest(manifest)
         return manifest
 
-    def require_complete(self) -> dict[str, Any]:
+    def require_complete(self) -> Manifest:
         """The manifest of a finished index, or an error saying what to do."""
+        if self.path.exists() and not self.path.is_dir():
+            raise FfkvError(f"{self.path} is a file; give a run directory")
         manifest = self.manifest()
-        if manifest.get("status") != "complete":
+        if not manifest.complete:
             raise FfkvError(
-                f"run {self.path} is not complete (status {manifest.get('status')!r}); "
+                f"run {self.path} is not complete (status {manifest.status!r}); "
                 "finish it with `ffkv index ... --resume`"
             )
         return manifest
 
-    def prepare(self, identity: dict[str, Any], resume: bool) -> dict[str, Any] | None:
+    def prepare(self, identity: Identity, resume: bool) -> Manifest | None:
         """Check that the folder can hold this run; return the existing manifest when resuming.
 
         Raises a clear error for a folder that holds a different run, a finished run,
@@ -109,12 +150,12 @@ class RunDir:
                 raise FfkvError(f"output directory {self.path} is not empty and holds no ffkv run; choose a new --out")
             return None
         manifest = self.manifest()
-        if manifest.get("identity") != identity:
+        if manifest.identity != identity:
             raise FfkvError(
                 f"output directory {self.path} holds a different run (other model, corpus or options); "
                 "choose a new --out"
             )
-        if manifest.get("status") == "complete":
+        if manifest.complete:
             raise FfkvError(f"output directory {self.path} already holds this run, complete; nothing to do")
         if not resume:
             raise FfkvError(
@@ -123,5 +164,42 @@ class RunDir:
             )
         return manifest
 
+    # --------------------------------------------------------------- metrics
+    def metric_names(self) -> list[str]:
+        """Names of the metrics tables present (RUN/metrics/NAME.parquet), sorted."""
+        return sorted(p.stem for p in self.metrics_dir.glob("*.parquet")) if self.metrics_dir.is_dir() else []
 
-__all__ = ["RunDir", "FORMAT_VERSION", "library_versions"]
+    def has_metric(self, name: str) -> bool:
+        return self.metric_path(name).is_file()
+
+    def read_metric(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """A metrics table by name, or a clear error naming the experiment that writes it."""
+        path = self.metric_path(name)
+        if not path.is_file():
+            raise FfkvError(f"{self.path} has no metrics table {name!r}; run `ffkv analyze {self.path}` first")
+        return pd.read_parquet(path, columns=columns)
+
+    def metric_description(self, name: str) -> dict[str, Any]:
+        """How a metrics table was computed: the JSON in its schema metadata (empty when absent)."""
+        meta = pq.read_schema(self.metric_path(name)).metadata or {}
+        return json.loads(meta.get(DESCRIPTION_KEY, b"{}"))
+
+    def write_metric(self, name: str, table: pd.DataFrame, description: Mapping[str, Any]) -> Path:
+        """Write RUN/metrics/NAME.parquet atomically, with `description` in its schema metadata."""
+        arrow = pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+        metadata = dict(arrow.schema.metadata or {})
+        metadata[DESCRIPTION_KEY] = json.dumps({"name": name, **description}, default=str).encode()
+        path = self.metric_path(name)
+        atomic.write_parquet(path, arrow.replace_schema_metadata(metadata))
+        return path
+
+    # --------------------------------------------------------------- figures
+    def figure_names(self) -> dict[str, Path]:
+        """NAME -> RUN/figures/NAME.png (or .svg when there is no PNG), sorted by name."""
+        found: dict[str, Path] = {}
+        for path in sorted(self.figures_dir.glob("*.svg")) + sorted(self.figures_dir.glob("*.png")):
+            found[path.stem] = path  # a PNG replaces the SVG of the same name
+        return dict(sorted(found.items()))
+
+
+__all__ = ["RunDir", "DESCRIPTION_KEY"]

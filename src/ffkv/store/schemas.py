@@ -1,13 +1,20 @@
-"""Column types of the run directory's public tables (documented in docs/run-directory.md)."""
+"""Every Parquet schema of the run directory, in one place (documented in docs/run-directory.md).
+
+Tables of `ffkv analyze` (RUN/metrics/) are described by the experiments that write
+them and listed with their columns in the docs; the schemas here are those of the
+tables that more than one part of ffkv writes or reads by column.
+"""
 
 import pyarrow as pa
 
+#: RUN/examples.parquet: one row per example of the corpus selection.
 EXAMPLES = pa.schema([
     ("example_id", pa.int64()),
     ("token_ids", pa.list_(pa.int32())),
     ("text", pa.string()),
 ])
 
+#: RUN/trigger_examples.parquet: one row per (layer, key, rank).
 TRIGGER_EXAMPLES = pa.schema([
     ("layer", pa.int16()),
     ("key", pa.int32()),
@@ -16,4 +23,38 @@ TRIGGER_EXAMPLES = pa.schema([
     ("example_id", pa.int64()),
     ("position", pa.int32()),
     ("next_token_id", pa.int32()),
+])
+
+#: RUN/annotations/labels.parquet: human pattern labels, one row per (layer, key, annotator).
+LABELS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("label", pa.string()),
+    ("description", pa.string()),
+    ("annotator", pa.string()),
+    ("time", pa.string()),
+])
+
+#: RUN/explorer/value_top_tokens.parquet: each value's top tokens, one row per (layer, key, rank).
+VALUE_TOP_TOKENS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("rank", pa.int16()),
+    ("token_id", pa.int32()),
+    ("prob", pa.float32()),
+])
+
+#: RUN/explorer/key_stats.parquet: one row per (layer, key), the explorer's sortable statistics.
+KEY_STATS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("confidence", pa.float32()),
+    ("top_token_id", pa.int32()),
+    ("agreement", pa.bool_()),
+    ("next_token_rank", pa.int32()),
+    ("logsumexp", pa.float32()),
+    ("value_norm", pa.float32()),
+    ("activation_frequency", pa.float32()),
+    ("common_last_token_id", pa.int32()),
+    ("shallow_share", pa.float32()),
 ])

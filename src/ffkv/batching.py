@@ -1,8 +1,10 @@
 """Examples to padded batches, grouped by similar length to waste little on padding.
 
-Batches are built from consecutive windows of the example stream, so a run can
-checkpoint after any window and resume by skipping the examples already consumed.
-Within a batch, rows are in ascending example id, which the exact tie-break needs.
+Shared by the index and the experiments. The index builds batches from consecutive
+windows of the example stream, so a run can checkpoint after any window and resume by
+skipping the examples already consumed; the experiments batch rows of their own
+(`row_batches`), each rank running its share (`ffkv.parallel.owned`). Within a batch,
+rows are in ascending example id, which the exact tie-break needs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from ffkv.parallel import owned
+
+#: Batch shape of the experiments' own forward passes (speed only, never the result).
+BATCH_SIZE = 32
+MAX_BATCH_TOKENS = 8192
 
 
 @dataclass
@@ -114,3 +122,46 @@ def length_batches(chunk: Sequence, batch_size: int, max_batch_tokens: int | Non
     if current:
         batches.append(current)
     return batches
+
+
+@dataclass
+class _Row:
+    example_id: int
+    token_ids: np.ndarray
+
+
+@dataclass
+class RowBatches:
+    """This rank's padded batches of some rows (every batch in one process; `ffkv.parallel`).
+
+    Iterating yields (row indices of the batch, in batch order; the batch on `device`).
+    """
+
+    groups: list[list[_Row]]
+    pad_id: int
+    special_ids: tuple[int, ...]
+    device: torch.device | str
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row indices of this rank's batches: what it passes to `ffkv.parallel.gather_rows`."""
+        return np.array([r.example_id for group in self.groups for r in group], dtype=np.int64)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, Batch]]:
+        for group in self.groups:
+            batch = collate(group, self.pad_id, self.special_ids).to(self.device)
+            yield batch.example_ids.cpu().numpy(), batch
+
+
+def row_batches(rows: Sequence[tuple[int, np.ndarray]], pad_id: int, special_ids: Iterable[int],
+                device: torch.device | str, batch_size: int = BATCH_SIZE,
+                max_batch_tokens: int | None = MAX_BATCH_TOKENS) -> RowBatches:
+    """The padded batches of (row index, token ids) pairs, grouped by length, that this rank runs.
+
+    All rows are cut into the batches one process would run, then each rank keeps its
+    share (`owned`), so every row goes through the same padded batch in any world size.
+    The row index stands in for the example id, so `collate` keeps rows in index order.
+    """
+    items = [_Row(i, np.asarray(t)) for i, t in rows]
+    return RowBatches(owned(length_batches(items, batch_size, max_batch_tokens)), pad_id,
+                      tuple(sorted(int(i) for i in special_ids)), device)

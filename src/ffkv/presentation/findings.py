@@ -1,7 +1,9 @@
-"""The paper's finding for each figure and table of `ffkv analyze`, and a one-line reading of this model's.
+"""The one table of the paper's findings: for each figure and table of `ffkv analyze`, what the paper
+found, and a one-line reading of this model's numbers.
 
-Keys are the names of RUN/figures/NAME.* and RUN/metrics/NAME.parquet; the report puts
-each finding next to the figure of the same name (longest matching name prefix).
+Keys are the names of RUN/figures/NAME.* and RUN/metrics/NAME.parquet; the report (and the
+explorer's overview) puts each finding next to the figure of the same name (`paper_finding`:
+the exact name, else the longest key the name starts with).
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
         "Examples where the last layer changes the residual's prediction: often to a related token or a "
         "compromise, for reading.")},
 }
+
+
+def paper_finding(name: str) -> dict[str, str] | None:
+    """{"figure": "Figure 4", "finding": "..."} for a figure or table name, or None."""
+    if name in PAPER_FINDINGS:
+        return PAPER_FINDINGS[name]
+    for key in sorted(PAPER_FINDINGS, key=len, reverse=True):
+        if name.startswith(key):
+            return PAPER_FINDINGS[key]
+    return None
 
 
 def _pct(x: float) -> str:

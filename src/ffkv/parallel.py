@@ -1,16 +1,17 @@
-"""`ffkv analyze` across torchrun ranks: which rows each rank runs, and gathering them back.
+"""Work shared across torchrun ranks: process groups, which rank owns which batch, gathering rows.
 
-Under torchrun (WORLD_SIZE > 1) `analyze` opens one process group for the whole call
-(`ffkv.index.distributed.process_group`: Gloo on CPU, NCCL on GPU). A forward pass over many rows (held-out
-examples, ablated prefixes, prefixes to embed) first cuts all its rows into the padded
-batches one process would run; rank r runs batches r, r + world, r + 2·world, ...
-(`owned`). The split is fixed by the rows alone, never by timing, and each rank runs
-exactly the batches one process runs: a batch's padded shape can change the last bits
-of a float, so rows are never re-batched per rank. Each rank fills its rows of
-full-size arrays and `gather_rows` hands every rank every row, so that all ranks hold
-the arrays one process computes, in the same order; then every rank builds the same
-tables and only rank 0 writes them (`is_writer`). The weights-only values scan is
-split by layer the same way.
+The ground floor of every parallel job, used by `ffkv.index` and `ffkv.experiments` alike.
+
+Under torchrun (WORLD_SIZE > 1) a job opens one process group (`process_group`: Gloo on
+CPU, NCCL on GPU). A forward pass over many rows (held-out examples, ablated prefixes,
+prefixes to embed) first cuts all its rows into the padded batches one process would
+run; rank r runs batches r, r + world, r + 2·world, ... (`owned`). The split is fixed by
+the rows alone, never by timing, and each rank runs exactly the batches one process
+runs: a batch's padded shape can change the last bits of a float, so rows are never
+re-batched per rank. Each rank fills its rows of full-size arrays and `gather_rows`
+hands every rank every row, so that all ranks hold the arrays one process computes, in
+the same order; then every rank builds the same tables and only rank 0 writes them
+(`is_writer`). Weights-only work is split by layer the same way.
 
 Without a process group this process is rank 0 of 1: `owned` keeps every item and
 `gather_rows` returns its input, so one process runs the same code, unchanged.
@@ -21,14 +22,60 @@ Without a process group this process is rank 0 of 1: `owned` keeps every item an
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, TypeVar, overload
+import os
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence, TypeVar, overload
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
-from ffkv.index.distributed import Shard, current_shard
-
 T = TypeVar("T")
+
+#: (rank, world size) of one process of a job.
+Shard = tuple[int, int]
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is one rank of several started by torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def local_device(device: str) -> str:
+    """The device of this rank: `cuda` becomes `cuda:LOCAL_RANK`."""
+    if device == "cuda" and launched_by_torchrun():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def current_shard() -> Shard:
+    """(rank, world size) in the open process group; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextmanager
+def process_group(device: torch.device | str) -> Iterator[Shard]:
+    """Under torchrun, one process group for the block (NCCL for a GPU device, else Gloo).
+
+    At the end of the block every rank waits for the others (so rank 0 finishes writing
+    before any rank leaves), then the group is closed, also after an error. In one
+    process, or when a group is already open (its opener closes it), it does nothing.
+    Yields (rank, world size).
+    """
+    if not launched_by_torchrun() or dist.is_initialized():
+        yield current_shard()
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # collectives of objects go through the current GPU: one per rank
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield current_shard()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 #: One rank's share of a gather: (row indices, those rows of each named array).
 Part = tuple[np.ndarray, Mapping[str, np.ndarray]]

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
-from tiny_models import VOCAB, tiny_model
+from support.tiny_models import VOCAB, tiny_model
 
 
 class CharTokenizer:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ffkv.corpus import CorpusSpec
 from ffkv.index.indexer import IndexOptions, build_index
-from helpers import loaded_tiny
+from support.helpers import loaded_tiny
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "x", "quick", "red", "of"]
 

@@ -1,0 +1,79 @@
+"""Interventions on memory coefficients: switch a memory off, scale it, or set it (every position).
+
+An intervention rewrites m_i, the input of the FF layer's second matrix, with a
+pre-forward hook on that matrix, so FF(x) = Σ_i m'_i·v_i + b_V: exactly the memory
+view of SPEC section 1. Hooks exist only inside `intervene`; leaving the block restores
+the model exactly.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Literal
+
+import torch
+
+from ffkv.errors import FfkvError
+from ffkv.memories.view import MemoryView
+
+OPERATIONS = ("off", "scale", "set")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One memory's coefficient rewritten: off (m' = 0), scale (m' = value·m) or set (m' = value)."""
+
+    layer: int
+    key: int
+    op: Literal["off", "scale", "set"] = "off"
+    value: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.op not in OPERATIONS:
+            raise FfkvError(f"unknown intervention {self.op!r}; choose from {', '.join(OPERATIONS)}")
+
+    @classmethod
+    def scaled(cls, layer: int, key: int, factor: float) -> "Intervention":
+        """A scale, written as off when the factor is 0."""
+        return cls(layer, key, "off") if factor == 0 else cls(layer, key, "scale", float(factor))
+
+    @property
+    def factor(self) -> float | None:
+        """The scale this intervention multiplies m by (0 for off), None for set."""
+        return 0.0 if self.op == "off" else self.value if self.op == "scale" else None
+
+
+def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:
+    out: dict[int, dict[int, Intervention]] = {}
+    for edit in interventions:
+        if not 0 <= edit.layer < view.n_layers or not 0 <= edit.key < view.d_m:
+            raise FfkvError(f"memory {edit.layer}:{edit.key} does not exist: this model has layers "
+                            f"0..{view.n_layers - 1} and keys 0..{view.d_m - 1}")
+        out.setdefault(edit.layer, {})[edit.key] = edit  # the last one given for a memory wins
+    return out
+
+
+@contextmanager
+def intervene(view: MemoryView, interventions: Iterable[Intervention]) -> Iterator[None]:
+    """Within the block, each listed memory's coefficient is rewritten at every position."""
+    handles = []
+    for layer, edits in _per_layer(view, interventions).items():
+        keys = torch.tensor(sorted(edits), dtype=torch.long, device=view.device)
+        ordered = [edits[k] for k in sorted(edits)]
+        factor = torch.tensor([e.factor if e.factor is not None else 1.0 for e in ordered], device=view.device)
+        is_set = torch.tensor([e.op == "set" for e in ordered], device=view.device)
+        setting = torch.tensor([e.value for e in ordered], device=view.device)
+
+        def pre(module, args, keys=keys, factor=factor, is_set=is_set, setting=setting):
+            m = args[0].clone()
+            chosen = m[..., keys]
+            m[..., keys] = torch.where(is_set, setting.to(m.dtype), chosen * factor.to(m.dtype))
+            return (m, *args[1:])
+
+        handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(pre))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,128 @@
+"""Human pattern labels of keys (SPEC section 4, the human workflow), kept in the run directory.
+
+Public contract: ``RUN/annotations/labels.parquet`` (`ffkv.store.schemas.LABELS`), one row
+per (layer, key, annotator), the latest label wins; ``label`` is one of `LABELS`. Every
+save rewrites the file atomically, so a reader never sees half a table. Labels arrive
+from the explorer's annotate form (`Annotations.save`) and from a filled-in CSV
+(`import_csv`); `consensus` gives one label per key for the agreement with the
+automatic labels.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from ffkv.errors import FfkvError
+from ffkv.store import atomic, schemas
+from ffkv.store.run import RunDir
+
+#: The pattern labels of SPEC section 4.
+LABELS = ("shallow", "semantic", "both", "none")
+
+
+def read_labels(run_dir: str | Path) -> pd.DataFrame:
+    """All human labels of a run (empty, with the columns, when there are none)."""
+    path = RunDir(run_dir).annotations_path
+    if not path.exists():
+        return schemas.LABELS.empty_table().to_pandas()
+    return pd.read_parquet(path)
+
+
+def consensus(labels: pd.DataFrame) -> pd.DataFrame:
+    """One human label per key: each annotator's latest, then the most common (ties: alphabetical).
+
+    Returns columns layer, key, human_label.
+    """
+    if labels.empty:
+        return pd.DataFrame({"layer": pd.Series(dtype="int64"), "key": pd.Series(dtype="int64"),
+                             "human_label": pd.Series(dtype="object")})
+    latest = labels.sort_values("time").groupby(["layer", "key", "annotator"]).tail(1)
+    return (latest.groupby(["layer", "key"])["label"]
+            .agg(lambda s: sorted(s.value_counts().loc[lambda c: c == c.max()].index)[0])
+            .rename("human_label").reset_index())
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Annotations:
+    """Read and save the labels of one run; saves from several threads are serialised."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = RunDir(run_dir).annotations_path
+
+    def all(self) -> pd.DataFrame:
+        return read_labels(self.run_dir)
+
+    def of(self, layer: int, key: int) -> list[dict]:
+        """The labels of one key, newest first."""
+        table = self.all()
+        rows = table[(table.layer == layer) & (table.key == key)].sort_values("time", ascending=False)
+        return rows.to_dict("records")
+
+    def save(self, layer: int, key: int, label: str, description: str = "", annotator: str = "") -> dict:
+        """Store a label; a second label by the same annotator for the same key replaces the first."""
+        return self.save_many([(layer, key, label, description)], annotator)[0]
+
+    def save_many(self, labels: Iterable[tuple[int, int, str, str]], annotator: str = "") -> list[dict]:
+        """Store (layer, key, label, description) rows by one annotator in one atomic rewrite."""
+        stamp = _now()
+        rows = []
+        for layer, key, label, description in labels:
+            if label not in LABELS:
+                raise FfkvError(f"unknown label {label!r}; use one of {', '.join(LABELS)}")
+            rows.append({"layer": int(layer), "key": int(key), "label": label, "description": description or "",
+                         "annotator": annotator or "anonymous", "time": stamp})
+        if not rows:
+            return rows
+        new = pd.DataFrame(rows)
+        with self._lock:
+            table = self.all()
+            replaced = table.set_index(["layer", "key", "annotator"]).index.isin(
+                new.set_index(["layer", "key", "annotator"]).index)
+            table = pd.concat([table[~replaced], new], ignore_index=True)
+            table = table.sort_values(["layer", "key", "annotator"], kind="stable")
+            atomic.write_parquet(self.path, pa.Table.from_pandas(table, schema=schemas.LABELS, preserve_index=False))
+        return rows
+
+
+def import_csv(run_dir: str | Path, path: str | Path, annotator: str = "") -> int:
+    """Store the labels of a filled-in annotation CSV (see `ffkv annotate export`); returns the key count.
+
+    Each key needs one label (shallow, semantic, both or none) on at least one of its rows;
+    different labels for one key are an error. Keys without a label are skipped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FfkvError(f"annotation file {path} does not exist")
+    table = pd.read_csv(path, dtype={"label": str, "description": str}, keep_default_na=False)
+    missing = {"layer", "key", "label"} - set(table.columns)
+    if missing:
+        raise FfkvError(f"annotation file {path} lacks column(s) {', '.join(sorted(missing))}")
+    table["label"] = table["label"].str.strip().str.lower()
+    labelled = table[table["label"] != ""]
+    bad = sorted(set(labelled["label"]) - set(LABELS))
+    if bad:
+        raise FfkvError(f"unknown label {bad[0]!r} in {path}; use one of {', '.join(LABELS)}")
+    rows = []
+    for (layer, key), g in labelled.groupby(["layer", "key"]):
+        labels = set(g["label"])
+        if len(labels) > 1:
+            raise FfkvError(f"key {layer}/{key} has several labels in {path}: {', '.join(sorted(labels))}")
+        description = next((d for d in g.get("description", []) if isinstance(d, str) and d.strip()), "")
+        rows.append((int(layer), int(key), labels.pop(), description))
+    Annotations(run_dir).save_many(rows, annotator)
+    return len(rows)
+
+
+__all__ = ["LABELS", "Annotations", "consensus", "import_csv", "read_labels"]

@@ -1,0 +1,59 @@
+"""Interventions on coefficients: the FF output equals Σ m'_i·v_i + b_V computed by hand, and leaving
+the block restores the model exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ffkv.errors import FfkvError
+from ffkv.memories import Intervention, intervene
+from support.helpers import loaded_tiny
+
+PROMPT = torch.tensor([[5, 9, 14, 22, 30, 31]])
+
+
+def _capture(view, edits=()):
+    with intervene(view, edits):
+        with view.capture(("coefficients", "ff_out")) as cap:
+            view.forward(PROMPT)
+    return cap
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_off_scale_and_set_rewrite_the_coefficients(family):
+    view = loaded_tiny(family).view
+    base = _capture(view)
+    edits = [Intervention(1, 3, "off"), Intervention(1, 5, "scale", 2.5), Intervention(1, 7, "set", 4.0)]
+    cap = _capture(view, edits)
+    m = base["coefficients"][1].clone()
+    m[..., 3] = 0
+    m[..., 5] *= 2.5
+    m[..., 7] = 4.0
+    torch.testing.assert_close(cap["coefficients"][1], m)
+    expected = m @ view.values(1)
+    if view.value_bias(1) is not None:
+        expected = expected + view.value_bias(1)
+    torch.testing.assert_close(cap["ff_out"][1], expected, rtol=1e-5, atol=1e-5)
+    # Layers without edits are untouched only below the edited one; the model itself is restored after.
+    torch.testing.assert_close(cap["coefficients"][0], base["coefficients"][0])
+    again = _capture(view)
+    for layer in range(view.n_layers):
+        assert torch.equal(again["ff_out"][layer], base["ff_out"][layer])
+
+
+def test_switching_off_every_memory_leaves_only_the_bias():
+    view = loaded_tiny("gpt2").view
+    cap = _capture(view, [Intervention(1, k, "off") for k in range(view.d_m)])
+    torch.testing.assert_close(cap["ff_out"][1][0], view.value_bias(1).expand(PROMPT.shape[1], -1))
+
+
+def test_scaled_is_off_at_zero_and_bad_memories_are_refused():
+    assert Intervention.scaled(0, 1, 0.0) == Intervention(0, 1, "off")
+    assert Intervention.scaled(0, 1, 3.0).factor == 3.0 and Intervention(0, 1, "set", 2.0).factor is None
+    view = loaded_tiny("gpt2").view
+    with pytest.raises(FfkvError, match="does not exist"):
+        with intervene(view, [Intervention(9, 0)]):
+            pass
+    with pytest.raises(FfkvError, match="unknown intervention"):
+        Intervention(0, 0, "double")

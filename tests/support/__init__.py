@@ -1,0 +1,1 @@
+"""Test support: tiny models built from configs, runs built by the real pipeline, a browser."""
