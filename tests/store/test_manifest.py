@@ -4,11 +4,12 @@ messages that name the field."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from ffkv.errors import FfkvError
-from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, ManifestError, ModelInfo
+from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, ManifestError, ModelInfo, Process
 from ffkv.store.run import RunDir
 
 
@@ -109,3 +110,36 @@ def test_prepare_and_require_complete(tmp_path):
     assert run.require_complete().complete
     with pytest.raises(FfkvError, match="already holds this run"):
         run.prepare(identity, resume=True)
+
+
+def test_process_and_error_round_trip_and_are_validated(tmp_path):
+    run = RunDir(tmp_path)
+    process = Process(pid=12, host="h", command="index", started="2026-01-01T00:00:00+0000",
+                      heartbeat="2026-01-01T00:01:00+0000")
+    written = _manifest(status="failed", process=process, error="No space left on device (x.parquet)")
+    run.write_manifest(written)
+    assert run.manifest() == written
+    data = json.loads(run.manifest_path.read_text())
+    assert data["process"]["pid"] == 12 and data["error"].startswith("No space")
+    data["process"]["pid"] = "twelve"
+    with pytest.raises(ManifestError, match="process: field 'pid' should be int"):
+        Manifest.from_dict(data)
+    assert "process" not in _manifest(status="complete").to_dict()
+
+
+def test_unfinished_runs_say_why_without_resume(tmp_path):
+    run = RunDir(tmp_path / "run")
+    identity = _manifest().identity
+    process = Process(pid=12, host="h", command="index", started="s", heartbeat="b")
+    for manifest, words in [(_manifest(status="failed", error="No space left on device"),
+                             "holds a failed run (error: No space left on device) of the same job; add --resume"),
+                            (_manifest(status="running", process=process),
+                             "holds a run whose writer `ffkv index` (pid 12 on h, since s) stopped without saving "
+                             "(killed or crashed) of the same job; add --resume")]:
+        run.write_manifest(manifest)
+        with pytest.raises(FfkvError, match=re.escape(words)):
+            run.prepare(identity, resume=False)
+        assert run.prepare(identity, resume=True).status == manifest.status
+    moved = Identity(**{**identity.__dict__, "corpus": {**identity.corpus, "source": "/elsewhere/c.txt"}})
+    assert moved.same_result(identity) and moved != identity  # a corpus is known by its fingerprint
+    assert run.prepare(moved, resume=True) is not None

@@ -5,16 +5,18 @@ per (layer, key, annotator), the latest label wins; ``label`` is one of `LABELS`
 save rewrites the file atomically, so a reader never sees half a table. Labels arrive
 from the explorer's annotate form (`Annotations.save`) and from a filled-in CSV
 (`import_csv`); `consensus` gives one label per key for the agreement with the
-automatic labels.
+automatic labels. A save holds ``RUN/annotations/.labels.lock`` (a file lock) while it
+reads, merges and rewrites the table, so saves from several processes (two explorers,
+an import) all land; an import also holds the run's writer lock (`RunDir.lock`).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Iterable
 
+import filelock
 import pandas as pd
 import pyarrow as pa
 
@@ -52,14 +54,28 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class Annotations:
-    """Read and save the labels of one run; saves from several threads are serialised."""
+#: Seconds a save waits for another process's save to finish.
+SAVE_WAIT_SECONDS = 30.0
 
-    _lock = threading.Lock()
+
+class Annotations:
+    """Read and save the labels of one run; saves from several threads and processes are serialised."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.path = RunDir(run_dir).annotations_path
+
+    def _lock(self) -> filelock.FileLock:
+        """Hold the lock of every save (a new descriptor each time: threads exclude each other too)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(self.path.parent / ".labels.lock", timeout=SAVE_WAIT_SECONDS,
+                                 fallback_to_soft=False)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise FfkvError(f"another process has been saving labels in {self.path.parent} for "
+                            f"{SAVE_WAIT_SECONDS:.0f} s; try again") from None
+        return lock
 
     def all(self) -> pd.DataFrame:
         return read_labels(self.run_dir)
@@ -86,13 +102,18 @@ class Annotations:
         if not rows:
             return rows
         new = pd.DataFrame(rows)
-        with self._lock:
+        lock = self._lock()
+        try:
+            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by a killed save
+                stale.unlink(missing_ok=True)
             table = self.all()
             replaced = table.set_index(["layer", "key", "annotator"]).index.isin(
                 new.set_index(["layer", "key", "annotator"]).index)
             table = pd.concat([table[~replaced], new], ignore_index=True)
             table = table.sort_values(["layer", "key", "annotator"], kind="stable")
             atomic.write_parquet(self.path, pa.Table.from_pandas(table, schema=schemas.LABELS, preserve_index=False))
+        finally:
+            lock.release()
         return rows
 
 
@@ -121,7 +142,8 @@ def import_csv(run_dir: str | Path, path: str | Path, annotator: str = "") -> in
             raise FfkvError(f"key {layer}/{key} has several labels in {path}: {', '.join(sorted(labels))}")
         description = next((d for d in g.get("description", []) if isinstance(d, str) and d.strip()), "")
         rows.append((int(layer), int(key), labels.pop(), description))
-    Annotations(run_dir).save_many(rows, annotator)
+    with RunDir(run_dir).lock("annotate import"):
+        Annotations(run_dir).save_many(rows, annotator)
     return len(rows)
 
 

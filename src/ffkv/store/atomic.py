@@ -1,17 +1,20 @@
 """Atomic file writes: write to a temporary name in the same folder, then rename.
 
 A reader never sees a half-written file, and an interrupted run leaves at most a
-stray temporary file, never a table that reads as complete.
+stray temporary file (``.NAME.*.tmp``, removed by the next writer: `RunDir.lock`),
+never a table that reads as complete. The file is fsynced before the rename and its
+folder after it, so a table that exists after a crash of the machine is whole too.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,11 +37,57 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     make_readable(tmp)
     try:
         yield Path(tmp)
+        fsync(tmp)
         os.replace(tmp, path)
+        fsync(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def fsync(path: str | os.PathLike) -> None:
+    """Flush a file, or a folder's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno != errno.EINVAL:  # a file system that cannot sync a folder (some network ones)
+            raise
+    finally:
+        os.close(fd)
+
+
+class _Recording:
+    """A binary file that remembers the OSError of a failed write (libraries such as torch.save
+    report a full disk as a RuntimeError without the cause)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def write_with(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """Write a file atomically with `write(handle)` (e.g. ``lambda f: torch.save(obj, f)``); a failed
+    write raises its OSError (ENOSPC, EROFS, ...) whatever the library made of it."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        recording = _Recording(handle)
+        try:
+            write(recording)
+        except Exception:
+            if recording.error is not None:
+                raise recording.error from None
+            raise
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

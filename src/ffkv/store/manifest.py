@@ -14,11 +14,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ffkv.errors import FfkvError
+from ffkv.store.lock import Holder
 
 #: Version of the run-directory contract this ffkv writes and reads (docs/run-directory.md).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 KIND = "ffkv-run"
-STATUSES = ("running", "interrupted", "complete")
+#: running: a process writes it (see `process`); interrupted: stopped at a checkpoint (Ctrl-C);
+#: failed: stopped by an error (see `error`); complete: every table written.
+STATUSES = ("running", "interrupted", "failed", "complete")
 
 
 def library_versions() -> dict[str, str]:
@@ -78,6 +81,40 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Process:
+    """The process that writes (or last wrote) a run's index (manifest["process"]).
+
+    Attributes:
+        pid, host: the process and the machine it runs on.
+        command: the ffkv command (`index`, `merge`).
+        started: when it started; heartbeat: when it last said it was alive (ISO 8601).
+    """
+
+    pid: int
+    host: str
+    command: str
+    started: str
+    heartbeat: str
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "manifest.json") -> "Process":
+        w = f"{where} process"
+        if not isinstance(data, Mapping):
+            raise ManifestError(f"{w} should be an object, got {type(data).__name__}")
+        kinds = {"pid": int, "host": str, "command": str, "started": str, "heartbeat": str}
+        return cls(**{name: _require(data, name, kind, w) for name, kind in kinds.items()})
+
+    @classmethod
+    def of(cls, holder: Holder) -> "Process":
+        """The record of a lock holder, its heartbeat now."""
+        return cls(pid=holder.pid, host=holder.host, command=holder.command, started=holder.started,
+                   heartbeat=holder.started)
+
+    def holder(self) -> Holder:
+        return Holder(pid=self.pid, host=self.host, command=self.command, started=self.started)
+
+
+@dataclass(frozen=True)
 class Identity:
     """What defines a run's result; a run resumes only into a folder with an equal identity.
 
@@ -127,6 +164,18 @@ class Identity:
         """The identity of the whole run that this shard is part of."""
         return replace(self, shard=None, batching=None)
 
+    def same_result(self, other: "Identity") -> bool:
+        """Whether two identities define the same result: equal but for where the corpus lies.
+
+        The corpus is known by its content (`corpus_fingerprint`), so a relative and an
+        absolute path, or a copy elsewhere, name the same corpus.
+        """
+        def key(identity: "Identity") -> dict[str, Any]:
+            data = identity.to_dict()
+            data["corpus"] = {k: v for k, v in data["corpus"].items() if k != "source"}
+            return data
+        return key(self) == key(other)
+
 
 @dataclass
 class Manifest:
@@ -138,7 +187,9 @@ class Manifest:
         corpus: the corpus options (`ffkv.corpus.CorpusSpec.to_dict`).
         index: top_k, mode, and the batching used (speed only).
         versions: library versions (`library_versions`).
-        status: running, interrupted or complete.
+        status: running, interrupted, failed or complete (`STATUSES`).
+        process: the process that writes the index, or last wrote it (None once complete).
+        error: why the run failed (status failed), one line.
         timings: index_seconds, and more.
         counts: examples and tokens, once complete.
         analyses: per experiment of `ffkv analyze`, what it wrote and how.
@@ -153,6 +204,8 @@ class Manifest:
     index: dict[str, Any]
     versions: dict[str, str] = field(default_factory=dict)
     status: str = "running"
+    process: Process | None = None
+    error: str | None = None
     timings: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     analyses: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -205,6 +258,8 @@ class Manifest:
             index=dict(_require(data, "index", dict, where)),
             versions=dict(data.get("versions") or {}),
             status=status,
+            process=Process.from_dict(data["process"], where) if data.get("process") is not None else None,
+            error=str(data["error"]) if data.get("error") is not None else None,
             timings=dict(data.get("timings") or {}),
             counts=dict(data.get("counts") or {}),
             analyses={str(k): dict(v) for k, v in analyses.items()},
@@ -221,6 +276,10 @@ class Manifest:
                                "identity": self.identity.to_dict(), "model": asdict(self.model),
                                "corpus": dict(self.corpus), "index": dict(self.index),
                                "versions": dict(self.versions), "timings": dict(self.timings)}
+        if self.process is not None:
+            out["process"] = asdict(self.process)
+        if self.error is not None:
+            out["error"] = self.error
         if self.updated is not None:
             out["updated"] = self.updated
         if self.counts:
@@ -233,4 +292,5 @@ class Manifest:
         return out
 
 
-__all__ = ["FORMAT_VERSION", "STATUSES", "Identity", "Manifest", "ManifestError", "ModelInfo", "library_versions"]
+__all__ = ["FORMAT_VERSION", "STATUSES", "Identity", "Manifest", "ManifestError", "ModelInfo", "Process",
+           "library_versions"]

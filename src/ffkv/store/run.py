@@ -12,22 +12,29 @@ the rest of ffkv reads and writes a run:
     RUN/explorer/                    the explorer's derived lookup tables (a cache)
     RUN/report.html                  `ffkv report`
     RUN/.partial/                    checkpoints of an unfinished run (removed when complete)
+    RUN/.lock                        held by the one process that writes the run (`lock`), naming it
 """
 
 from __future__ import annotations
 
 import json
-import time
+import shutil
+from dataclasses import replace
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, one_line
 from ffkv.store import atomic
-from ffkv.store.manifest import Identity, Manifest
+from ffkv.store.lock import Holder, exclusive, now_iso
+from ffkv.store.manifest import Identity, Manifest, Process
+
+#: Files of ffkv's own bookkeeping that do not make a folder "not empty".
+LOCK_NAME = ".lock"
 
 #: Key of a metrics table's schema metadata that holds how it was computed (JSON).
 DESCRIPTION_KEY = b"ffkv"
@@ -94,6 +101,50 @@ class RunDir:
     def report_path(self) -> Path:
         return self.path / "report.html"
 
+    @property
+    def lock_path(self) -> Path:
+        """RUN/.lock: held by the process that writes the run; records its pid, host, command and start."""
+        return self.path / LOCK_NAME
+
+    # ------------------------------------------------------------- writers
+    @contextmanager
+    def lock(self, command: str, create: bool = False) -> Iterator[Holder]:
+        """Be the one writer of this run for the block, or raise `RunLocked` naming the writer.
+
+        Args:
+            command: the ffkv command that writes (`index`, `analyze`, ...), recorded in the lock.
+            create: create the run directory when missing (`ffkv index`, `merge`); otherwise
+                a missing directory is an error.
+
+        Temporary files that a killed writer left behind are removed once the lock is held.
+        """
+        if create:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise FfkvError(f"cannot create the run directory {self.path} ({error.strerror}): "
+                                "choose another --out") from None
+        elif not self.path.is_dir():
+            raise FfkvError(f"{self.path} is not an ffkv run directory (no such folder); run `ffkv index` first")
+        with exclusive(self.lock_path, command, f"run {self.path}") as holder:
+            self.clean_temporary()
+            yield holder
+
+    def clean_temporary(self) -> None:
+        """Remove what a killed writer may have left: temporary files of atomic writes, and the
+        checkpoints of a run that completed. Only the lock holder may call it."""
+        complete = False
+        try:
+            complete = self.exists() and self.manifest().complete
+        except FfkvError:
+            pass
+        if complete and self.partial.is_dir():
+            shutil.rmtree(self.partial, ignore_errors=True)
+        for folder in (self.path, self.partial, self.metrics_dir, self.figures_dir):
+            if folder.is_dir():
+                for tmp in folder.glob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
+
     # ------------------------------------------------------------- manifest
     def exists(self) -> bool:
         return self.manifest_path.exists()
@@ -110,7 +161,7 @@ class RunDir:
 
     def write_manifest(self, manifest: Manifest) -> None:
         """Write the manifest atomically, stamping the time it was updated."""
-        manifest.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        manifest.updated = now_iso()
         atomic.write_json(self.manifest_path, manifest.to_dict())
 
     def update_manifest(self, **fields: Any) -> Manifest:
@@ -138,19 +189,19 @@ class RunDir:
     def prepare(self, identity: Identity, resume: bool) -> Manifest | None:
         """Check that the folder can hold this run; return the existing manifest when resuming.
 
-        Raises a clear error for a folder that holds a different run, a finished run,
-        an interrupted run without ``--resume``, or other files.
+        Call it holding the lock (`lock`). Raises a clear error for a folder that holds a
+        different run, a finished run, an unfinished run without ``--resume``, or other files.
         """
         if self.path.exists() and not self.path.is_dir():
             raise FfkvError(f"output path {self.path} is a file; give a directory for the run")
         if not self.exists():
             if resume:
                 raise FfkvError(f"nothing to resume in {self.path}: no run was started there")
-            if self.path.exists() and any(self.path.iterdir()):
+            if self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
                 raise FfkvError(f"output directory {self.path} is not empty and holds no ffkv run; choose a new --out")
             return None
         manifest = self.manifest()
-        if manifest.identity != identity:
+        if not manifest.identity.same_result(identity):
             raise FfkvError(
                 f"output directory {self.path} holds a different run (other model, corpus or options); "
                 "choose a new --out"
@@ -158,11 +209,44 @@ class RunDir:
         if manifest.complete:
             raise FfkvError(f"output directory {self.path} already holds this run, complete; nothing to do")
         if not resume:
-            raise FfkvError(
-                f"output directory {self.path} holds an interrupted run of the same job; "
-                "add --resume to continue it, or choose a new --out"
-            )
+            raise FfkvError(f"output directory {self.path} holds {unfinished(manifest)} of the same job; "
+                            "add --resume to continue it, or choose a new --out")
         return manifest
+
+    @contextmanager
+    def writing(self, manifest: Manifest, holder: Holder, again: str) -> Iterator[None]:
+        """Mark the run `running` by `holder` for the block (hold the lock); an error in it marks the
+        run `failed`, with the error, and Ctrl-C `interrupted`. A filesystem error becomes one line
+        that says so and how to go on (`again`: e.g. "rerun the same command with --resume")."""
+        manifest.status, manifest.error = "running", None
+        manifest.process = Process.of(holder)
+        self.write_manifest(manifest)
+        try:
+            yield
+        except KeyboardInterrupt:
+            self._stopped(manifest, "interrupted")
+            raise
+        except Exception as error:
+            marked = self._stopped(manifest, "failed", one_line(error))
+            if isinstance(error, OSError):
+                state = "is marked failed" if marked else "could not be marked failed (`ffkv status` shows it stopped)"
+                raise FfkvError(f"{one_line(error)}; the run in {self.path} {state}: fix that, then {again}") from error
+            raise
+
+    def heartbeat(self, manifest: Manifest) -> None:
+        """Record that the writing process is alive (manifest process.heartbeat)."""
+        if manifest.process is not None:
+            manifest.process = replace(manifest.process, heartbeat=now_iso())
+        self.write_manifest(manifest)
+
+    def _stopped(self, manifest: Manifest, status: str, error: str | None = None) -> bool:
+        """Record how the writer stopped; False when even that cannot be written (a full disk)."""
+        manifest.status, manifest.error = status, error
+        try:
+            self.heartbeat(manifest)
+        except OSError:
+            return False
+        return True
 
     # --------------------------------------------------------------- metrics
     def metric_names(self) -> list[str]:
@@ -202,4 +286,15 @@ class RunDir:
         return dict(sorted(found.items()))
 
 
-__all__ = ["RunDir", "DESCRIPTION_KEY"]
+def unfinished(manifest: Manifest) -> str:
+    """"an interrupted run", "a failed run (error: ...)", or "a run whose writer stopped without saving" (a
+    `running` manifest read holding the lock: its process was killed or crashed)."""
+    if manifest.status == "failed":
+        return f"a failed run (error: {manifest.error or 'unknown'})"
+    if manifest.status == "running":
+        who = manifest.process.holder().describe() if manifest.process else "its writer"
+        return f"a run whose writer {who} stopped without saving (killed or crashed)"
+    return "an interrupted run"
+
+
+__all__ = ["DESCRIPTION_KEY", "LOCK_NAME", "RunDir", "unfinished"]
