@@ -178,18 +178,24 @@ def test_hf_errors(monkeypatch, tok):
 
 # --- bad inputs -----------------------------------------------------------------------------
 
-def test_binary_files_are_refused(tmp_path, tok):
+def test_binary_files_are_refused_and_other_encodings_named(tmp_path, tok):
     nul = tmp_path / "model.bin"
     nul.write_bytes(b"weights\x00\x01\x02")
+    with pytest.raises(FfkvError, match="looks like a binary file, not text"):
+        texts(CorpusSpec(nul), tok)
     latin = tmp_path / "latin.txt"
-    latin.write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
-    for path in (nul, latin):
-        with pytest.raises(FfkvError, match="looks like a binary file, not text"):
-            texts(CorpusSpec(path), tok)
+    latin.write_bytes("caf\u00e9 cr\u00e8me.".encode("latin-1"))
+    with pytest.raises(FfkvError, match=r"is not valid utf-8 text \(byte 3\): the file is in another text "
+                                        r"encoding; give it with --encoding \(e.g. --encoding latin-1\)"):
+        texts(CorpusSpec(latin), tok)
+    assert texts(CorpusSpec(latin, encoding="latin-1"), tok) == ["caf\u00e9 cr\u00e8me."]
     late = tmp_path / "late.txt"
     late.write_bytes(b"Fine text.\n" * 7000 + b"\xff\xfe broken\n")
-    with pytest.raises(FfkvError, match="line 7001 is not valid UTF-8: re-encode the file as UTF-8"):
+    with pytest.raises(FfkvError, match="line 7001 is not valid utf-8: the file is in another text encoding; "
+                                        "give it with --encoding"):
         texts(CorpusSpec(late, unit="line"), tok)
+    with pytest.raises(FfkvError, match=r"corpus encoding 'klingon' \(--encoding\) is not a known text encoding"):
+        CorpusSpec(late, encoding="klingon")
 
 
 def test_a_multibyte_character_cut_at_the_sniff_limit_is_fine(tmp_path, tok):

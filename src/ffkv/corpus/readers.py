@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ffkv.corpus.sources import check_text_file, hf_name_config, is_hf, source_files
+from ffkv.corpus.sources import check_text_file, hf_name_config, is_hf, source_files, wrong_encoding_advice
 from ffkv.corpus.spec import CorpusSpec
 from ffkv.corpus.wikitext import detokenize, heading_level
 from ffkv.errors import FfkvError
@@ -46,11 +46,11 @@ def iter_documents(spec: CorpusSpec) -> Iterator[Document]:
         return
     for source in source_files(spec):
         if source.format == "text":
-            yield from read_text(source.path)
+            yield from read_text(source.path, spec.encoding)
         elif source.format == "wikitext":
-            yield from read_wikitext(source.path, spec.wikitext_detokenize)
+            yield from read_wikitext(source.path, spec.wikitext_detokenize, spec.encoding)
         elif source.format == "jsonl":
-            yield from read_jsonl(source.path, spec.text_field)
+            yield from read_jsonl(source.path, spec.text_field, spec.encoding)
         elif source.format == "parquet":
             yield from read_parquet(source.path, spec.text_field)
         else:  # "hf" is handled above; spec validation admits nothing else
@@ -79,11 +79,11 @@ def record_document(text: str) -> Document | None:
     return Document(text, lines, paragraphs)
 
 
-def read_text(path: Path) -> Iterator[Document]:
-    """Plain UTF-8 text: a document is a block of lines between blank lines."""
+def read_text(path: Path, encoding: str = "utf-8") -> Iterator[Document]:
+    """Plain text: a document is a block of lines between blank lines."""
     block: list[str] = []
     size = 0
-    for raw in _text_lines(path):
+    for raw in _text_lines(path, encoding):
         line = raw.strip()
         if line:
             block.append(line)
@@ -95,9 +95,9 @@ def read_text(path: Path) -> Iterator[Document]:
         yield Document("\n".join(block), block, [" ".join(block)])
 
 
-def read_wikitext(path: Path, detokenize_text: bool) -> Iterator[Document]:
+def read_wikitext(path: Path, detokenize_text: bool, encoding: str = "utf-8") -> Iterator[Document]:
     """A WikiText file: one document per article; each paragraph line is a paragraph."""
-    yield from wikitext_documents(_text_lines(path), detokenize_text)
+    yield from wikitext_documents(_text_lines(path, encoding), detokenize_text)
 
 
 def wikitext_documents(raw_lines: Iterable[str], detokenize_text: bool) -> Iterator[Document]:
@@ -115,9 +115,9 @@ def wikitext_documents(raw_lines: Iterable[str], detokenize_text: bool) -> Itera
         yield Document("\n".join(lines), lines, list(lines))
 
 
-def read_jsonl(path: Path, text_field: str) -> Iterator[Document]:
+def read_jsonl(path: Path, text_field: str, encoding: str = "utf-8") -> Iterator[Document]:
     """JSON Lines: one record (an object with a text field) per line; blank lines skipped."""
-    for number, raw in enumerate(_text_lines(path), start=1):
+    for number, raw in enumerate(_text_lines(path, encoding), start=1):
         if not raw.strip():
             continue
         try:
@@ -196,17 +196,17 @@ def _field_text(record: object, text_field: str, where: str) -> str:
     return value
 
 
-def _text_lines(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file (a leading BOM dropped), refusing binary files."""
-    check_text_file(path)
+def _text_lines(path: Path, encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a text file in `encoding` (a leading BOM dropped), refusing binary files."""
+    check_text_file(path, encoding)
     try:
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    line = raw.decode("utf-8")
+                    line = raw.decode(encoding)
                 except UnicodeDecodeError as error:
-                    raise FfkvError(f"corpus file {path} line {number} is not valid UTF-8: "
-                                    "re-encode the file as UTF-8") from error
+                    raise FfkvError(f"corpus file {path} line {number} is not valid {encoding}: "
+                                    f"{wrong_encoding_advice(encoding)}") from error
                 yield line.lstrip("\ufeff") if number == 1 else line
     except OSError as error:
         raise FfkvError(f"corpus file {path} cannot be read ({error.strerror}): check that it is readable") from error

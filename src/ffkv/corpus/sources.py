@@ -73,20 +73,26 @@ def source_files(spec: CorpusSpec) -> list[SourceFile]:
     return [SourceFile(p, detect_format(p) if spec.format == "auto" else spec.format) for p in files]
 
 
-def check_text_file(path: Path) -> None:
-    """Refuse a file whose first 64 KiB hold a NUL byte or invalid UTF-8."""
+def wrong_encoding_advice(encoding: str) -> str:
+    """What to do about text that is not in `encoding`."""
+    other = "latin-1" if encoding == "utf-8" else "utf-8"
+    return (f"the file is in another text encoding; give it with --encoding (e.g. --encoding {other}), "
+            f"or re-encode the file as {encoding}")
+
+
+def check_text_file(path: Path, encoding: str = "utf-8") -> None:
+    """Refuse a file whose first 64 KiB hold a NUL byte (binary) or do not decode in `encoding`."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(SNIFF_BYTES)
     except OSError as error:
         raise FfkvError(f"corpus file {path} cannot be read ({error.strerror}): check that it exists "
                         "and is readable") from error
-    binary = b"\x00" in head
-    if not binary:
-        try:
-            codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < SNIFF_BYTES)
-        except UnicodeDecodeError:
-            binary = True
-    if binary:
-        raise FfkvError(f"corpus file {path} looks like a binary file, not text: give a UTF-8 text, "
+    if b"\x00" in head and not codecs.lookup(encoding).name.startswith("utf-16"):
+        raise FfkvError(f"corpus file {path} looks like a binary file, not text: give a text, "
                         "WikiText, JSONL or Parquet file (or set format)")
+    try:
+        codecs.getincrementaldecoder(encoding)().decode(head, final=len(head) < SNIFF_BYTES)
+    except UnicodeDecodeError as error:
+        raise FfkvError(f"corpus file {path} is not valid {encoding} text (byte {error.start}): "
+                        f"{wrong_encoding_advice(encoding)}") from None

@@ -6,6 +6,7 @@ A `CorpusSpec` is written into the run manifest (`to_dict`) and read back
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import asdict, dataclass, fields
 from os import PathLike
 from typing import Any
@@ -16,6 +17,8 @@ FORMATS = ("auto", "text", "wikitext", "jsonl", "parquet", "hf")
 UNITS = ("sentence", "line", "document", "window")
 SPLITS = ("all", "train", "heldout")
 HF_PREFIX = "hf:"
+#: The default `max_tokens`; `ffkv index` cuts it to the model's positions when they are fewer.
+DEFAULT_MAX_TOKENS = 512
 
 
 def _is_int(value: Any) -> bool:
@@ -43,11 +46,14 @@ class CorpusSpec:
             instead of the first ``max_examples``; on its own it changes nothing
             (examples are always yielded in ascending id order).
         max_examples: keep at most this many examples.
-        max_tokens: truncate each example's token ids to this length.
+        max_tokens: truncate each example's token ids to this length (the default,
+            `DEFAULT_MAX_TOKENS`, is cut to the model's positions by `ffkv index`).
         min_tokens: skip examples with fewer tokens (their ids are not reused).
         wikitext_detokenize: undo WikiText's ``@-@`` escapes and spaces before
             punctuation, so subword tokenizers see normal text; turn it off to keep
             the text verbatim for word-level models trained on WikiText.
+        encoding: the text encoding of text, WikiText and JSONL files (a Python codec
+            name such as ``utf-8`` or ``latin-1``).
     """
 
     source: str
@@ -60,9 +66,10 @@ class CorpusSpec:
     hf_split: str = "train"
     shuffle_seed: int | None = None
     max_examples: int | None = None
-    max_tokens: int = 512
+    max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = 1
     wikitext_detokenize: bool = True
+    encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
         if isinstance(self.source, PathLike):
@@ -103,6 +110,14 @@ class CorpusSpec:
             _positive_int("max_examples", self.max_examples)
         if not isinstance(self.wikitext_detokenize, bool):
             raise FfkvError(f"corpus wikitext_detokenize must be true or false, got {self.wikitext_detokenize!r}")
+        try:
+            codec = codecs.lookup(self.encoding) if isinstance(self.encoding, str) else None
+        except LookupError:
+            codec = None
+        if codec is None or not codec._is_text_encoding:
+            raise FfkvError(f"corpus encoding {self.encoding!r} (--encoding) is not a known text encoding: "
+                            "use e.g. utf-8, latin-1 or cp1252")
+        object.__setattr__(self, "encoding", codec.name)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values, for the run manifest."""
