@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
+import threading
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
+from ffkv.index.checkpoint import Checkpoint
 from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.store.lock import RunLocked
 from ffkv.store.run import RunDir
+from ffkv.store.state import run_state
 from support.helpers import loaded_tiny
 
 
@@ -76,3 +83,111 @@ def test_tokenizing_processes_give_the_same_run(tmp_path, setup):
                         progress=False)
     for a, b in zip(read(plain), read(ahead)):
         pd.testing.assert_frame_equal(a, b)
+
+
+# ------------------------------------------------------------------ resume is exact or refused
+
+def ctrl_c_at(n):
+    """An after_window hook that presses Ctrl-C after window n (noticed at the next batch, mid-window)."""
+    def hook(n_windows):
+        if n_windows == n:
+            os.kill(os.getpid(), signal.SIGINT)
+    return hook
+
+
+def same_bytes(a, b):
+    return all(a.table(t).read_bytes() == b.table(t).read_bytes() for t in ("examples", "trigger_examples"))
+
+
+def test_resume_with_another_batch_size_is_refused_naming_it(tmp_path, setup):
+    """The audit's wrong result: a mid-window Ctrl-C, then --resume with another --batch-size, exited 0
+    with other tokens and other trigger rows. Now the checkpoint's batching must be kept."""
+    loaded, spec = setup
+    options = IndexOptions(top_k=7)
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=1e6)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, spec, tmp_path / "run", options, batching, progress=False, after_window=ctrl_c_at(2))
+    for change, option in [({"batch_size": 8}, "--batch-size 8"), ({"max_batch_tokens": 40}, "--max-batch-tokens 40"),
+                           ({"window_batches": 3}, "window_batches")]:
+        with pytest.raises(FfkvError, match=f"cannot resume with {option}.*checkpoint was made with"):
+            build_index(loaded, spec, tmp_path / "run", options, replace(batching, **change), progress=False,
+                        resume=True)
+    assert RunDir(tmp_path / "run").manifest().status == "interrupted"
+    # What does not cut batches may change: the result is the uninterrupted run's.
+    resumed = build_index(loaded, spec, tmp_path / "run", options,
+                          replace(batching, checkpoint_seconds=0, part_rows=3), progress=False, resume=True)
+    whole = build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False)
+    assert same_bytes(resumed, whole)
+
+
+def test_a_second_resume_while_the_first_runs_is_refused(tmp_path, setup):
+    """The audit's wrong result: two `--resume` at once both exited 0 and left a run marked complete
+    with 196 of 452 examples. Now the second gets one line naming the first."""
+    loaded, spec = setup
+    options, batching = IndexOptions(top_k=7), BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0)
+    with pytest.raises(Killed):
+        build_index(loaded, spec, tmp_path / "run", options, batching, progress=False,
+                    after_window=lambda n: (_ for _ in ()).throw(Killed()) if n == 2 else None)
+    inside, release = threading.Event(), threading.Event()
+
+    def pause(n_windows):
+        if n_windows == 4:
+            inside.set()
+            release.wait(30)
+
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(run=build_index(
+        loaded, spec, tmp_path / "run", options, batching, progress=False, resume=True, after_window=pause)))
+    thread.start()
+    try:
+        assert inside.wait(30)
+        manifest = RunDir(tmp_path / "run").manifest()
+        assert manifest.status == "running" and manifest.process.pid == os.getpid()
+        with pytest.raises(RunLocked, match=rf"is being written by `ffkv index` \(pid {os.getpid()} on "
+                                            rf"{socket.gethostname()}, since .*\); wait for it to finish"):
+            build_index(loaded, spec, tmp_path / "run", options, batching, progress=False, resume=True)
+        assert run_state(tmp_path / "run").alive is True
+    finally:
+        release.set()
+        thread.join()
+    whole = build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False)
+    assert first["run"].manifest().complete and same_bytes(first["run"], whole)
+
+
+def test_relative_and_absolute_corpus_paths_are_one_run(tmp_path, setup, monkeypatch):
+    """A corpus is known by its content: a run started with a relative path resumes with the absolute
+    one, and a copy elsewhere is the same corpus; one byte changed is another."""
+    loaded, spec = setup
+    monkeypatch.chdir(tmp_path)
+    options, batching = IndexOptions(top_k=5), BatchOptions(batch_size=4, window_batches=2)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, replace(spec, source="c.txt"), tmp_path / "run", options, batching, progress=False,
+                    after_window=ctrl_c_at(2))
+    resumed = build_index(loaded, replace(spec, source=str(tmp_path / "c.txt")), tmp_path / "run", options,
+                          batching, progress=False, resume=True)
+    assert same_bytes(resumed, build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False))
+    copy = tmp_path / "elsewhere" / "copy.txt"
+    copy.parent.mkdir()
+    shutil.copy(tmp_path / "c.txt", copy)
+    with pytest.raises(FfkvError, match="already holds this run"):
+        build_index(loaded, replace(spec, source=str(copy)), tmp_path / "run", options, batching, progress=False)
+    copy.write_text(copy.read_text().replace("line 30", "line 3O"))
+    with pytest.raises(FfkvError, match="holds a different run"):
+        build_index(loaded, replace(spec, source=str(copy)), tmp_path / "run", options, batching, progress=False)
+
+
+def test_checkpoints_come_on_time_inside_a_window(tmp_path, setup, monkeypatch):
+    """One window of 60 examples; the interval is honoured after each batch, not once per window."""
+    loaded, spec = setup
+    saved = []
+    real = Checkpoint.save
+    monkeypatch.setattr(Checkpoint, "save", lambda self, path: (saved.append(self.groups_done), real(self, path)))
+    build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=5),
+                BatchOptions(batch_size=4, window_batches=100, checkpoint_seconds=0), progress=False)
+    assert saved[:3] == [1, 2, 3] and len(saved) >= 15  # after every batch of the one window
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, "5"])
+def test_checkpoint_interval_must_be_finite(seconds):
+    with pytest.raises(FfkvError, match="--checkpoint-seconds must be a finite number of seconds >= 0"):
+        BatchOptions(checkpoint_seconds=seconds).validate()

@@ -14,7 +14,9 @@ every rank then holds what one process computes (`ffkv.parallel`), and rank
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -70,7 +72,9 @@ def analyze(
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec)
-    with process_group(loaded.view.device):
+    # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
+    lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    with lock, process_group(loaded.view.device):
         for name in names:
             start = time.perf_counter()
             MODULES[name].run(ctx)

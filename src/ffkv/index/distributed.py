@@ -30,7 +30,7 @@ def build_index_distributed(loaded: LoadedModel, spec, out: str | Path, options:
     out = Path(out)
     with process_group(loaded.view.device) as (rank, world):
         mine = shard_dir(out, rank)
-        build_index(loaded, spec, mine, options, batching, resume=resume and mine.exists(),
+        build_index(loaded, spec, mine, options, batching, resume=resume and RunDir(mine).exists(),
                     progress=progress and rank == 0, shard=(rank, world))
         dist.barrier()
         if rank == 0:

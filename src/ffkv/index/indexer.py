@@ -3,15 +3,22 @@
 SPEC section 3. The corpus is read once, in windows of consecutive examples; each
 window is cut into batches of similar length, run through the model with a
 coefficient capture that reduces every layer at once (`TriggerReducer`), and
-merged into an exact running top-k kept on the model's device. After a window,
-the run may checkpoint; `resume=True` continues from the last checkpoint and ends
-with the identical result. Peak memory: one layer's activations for one batch,
-the (L, d_m, k) state, and at most `part_rows` buffered examples.
+merged into an exact running top-k kept on the model's device. Every
+`checkpoint_seconds` (checked after each batch) the run saves a checkpoint;
+`resume=True` continues from the last one and ends with the identical result, or
+refuses (`ffkv.index.checkpoint`). Before anything is written, `ffkv.index.preflight`
+checks what would make the run fail later. While it works the process holds the run's
+lock and the manifest says `running` with its pid, host and heartbeat; it ends
+`complete`, `interrupted` (Ctrl-C, at a checkpoint) or `failed` (with the error).
+Peak memory: one layer's activations for one batch, the (L, d_m, k) state, and at
+most `part_rows` buffered examples.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -22,8 +29,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
-from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.errors import FfkvError, FfkvWarning, Interrupted
 from ffkv.batching import Batch, collate, length_batches, windows
+from ffkv.index.checkpoint import CUTTING, Checkpoint
+from ffkv.index.preflight import check_free_space, check_output, estimate_bytes, fit_positions
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
@@ -33,6 +42,9 @@ from ffkv.index.tables import examples_table, parquet_batches, write_examples, w
 from ffkv.store import atomic
 from ffkv.store.manifest import Identity, Manifest, ModelInfo, library_versions
 from ffkv.store.run import RunDir
+
+#: Seconds between two heartbeats of a running index in its manifest.
+HEARTBEAT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,11 @@ class IndexOptions:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """How examples are grouped for the forward pass (speed only, never the result)."""
+    """How examples are grouped for the forward pass (speed only, never the result).
+
+    A checkpoint records the fields that cut the corpus into batches (`cutting`): a resume
+    must keep them; `checkpoint_seconds`, `part_rows` and `tokenizer_workers` may change.
+    """
 
     batch_size: int = 32
     max_batch_tokens: int | None = 16384
@@ -81,10 +97,20 @@ class BatchOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise FfkvError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise FfkvError(f"--max-batch-tokens must be positive, got {self.max_batch_tokens!r}")
-        if self.checkpoint_seconds < 0:
-            raise FfkvError(f"--checkpoint-seconds must be >= 0, got {self.checkpoint_seconds!r}")
+        if self.max_batch_tokens is not None and (not isinstance(self.max_batch_tokens, int)
+                                                  or self.max_batch_tokens < 1):
+            raise FfkvError(f"--max-batch-tokens must be a positive integer, got {self.max_batch_tokens!r}")
+        if self.pad_multiple is not None and (not isinstance(self.pad_multiple, int) or self.pad_multiple < 1):
+            raise FfkvError(f"pad_multiple must be a positive integer or None, got {self.pad_multiple!r}")
+        seconds = self.checkpoint_seconds
+        if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
+                or seconds < 0):
+            raise FfkvError(f"--checkpoint-seconds must be a finite number of seconds >= 0, got {seconds!r}")
+
+    def cutting(self, device: torch.device) -> dict:
+        """What cuts the corpus into windows and batches on `device` (a checkpoint's meaning)."""
+        cut = {name: getattr(self, name) for name in CUTTING if name not in ("pad_multiple", "device")}
+        return {**cut, "pad_multiple": self.pad_to(device), "device": device.type}
 
 
 class _ExampleParts:
@@ -119,9 +145,15 @@ class _ExampleParts:
         return write_examples(path, [stream])
 
 
-def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions) -> Identity:
-    return Identity(model_id=loaded.model_id, weights_sha256=loaded.weights_hash(), dtype=loaded.dtype,
-                    corpus=spec.to_dict(), corpus_fingerprint=fingerprint(spec), index=asdict(options))
+def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions, batching: BatchOptions,
+              shard: tuple[int, int], progress: bool) -> Identity:
+    identity = Identity(model_id=loaded.model_id, weights_sha256=loaded.weights_hash(), dtype=loaded.dtype,
+                        corpus=spec.to_dict(), corpus_fingerprint=fingerprint(spec, progress),
+                        index=asdict(options))
+    if shard[1] > 1:  # shards must cut the same batches to merge exactly
+        cut = {name: getattr(batching, name) for name in CUTTING if name != "device"}
+        identity = replace(identity, shard=shard, batching=cut)
+    return identity
 
 
 def model_info(loaded: LoadedModel) -> ModelInfo:
@@ -171,11 +203,12 @@ def build_index(
 
     Args:
         loaded: the model (see `ffkv.models.loading.load_model`).
-        spec: the corpus.
-        out: the run directory (created; must be new, or an interrupted run with `resume`).
+        spec: the corpus. A `max_tokens` above the model's positions is cut to them, with a notice.
+        out: the run directory (created; must be new, or an unfinished run with `resume`).
         options: top-k and mode (they define the result).
         batching: batch size, grouping and checkpoint interval (speed only).
-        resume: continue an interrupted run from its last checkpoint.
+        resume: continue an unfinished run (interrupted, failed, or killed) from its last
+            checkpoint; refused when the batching that cut the checkpoint changed.
         progress: show a progress bar.
         after_window: called with the number of windows done (tests use it to interrupt).
         shard: (i, n): index only the batches that shard i of n owns; `merge_runs`
@@ -183,118 +216,151 @@ def build_index(
 
     Returns:
         The finished run directory.
+
+    Raises:
+        FfkvError: bad options or corpus, a folder that holds something else, a run that
+            another process writes (`ffkv.store.lock.RunLocked`), a filesystem error
+            (the run is then marked failed).
+        Interrupted: Ctrl-C; the run is marked interrupted at its last checkpoint.
     """
     options.validate()
     batching.validate()
     shard_index, n_shards = shard
     if not (isinstance(n_shards, int) and n_shards >= 1 and 0 <= shard_index < n_shards):
         raise FfkvError(f"--shard must be i/n with 0 <= i < n, got {shard_index}/{n_shards}")
+    spec = fit_positions(loaded, spec)
     run = RunDir(out)
-    identity = _identity(loaded, spec, options)
-    if n_shards > 1:
-        # Shards must cut the same batches to merge exactly.
-        identity = replace(identity, shard=(shard_index, n_shards), batching=asdict(batching))
-    previous = run.prepare(identity, resume)
-    view = loaded.view
-    device = view.device
-    started = time.time()
-    checkpoint_path = run.partial / "checkpoint.pt"
-
-    state = TopKState.empty(view.n_layers, view.d_m, options.top_k, device)
-    consumed = n_tokens = 0
-    elapsed_before = 0.0
-    if previous is not None and checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, map_location=device, weights_only=True)
-        state = TopKState.from_state_dict(saved["state"])
-        consumed, n_tokens = int(saved["consumed"]), int(saved["n_tokens"])
-        elapsed_before = float(saved["elapsed"])
-        first_part = int(saved["n_parts"])
-        groups_done = int(saved["groups_done"])
-        n_windows = int(saved["windows"])
-    else:
-        first_part = groups_done = n_windows = 0
-    # Read the first example before writing anything, so a bad corpus leaves no run behind.
+    check_output(run.path)
+    if resume and not run.exists():
+        raise FfkvError(f"nothing to resume in {run.path}: no run was started there")
     reader = CorpusReader(spec, loaded.tokenizer)
-    workers = batching.workers(device, spec)
-    if workers:
-        stream = prefetched_examples(spec, loaded.tokenizer, skip=consumed, workers=workers)
-    else:
-        stream = itertools.islice(iter(reader), consumed, None)
-    first = next(stream, None)
-    if first is None and consumed == 0:
+    if next(iter(reader), None) is None:  # before anything is written, so a bad corpus leaves no run behind
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
                         "shorter than the minimum length); check --corpus, --format and --unit")
-    stream = itertools.chain([first] if first is not None else [], stream)
-    run.partial.mkdir(parents=True, exist_ok=True)
-    parts = _ExampleParts(run.partial, batching.part_rows, first_part)
-
-    manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
-                                    index={**asdict(options), "batching": asdict(batching)},
-                                    versions=library_versions())
-    manifest.status = "running"
-    run.write_manifest(manifest)
-
-    reducer = TriggerReducer(state, options.mode)
-    pad_multiple = batching.pad_to(device)
-    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
-    bar = tqdm(total=reader.approx_total(), initial=consumed, unit="ex", disable=not progress,
-               dynamic_ncols=True, desc="index", smoothing=0.05)
-    last_checkpoint = time.time()
-
-    def checkpoint() -> None:
-        parts.flush()
-        with atomic.atomic_path(checkpoint_path) as tmp:
-            torch.save({"state": state.state_dict(), "consumed": consumed, "n_tokens": n_tokens,
-                        "n_parts": parts.n_parts, "groups_done": groups_done, "windows": n_windows,
-                        "elapsed": elapsed_before + time.time() - started}, tmp)
-
-    mine: list = []  # examples of this shard's batches in the current window
-    with view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
-        for chunk in windows(stream, batching.batch_size * batching.window_batches):
-            groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
-            for g, group in enumerate(groups):
-                if (n_windows + g) % n_shards != shard_index:
-                    continue
-                if g < groups_done:  # done before the interrupt that this run resumes
-                    mine.extend(group)
-                    continue
-                batch = collate(group, loaded.tokenizer.pad_id, special, pad_multiple).to(device)
-                index_batch(loaded, reducer, batch)
-                groups_done = g + 1
-                mine.extend(group)
-                n_tokens += batch.n_tokens
-                bar.update(len(group))
-                bar.set_postfix(tok_s=f"{n_tokens / max(time.time() - started + elapsed_before, 1e-9):,.0f}",
-                                refresh=False)
-                if interrupted():
-                    # The state holds whole batches: save it, with the batches done in this window.
-                    bar.close()
-                    checkpoint()
-                    run.update_manifest(status="interrupted")
-                    raise KeyboardInterrupt
-            consumed += len(chunk)
-            bar.update(len(chunk) - len(mine) if n_shards > 1 else 0)
-            parts.add(mine)
-            mine, groups_done = [], 0
-            n_windows += 1
-            if time.time() - last_checkpoint >= batching.checkpoint_seconds:
-                checkpoint()
-                last_checkpoint = time.time()
-            if after_window is not None:
-                after_window(n_windows)
-    bar.close()
-
-    if consumed < options.top_k:
-        warnings.warn(f"--top-k {options.top_k} is larger than the {consumed} examples in the corpus; "
-                      f"keeping all {consumed} for every key", FfkvWarning, stacklevel=2)
-    parts.flush()
-    n_examples = parts.assemble(run.table("examples"))
-    write_triggers(run.table("trigger_examples"), state)
-    manifest.timings["index_seconds"] = round(elapsed_before + time.time() - started, 3)
-    manifest.counts = {"examples": n_examples, "tokens": n_tokens}
-    manifest.status = "complete"
-    run.write_manifest(manifest)
-    for path in run.partial.glob("*"):
-        path.unlink()
-    run.partial.rmdir()
+    identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress)
+    check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k))
+    with run.lock("index", create=True) as holder:
+        previous = run.prepare(identity, resume)
+        manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
+                                        index={}, versions=library_versions())
+        manifest.index = {**asdict(options), "batching": asdict(batching)}
+        job = _IndexJob(loaded, spec, run, options, batching, (shard_index, n_shards), progress, after_window)
+        job.start(resume=previous is not None)
+        try:
+            with run.writing(manifest, holder, "rerun the same command with --resume"):
+                job.index(manifest)
+                job.finish(manifest)
+        except KeyboardInterrupt:
+            raise Interrupted(job.interrupted_message()) from None
     return run
+
+
+class _IndexJob:
+    """One pass of `build_index` over the corpus, from a checkpoint or the start."""
+
+    def __init__(self, loaded: LoadedModel, spec: CorpusSpec, run: RunDir, options: IndexOptions,
+                 batching: BatchOptions, shard: tuple[int, int], progress: bool,
+                 after_window: Callable[[int], None] | None) -> None:
+        self.loaded, self.spec, self.run, self.options, self.batching = loaded, spec, run, options, batching
+        self.shard, self.progress, self.after_window = shard, progress, after_window
+        self.device = loaded.view.device
+        self.checkpoint_path = run.partial / "checkpoint.pt"
+        self.started = time.time()
+
+    def start(self, resume: bool) -> None:
+        """Load the checkpoint to continue from (refused if its batching differs), or start empty."""
+        view, cutting = self.loaded.view, self.batching.cutting(self.device)
+        if resume and self.checkpoint_path.exists():
+            self.at = Checkpoint.load(self.checkpoint_path, self.device)
+            self.at.check_cutting(cutting)
+        else:
+            self.at = Checkpoint(TopKState.empty(view.n_layers, view.d_m, self.options.top_k, self.device), cutting)
+        self.elapsed_before = self.at.elapsed
+        self.run.partial.mkdir(parents=True, exist_ok=True)
+        self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
+
+    def interrupted_message(self) -> str:
+        if self.at.saved:
+            return "interrupted; the run is saved at its last checkpoint: rerun the same command with --resume"
+        return "interrupted before the first checkpoint; rerun the same command with --resume to start it again"
+
+    def checkpoint(self, manifest: Manifest) -> None:
+        self.parts.flush()
+        self.at.n_parts = self.parts.n_parts
+        self.at.elapsed = self.elapsed_before + time.time() - self.started
+        self.at.save(self.checkpoint_path)
+        self.run.heartbeat(manifest)
+
+    def index(self, manifest: Manifest) -> None:
+        """Read the corpus after the checkpoint, window by window, into the state."""
+        loaded, batching, at = self.loaded, self.batching, self.at
+        shard_index, n_shards = self.shard
+        reader = CorpusReader(self.spec, loaded.tokenizer)
+        workers = batching.workers(self.device, self.spec)
+        if workers:
+            stream = prefetched_examples(self.spec, loaded.tokenizer, skip=at.consumed, workers=workers)
+        else:
+            stream = itertools.islice(iter(reader), at.consumed, None)
+        reducer = TriggerReducer(at.state, self.options.mode)
+        pad_multiple = batching.pad_to(self.device)
+        special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+        bar = tqdm(total=reader.approx_total(), initial=at.consumed, unit="ex", disable=not self.progress,
+                   dynamic_ncols=True, desc="index", smoothing=0.05)
+        last_checkpoint = last_beat = time.time()
+
+        def due(last: float, every: float) -> bool:
+            return time.time() - last >= every
+
+        mine: list = []  # examples of this shard's batches in the current window
+        with bar, loaded.view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
+            for chunk in windows(stream, batching.batch_size * batching.window_batches):
+                groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
+                for g, group in enumerate(groups):
+                    if (at.windows + g) % n_shards != shard_index:
+                        continue
+                    if g < at.groups_done:  # done before the checkpoint that this run resumes
+                        mine.extend(group)
+                        continue
+                    batch = collate(group, loaded.tokenizer.pad_id, special, pad_multiple).to(self.device)
+                    index_batch(loaded, reducer, batch)
+                    at.groups_done = g + 1
+                    mine.extend(group)
+                    at.n_tokens += batch.n_tokens
+                    bar.update(len(group))
+                    rate = at.n_tokens / max(time.time() - self.started + self.elapsed_before, 1e-9)
+                    bar.set_postfix(tok_s=f"{rate:,.0f}", refresh=False)
+                    if interrupted():  # the state holds whole batches: save them, with the window's place
+                        self.checkpoint(manifest)
+                        raise KeyboardInterrupt
+                    if due(last_checkpoint, batching.checkpoint_seconds):
+                        self.checkpoint(manifest)
+                        last_checkpoint = last_beat = time.time()
+                    elif due(last_beat, HEARTBEAT_SECONDS):
+                        self.run.heartbeat(manifest)
+                        last_beat = time.time()
+                at.consumed += len(chunk)
+                bar.update(len(chunk) - len(mine) if n_shards > 1 else 0)
+                self.parts.add(mine)
+                mine, at.groups_done = [], 0
+                at.windows += 1
+                if due(last_checkpoint, batching.checkpoint_seconds):
+                    self.checkpoint(manifest)
+                    last_checkpoint = last_beat = time.time()
+                if self.after_window is not None:
+                    self.after_window(at.windows)
+
+    def finish(self, manifest: Manifest) -> None:
+        """Write the tables, then mark the run complete and remove its checkpoints."""
+        at, run = self.at, self.run
+        if at.consumed < self.options.top_k:
+            warnings.warn(f"--top-k {self.options.top_k} is larger than the {at.consumed} examples in the corpus; "
+                          f"keeping all {at.consumed} for every key", FfkvWarning, stacklevel=3)
+        self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
+        n_examples = self.parts.assemble(run.table("examples"))
+        write_triggers(run.table("trigger_examples"), at.state)
+        manifest.timings["index_seconds"] = round(at.elapsed, 3)
+        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
+        manifest.status, manifest.process, manifest.error = "complete", None, None
+        run.write_manifest(manifest)
+        shutil.rmtree(run.partial, ignore_errors=True)
+        run.clean_temporary()

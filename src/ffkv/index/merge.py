@@ -7,6 +7,7 @@ with the same batching.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -30,12 +31,22 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     if seen != list(range(n)) or any(m.identity.shard_of[1] != n for m in manifests):
         raise FfkvError(f"need exactly one run of each shard 0..{n - 1} of {n}; got shards {seen}")
     for run, m in zip(runs, manifests):
-        if m.identity.unsharded() != first.identity.unsharded() or m.identity.batching != first.identity.batching:
+        if (not m.identity.unsharded().same_result(first.identity.unsharded())
+                or m.identity.batching != first.identity.batching):
             raise FfkvError(f"{run.path} is a shard of a different run (model, corpus, options or batching differ)")
     target = RunDir(out)
     identity = first.identity.unsharded()
-    target.prepare(identity, resume=False)
+    with target.lock("merge", create=True) as holder:
+        # An unfinished merge (or index) of the same run is redone: the merge is deterministic.
+        manifest = target.prepare(identity, resume=target.exists()) or replace(first, identity=identity)
+        manifest = replace(manifest, counts={}, timings={}, merged_from=[str(r.path) for r in runs])
+        with target.writing(manifest, holder, "rerun `ffkv merge`"):
+            _merge_tables(runs, manifests, target, manifest)
+    return target
 
+
+def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest) -> None:
+    first = manifests[0]
     state = None
     for run in runs:
         shard_state = state_from_table(pq.read_table(run.table("trigger_examples")),
@@ -46,9 +57,8 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
             state.merge(shard_state, one_per_example=first.mode == "example")
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
     write_triggers(target.table("trigger_examples"), state)
-    manifest = replace(first, identity=identity, status="complete",
-                       counts={"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)},
-                       timings={"index_seconds": max(m.timings["index_seconds"] for m in manifests)},
-                       merged_from=[str(r.path) for r in runs])
+    manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)}
+    manifest.timings = {"index_seconds": max(m.timings["index_seconds"] for m in manifests)}
+    manifest.status, manifest.process, manifest.error = "complete", None, None
     target.write_manifest(manifest)
-    return target
+    shutil.rmtree(target.partial, ignore_errors=True)  # an unfinished index that this merge replaced

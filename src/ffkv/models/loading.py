@@ -21,6 +21,10 @@ from ffkv.memories.view import MemoryView
 from ffkv.models.tokenizer import HFTokenizer, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Config fields that give the length of a model's position table (Hugging Face, ffkv's own, fairseq).
+POSITION_FIELDS = ("n_positions", "max_position_embeddings", "max_positions", "n_ctx")
+#: Model types whose learned positions start after the padding id (RoBERTa's offset).
+PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "roberta-prelayernorm")
 
 
 @dataclass
@@ -34,6 +38,23 @@ class LoadedModel:
     dtype: str
     device: str
     _weights_hash: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most tokens one sequence may hold: the model's position table (None: not known).
+
+        Rotary models have no table, but their config names the length they were
+        trained on; beyond it their activations are out of distribution, so it counts too.
+        """
+        config = getattr(self.model, "config", None)
+        for name in POSITION_FIELDS:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                if getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS:
+                    pad = getattr(config, "pad_token_id", None)
+                    value -= (1 if pad is None else int(pad)) + 1
+                return value
+        return None
 
     def weights_hash(self) -> str:
         """sha256 over every parameter and buffer (names, shapes and bytes), in name order.

@@ -1,0 +1,90 @@
+"""The checkpoint of an unfinished index (RUN/.partial/checkpoint.pt) and what it means.
+
+It holds the running top-k state after whole batches, how far the corpus was read
+(`consumed` examples, whole windows), how many batches of the next window are already
+in the state, and the batching that cut those windows and batches. That batching is
+part of its meaning: under another batch size the same counts would name other
+examples. So it is stored with the checkpoint, and a resume under a different one is
+refused with one line naming the option (`Checkpoint.check_cutting`); options that do
+not cut batches (checkpoint interval, part size, tokenizer processes) may change freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ffkv.errors import FfkvError
+from ffkv.index.topk import TopKState
+from ffkv.store import atomic
+
+#: What cuts the corpus into windows and padded batches, and the option that sets each.
+CUTTING = {"batch_size": "--batch-size", "max_batch_tokens": "--max-batch-tokens",
+           "window_batches": "window_batches (BatchOptions)", "pad_multiple": "pad_multiple (BatchOptions)",
+           "device": "--device"}
+
+
+@dataclass
+class Checkpoint:
+    """Where an index stands: its state and how far it read.
+
+    Attributes:
+        state: the running top-k of every key.
+        consumed: examples read in whole windows.
+        n_tokens: tokens run through the model.
+        n_parts: example parts written to RUN/.partial (later ones are stale).
+        groups_done: batches of the window after `consumed` already in `state`.
+        windows: windows done.
+        elapsed: seconds of indexing so far.
+        cutting: the batching that cut windows and batches (`CUTTING`, device type included).
+    """
+
+    state: TopKState
+    cutting: dict[str, Any]
+    consumed: int = 0
+    n_tokens: int = 0
+    n_parts: int = 0
+    groups_done: int = 0
+    windows: int = 0
+    elapsed: float = 0.0
+    saved: bool = field(default=False, compare=False)
+
+    def save(self, path: Path) -> None:
+        """Write it atomically (a full disk raises OSError)."""
+        data = {"state": self.state.state_dict(), "cutting": dict(self.cutting), "consumed": self.consumed,
+                "n_tokens": self.n_tokens, "n_parts": self.n_parts, "groups_done": self.groups_done,
+                "windows": self.windows, "elapsed": self.elapsed}
+        atomic.write_with(path, lambda handle: torch.save(data, handle))
+        self.saved = True
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device) -> "Checkpoint":
+        try:
+            data = torch.load(path, map_location=device, weights_only=True)
+            cutting = data.get("cutting")
+            if cutting is None:
+                raise FfkvError(f"the checkpoint {path} was written by an older ffkv and does not record the "
+                                "batching it was cut with, so it cannot be resumed exactly; choose a new --out")
+            return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting),
+                       consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
+                       groups_done=int(data["groups_done"]), windows=int(data["windows"]),
+                       elapsed=float(data["elapsed"]), saved=True)
+        except FfkvError:
+            raise
+        except Exception as error:  # torch raises many kinds for a file that is not its checkpoint
+            raise FfkvError(f"cannot read the checkpoint {path} ({type(error).__name__}); choose a new --out") from None
+
+    def check_cutting(self, cutting: dict[str, Any]) -> None:
+        """Refuse to continue under a batching other than the one that made this checkpoint."""
+        for name, option in CUTTING.items():
+            then, now = self.cutting.get(name), cutting.get(name)
+            if then != now:
+                raise FfkvError(f"cannot resume with {option} {now}: the checkpoint was made with {option} {then}, "
+                                "and another value would cut the corpus into other batches; resume with "
+                                f"{option} {then}, or choose a new --out")
+
+
+__all__ = ["CUTTING", "Checkpoint"]
