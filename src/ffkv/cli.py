@@ -1,17 +1,20 @@
 """The `ffkv` command: a thin layer that parses options and calls the library.
 
-Every user-input problem surfaces as one line `ffkv: error: ...` and exit status 2.
+Every user-input problem surfaces as one line `ffkv: error: ...` and exit status 2; a
+filesystem error (read-only, full, permission) as one such line and exit status 1;
+Ctrl-C as one line that claims only what was saved, and exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
 from typing import Callable, Sequence
 
-from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.errors import FfkvError, FfkvWarning, Interrupted, one_line
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -31,6 +34,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
     return value
 
 
@@ -58,15 +71,21 @@ def _add_corpus_options(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--hf-split", default="train", help="split of a Hugging Face dataset")
     g.add_argument("--seed", type=int, default=None, help="shuffle seed: with --max-examples, a random subset")
     g.add_argument("--max-examples", type=_positive_int, default=None, help="use at most this many examples")
-    g.add_argument("--max-tokens", type=_positive_int, default=512, help="truncate each example (default 512)")
+    g.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="truncate each example (default: 512, or the model's positions when fewer)")
+    g.add_argument("--encoding", default="utf-8",
+                   help="text encoding of text, WikiText and JSONL files (default: %(default)s; e.g. latin-1)")
 
 
 def _corpus_spec(args: argparse.Namespace, source: str):
     from ffkv.corpus import CorpusSpec
 
+    from ffkv.corpus.spec import DEFAULT_MAX_TOKENS
+
     return CorpusSpec(source=source, format=args.format, unit=args.unit, window=args.window,
                       text_field=args.text_field, split=args.split, hf_split=args.hf_split,
-                      shuffle_seed=args.seed, max_examples=args.max_examples, max_tokens=args.max_tokens)
+                      shuffle_seed=args.seed, max_examples=args.max_examples,
+                      max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS, encoding=args.encoding)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -101,14 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on padded tokens per batch (default 16384)")
     p.add_argument("--tokenizer-workers", type=int, default=None,
                    help="processes tokenizing ahead of the model (default: up to 4 on a GPU, 0 on a CPU)")
-    p.add_argument("--checkpoint-seconds", type=float, default=300.0,
+    p.add_argument("--checkpoint-seconds", type=_seconds, default=300.0,
                    help="save a resumable checkpoint this often (default 300)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run in --out (interrupted, failed or killed) with the same options")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                    help="index only shard I of N (0-based); join the N runs with `ffkv merge`")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.epilog = ("Several processes or machines: `torchrun --nproc-per-node N -m ffkv.cli index ...` "
                 "(Gloo on CPU, NCCL on GPU), or --shard i/n on each machine, then `ffkv merge`.")
+
+    p = sub.add_parser("status", help="is a run complete, running (alive?), interrupted or failed",
+                       description="The state of each run: running (pid, host, heartbeat; alive or not), "
+                                   "interrupted, failed (with the error) or complete, and what to do next.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
 
     p = sub.add_parser("merge", help="join the runs of `ffkv index --shard i/n` into one run",
                        description="Merge shard runs exactly: the result is the run one process would have written.")
@@ -249,10 +274,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("status")
+def _status(args: argparse.Namespace) -> int:
+    from ffkv.store.state import run_state
+
+    for path in args.runs:
+        print("\n".join(run_state(path).lines()))
+    return 0
+
+
 @command("index")
 def _index(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ffkv.index.distributed import build_index_distributed
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.index.preflight import check_output, fit_positions
     from ffkv.models import load_model
     from ffkv.parallel import launched_by_torchrun, local_device
 
@@ -262,7 +299,9 @@ def _index(args: argparse.Namespace) -> int:
                             checkpoint_seconds=args.checkpoint_seconds, tokenizer_workers=args.tokenizer_workers)
     options.validate()
     batching.validate()
+    check_output(Path(args.out))  # before the model loads: a run that cannot be written stops at once
     loaded = load_model(args.model, dtype=args.dtype, device=local_device(args.device))
+    spec = fit_positions(loaded, spec, strict=args.max_tokens is not None)
     if launched_by_torchrun():
         run = build_index_distributed(loaded, spec, args.out, options, batching, resume=args.resume,
                                       progress=not args.no_progress)
@@ -301,9 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FfkvError as exc:
             print(f"ffkv: error: {exc}", file=sys.stderr)
             code = 2
-        except KeyboardInterrupt:
-            print("\nffkv: interrupted; the last checkpoint is saved: rerun the same command with --resume",
-                  file=sys.stderr)
+        except OSError as exc:  # the disk, not the input: full, read-only, no permission
+            print(f"ffkv: error: {one_line(exc)}", file=sys.stderr)
+            code = 1
+        except KeyboardInterrupt as exc:
+            said = str(exc) if isinstance(exc, Interrupted) else "interrupted"
+            print(f"\nffkv: {said}", file=sys.stderr)
             code = 130
         finally:
             for w in caught:

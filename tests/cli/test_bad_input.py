@@ -9,18 +9,13 @@ import pytest
 
 from ffkv import cli
 from ffkv.models import loading
-from support.helpers import loaded_tiny
+from support import tiny_cli
 
 
 @pytest.fixture
 def tiny_gpt2(monkeypatch):
     """Make `--model tiny-gpt2` load a tiny random model (no files, no network)."""
-    def loader(name, dtype, device):
-        if name == "tiny-gpt2":
-            got = loaded_tiny("gpt2")
-            return got.model, got.tokenizer
-        return None
-    monkeypatch.setattr(loading, "LOADERS", [loader, *loading.LOADERS])
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
 
 
 def run(capsys, *argv):
@@ -132,3 +127,56 @@ def test_output_dir_with_other_run_or_files(tmp_path, capsys, tiny_gpt2, corpus)
 def test_bad_device(tmp_path, capsys, tiny_gpt2, corpus):
     code, _, err = run(capsys, *index_args(corpus, tmp_path / "run", "--device", "tpu7"))
     assert code == 2 and "device" in one_error_line(err)
+
+
+def test_max_tokens_beyond_the_model_stops_at_once(tmp_path, capsys, tiny_gpt2, corpus):
+    """The audit: --max-tokens above the model's positions failed at 96% of the corpus, and so did
+    every --resume, with a message that did not name the option."""
+    code, _, err = run(capsys, *index_args(corpus, tmp_path / "run", "--max-tokens", "100"))
+    assert code == 2
+    assert one_error_line(err) == ("ffkv: error: --max-tokens 100 is more than the 64 positions of model tiny-gpt2: "
+                                   "give --max-tokens 64 or less")
+    assert not (tmp_path / "run").exists()
+    long = tmp_path / "long.txt"
+    long.write_text("x" * 300 + "\n")  # one example longer than the model takes
+    code, _, err = run(capsys, *index_args(long, tmp_path / "run", "--unit", "line", "--top-k", "1"))
+    assert code == 0, err  # the default is cut to the model's positions, and recorded
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["identity"]["corpus"]["max_tokens"] == 64
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+def test_checkpoint_seconds_must_be_finite(tmp_path, capsys, tiny_gpt2, corpus, value):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(index_args(corpus, tmp_path / "run", "--checkpoint-seconds", value))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint-seconds: expected a" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_text_in_another_encoding_is_named_with_the_option(tmp_path, capsys, tiny_gpt2):
+    """The audit: Latin-1 text was called "a binary file"."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Le caf\u00e9 est cr\u00e8me.\nUne deuxi\u00e8me ligne.\n".encode("latin-1"))
+    code, _, err = run(capsys, *index_args(latin, tmp_path / "run", "--unit", "line"))
+    line = one_error_line(err)
+    assert code == 2 and "is not valid utf-8 text" in line and "--encoding latin-1" in line
+    assert_not_complete(tmp_path / "run")
+    code, _, err = run(capsys, *index_args(latin, tmp_path / "run", "--unit", "line", "--top-k", "2",
+                                           "--encoding", "latin-1"))
+    assert code == 0, err
+    import pandas as pd
+    assert "Le caf\u00e9 est cr\u00e8me." in set(pd.read_parquet(tmp_path / "run" / "examples.parquet").text)
+    code, _, err = run(capsys, *index_args(latin, tmp_path / "other", "--encoding", "klingon"))
+    assert code == 2 and "--encoding" in one_error_line(err)
+
+
+def test_ctrl_c_while_the_model_loads_claims_nothing(tmp_path, capsys, corpus, monkeypatch):
+    """The audit: Ctrl-C during model loading said "the last checkpoint is saved"."""
+    def loading_interrupted(name, dtype, device):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(loading, "LOADERS", [loading_interrupted, *loading.LOADERS])
+    code, _, err = run(capsys, *index_args(corpus, tmp_path / "run"))
+    assert code == 130 and err.strip() == "ffkv: interrupted"
+    assert not (tmp_path / "run").exists()
