@@ -131,7 +131,7 @@ def test_two_writers_of_other_commands_exclude_each_other(tmp_path, capsys, tiny
     assert run(capsys, "annotate", "import", str(tmp_path / "run"), str(labels))[0] == 0
 
 
-# ---------------------------------------------------------------- a full disk
+# ---------------------------------------------------------------- a full disk, a read-only file system
 
 def test_disk_full_at_a_write_marks_the_run_failed_then_resumes(tmp_path, capsys, tiny_gpt2, corpus, monkeypatch):
     """ENOSPC injected where a file is synced (the write's last step), at the fourth file of the run."""
@@ -168,48 +168,62 @@ def namespace_can_mount() -> bool:
     return done.returncode == 0
 
 
-needs_tmpfs = pytest.mark.skipif(not namespace_can_mount(), reason="cannot mount a tmpfs in a mount namespace here")
-
-
-def in_tmpfs(mount: Path, options: str, *argv: str) -> subprocess.CompletedProcess:
-    """`ffkv ARGV` (tiny model) in a mount namespace where `mount` is a fresh tmpfs with `options`."""
-    mount.mkdir(exist_ok=True)
-    ffkv = " ".join(f"'{a}'" for a in [sys.executable, "-m", "support.tiny_cli", *argv])
-    script = (f"mount -t tmpfs -o {options} tmpfs '{mount}' || exit 99; {ffkv}; code=$?; "
-              f"echo \"status=$(grep -o '\"status\": \"[a-z]*\"' '{mount}/run/manifest.json' 2>/dev/null)\"; "
-              "exit $code")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env(), capture_output=True, text=True,
-                          timeout=300)
-
-
-@needs_tmpfs
-def test_disk_full_on_a_small_tmpfs(tmp_path):
+@pytest.fixture(scope="module")
+def on_tmpfs(tmp_path_factory):
+    """Commands on small and read-only file systems: in one mount namespace and one process, three
+    tmpfs mounts (2 MB, 64 KB, read-only) and the ffkv commands that write there. name -> result."""
+    if not namespace_can_mount():
+        pytest.skip("cannot mount a tmpfs in a mount namespace here")
+    root = tmp_path_factory.mktemp("tmpfs")
     rng = random.Random(0)
-    big = tmp_path / "big.txt"  # 3.3 MB of text that does not compress: its examples cannot fit
+    big = root / "big.txt"  # 3.3 MB of text that does not compress: its examples cannot fit
     big.write_text("".join(f"{rng.getrandbits(160):040x}\n" for _ in range(80_000)))
-    mount = tmp_path / "mnt"
-    done = in_tmpfs(mount, "size=2m", *index_args(big, mount / "run"))
-    line = error_line(done.stderr)
-    assert done.returncode == 2 and "the run needs at least 3.3 MB on disk but" in line and "free space" in line
-    assert done.stdout.strip() == "status="  # refused before anything was written
-    # --max-examples hides the corpus size from the estimate: the disk fills during the run.
-    done = in_tmpfs(mount, "size=64k", *index_args(big, mount / "run", "--max-examples", "2000",
-                                                    "--batch-size", "64", "--checkpoint-seconds", "0"))
-    line = error_line(done.stderr)
-    assert done.returncode == 2 and "No space left on device" in line and "--resume" in line
-    assert done.stdout.strip() in ('status="status": "failed"', 'status="status": "running"'), done.stdout
+    small = root / "small.txt"
+    small.write_text("\n".join(LINES) + "\n")
+    wide = root / "wide.txt"  # long lines: the examples table keeps all of each text, the model 64 tokens
+    wide.write_text("".join(f"{rng.getrandbits(4000):01000x}\n" for _ in range(200)))
+    mounts = {"two_mb": "size=2m", "tiny": "size=32k", "read_only": "ro,size=1m"}
+    jobs = {
+        "too_big": index_args(big, root / "two_mb" / "run"),
+        # --max-examples hides the corpus size from the estimate: the disk fills during the run.
+        "fills": index_args(wide, root / "tiny" / "run", "--max-examples", "200", "--checkpoint-seconds", "0"),
+        "read_only": index_args(small, root / "read_only" / "run"),
+    }
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    script = " && ".join(f"mkdir -p '{root / name}' && mount -t tmpfs -o {options} tmpfs '{root / name}'"
+                         for name, options in mounts.items())
+    script += f" && '{sys.executable}' -m support.tiny_cli --many '{root / 'jobs.json'}' '{root / 'results.json'}'"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, json.loads((root / "results.json").read_text())
 
 
-# ---------------------------------------------------------------- read-only, no permission
+def test_a_run_too_big_for_the_disk_stops_before_writing(on_tmpfs):
+    root, results = on_tmpfs
+    got = results["too_big"]
+    line = error_line(got["err"])
+    assert got["code"] == 2 and "the run needs at least 3.3 MB on disk but" in line and "free space" in line
+    assert got["status"] is None  # refused before anything was written
 
-@needs_tmpfs
-def test_read_only_file_system(tmp_path, corpus):
-    mount = tmp_path / "mnt"
-    done = in_tmpfs(mount, "ro,size=1m", *index_args(corpus, mount / "run"))
-    assert done.returncode == 2
-    assert error_line(done.stderr) == (f"ffkv: error: cannot write the run into {mount} (read-only file system): "
-                                       "choose another --out")
 
+def test_disk_full_on_a_small_tmpfs(on_tmpfs):
+    root, results = on_tmpfs
+    got = results["fills"]
+    line = error_line(got["err"])
+    assert got["code"] == 2 and f"No space left on device ({root / 'tiny' / 'run'}" in line and "--resume" in line
+    assert got["status"] in ("failed", "running"), got  # failed, or not even that could be written: never complete
+
+
+def test_read_only_file_system(on_tmpfs):
+    root, results = on_tmpfs
+    got = results["read_only"]
+    assert got["code"] == 2 and got["status"] is None
+    assert error_line(got["err"]) == (f"ffkv: error: cannot write the run into {root / 'read_only'} "
+                                      "(read-only file system): choose another --out")
+
+
+# ---------------------------------------------------------------- no permission
 
 def test_no_permission(tmp_path, corpus):
     """As another user where the tests run as root (root may write anywhere), else a read-only folder."""

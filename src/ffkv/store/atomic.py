@@ -40,9 +40,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         fsync(tmp)
         os.replace(tmp, path)
         fsync(path.parent)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.errno and not error.filename:  # e.g. from pyarrow: name the file
+            raise OSError(error.errno, os.strerror(error.errno), str(path)) from error
         raise
 
 
