@@ -79,7 +79,6 @@ def _add_corpus_options(p: argparse.ArgumentParser, required: bool) -> None:
 
 def _corpus_spec(args: argparse.Namespace, source: str):
     from ffkv.corpus import CorpusSpec
-
     from ffkv.corpus.spec import DEFAULT_MAX_TOKENS
 
     return CorpusSpec(source=source, format=args.format, unit=args.unit, window=args.window,

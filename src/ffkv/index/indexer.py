@@ -203,7 +203,8 @@ def build_index(
 
     Args:
         loaded: the model (see `ffkv.models.loading.load_model`).
-        spec: the corpus. A `max_tokens` above the model's positions is cut to them, with a notice.
+        spec: the corpus. The default `max_tokens` is cut to the model's positions; a larger other value
+            is an error (`ffkv.index.preflight.fit_positions`).
         out: the run directory (created; must be new, or an unfinished run with `resume`).
         options: top-k and mode (they define the result).
         batching: batch size, grouping and checkpoint interval (speed only).

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -33,7 +33,7 @@ from ffkv.store import atomic
 from ffkv.store.lock import Holder, exclusive, now_iso
 from ffkv.store.manifest import Identity, Manifest, Process
 
-#: Files of ffkv's own bookkeeping that do not make a folder "not empty".
+#: The writer lock's file (`RunDir.lock`); it alone does not make a folder "not empty".
 LOCK_NAME = ".lock"
 
 #: Key of a metrics table's schema metadata that holds how it was computed (JSON).
@@ -209,7 +209,7 @@ class RunDir:
         if manifest.complete:
             raise FfkvError(f"output directory {self.path} already holds this run, complete; nothing to do")
         if not resume:
-            raise FfkvError(f"output directory {self.path} holds {unfinished(manifest)} of the same job; "
+            raise FfkvError(f"output directory {self.path} holds {_unfinished(manifest)} of the same job; "
                             "add --resume to continue it, or choose a new --out")
         return manifest
 
@@ -286,7 +286,7 @@ class RunDir:
         return dict(sorted(found.items()))
 
 
-def unfinished(manifest: Manifest) -> str:
+def _unfinished(manifest: Manifest) -> str:
     """"an interrupted run", "a failed run (error: ...)", or "a run whose writer stopped without saving" (a
     `running` manifest read holding the lock: its process was killed or crashed)."""
     if manifest.status == "failed":
@@ -297,4 +297,4 @@ def unfinished(manifest: Manifest) -> str:
     return "an interrupted run"
 
 
-__all__ = ["DESCRIPTION_KEY", "LOCK_NAME", "RunDir", "unfinished"]
+__all__ = ["DESCRIPTION_KEY", "LOCK_NAME", "RunDir"]
