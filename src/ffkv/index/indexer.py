@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
-
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
+from ffkv.index.progress import IndexBar
 from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
@@ -237,8 +236,7 @@ def build_index(
     reducer = TriggerReducer(state, options.mode)
     pad_multiple = batching.pad_to(device)
     special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
-    bar = tqdm(total=reader.approx_total(), initial=consumed, unit="ex", disable=not progress,
-               dynamic_ncols=True, desc="index", smoothing=0.05)
+    bar = IndexBar(spec, initial=consumed, show=progress)
     last_checkpoint = time.time()
 
     def checkpoint() -> None:
@@ -263,12 +261,11 @@ def build_index(
                 groups_done = g + 1
                 mine.extend(group)
                 n_tokens += batch.n_tokens
-                bar.update(len(group))
-                bar.set_postfix(tok_s=f"{n_tokens / max(time.time() - started + elapsed_before, 1e-9):,.0f}",
-                                refresh=False)
+                bar.update(len(group),
+                           tok_s=f"{n_tokens / max(time.time() - started + elapsed_before, 1e-9):,.0f}")
                 if interrupted():
                     # The state holds whole batches: save it, with the batches done in this window.
-                    bar.close()
+                    bar.close(finished=False)
                     checkpoint()
                     run.update_manifest(status="interrupted")
                     raise KeyboardInterrupt
