@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ffkv.errors import FfkvError
@@ -189,9 +190,22 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # a browser asks, on the JSON pages too
     ]
     app = Starlette(routes=routes, exception_handlers={
-        BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error})
+        BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error},
+        middleware=[Middleware(LoadModelAfterFirstResponse, model=data.model)])
     app.state.data = data
     return app
+
+
+class LoadModelAfterFirstResponse:
+    """ASGI middleware: once a first response has gone out, the model starts loading in the background."""
+
+    def __init__(self, app, model) -> None:
+        self.app, self.model = app, model
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            self.model.start()
 
 
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None) -> None:

@@ -1,8 +1,10 @@
 """The run's model for the explorer: loaded in the background, so the first page answers before it is ready.
 
-Pages that read only the run's tables (the overview, figures, files) never wait for it;
-pages that show tokens or run the model wait in `ModelHandle.get`. Hooks live on the
-model, so everything that runs it holds `ModelHandle.lock` (one forward at a time).
+`ffkv serve` starts the load right after its first response (`start`), so that importing torch
+and reading the weights do not compete with that response for the CPU; a page that needs the
+model first starts it itself and waits in `get`. Pages that read only the run's tables (the
+overview, figures, files) never wait. Hooks live on the model, so everything that runs it
+holds `ModelHandle.lock` (one forward at a time).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def load_run_model(run_dir: str | Path):
 
 
 class ModelHandle:
-    """A run's `LoadedModel`, given, or loaded by a background thread started at once.
+    """A run's `LoadedModel`, given, or loaded by a background thread (`start`, or the first `get`).
 
     Args:
         run_dir: the run whose manifest names the model.
@@ -33,13 +35,22 @@ class ModelHandle:
 
     def __init__(self, run_dir: str | Path, loaded: Any = None) -> None:
         self.lock = threading.Lock()
+        self._run_dir = run_dir
         self._loaded = loaded
         self._error: BaseException | None = None
         self._ready = threading.Event()
+        self._started = loaded is not None
+        self._start_lock = threading.Lock()
         if loaded is not None:
             self._ready.set()
-        else:
-            threading.Thread(target=self._load, args=(run_dir,), name="ffkv-model", daemon=True).start()
+
+    def start(self) -> None:
+        """Start loading the model in a background thread (once; later calls do nothing)."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._load, args=(self._run_dir,), name="ffkv-model", daemon=True).start()
 
     def _load(self, run_dir: str | Path) -> None:
         try:
@@ -54,7 +65,8 @@ class ModelHandle:
         return self._ready.is_set()
 
     def get(self):
-        """The loaded model (waits for the background load); a 503 page when it could not be loaded."""
+        """The loaded model (starts the load if need be, and waits for it); a 503 page when it could not be loaded."""
+        self.start()
         self._ready.wait()
         if self._error is not None:
             raise BadRequest(f"the run's model could not be loaded ({type(self._error).__name__}: "
