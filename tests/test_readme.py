@@ -34,7 +34,7 @@ def test_the_library_section_runs_offline(tmp_path, monkeypatch):
     assert namespace["values"].equals(pd.read_parquet(run.path / "metrics" / "values.parquet"))
     triggers = namespace["triggers"]
     te = pd.read_parquet(run.path / "trigger_examples.parquet").query("layer == 3 and key == 17")
-    assert triggers["example_id"].tolist() == te.sort_values("rank")["example_id"].tolist() and len(triggers) == 10
+    assert triggers["example_id"].tolist() == te.sort_values("rank")["example_id"].tolist() and len(triggers) == 5
     assert triggers["text"].str.len().min() > 0
     tokens = namespace["tokens"]
     assert list(tokens["end"].unique()) == ["top", "bottom"] and "p" in tokens.columns

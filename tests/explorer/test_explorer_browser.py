@@ -132,7 +132,7 @@ def test_projection_switch_token_strip_and_json_export(chromium, analyzed):
         last = page.inner_text("#predictions")
         strip.nth(2).click()
         assert page.locator("#token-strip button").nth(2).get_attribute("class") == "on"
-        assert "position 2 of" in page.inner_text("#prediction") and page.inner_text("#predictions") != last
+        assert "token 3 of" in page.inner_text("#prediction") and page.inner_text("#predictions") != last
         assert not errors, errors
 
 

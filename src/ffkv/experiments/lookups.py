@@ -44,8 +44,8 @@ NAME = "lookups"
 #: Top tokens kept per value (the explorer's search and trace chips read them).
 TOP_TOKENS = 10
 #: The corpus sample for activation frequencies and histograms: examples, tokens per example, bins.
-SAMPLE_EXAMPLES = 256
-SAMPLE_MAX_TOKENS = 128
+SAMPLE_EXAMPLES = 128
+SAMPLE_MAX_TOKENS = 64
 HISTOGRAM_BINS = 24
 
 

@@ -79,7 +79,7 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         validation.integer(key, "key", 0, data.d_m - 1, 422)
     generation = None
     with data.model.lock:
-        base = trace(loaded, token_ids, position=position, target=target)
+        base = trace(loaded, token_ids, position=position, target=target, show=edits)
         edited = trace(loaded, token_ids, edits, position=position, target=base.target) if edits else None
         if generate_tokens and not data.encoder:
             original = generate(loaded, token_ids, generate_tokens)

@@ -49,7 +49,8 @@ def shown_token(text: str) -> str:
 
 
 def value_format(value: float) -> str:
-    return number(value, 4) if abs(value) >= 1e-4 or value == 0 else f"{value:.2e}"
+    """A probability or logit with three significant digits (0.000312, not 0.0003)."""
+    return f"{value:.3g}"
 
 
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
@@ -186,12 +187,14 @@ PATTERN_SCORES = {"shallow_score": ("shallow score", True), "shallow_score_2": (
                   "n_triggers": ("prefixes read", False), "n_embedded": ("prefixes embedded", False)}
 
 
-def _pattern_scores(auto: dict) -> list[tuple[str, str]]:
+def _pattern_scores(auto: dict) -> list[tuple[str, str, bool]]:
+    """(name, value, shown as a token) of the automatic pattern's scores."""
     out = []
     for column, (name, share) in PATTERN_SCORES.items():
         if column in auto:
             value = auto[column]
-            out.append((name, percent(value) if share else (repr(value) if isinstance(value, str) else number(value))))
+            text = value if isinstance(value, str) else percent(value) if share else number(value)
+            out.append((name, text, isinstance(value, str)))
     return out
 
 
@@ -203,7 +206,7 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
     return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": PROJECTIONS,
             "projection_note": PROJECTION_NOTES[m["projection"]],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
-            "target_name": "masked token" if data.encoder else "next token"}
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
 
 
 def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,
@@ -304,10 +307,7 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
                 cell.update(new_token=tok(new.token_id), new_prob=new.prob,
                             changed=_changed(old.token_id, old.prob, new.token_id, new.prob))
             row[part] = cell
-        memories = list(layer.memories) + list(layer.suppressing)
-        shown = {m["key"] for m in memories}
-        memories += [{"key": k, "coefficient": float(layer.coefficients[k]), "contribution": float("nan"),
-                      "scale": None} for (lay, k) in sorted(edits) if lay == layer.layer and k not in shown]
+        memories = list(layer.memories) + list(layer.suppressing) + list(layer.edited)
         for m in memories:
             row["memories"].append({**m, "scale": edits.get((layer.layer, m["key"])),
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})

@@ -40,8 +40,8 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 "layer.html": """{% extends "base.html" %}{% block title %}layer {{ ln(layer) }}{% endblock %}
 {% block main %}<h1>Layer {{ ln(layer) }} <span class="muted small">of {{ n_layers }}</span></h1>
 <p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ ln(layer - 1) }}?sort={{ sort|urlencode }}&order={{ order }}">← layer {{ ln(layer - 1) }}</a>{% endif %}
-{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
-<p class="note">{{ n_keys }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); keys {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
+{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
+<p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); keys {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample with m &gt; 0.</p>
 <div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
@@ -61,14 +61,14 @@ Value's top tokens and agreement under the identity projection; active: share of
 <div id="pattern">
 {% if m.auto %}<p><strong>Automatic (ffkv analyze):</strong> {% if m.auto.label %}<span class="label-{{ m.auto.label }}" id="auto-label">{{ m.auto.label }}</span>{% endif %}
 {% if m.auto.description %} — {{ m.auto.description }}{% endif %}</p>
-<p class="small" id="pattern-scores">{% for name, v in pattern_scores %}<span class="chip">{{ name }} {{ v }}</span>{% endfor %}</p>
-{% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>{% endif %}
-<p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>
+<p class="small" id="pattern-scores">{% for name, v, is_token in pattern_scores %}<span class="chip">{{ name }} {% if is_token %}{{ tok(v) }}{% else %}{{ v }}{% endif %}</span>{% endfor %}</p>
+{% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>
+<p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
 <h2>Value</h2>
 <p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
-<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence, 2) }};
+<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence, 2) }} (uniform: {{ pct(uniform, 2) }});
 the top-1 trigger's {{ target_name }} ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats.next_token_rank + 1 }}{% else %}— (none){% endif %}
 and {% if m.stats.agreement %}<strong>is</strong>{% else %}is not{% endif %} the value's top token; ‖v‖ = {{ fmt(m.stats.value_norm) }}.</p>
 <div class="pair">
@@ -127,9 +127,9 @@ The trigger position is boxed, the next token underlined.</p>
 
 "trace_fragment.html": """<div class="ffkv-trace">{% if standalone %}<style>{{ css }}</style>{% endif %}
 {% if interactive %}<p class="note">Pick a position: the table reads the model at that token.</p>
-<div class="strip" id="token-strip">{% for s in t.strip %}<button type="submit" name="position" value="{{ s.index }}"{% if s.index == t.position %} class="on"{% endif %} title="position {{ s.index }}">{{ show(s.text) }}</button>{% endfor %}</div>
+<div class="strip" id="token-strip">{% for s in t.strip %}<button type="submit" name="position" value="{{ s.index }}"{% if s.index == t.position %} class="on"{% endif %} title="token {{ s.index + 1 }}">{{ show(s.text) }}</button>{% endfor %}</div>
 {% else %}<p class="tokens" id="token-strip">{% for s in t.strip %}<span class="t{% if s.index == t.position %} trig{% endif %}">{{ show(s.text) }}</span>{% endfor %}</p>{% endif %}
-<p class="prediction" id="prediction">At {{ tok(t.token) }} (position {{ t.position }} of {{ t.n_tokens }}) the model predicts {{ tok(t.final[0].token) }} {{ pct(t.final[0].prob, 1) }}{% if compare %}; with the interventions {{ tok(t.final[0].new_token) }} {{ pct(t.final[0].new_prob, 1) }}{% endif %}.</p>
+<p class="prediction" id="prediction">At {{ tok(t.token) }} (token {{ t.position + 1 }} of {{ t.n_tokens }}) the model predicts {{ tok(t.final[0].token) }} {{ pct(t.final[0].prob, 1) }}{% if compare %}; with the interventions {{ tok(t.final[0].new_token) }} {{ pct(t.final[0].new_prob, 1) }}{% endif %}.</p>
 <p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through the
 final normalization, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
 {{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.

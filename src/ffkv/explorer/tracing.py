@@ -14,6 +14,7 @@ Projections: final normalization for residuals, identity for ff_out (SPEC sectio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -39,6 +40,7 @@ class LayerTrace:
     after: Prediction           # argmax p(resid_post)
     memories: list[dict]        # the top contributors to the target: key, coefficient, contribution, scale
     suppressing: list[dict]     # the most negative contributions to the target
+    edited: list[dict]          # the other memories of the layer that are edited (or asked to be shown)
     coefficients: torch.Tensor  # m at the position, (d_m,)
 
 
@@ -84,7 +86,8 @@ def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits,
 
 @torch.no_grad()
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None, position: int = -1,
-          target: int | None = None, top_memories: int = 8, suppressing: int = 3) -> TraceResult:
+          target: int | None = None, top_memories: int = 8, suppressing: int = 3,
+          show: Iterable[tuple[int, int]] = ()) -> TraceResult:
     """Trace `token_ids` (one prompt) at `position`, optionally with memories scaled or switched off.
 
     Args:
@@ -92,9 +95,11 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
         position: the position to read (negative counts from the end).
         target: the token whose contributions rank the memories; default the model's top prediction.
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
+        show: (layer, key) pairs listed too (beside the edited ones), e.g. the edits of a trace to compare with.
     """
     view = loaded.view
     edits = dict(edits or {})
+    listed = set(edits) | set(show)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     pos = position if position >= 0 else len(token_ids) + position
     if not 0 <= pos < len(token_ids):
@@ -114,14 +119,17 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
         m = at("coefficients").float()
         contribution = m * (view.values(layer).float() @ e_target)
         best = contribution.topk(min(top_memories, contribution.numel())).indices.tolist()
-        worst = (-contribution).topk(min(suppressing, contribution.numel())).indices.tolist()
+        worst = [k for k in (-contribution).topk(min(suppressing, contribution.numel())).indices.tolist()
+                 if contribution[k] < 0]
+        touched = sorted(k for (lay, k) in listed if lay == layer and k not in best and k not in worst)
         layers.append(LayerTrace(
             layer=layer,
             before=_top(logits(view, at("resid_mid"), DEFAULT_FOR_RESIDUALS)),
             ff=_top(logits(view, at("ff_out"), DEFAULT_FOR_VALUES)),
             after=_top(logits(view, at("resid_post"), DEFAULT_FOR_RESIDUALS)),
             memories=[_memory(k, m, contribution, edits, layer) for k in best],
-            suppressing=[_memory(k, m, contribution, edits, layer) for k in worst if contribution[k] < 0],
+            suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
+            edited=[_memory(k, m, contribution, edits, layer) for k in touched],
             coefficients=m.cpu(),
         ))
     return TraceResult(list(token_ids), pos, target, layers, final, edits)

@@ -123,6 +123,11 @@ def number(value, digits: int = 3) -> str:
 
 
 def percent(value, digits: int = 1) -> str:
-    """A share as a percentage (blank for missing)."""
+    """A share as a percentage (blank for missing); shares too small for `digits` keep two significant digits,
+    so that 0.00031 reads 0.031%, not 0.0%."""
     value = _as_float(value)
-    return value if isinstance(value, str) else f"{100 * value:.{digits}f}%"
+    if isinstance(value, str):
+        return value
+    if value != 0 and abs(100 * value) < 0.5 * 10 ** -digits:
+        return f"{100 * value:.2g}%"
+    return f"{100 * value:.{digits}f}%"

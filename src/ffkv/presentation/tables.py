@@ -73,6 +73,8 @@ def _cell(name: str, value, token: Callable[[int], str] | None, token_columns: s
         return Cell(" · ".join(str(x) for x in value), "")
     if isinstance(value, (bool, np.bool_)):
         return Cell("yes" if value else "no", "yes" if value else "no")
+    if name.endswith("rank") and isinstance(value, (int, np.integer)) and value < 0:
+        return Cell("none", "num")  # -1 marks "no such rank" in the run's tables
     if name in token_columns:
         if token is not None and isinstance(value, (int, np.integer)):
             return Cell(token(int(value)), "", token=True)
