@@ -7,7 +7,6 @@ import resource
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -22,10 +22,11 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.middleware import Middleware
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ffkv.errors import FfkvError
@@ -85,8 +86,6 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     def one(params: dict[str, list[str]], name: str, default=None):
         values = params.get(name)
         return values[-1] if values else default
-
-    from starlette.concurrency import run_in_threadpool
 
     async def overview(request: Request):
         return html(await run_in_threadpool(pages.overview, data, root))

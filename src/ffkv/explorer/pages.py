@@ -98,7 +98,8 @@ def overview(data: ExplorerData, root: str = "") -> str:
     positions = data.lookup_info.get("activation_sample", {}).get("positions", 0)
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
                   numbering=NUMBERING, layers=layers, fidelity=fidelity, figures=figures_of(data),
-                  has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}")
+                  has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
+                  uniform=1.0 / data.vocab_size)
 
 
 # ------------------------------------------------------------------------ layer page

@@ -27,7 +27,8 @@ TEMPLATES = {
 <div class="scroll">{{ table(fidelity, "fidelity", "fidelity", root) }}</div>{% endif %}
 <h2>Layers</h2>
 <p class="note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
-paper) is the trigger target of the key's top-1 trigger example; value confidence, the mean max p of the values; active, the mean
+paper) is the trigger target of the key's top-1 trigger example; value confidence, the mean max p of the values (uniform:
+{{ pct(uniform, 2) }}); active, the mean
 share of positions of a corpus sample ({{ sample_positions }} positions) where a key's coefficient m &gt; 0; the shares of the
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
