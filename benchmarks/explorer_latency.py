@@ -3,7 +3,9 @@
 Writes a synthetic run directory straight to Parquet (3.3M trigger rows over 400k examples,
 no model needed), the explorer's lookup tables beside it, then times the explorer's pages
 through its ASGI app, in this process: the memory page (the issue's bound: well under a
-second), the layer page, token search and full-text search.
+second; with a tokenizer but no model, so it reads the tables only: the per-token coefficients
+of a real model's memory page add one forward pass over its trigger examples), the layer page,
+token search and full-text search.
 
     python benchmarks/explorer_latency.py [--layers 16] [--keys 4096] [--top-k 50] [--examples 400000]
 """
@@ -96,7 +98,8 @@ def write_lookups(run: Path, layers: int, keys: int, seed: int = 0) -> None:
     """The explorer's lookup tables, as its first start would write them (synthetic values)."""
     import pandas as pd
 
-    from ffkv.explorer.data import TOP_TOKENS, build_database, write_cache_info
+    from ffkv.experiments.lookups import HISTOGRAM_BINS, TOP_TOKENS, build_database
+    from ffkv.store.lookups import write_info
 
     rng = np.random.default_rng(seed)
     folder = run / "explorer"
@@ -119,10 +122,12 @@ def write_lookups(run: Path, layers: int, keys: int, seed: int = 0) -> None:
         "agreement": rng.random(n) < 0.02, "next_token_rank": rng.integers(0, VOCAB, n).astype(np.int32),
         "logsumexp": rng.random(n).astype(np.float32), "value_norm": rng.random(n).astype(np.float32),
         "activation_frequency": rng.random(n).astype(np.float32), "shallow_share": rng.random(n).astype(np.float32),
-        "common_last_token_id": rng.integers(0, VOCAB, n).astype(np.int32)})
+        "common_last_token_id": rng.integers(0, VOCAB, n).astype(np.int32),
+        "activation_lo": -rng.random(n).astype(np.float32), "activation_hi": rng.random(n).astype(np.float32),
+        "activation_histogram": list(rng.integers(0, 1000, (n, HISTOGRAM_BINS)).astype(np.int32))})
     atomic.write_parquet(folder / "key_stats.parquet",
                          pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
-    write_cache_info(RunDir(run), RunDir(run).manifest(), folder)
+    write_info(RunDir(run), RunDir(run).manifest(), folder, activation_sample={"examples": 256, "positions": 8192})
 
 
 def timed_get(client, url: str) -> float:
@@ -153,10 +158,10 @@ def main() -> None:
         print(f"explorer started (cache valid) in {time.perf_counter() - t:.2f} s")
         rng = np.random.default_rng(1)
         with TestClient(app) as client:
-            first = timed_get(client, f"/memory/{args.layers - 1}/{args.keys - 1}")
-            memory = [timed_get(client, f"/memory/{rng.integers(args.layers)}/{rng.integers(args.keys)}")
+            first = timed_get(client, f"/memory/{args.layers}/{args.keys - 1}")  # layers count from 1 in URLs
+            memory = [timed_get(client, f"/memory/{1 + rng.integers(args.layers)}/{rng.integers(args.keys)}")
                       for _ in range(args.requests)]
-            layer = [timed_get(client, f"/layer/{rng.integers(args.layers)}?sort=confidence&order=desc")
+            layer = [timed_get(client, f"/layer/{1 + rng.integers(args.layers)}?sort=confidence&order=desc")
                      for _ in range(10)]
             token = [timed_get(client, f"/search?token=w{rng.integers(VOCAB)}") for _ in range(10)]
             text = [timed_get(client, f"/search?q=topic+{rng.integers(997)}") for _ in range(10)]

@@ -14,6 +14,8 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
+from ffkv import __version__
+from ffkv.demo import DEMO_N_EVAL
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted, one_line
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -61,14 +63,17 @@ def _add_corpus_options(p: argparse.ArgumentParser, required: bool) -> None:
     g = p.add_argument_group("corpus")
     g.add_argument("--corpus", required=required, default=None,
                    help="a text/WikiText/JSONL/Parquet file or folder, or hf:<dataset id>[:<config>]")
-    g.add_argument("--format", default="auto", choices=("auto", "text", "wikitext", "jsonl", "parquet", "hf"))
+    g.add_argument("--format", default="auto", choices=("auto", "text", "wikitext", "jsonl", "parquet", "hf"),
+                   help="how to read --corpus (default: %(default)s, from the file names)")
     g.add_argument("--unit", default="sentence", choices=("sentence", "line", "document", "window"),
                    help="what one example is (default: %(default)s, as in the paper)")
-    g.add_argument("--window", type=_positive_int, default=128, help="tokens per example with --unit window")
-    g.add_argument("--text-field", default="text", help="text column of JSONL/Parquet/datasets sources")
+    g.add_argument("--window", type=_positive_int, default=128,
+                   help="tokens per example with --unit window (default: %(default)s)")
+    g.add_argument("--text-field", default="text",
+                   help="text column of JSONL/Parquet/datasets sources (default: %(default)s)")
     g.add_argument("--split", default="all", choices=("all", "train", "heldout"),
-                   help="for sources without splits of their own: a deterministic hash split")
-    g.add_argument("--hf-split", default="train", help="split of a Hugging Face dataset")
+                   help="for sources without splits of their own: a deterministic hash split (default: %(default)s)")
+    g.add_argument("--hf-split", default="train", help="split of a Hugging Face dataset (default: %(default)s)")
     g.add_argument("--seed", type=int, default=None, help="shuffle seed: with --max-examples, a random subset")
     g.add_argument("--max-examples", type=_positive_int, default=None, help="use at most this many examples")
     g.add_argument("--max-tokens", type=_positive_int, default=None,
@@ -101,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ffkv",
         description="Read transformer feed-forward layers as key-value memories (Geva et al. 2021).",
-        epilog="Start with `ffkv demo`. Each command has its own --help.",
+        epilog="Start with `ffkv demo`. Each command has its own --help. Layers in pages, reports and "
+               "messages count from 1; the run's tables count from 0.",
     )
+    parser.add_argument("--version", action="version", version=f"ffkv {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("index", help="find the top trigger examples of every key in every layer",
@@ -114,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=50, help="trigger examples per key (default 50)")
     p.add_argument("--mode", default="example", choices=("example", "prefix"),
                    help="example: one prefix per example per key (paper); prefix: every prefix competes")
-    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="examples per forward pass; speed and memory only, never the result (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
                    help="cap on padded tokens per batch (default 16384)")
     p.add_argument("--tokenizer-workers", type=int, default=None,
@@ -125,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue an unfinished run in --out (interrupted, failed or killed) with the same options")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                    help="index only shard I of N (0-based); join the N runs with `ffkv merge`")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (examples done, total, time left)")
     p.epilog = ("Several processes or machines: `torchrun --nproc-per-node N -m ffkv.cli index ...` "
                 "(Gloo on CPU, NCCL on GPU), or --shard i/n on each machine, then `ffkv merge`.")
 
@@ -152,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--projection", default=None, choices=("identity", "final-norm"),
                    help="one projection for every vector (default: SPEC's: identity for values and FF outputs, "
                         "final normalization for residuals)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                   help="load the model in this dtype (default: the run's)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the sampled keys, held-out positions and corpus samples (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
 
@@ -164,14 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "label them (shallow / semantic / both / none), import; `ffkv analyze --only "
                                    "patterns` then reports agreement with the automatic labels.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    q = verbs.add_parser("export", help="write a CSV sample of keys to label")
-    q.add_argument("run")
+    q = verbs.add_parser("export", help="write a CSV sample of keys to label",
+                         description="A CSV of seeded random keys per layer with their top prefixes and an empty "
+                                     "label column; its layer and key columns are 0-based, as the run's tables.")
+    q.add_argument("run", help="a complete run directory")
     q.add_argument("--out", required=True, help="CSV file to write")
-    q.add_argument("--keys-per-layer", type=_positive_int, default=10)
+    q.add_argument("--keys-per-layer", type=_positive_int, default=10,
+                   help="keys sampled per layer (default: %(default)s, as the paper)")
     q.add_argument("--top", type=_positive_int, default=25, help="prefixes per key (the paper's experts read 25)")
-    q.add_argument("--seed", type=int, default=0)
-    q = verbs.add_parser("import", help="read a labelled CSV into RUN/annotations/labels.parquet")
-    q.add_argument("run")
+    q.add_argument("--seed", type=int, default=0, help="seeds the sample of keys (default: %(default)s)")
+    q = verbs.add_parser("import", help="read a labelled CSV into RUN/annotations/labels.parquet",
+                         description="Store the labels of a filled-in `ffkv annotate export` CSV in the run.")
+    q.add_argument("run", help="the run the CSV was exported from")
     q.add_argument("labels", help="the labelled CSV")
     q.add_argument("--annotator", default="", help="who labelled")
 
@@ -180,16 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default="default", help="text file, one example per line (default: the embedded KJV)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 1500)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: 0)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    p.add_argument("--threads", type=_positive_int, default=None)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     p = sub.add_parser("demo", help="the whole job on the embedded model ffkv-tiny and its corpus",
                        description="Index the embedded corpus with ffkv-tiny, run every analysis, write the report.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
-    p.add_argument("--n-eval", type=_positive_int, default=2000, help="held-out examples for the analyses")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--n-eval", type=_positive_int, default=DEMO_N_EVAL,
+                   help="held-out verses for the analyses of SPEC sections 7-8 (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
 
     p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
                        description="One self-contained HTML file (figures embedded, opens offline).")
@@ -197,7 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
                    help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
 
-    p = sub.add_parser("serve", help="explore a run in the browser: memories, search, trace, intervene, annotate")
+    p = sub.add_parser("serve", help="explore a run in the browser: memories, search, trace, intervene, annotate",
+                       description="The explorer at http://HOST:PORT/: the overview, every layer's keys, every "
+                                   "memory (value under a chosen projection, activation histogram, trigger examples "
+                                   "with per-token coefficients, JSON export), search, trace a prompt at any "
+                                   "position, switch memories off and generate, annotate. Layers count from 1.")
     p.add_argument("run", help="a run directory")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""Every page of the explorer answers; every bad request gets a clear 4xx, never a 500."""
+"""Every page of the explorer answers; every bad request gets a clear 4xx, never a 500. URLs count layers from 1."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import re
 import pytest
 from starlette.testclient import TestClient
 
-from ffkv.explorer import Explorer, create_app
+import ffkv
+from ffkv.explorer import create_app
 from ffkv.store.annotations import read_labels
 
 
@@ -20,17 +21,20 @@ def client(analyzed):
 
 @pytest.mark.parametrize("url, expect", [
     ("/", "Figure 2"),
-    ("/layer/0", 'id="keys"'),
-    ("/layer/2?sort=confidence&order=desc&page=0", 'id="keys"'),
-    ("/layer/1?sort=pattern", "shallow"),
-    ("/layer/1?sort=activation+frequency&order=asc", 'id="keys"'),
-    ("/memory/1/7", 'id="triggers"'),
+    ("/layer/1", 'id="keys"'),
+    ("/layer/3?sort=confidence&order=desc&page=1", 'id="keys"'),
+    ("/layer/2?sort=pattern", "shallow"),
+    ("/layer/2?sort=activation+frequency&order=asc", 'id="keys"'),
+    ("/memory/2/7", 'id="triggers"'),
+    ("/memory/2/7?projection=final-norm", 'id="value-bottom"'),
+    ("/memory/2/7.json", '"layer_number":2'),
     ("/search", 'id="token-search"'),
     ("/search?q=paris", 'id="hits"'),
     ("/search?token=%23" + "10", 'id="promoting"'),
     ("/trace", 'id="trace-form"'),
     ("/trace?prompt=the+cat+sat", 'id="predictions"'),
-    ("/trace?prompt=the+cat+sat&off=2:3&scale=1:4:10", "with interventions"),
+    ("/trace?prompt=the+cat+sat&off=3:3&scale=2:4:10", "with interventions"),
+    ("/trace?prompt=the+cat+sat&position=1&generate=3", 'id="generation"'),
     ("/files/figures/values.png", None),
 ])
 def test_pages(client, url, expect):
@@ -41,23 +45,27 @@ def test_pages(client, url, expect):
 
 
 def test_layer_sorting(client, analyzed):
-    r = client.get("/layer/0?sort=confidence&order=desc")
-    keys = [int(k) for k in re.findall(r'<a href="/memory/0/(\d+)">', r.text)]
+    r = client.get("/layer/1?sort=confidence&order=desc")
+    keys = [int(k) for k in re.findall(r'<a href="/memory/1/(\d+)">', r.text)]
     data = client.app.state.data
     conf = [float(data.key_stats.loc[(0, k)].confidence) for k in keys]
     assert len(keys) == 40 and conf == sorted(conf, reverse=True)
 
 
 BAD = [
-    ("get", "/layer/3", 404), ("get", "/layer/-1", 404), ("get", "/layer/abc", 404),
-    ("get", "/memory/0/40", 404), ("get", "/memory/9/0", 404), ("get", "/memory/0/1e3", 404),
-    ("get", "/layer/0?sort=nonsense", 422), ("get", "/layer/0?page=99", 404), ("get", "/layer/0?order=up", 422),
+    ("get", "/layer/4", 404), ("get", "/layer/0", 404), ("get", "/layer/-1", 404), ("get", "/layer/abc", 404),
+    ("get", "/memory/1/40", 404), ("get", "/memory/9/0", 404), ("get", "/memory/0/0", 404), ("get", "/memory/1/1e3", 404),
+    ("get", "/memory/1/40.json", 404), ("get", "/memory/1/1?projection=soft", 422),
+    ("get", "/layer/1?sort=nonsense", 422), ("get", "/layer/1?page=99", 404), ("get", "/layer/1?page=0", 404),
+    ("get", "/layer/1?order=up", 422),
     ("get", "/search?token=not-a-token-here", 404), ("get", "/search?token=", 422), ("get", "/search?q=+", 422),
     ("get", "/trace?prompt=", 422), ("get", "/trace?prompt=+++", 422),
     ("get", "/trace?prompt=" + "a" * 60_000, 413), ("get", "/trace?prompt=" + "a" * 3000, 413),  # > model tokens
-    ("get", "/trace?prompt=hi&off=0:99", 422), ("get", "/trace?prompt=hi&off=7:1", 422),
-    ("get", "/trace?prompt=hi&scale=0:1:nan", 422), ("get", "/trace?prompt=hi&scale=0:1:inf", 422),
-    ("get", "/trace?prompt=hi&scale=0:1:abc", 422), ("get", "/trace?prompt=hi&off=01", 422),
+    ("get", "/trace?prompt=hi&off=1:99", 422), ("get", "/trace?prompt=hi&off=7:1", 422), ("get", "/trace?prompt=hi&off=0:1", 422),
+    ("get", "/trace?prompt=hi&scale=1:1:nan", 422), ("get", "/trace?prompt=hi&scale=1:1:inf", 422),
+    ("get", "/trace?prompt=hi&scale=1:1:abc", 422), ("get", "/trace?prompt=hi&off=01", 422),
+    ("get", "/trace?prompt=hi&position=2", 422), ("get", "/trace?prompt=hi&generate=1000", 422),
+    ("get", "/trace?prompt=hi&target=no+such+token", 404),
     ("get", "/files/%2e%2e/%2e%2e/etc/passwd", 403), ("get", "/files/..%2f..%2fetc%2fpasswd", 403),
     ("get", "/files/manifest.json", 404), ("get", "/files/explorer/explorer.duckdb", 404),
     ("get", "/files/figures/none.png", 404), ("get", "/nowhere", 404), ("delete", "/", 405),
@@ -68,7 +76,10 @@ BAD = [
 def test_bad_requests_are_clear_4xx(client, method, url, status):
     r = client.request(method, url)
     assert r.status_code == status, r.text[-400:]
-    assert 'id="error-message"' in r.text and "Traceback" not in r.text
+    if url.split("?")[0].endswith(".json"):
+        assert r.json()["status"] == status and r.json()["error"]
+    else:
+        assert 'id="error-message"' in r.text and "Traceback" not in r.text
 
 
 def test_bad_posts(client):
@@ -79,9 +90,10 @@ def test_bad_posts(client):
     assert huge.status_code == 413
     assert client.post("/trace", data={"prompt": ""}).status_code == 422
     assert client.post("/trace", content=b"{}", headers={"content-type": "application/json"}).status_code == 415
-    assert client.post("/memory/0/1/annotate", data={"label": "deep"}).status_code == 422
-    assert client.post("/memory/0/99/annotate", data={"label": "none"}).status_code == 404
-    assert client.post("/memory/0/1/annotate", data={"label": "none", "description": "x" * 3000}).status_code == 413
+    assert client.post("/memory/1/1/annotate", data={"label": "deep"}).status_code == 422
+    assert client.post("/memory/1/99/annotate", data={"label": "none"}).status_code == 404
+    assert client.post("/memory/0/1/annotate", data={"label": "none"}).status_code == 404
+    assert client.post("/memory/1/1/annotate", data={"label": "none", "description": "x" * 3000}).status_code == 413
 
 
 def test_a_100kb_prompt_through_the_real_server_is_4xx(client):
@@ -104,41 +116,41 @@ def test_a_100kb_prompt_through_the_real_server_is_4xx(client):
 
 
 def test_trace_form_post_with_interventions(client):
-    r = client.post("/trace", data={"prompt": "she was born in", "off": ["0:1", "2:5"], "scale:1:3": "50",
-                                    "scale:1:4": ""})
+    r = client.post("/trace", data={"prompt": "she was born in", "off": ["1:1", "3:5"], "scale:2:3": "50",
+                                    "scale:2:4": "", "action": "intervene"})
     assert r.status_code == 200 and "with interventions" in r.text
-    assert 'value="2:5" checked' in r.text and 'name="scale:1:3" value="50.0"' in r.text
+    assert 'value="3:5" checked' in r.text and 'name="scale:2:3" value="50.0"' in r.text
 
 
 def test_annotation_is_saved_in_the_run(fresh_run):
     run, loaded = fresh_run
     with TestClient(create_app(run, loaded=loaded)) as c:
-        r = c.post("/memory/2/11/annotate", data={"label": "semantic", "description": "cities <b>", "annotator": "ada"},
+        r = c.post("/memory/3/11/annotate", data={"label": "semantic", "description": "cities <b>", "annotator": "ada"},
                    follow_redirects=False)
-        assert r.status_code == 303 and r.headers["location"].startswith("/memory/2/11")
-        page = c.get("/memory/2/11").text
+        assert r.status_code == 303 and r.headers["location"].startswith("/memory/3/11")
+        page = c.get("/memory/3/11").text
     assert "cities &lt;b&gt;" in page and "ada" in page
-    labels = read_labels(run)
+    labels = read_labels(run)  # the run's tables count layers from 0: page layer 3 is layer 2
     assert labels[["layer", "key", "label", "annotator"]].values.tolist() == [[2, 11, "semantic", "ada"]]
 
 
 def test_corpus_text_is_escaped(client):
-    page = client.get("/search?q=loud").text
-    assert "&lt;b&gt;loud&lt;/b&gt; &amp; clear" in page and "<b>loud</b>" not in page
+    page = client.get("/search?q=loud").text  # the match highlighted, the text around it escaped
+    assert '&lt;b&gt;<mark class="hit">loud</mark>&lt;/b&gt; &amp; clear' in page and "<b>loud</b>" not in page
 
 
 def test_notebook_objects_render_the_same_html(analyzed):
     run, loaded = analyzed
-    ex = Explorer(run, loaded, root="")
-    m = ex.memory(1, 7)
+    opened = ffkv.open_run(run, loaded)
+    m = opened.memory(1, 7)  # code counts layers from 0: the page says layer 2
     html = m._repr_html_()
     assert html.startswith('<div class="ffkv-memory">') and 'id="triggers"' in html and "<style>" in html
-    assert 'id="triggers"' in m._repr_html_() and "Memory(layer=1, key=7" in repr(m)
-    t = ex.trace("the cat sat", off=[(2, 3)], scale={(1, 4): 10})
+    assert "Memory 2:7" in html and "Memory(layer=1, key=7" in repr(m)
+    t = opened.trace("the cat sat", off=[(2, 3)], scale={(1, 4): 10})
     html = t._repr_html_()
     assert 'id="predictions"' in html and "with interventions" in html and "<input" not in html
     with pytest.raises(Exception, match="empty"):
-        ex.trace("")
+        opened.trace("")
 
 
 @pytest.mark.parametrize("family", ["opt", "llama", "bert"])
@@ -147,9 +159,12 @@ def test_other_families(tmp_path, family):
 
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(create_app(run, loaded=loaded)) as c:
-        for url in ("/", "/layer/1?sort=pattern", "/memory/2/3", "/search?q=cat",
-                    "/trace?prompt=the+cat+sat&off=2:3&scale=0:1:3"):
+        for url in ("/", "/layer/2?sort=confidence", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
+                    "/trace?prompt=the+cat+sat&off=3:3&scale=1:1:3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
+        # An index without analyses has no automatic labels: sorting by them says so.
+        r = c.get("/layer/2?sort=pattern")
+        assert r.status_code == 422 and "ffkv analyze --only patterns" in r.text
 
 
 def test_serve_checks_the_port_and_runs_uvicorn(analyzed, monkeypatch):
@@ -180,5 +195,21 @@ def test_the_runs_model_is_loaded_by_its_manifest(analyzed, monkeypatch):
     run, loaded = analyzed
     calls = []
     monkeypatch.setattr(loading, "load_model", lambda name, dtype="float32", device="cpu": calls.append((name, dtype)) or loaded)
-    app = create_app(run)
-    assert calls == [("tiny-gpt2", "float32")] and app.state.data.loaded is loaded
+    app = create_app(run)  # the model loads in the background; pages that need it wait for it
+    assert app.state.data.loaded is loaded and calls == [("tiny-gpt2", "float32")]
+
+
+def test_a_model_that_cannot_be_loaded_is_a_clear_503(analyzed, monkeypatch):
+    import ffkv.models.loading as loading
+    from ffkv.errors import FfkvError
+
+    run, _ = analyzed
+
+    def fail(name, dtype="float32", device="cpu"):
+        raise FfkvError("no network to fetch tiny-gpt2")
+
+    monkeypatch.setattr(loading, "load_model", fail)
+    with TestClient(create_app(run), raise_server_exceptions=False) as c:
+        assert c.get("/").status_code == 200  # the overview reads tables only
+        r = c.get("/memory/1/1")
+        assert r.status_code == 503 and "no network to fetch tiny-gpt2" in r.text

@@ -42,26 +42,52 @@ def test_value_lookups_match_a_direct_projection(data, analyzed):
 
 def test_memory_page_data(data, analyzed):
     run, loaded = analyzed
-    m = data.memory(1, 7)
+    m = data.memory(1, 7)  # layer index 1 (the page's layer 2)
     te = pd.read_parquet(run / "trigger_examples.parquet")
     rows = te[(te.layer == 1) & (te.key == 7)].sort_values("rank")
     assert [e["example_id"] for e in m["examples"]] == rows.example_id.tolist()
     ex = pd.read_parquet(run / "examples.parquet").set_index("example_id")
-    first = m["examples"][0]
-    ids = list(ex.at[first["example_id"], "token_ids"])
-    assert first["last"] == loaded.tokenizer.token_strings([ids[first["position"]]])[0]
-    assert "".join(first["prefix"]) + first["last"] + "".join(first["rest"]) == loaded.tokenizer.decode(ids)
+    view = loaded.view
+    for e, stored in zip(m["examples"], rows.coefficient):
+        ids = list(ex.at[e["example_id"], "token_ids"])
+        assert "".join(t["text"] for t in e["tokens"]) == loaded.tokenizer.decode(ids)
+        assert [t["trigger"] for t in e["tokens"]].index(True) == e["position"]
+        assert e["last"] == loaded.tokenizer.token_strings([ids[e["position"]]])[0]
+        # Per-token coefficients over the whole example, brute force: one forward pass of this example alone.
+        with view.capture(("coefficients",)) as cap:
+            view.forward(torch.tensor([ids]))
+        np.testing.assert_allclose([t["m"] for t in e["tokens"]], cap["coefficients"][1][0, :, 7].numpy(),
+                                   rtol=1e-4, atol=1e-5)
+        assert e["tokens"][e["position"]]["m"] == pytest.approx(float(stored), rel=1e-4, abs=1e-5)
     assert m["auto"]["label"] in ("shallow", "semantic", "both", "none")  # from metrics/patterns_keys.parquet
     keys = pd.read_parquet(run / "metrics" / "patterns_keys.parquet").set_index(["layer", "key"])
     assert m["auto"]["label"] == keys.at[(1, 7), "label"] and m["auto"]["description"] == keys.at[(1, 7), "description"]
-    assert len(m["value_top"]) == 10
+    assert len(m["value"]["top"]) == len(m["value"]["bottom"]) == 15
+
+
+@pytest.mark.parametrize("projection", ["identity", "final-norm", "logits"])
+def test_value_tokens_under_each_projection(data, analyzed, projection):
+    _, loaded = analyzed
+    v = loaded.view.values(2)[5]
+    z = (loaded.view.final_norm(v) if projection == "final-norm" else v) @ loaded.view.unembedding.T
+    shown = z if projection == "logits" else z.softmax(-1)
+    m = data.memory(2, 5, projection)
+    top, bottom = m["value"]["top"], m["value"]["bottom"]
+    assert [t["token_id"] for t in top] == z.topk(15).indices.tolist()
+    assert [t["token_id"] for t in bottom] == (-z).topk(15).indices.tolist()
+    np.testing.assert_allclose([t["value"] for t in top], shown[z.topk(15).indices].detach().numpy(), rtol=1e-5)
+    assert m["value"]["shown"] == ("logit" if projection == "logits" else "p")
 
 
 def test_unknown_layer_key_and_token_are_4xx(data):
-    for layer, key in [(3, 0), (-1, 0), (0, 40), ("x", 0), (0, "1.5")]:
+    for layer, key in [(4, 0), (0, 0), (-1, 0), (1, 40), ("x", 0), (1, "1.5")]:  # as pages write them: layers from 1
         with pytest.raises(BadRequest) as err:
-            data.memory(layer, key)
+            data.check(layer, key)
         assert 400 <= err.value.status < 500
+    with pytest.raises(BadRequest):
+        data.memory(3, 0)  # layer indices are 0 to 2
+    with pytest.raises(BadRequest, match="projection"):
+        data.memory(0, 0, "softmax")
     with pytest.raises(BadRequest, match="not a token"):
         data.promoting("no such token")
     with pytest.raises(BadRequest, match="not in the vocabulary"):
@@ -83,10 +109,18 @@ def test_promoting_ranks_exactly(data, analyzed):
         assert r["prob"] == pytest.approx(float(p[token_id]), rel=1e-4)
 
 
-def test_text_search(data):
+def test_text_search(data, analyzed):
+    run, _ = analyzed
     hits = data.text_search("PARIS")
     assert hits and all("paris" in h["text"].lower() for h in hits)
     assert all(h["memories"] for h in hits)
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    for h in hits:  # every memory the example triggers, strongest |m| first
+        mine = te[te.example_id == h["example_id"]]
+        assert h["n_memories"] == len(mine)
+        strengths = [abs(m["coefficient"]) for m in h["memories"]]
+        assert strengths == sorted(strengths, reverse=True)
+        assert strengths[0] == pytest.approx(float(mine.coefficient.abs().max()))
     assert data.text_search("100%") == []  # % is literal, not a wildcard
     with pytest.raises(BadRequest):
         data.text_search("  ")
@@ -98,7 +132,7 @@ def test_cache_is_reused_and_rebuilt_when_the_index_changes(analyzed, tmp_path):
     run, loaded = analyzed
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    db = copy / "explorer" / "explorer.duckdb"
+    db = copy / "explorer" / "explorer.duckdb"  # built by `ffkv analyze`
     # A copy keeps mtimes (copy2), so the cache is valid and reused as it is.
     before = db.stat().st_mtime_ns
     ExplorerData(copy, loaded).close()
@@ -106,16 +140,3 @@ def test_cache_is_reused_and_rebuilt_when_the_index_changes(analyzed, tmp_path):
     os.utime(copy / "trigger_examples.parquet", ns=(1, 1))
     ExplorerData(copy, loaded).close()
     assert db.stat().st_mtime_ns != before
-
-
-def test_activation_frequency_counts_only_real_tokens(analyzed):
-    from ffkv.explorer.lookups import activation_frequency
-
-    _, loaded = analyzed
-    a = activation_frequency(loaded, [[5, 6, 7, 8]])
-    b = activation_frequency(loaded, [[5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11][:4]], batch_size=1)
-    np.testing.assert_allclose(a, b, atol=1e-6)
-    view = loaded.view
-    with view.capture(("coefficients",)) as cap:
-        view.forward(torch.tensor([[5, 6, 7, 8]]))
-    np.testing.assert_allclose(a[1], (cap["coefficients"][1][0] > 0).float().mean(0).numpy(), atol=1e-6)

@@ -19,7 +19,7 @@ def test_memory_page_latency(tmp_path):
         times = []
         for i in range(30):
             t = time.perf_counter()
-            r = client.get(f"/memory/{i % layers}/{(i * 997) % keys}")
+            r = client.get(f"/memory/{1 + i % layers}/{(i * 997) % keys}")  # layers count from 1 in URLs
             times.append(time.perf_counter() - t)
-            assert r.status_code == 200 and r.text.count("<mark>") == 50
+            assert r.status_code == 200 and r.text.count('class="t trig') == 50
     assert statistics.median(times) < 0.3, times

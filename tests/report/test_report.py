@@ -7,9 +7,9 @@ import re
 import pytest
 
 from ffkv.errors import FfkvError
+from ffkv.presentation import findings
 from ffkv.presentation.findings import PAPER_FINDINGS, paper_finding
 from ffkv.report import write_report
-from ffkv.report.content import reading
 from ffkv.store.run import RunDir
 
 
@@ -23,27 +23,69 @@ def test_index_only_run_gets_a_report(index_only):
     assert not list(index_only.glob(".report.html.*"))  # atomic write leaves nothing behind
 
 
-def test_every_figure_and_table_is_embedded_beside_its_finding(analyzed):
+def test_every_figure_is_embedded_beside_its_finding(analyzed):
     run, _ = analyzed
+    rd = RunDir(run)
     page = write_report(run).read_text()
     images = re.findall(r'<img class="figure" src="([^"]+)"', page)
-    figures = RunDir(run).figure_names()
+    figures = rd.figure_names()
     assert len(images) == len(figures) >= 9  # every figure of every experiment
     assert all(src.startswith(("data:image/png;base64,", "data:image/svg+xml;base64,")) for src in images)
-    for name in list(figures) + RunDir(run).metric_names():
-        assert f'id="analysis-{name}"' in page, name
+    for experiment in ("patterns", "ablations", "values", "composition", "refinement"):
+        assert f'id="analysis-{experiment}"' in page, experiment
     for figure in ("Figure 2", "Figure 3", "Figure 4", "Figure 5", "Figure 7", "Figure 8", "Figure 9", "Figure 10",
-                   "Figure 11", "Table 2", "Table 3"):
+                   "Figure 11", "Table 3"):
         assert figure in page, figure
-    values = RunDir(run).read_metric("values")
-    first, last = values["agreement_rate"].iloc[0], values["agreement_rate"].iloc[-1]
-    assert "This model:" in page and f"goes from {100 * first:.1f}% (layer 1) to {100 * last:.1f}% (layer 3)" in page
-    # Per-key tables are summarised per layer, with the label shares of the paper's Figure 2.
-    assert re.search(r"label: (shallow|semantic|both|none)", page)
     # Nothing is fetched: no external sources, and a CSP that forbids them.
     assert not re.search(r'(src|href)="(?!data:|http://127\.0\.0\.1:8000|#)', page.replace('href="http://127.0.0.1:8000', ""))
     assert "default-src 'none'" in page
     assert "<script" not in page
+
+
+def test_sentences_come_from_the_findings_and_tables_say_true_things(analyzed):
+    from html import unescape
+
+    run, _ = analyzed
+    rd = RunDir(run)
+    page = write_report(run).read_text()
+    # Every sentence on this model is the findings' reading of a table; none is made up from an arbitrary column.
+    sentences = [unescape(t) for t in re.findall(r'<strong>Measured here:</strong> ([^<]+)</div>', page)]
+    readings = {findings.reading(name, rd.read_metric(name)) for name in rd.metric_names()} - {None}
+    assert sentences and set(sentences) <= readings and readings <= set(sentences)
+    assert "This model: This model" not in page and "example_id" not in page and "example id" not in page
+    # One numbering: layers counted from 1 in every table, said once.
+    assert 'id="numbering"' in page and "counted from 1" in page
+    first_cells = re.findall(r'<table id="layers">.*?</table>', page, flags=re.S)[0]
+    assert re.findall(r'<tr><td class="num">(\d+)</td>', first_cells) == ["1", "2", "3"]
+    # Tokens as text, not ids: the most confident values show their top token, not its id.
+    confident = re.search(r"metrics/values_confident\.parquet</h4>.*?</table>", page, flags=re.S).group(0)
+    assert '<span class="tok">' in confident and "token id" not in confident
+    # Each section says how its numbers were computed (projection, n).
+    values = re.search(r'id="analysis-values".*?</section>', page, flags=re.S).group(0)
+    assert "<dt>projection</dt><dd>identity</dd>" in values
+    composition = re.search(r'id="analysis-composition".*?</section>', page, flags=re.S).group(0)
+    assert "<dt>n examples</dt><dd>48</dd>" in composition
+
+
+def test_warnings_and_the_fidelity_table(fresh_run):
+    import pandas as pd
+
+    run, _ = fresh_run
+    rd = RunDir(run)
+    values = rd.read_metric("values")
+    rd.write_metric("values", values, {**rd.metric_description("values"),
+                                      "warnings": ["agreement computed on 29 keys, fewer than the 50 stated"]})
+    rd.write_metric("fidelity", pd.DataFrame({
+        "finding": ["lower layers mostly shallow", "the last token matters most"], "figure": ["Figure 2", "Figure 3"],
+        "value": [0.62, -1.07], "reproduces": [True, False], "rule": ["shallow share > 50% in layer 1", "..."]}), {})
+    page = write_report(run).read_text()
+    values_section = re.search(r'id="analysis-values".*?</section>', page, flags=re.S).group(0)
+    assert "agreement computed on 29 keys, fewer than the 50 stated" in values_section
+    fidelity = re.search(r'<table id="fidelity" class="fidelity">.*?</table>', page, flags=re.S).group(0)
+    assert page.index("Does this model reproduce the paper?") < page.index("<h2>Analyses</h2>")
+    assert '<td class="yes">yes</td>' in fidelity and '<td class="no">no</td>' in fidelity
+    assert "lower layers mostly shallow" in fidelity and "fidelity" not in [s for s in re.findall(
+        r'id="analysis-(\w+)"', page)]
 
 
 def test_table_text_is_escaped(index_only, tmp_path):
@@ -68,25 +110,8 @@ def test_every_name_analyze_writes_has_one_paper_finding(analyzed):
     assert paper_finding("composition")["figure"] == "Figure 8"
     assert paper_finding("values_rank") is PAPER_FINDINGS["values_rank"]
     assert paper_finding("something_else") is None
-    assert reading("x", None) is None
 
 
 def test_report_refuses_what_is_not_a_complete_run(tmp_path):
     with pytest.raises(FfkvError, match="not an ffkv run directory"):
         write_report(tmp_path)
-
-
-def test_per_layer_view_skips_list_columns():
-    import numpy as np
-    import pandas as pd
-
-    from ffkv.report.html import per_layer_view
-
-    table = pd.DataFrame({"layer": [0, 0, 1, 1], "key": [0, 1, 0, 1], "label": ["a", "b", "a", "a"],
-                          "tokens": [np.array([1, 2]), np.array([3]), np.array([4]), np.array([5])],
-                          "score": [1.0, 3.0, 2.0, 2.0]})
-    out, summarised = per_layer_view(table)
-    assert summarised
-    assert list(out["mean score"]) == [2.0, 2.0]
-    assert list(out["label: a"]) == [0.5, 1.0]
-    assert not any(c.startswith("tokens") for c in out.columns)

@@ -59,3 +59,22 @@ def analyzed_run(folder: Path, family: str = "gpt2", top_k: int = 5):
 def copy_run(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def plant_memory(loaded, layer: int, key: int, scale: float = 50.0) -> int:
+    """Make memory (layer, key) of a tiny GPT-2 decide every prediction, and return the token it writes.
+
+    Its key fires the same at every position (zero key row, bias `scale`, so m = gelu(scale) = scale) and
+    its value is a large multiple of E[t] for t, the token whose embedding has the largest norm: after
+    the final normalization the residual points along E[t], and E[t]·E[t] > E[j]·E[t] for every other j.
+    Switched off (m = 0), the model computes what it computes with that value set to zero.
+    """
+    import torch
+
+    view = loaded.view
+    with torch.no_grad():
+        target = int(view.unembedding.norm(dim=1).argmax())
+        view.keys(layer)[key].zero_()
+        view.key_bias(layer)[key] = scale
+        view.values(layer)[key] = 20.0 * view.unembedding[target] / view.unembedding[target].norm()
+    return target

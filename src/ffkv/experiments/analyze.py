@@ -20,13 +20,14 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import ablations, composition, patterns, refinement, values
+from ffkv.experiments import ablations, composition, lookups, patterns, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.parallel import is_writer, local_device, process_group
 
-#: Experiment name -> module, in the paper's order.
+#: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
+#: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
-           "composition": composition, "refinement": refinement}
+           "composition": composition, "refinement": refinement, "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
 HELD_OUT = ("composition", "refinement")
@@ -75,8 +76,10 @@ def analyze(
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock, process_group(loaded.view.device):
-        for name in names:
+        for step, name in enumerate(names, 1):
             start = time.perf_counter()
+            if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
+                print(f"analyze [{step}/{len(names)}] {name}", flush=True)
             MODULES[name].run(ctx)
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
         if spec is not None:

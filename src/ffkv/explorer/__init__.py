@@ -1,13 +1,13 @@
 """The explorer: a local web app over a run directory, and the same views inline in notebooks.
 
 `serve(run_dir)` starts it; `create_app(run_dir, loaded)` builds the app (tests, embedding);
-`Explorer(run_dir).memory(l, k)` / `.trace(prompt)` render in Jupyter.
+notebooks reach the same views through `ffkv.open_run(path).memory(layer, key)` / `.trace(prompt)`.
 Imports are lazy so that `import ffkv.explorer` costs nothing without the web dependencies.
 """
 
 from __future__ import annotations
 
-__all__ = ["serve", "create_app", "Explorer", "ExplorerData"]
+__all__ = ["serve", "create_app", "ExplorerData"]
 
 
 def __getattr__(name: str):
@@ -15,10 +15,6 @@ def __getattr__(name: str):
         from ffkv.explorer import app
 
         return getattr(app, name)
-    if name == "Explorer":
-        from ffkv.explorer.notebook import Explorer
-
-        return Explorer
     if name == "ExplorerData":
         from ffkv.explorer.data import ExplorerData
 

@@ -1,48 +1,47 @@
 """`ffkv serve RUN`: the explorer, a Starlette app with server-rendered pages (no build step).
 
-Routes:
-    /                               overview: the run, per-layer summaries, the figures
-    /layer/{layer}?sort=&order=     a layer's keys, sorted by any metric
-    /memory/{layer}/{key}           a memory: trigger examples, value tokens, pattern, annotation form
-    /memory/{layer}/{key}/annotate  POST: save a human pattern label
-    /search?token= | ?q=            memories promoting a token; full-text search of trigger examples
-    /trace?prompt=&off=L:K&scale=L:K:S  (GET, or POST from the form): trace and intervene
-    /files/{path}                   figures, metrics and the report of the run (nothing outside it)
+Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
+    /                                       overview: the run, the paper's findings, per-layer summaries, figures
+    /layer/LAYER?sort=&order=&page=         a layer's keys, curated columns, sorted by any of them
+    /memory/LAYER/KEY?projection=           a memory: pattern, value (top and bottom tokens), activation
+                                            histogram, trigger examples with per-token coefficients, annotation form
+    /memory/LAYER/KEY.json?projection=      the same as JSON (a stable URL)
+    /memory/LAYER/KEY/annotate              POST: save a human pattern label
+    /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
+    /trace?prompt=&position=&target=&off=L:K&scale=L:K:S&generate=N
+                                            (GET, or POST from the form): trace, intervene, generate
+    /files/PATH                             figures, metrics and the report of the run (nothing outside it)
 
-Every bad request gets a 4xx page that says what was wrong; none shows a traceback.
+The model loads in the background (`ModelHandle`): the overview answers at once. Every bad
+request gets a 4xx page that says what was wrong; none shows a traceback.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, RedirectResponse
+from starlette.middleware import Middleware
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ffkv.errors import FfkvError
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
-from ffkv.explorer.tracing import max_prompt_tokens, trace
+from ffkv.explorer.model import load_run_model
 from ffkv.explorer.validation import BadRequest
 
 REASONS = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
-           413: "Too large", 415: "Unsupported media type", 422: "Cannot use this input", 500: "Server error"}
+           413: "Too large", 415: "Unsupported media type", 422: "Cannot use this input", 500: "Server error",
+           503: "Unavailable"}
 #: Folders (and files) of the run directory that /files serves.
 SERVED = ("figures", "metrics", "report.html")
 
-
-def load_run_model(run_dir: str | Path):
-    """The model a complete run was indexed with, loaded as the manifest names it."""
-    from ffkv.models.loading import load_model
-    from ffkv.store.run import RunDir
-
-    model = RunDir(run_dir).require_complete().model
-    return load_model(model.id, dtype=model.dtype)
+__all__ = ["create_app", "serve", "load_run_model"]
 
 
 def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "") -> Starlette:
@@ -50,16 +49,12 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     Args:
         run_dir: a complete run directory.
-        loaded: the run's model; default: loaded by the manifest's model id and dtype.
+        loaded: the run's model; default: loaded in the background by the manifest's model id and dtype.
         progress: print the preparation steps of a first start.
         root: URL prefix when mounted below another path.
     """
     run_dir = Path(run_dir)
-    if loaded is None:
-        loaded = load_run_model(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
-    model_lock = threading.Lock()  # hooks live on the model: one trace at a time
-    max_tokens = max_prompt_tokens(loaded)
 
     def html(text: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(text, status_code=status)
@@ -93,16 +88,22 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return values[-1] if values else default
 
     async def overview(request: Request):
-        return html(pages.overview(data, root))
+        return html(await run_in_threadpool(pages.overview, data, root))
 
     async def layer(request: Request):
         q = query(request)
-        return html(pages.layer_page(data, request.path_params["layer"], one(q, "sort", "key"),
-                                     one(q, "order", "asc"), one(q, "page", "0"), root))
+        return html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
+                                            one(q, "sort", "key"), one(q, "order", "asc"), one(q, "page", "1"), root))
 
     async def memory(request: Request):
-        p = request.path_params
-        return html(pages.memory_page(data, p["layer"], p["key"], root))
+        p, q = request.path_params, query(request)
+        return html(await run_in_threadpool(pages.memory_page, data, p["layer"], p["key"], root,
+                                            one(q, "projection", "identity")))
+
+    async def memory_json(request: Request):
+        p, q = request.path_params, query(request)
+        return JSONResponse(await run_in_threadpool(pages.memory_json, data, p["layer"], p["key"],
+                                                    one(q, "projection", "identity"), root))
 
     async def annotate(request: Request):
         p = request.path_params
@@ -111,37 +112,34 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         data.annotations.save(layer, key, validation.label(one(f, "label")),
                               validation.short_text(one(f, "description"), "description", 2000),
                               validation.short_text(one(f, "annotator"), "annotator", 100))
-        return RedirectResponse(f"{root}/memory/{layer}/{key}#pattern", status_code=303)
+        return RedirectResponse(f"{root}/memory/{p['layer']}/{key}#pattern", status_code=303)
 
     async def search(request: Request):
         q = query(request)
-        return html(pages.search_page(data, one(q, "token"), one(q, "q"), root))
+        return html(await run_in_threadpool(pages.search_page, data, one(q, "token"), one(q, "q"), root))
 
     def run_trace(params: dict[str, list[str]]) -> str:
+        from ffkv.explorer.notebook import run_trace as traced
+
         prompt = one(params, "prompt")
         if prompt is None:
             return pages.trace_page(data, None, None, None, root)
-        prompt = validation.prompt(prompt)
-        token_ids = list(data.loaded.tokenizer.encode(prompt))
-        if not token_ids:
-            raise BadRequest("the prompt gives no tokens", 422)
-        if len(token_ids) > max_tokens:
-            raise BadRequest(f"the prompt has {len(token_ids):,} tokens; this model takes at most {max_tokens:,}", 413)
         fields = {k: v[-1] for k, v in params.items() if k.startswith("scale:")}
         edits = validation.edits(params.get("off", []), params.get("scale", []), fields, data.n_layers, data.d_m)
-        with model_lock:
-            base = trace(data.loaded, token_ids)
-            edited = trace(data.loaded, token_ids, edits) if edits else None
-        return pages.trace_page(data, prompt, base, edited, root)
+        position = one(params, "position") or one(params, "current_position")
+        position = -1 if position in (None, "") else validation.integer(position, "position", 0, 100_000, 422)
+        target = (one(params, "target") or "").strip()
+        n_generate = one(params, "generate")
+        n_generate = 0 if n_generate in (None, "") or one(params, "action") not in (None, "generate") else \
+            validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)  # the form always sends it
+        t = traced(data, validation.prompt(prompt), position, target or None, edits, n_generate, root)
+        return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
+                                n_generate=n_generate or 20)
 
     async def trace_get(request: Request):
-        from starlette.concurrency import run_in_threadpool
-
         return html(await run_in_threadpool(run_trace, query(request)))
 
     async def trace_post(request: Request):
-        from starlette.concurrency import run_in_threadpool
-
         params = await form(request)
         return html(await run_in_threadpool(run_trace, params))
 
@@ -158,41 +156,59 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
             raise BadRequest(f"no file {rel[:80]!r} in the run's figures, metrics or report", 404)
         return FileResponse(target)
 
+    def error(status: int, message: str, request: Request):
+        if request.url.path.endswith(".json"):
+            return JSONResponse({"error": message, "status": status}, status_code=status)
+        return html(pages.error_page(status, REASONS.get(status, "Error"), message, data.run.path.name, root,
+                                     data.n_layers), status)
+
     async def bad_request(request: Request, exc: BadRequest):
-        return html(pages.error_page(exc.status, REASONS.get(exc.status, "Error"), str(exc),
-                                     data.run.path.name, root), exc.status)
+        return error(exc.status, str(exc), request)
 
     async def ffkv_error(request: Request, exc: FfkvError):
-        return html(pages.error_page(400, REASONS[400], str(exc), data.run.path.name, root), 400)
+        return error(400, str(exc), request)
 
     async def http_error(request: Request, exc: HTTPException):
         message = {404: f"no page at {request.url.path[:200]}", 405: f"{request.method} is not allowed here"}.get(
             exc.status_code, str(exc.detail))
-        return html(pages.error_page(exc.status_code, REASONS.get(exc.status_code, "Error"), message,
-                                     data.run.path.name, root), exc.status_code)
+        return error(exc.status_code, message, request)
 
     async def server_error(request: Request, exc: Exception):
-        return html(pages.error_page(500, REASONS[500], f"the explorer failed on this request ({type(exc).__name__}); "
-                                     "please report it", data.run.path.name, root), 500)
+        return error(500, f"the explorer failed on this request ({type(exc).__name__}); please report it", request)
 
     routes = [
         Route("/", overview),
         Route("/layer/{layer}", layer),
+        Route("/memory/{layer}/{key}.json", memory_json),
         Route("/memory/{layer}/{key}", memory),
         Route("/memory/{layer}/{key}/annotate", annotate, methods=["POST"]),
         Route("/search", search),
         Route("/trace", trace_get, methods=["GET"]),
         Route("/trace", trace_post, methods=["POST"]),
         Route("/files/{path:path}", files),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # a browser asks, on the JSON pages too
     ]
     app = Starlette(routes=routes, exception_handlers={
-        BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error})
+        BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error},
+        middleware=[Middleware(LoadModelAfterFirstResponse, model=data.model)])
     app.state.data = data
     return app
 
 
+class LoadModelAfterFirstResponse:
+    """ASGI middleware: once a first response has gone out, the model starts loading in the background."""
+
+    def __init__(self, app, model) -> None:
+        self.app, self.model = app, model
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            self.model.start()
+
+
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None) -> None:
-    """Start the explorer on http://HOST:PORT (blocks until Ctrl-C)."""
+    """Start the explorer on http://HOST:PORT (blocks until Ctrl-C); the model loads while it serves."""
     import uvicorn
 
     if not isinstance(port, int) or not 0 <= port <= 65535:

@@ -1,22 +1,16 @@
 """What the explorer reads from a run directory, and how it finds it fast.
 
-On first start the explorer writes, beside the run's tables, a folder ``RUN/explorer/``:
+The lookup tables in RUN/explorer/ (`ffkv.store.lookups`) are built by `ffkv analyze`; a run
+that was only indexed gets them on the explorer's first start (into RUN/explorer, or a
+temporary folder when the run directory is read-only). Pages then answer from DuckDB point
+queries and small in-memory arrays: a memory page reads ~t rows.
 
-    info.json                  what the cache was built from (rebuilt when that changes)
-    key_stats.parquet          one row per (layer, key): value confidence, agreement, rank of the
-                               top-1 trigger's next token, activation frequency, ‖v_i‖, shallow share
-    value_top_tokens.parquet   layer, key, rank, token_id, prob: each value's top tokens
-    explorer.duckdb            DuckDB copy of the trigger examples (sorted, indexed by layer, key)
-                               and of the text of the examples they use (indexed by example id)
-
-Every file is written to a temporary name and renamed. Pages then answer from DuckDB
-point queries and from small in-memory arrays: a memory page reads ~t rows.
+Layers and keys are 0-based here, as in every table of the run; the pages show layers
+counted from 1 (`ffkv.presentation.style.layer_number`).
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -25,98 +19,20 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ffkv.explorer.lookups import activation_frequency, value_tables
-from ffkv.explorer.validation import BadRequest, layer_key
-from ffkv.memories.targets import trigger_targets
-from ffkv.store import atomic, schemas
+from ffkv.explorer.model import ModelHandle
+from ffkv.explorer.validation import BadRequest, integer, layer_key
+from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
-from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
-
-CACHE_VERSION = 1
-TOP_TOKENS = 10
-SAMPLE_EXAMPLES = 256
-
-
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
-
-
-def _fingerprint(run: RunDir, manifest: Manifest) -> dict:
-    files = {}
-    for name in ("trigger_examples", "examples"):
-        st = run.table(name).stat()
-        files[name] = [st.st_size, st.st_mtime_ns]
-    return {"cache_version": CACHE_VERSION, "top_tokens": TOP_TOKENS, "identity": manifest.identity.to_dict(),
-            "files": files}
-
-
-CACHE_FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
-
-
-def cache_is_valid(run: RunDir, manifest: Manifest, folder: Path) -> bool:
-    """Whether folder holds the explorer's tables for exactly this run's index."""
-    info_path = folder / "info.json"
-    if not info_path.exists() or not all((folder / n).exists() for n in CACHE_FILES):
-        return False
-    try:
-        return json.loads(info_path.read_text()).get("fingerprint") == _fingerprint(run, manifest)
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def write_cache_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) -> None:
-    """Mark the explorer's tables in folder as built for this run's index (written last)."""
-    atomic.write_json(folder / "info.json", {"fingerprint": _fingerprint(run, manifest), "projection": "identity",
-                                             "top_tokens": TOP_TOKENS, **details})
-
-
-def cache_folder(run: RunDir) -> Path:
-    """RUN/explorer, or a temporary folder when the run directory is read-only."""
-    folder = run.cache_dir
-    try:
-        folder.mkdir(exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe", delete=True)
-        probe.close()
-        return folder
-    except OSError:
-        return Path(tempfile.mkdtemp(prefix="ffkv-explorer-"))
-
-
-def build_database(run: RunDir, path: Path) -> None:
-    """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts."""
-    with atomic.atomic_path(path) as tmp:
-        tmp.unlink()
-        con = duckdb.connect(str(tmp))
-        try:
-            con.execute("SET threads TO 2")
-            te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
-            con.execute(f"""
-                CREATE TABLE texts AS
-                SELECT example_id, token_ids, text FROM read_parquet('{ex}')
-                WHERE example_id IN (SELECT DISTINCT example_id FROM read_parquet('{te}'))
-                ORDER BY example_id""")
-            con.execute(f"""
-                CREATE TABLE triggers AS
-                SELECT t.layer, t.key, t.rank, t.coefficient, t.example_id, t.position, t.next_token_id,
-                       CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id
-                FROM read_parquet('{te}') t JOIN texts x USING (example_id)
-                ORDER BY t.layer, t.key, t.rank""")
-            con.execute("CREATE INDEX triggers_layer_key ON triggers (layer, key)")
-            con.execute("CREATE UNIQUE INDEX texts_id ON texts (example_id)")
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        wal = Path(str(tmp) + ".wal")
-        if wal.exists():
-            wal.unlink()
-
 
 #: The per-key table of `ffkv analyze` whose label, description and scores the pages show.
 PATTERN_KEYS = "patterns_keys"
+#: Columns of patterns_keys the pages show (the rest stay in the table), in this order.
+PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
+                   "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "n_triggers", "n_embedded")
+#: Trigger directions (`direction` of trigger_examples.parquet, format 2): largest positive m, most negative m.
+DIRECTIONS = {1: "largest coefficients", -1: "most negative coefficients"}
 
 
 class ExplorerData:
@@ -124,24 +40,25 @@ class ExplorerData:
 
     Args:
         run_dir: a complete run directory.
-        loaded: the run's model (for the lookup tables, token strings, and traces).
-        progress: print a line per preparation step (first start only).
+        loaded: the run's model, a `ModelHandle`, or None to load it in the background.
+        progress: print a line per preparation step (a first start on a run `ffkv analyze` has not prepared).
     """
 
-    def __init__(self, run_dir: str | Path, loaded, progress: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, loaded: Any = None, progress: bool = False) -> None:
         self.run = RunDir(run_dir)
         self.manifest = self.run.require_complete()
         model = self.manifest.model
         self.n_layers, self.d_m, self.vocab_size = model.n_layers, model.d_m, model.vocab_size
-        self.loaded = loaded
+        self.encoder = model.encoder
+        self.model = loaded if isinstance(loaded, ModelHandle) else ModelHandle(self.run.path, loaded)
         self.progress = progress
-        self.folder = cache_folder(self.run)
-        self._prepare()
+        self.folder = lookups.find(self.run, self.manifest) or self._build()
+        self.lookup_info = lookups.read_info(self.folder)
         self._db = duckdb.connect(str(self.folder / "explorer.duckdb"), read_only=True)
         self._db_lock = threading.Lock()
         stats = pd.read_parquet(self.folder / "key_stats.parquet")
         self.key_stats = stats.set_index(["layer", "key"]).sort_index()
-        top = pd.read_parquet(self.folder / "value_top_tokens.parquet")
+        top = pd.read_parquet(self.folder / "value_top_tokens.parquet", columns=["token_id", "prob", "rank"])
         k = int(top["rank"].max()) + 1 if len(top) else 0
         self.top_ids = top["token_id"].to_numpy().reshape(self.n_layers, self.d_m, k)
         self.top_probs = top["prob"].to_numpy().reshape(self.n_layers, self.d_m, k)
@@ -151,44 +68,19 @@ class ExplorerData:
         self._token_index: dict[str, list[int]] | None = None
 
     # ------------------------------------------------------------ preparation
-    def _say(self, text: str) -> None:
+    @property
+    def loaded(self):
+        """The run's model (waits for the background load)."""
+        return self.model.get()
+
+    def _build(self) -> Path:
+        from ffkv.experiments.lookups import build
+
+        folder = lookups.writable_folder(self.run)
         if self.progress:
-            print(f"ffkv serve: {text}", flush=True)
-
-    def _prepare(self) -> None:
-        if cache_is_valid(self.run, self.manifest, self.folder):
-            return
-        self._say(f"first start on this run: preparing lookup tables in {self.folder}")
-        build_database(self.run, self.folder / "explorer.duckdb")
-        con = duckdb.connect(str(self.folder / "explorer.duckdb"), read_only=True)
-        try:
-            first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers WHERE rank = 0"
-                                ).fetchnumpy()
-            shallow = con.execute("""
-                SELECT layer, key, arg_max(last_token_id, n) AS common_last_token_id,
-                       CAST(max(n) AS FLOAT) / sum(n) AS shallow_share
-                FROM (SELECT layer, key, last_token_id, count(*) AS n FROM triggers GROUP BY ALL)
-                GROUP BY layer, key""").df()
-        finally:
-            con.close()
-        top1_target = np.full((self.n_layers, self.d_m), -1, dtype=np.int64)
-        top1_target[first["layer"].astype(int), first["key"].astype(int)] = trigger_targets(
-            first["next_token_id"], first["last_token_id"], self.manifest.model.encoder)
-
-        self._say("projecting every value onto the vocabulary")
-        top_table, stats = value_tables(self.loaded, top1_target, TOP_TOKENS)
-        self._say(f"activation frequency over {SAMPLE_EXAMPLES} examples")
-        sample = pq.ParquetFile(self.run.table("examples"))
-        batch = next(sample.iter_batches(batch_size=SAMPLE_EXAMPLES, columns=["token_ids"]), None)
-        tokens = batch.column(0).to_pylist() if batch is not None else []
-        stats["activation_frequency"] = activation_frequency(self.loaded, tokens).ravel()
-        stats = stats.merge(shallow.astype({"layer": "int16", "key": "int32"}), on=["layer", "key"], how="left")
-        stats["shallow_share"] = stats["shallow_share"].fillna(0).astype("float32")
-        stats["common_last_token_id"] = stats["common_last_token_id"].fillna(-1).astype("int32")
-        atomic.write_parquet(self.folder / "value_top_tokens.parquet", top_table)
-        atomic.write_parquet(self.folder / "key_stats.parquet",
-                             pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
-        write_cache_info(self.run, self.manifest, self.folder, activation_sample_examples=len(tokens))
+            print(f"ffkv serve: this run was not analysed; building the explorer's lookup tables in {folder} "
+                  f"(`ffkv analyze {self.run.path}` builds them ahead)", flush=True)
+        return build(self.run, self.manifest, self.loaded, folder, progress=self.progress)
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
         """The automatic pattern label, description and scores of every key (`ffkv analyze --only
@@ -196,8 +88,7 @@ class ExplorerData:
         if not self.run.has_metric(PATTERN_KEYS):
             return None
         table = self.run.read_metric(PATTERN_KEYS).astype({"layer": "int64", "key": "int64"})
-        keep = [c for c in table.columns if c not in ("layer", "key")
-                and (pd.api.types.is_numeric_dtype(table[c]) or c in ("label", "description"))]
+        keep = [c for c in PATTERN_COLUMNS if c in table.columns]
         return table[["layer", "key", *keep]].set_index(["layer", "key"]).sort_index()
 
     # --------------------------------------------------------------- tokens
@@ -217,7 +108,7 @@ class ExplorerData:
             self._tokens = strings
         return self._tokens
 
-    def token(self, token_id: int) -> str:
+    def token(self, token_id: int | None) -> str:
         if token_id is None or token_id < 0:
             return "⟨end⟩"
         strings = self.tokens()
@@ -259,9 +150,11 @@ class ExplorerData:
             cursor.close()
 
     def check(self, layer, key) -> tuple[int, int]:
+        """(layer index, key) from a layer counted from 1 and a key, as pages and URLs write them."""
         return layer_key(layer, key, self.n_layers, self.d_m)
 
     def value_top(self, layer: int, key: int) -> list[dict]:
+        """A value's top tokens under the identity projection (the lookup table)."""
         return [{"token_id": int(t), "token": self.token(int(t)), "prob": float(p)}
                 for t, p in zip(self.top_ids[layer, key], self.top_probs[layer, key])]
 
@@ -270,82 +163,112 @@ class ExplorerData:
         auto = {}
         if self.key_metrics is not None and (layer, key) in self.key_metrics.index:
             row = self.key_metrics.loc[(layer, key)]
-            auto = {c: row[c] for c in self.key_metrics.columns if pd.notna(row[c])}
+            auto = {c: row[c] for c in self.key_metrics.columns if pd.notna(row[c]) and row[c] != ""}
         return {"auto": auto, "human": self.annotations.of(layer, key)}
 
-    def memory(self, layer: int, key: int) -> dict:
-        """Everything the memory page shows about key `key` of layer `layer`."""
-        layer, key = self.check(layer, key)
-        trig = self._query("SELECT rank, coefficient, example_id, position, next_token_id FROM triggers "
-                           "WHERE layer = ? AND key = ? ORDER BY rank", [layer, key])
-        ids = [int(i) for i in trig["example_id"].unique()]
-        texts = self._query("SELECT example_id, token_ids, text FROM texts WHERE example_id IN "
-                            f"({','.join('?' * len(ids))})", ids) if ids else pd.DataFrame(
-            columns=["example_id", "token_ids", "text"])
-        texts = texts.set_index("example_id")
-        top_coef = float(trig["coefficient"].abs().max()) if len(trig) else 1.0
-        examples = []
-        for row in trig.itertuples(index=False):
-            token_ids = [int(t) for t in texts.at[row.example_id, "token_ids"]]
+    def triggers(self, layer: int, key: int) -> pd.DataFrame:
+        """The trigger examples of a key, with their example's token ids and text, strongest first per direction."""
+        trig = self._query("SELECT t.direction, t.rank, t.coefficient, t.example_id, t.position, t.next_token_id, "
+                           "x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
+                           "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
+        return trig
+
+    def memory(self, layer: int, key: int, projection: str = "identity", n_tokens: int = 15,
+               context: bool = True) -> dict:
+        """Everything the memory page shows about key `key` of layer index `layer`.
+
+        Args:
+            projection: how the value is read (`ffkv.explorer.live.VALUE_PROJECTIONS`).
+            n_tokens: top and bottom tokens of the value.
+            context: compute m_i over each trigger example's whole context (runs the model).
+        """
+        from ffkv.explorer import live
+
+        layer = integer(layer, "layer index", 0, self.n_layers - 1)
+        key = integer(key, "key", 0, self.d_m - 1)
+        if projection not in live.VALUE_PROJECTIONS:
+            raise BadRequest(f"projection must be one of {', '.join(live.VALUE_PROJECTIONS)}, "
+                             f"got {str(projection)[:40]!r}", 422)
+        trig = self.triggers(layer, key)
+        token_lists = [[int(t) for t in ids] for ids in trig["token_ids"]]
+        loaded = self.loaded
+        per_token: list = [None] * len(token_lists)
+        if getattr(loaded, "view", None) is None:  # a tokenizer without a model: the stored identity top tokens
+            value = {"shown": "p", "top": [(t["token_id"], t["prob"]) for t in self.value_top(layer, key)],
+                     "bottom": []}
+            projection = "identity"
+        else:
+            with self.model.lock:
+                value = live.value_tokens(loaded, layer, key, projection, n_tokens)
+                if context:
+                    per_token = live.context_coefficients(loaded, layer, key, token_lists)
+        scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
+                    + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
+        groups: dict[int, list[dict]] = {}
+        for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
             pos = int(row.position)
-            examples.append({
-                "rank": int(row.rank), "coefficient": float(row.coefficient),
-                "bar": 100.0 * abs(float(row.coefficient)) / top_coef if top_coef else 0.0,
-                "example_id": int(row.example_id), "position": pos,
-                "prefix": [self.token(t) for t in token_ids[:pos]], "last": self.token(token_ids[pos]),
-                "rest": [self.token(t) for t in token_ids[pos + 1:]],
+            tokens = []
+            for j, t in enumerate(ids):
+                m = None if coefficients is None else float(coefficients[j])
+                tokens.append({"text": self.token(t), "m": m, "shade": 0.0 if m is None else m / scale,
+                               "trigger": j == pos, "next": j == pos + 1, "after": j > pos})
+            groups.setdefault(int(row.direction), []).append({
+                "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
+                "bar": 100.0 * abs(float(row.coefficient)) / scale,
+                "example_id": int(row.example_id), "position": pos, "tokens": tokens,
                 "next_token_id": int(row.next_token_id), "next": self.token(int(row.next_token_id)),
-                "text": texts.at[row.example_id, "text"],
+                "last": self.token(ids[pos]), "text": row.text,
             })
+        positive = groups.get(1, [])
         stats = self.key_stats.loc[(layer, key)].to_dict()
-        next_counts = Counter(e["next_token_id"] for e in examples)
-        last_counts = Counter(e["last"] for e in examples)
+        next_counts = Counter(e["next_token_id"] for e in positive)
+        last_counts = Counter(e["last"] for e in positive)
         common_last, n_last = (last_counts.most_common(1)[0] if last_counts else ("", 0))
         labels = self.labels_of(layer, key)
+        info = self.lookup_info.get("activation_sample", {})
         return {
-            "layer": layer, "key": key, "examples": examples, "stats": stats,
+            "layer": layer, "key": key, "stats": stats, "projection": projection,
+            "triggers": [{"direction": d, "title": DIRECTIONS.get(d, str(d)), "examples": groups[d]}
+                         for d in sorted(groups, reverse=True)],
+            "examples": positive,
             "top_token": self.token(int(stats["top_token_id"])),
-            "value_top": self.value_top(layer, key),
+            "value": {"shown": value["shown"],
+                      "top": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["top"]],
+                      "bottom": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["bottom"]]},
+            "histogram": {"counts": [int(c) for c in stats.get("activation_histogram", [])],
+                          "lo": float(stats.get("activation_lo", 0.0)), "hi": float(stats.get("activation_hi", 0.0)),
+                          "positions": int(info.get("positions", 0)), "examples": int(info.get("examples", 0))},
             "next_tokens": [{"token_id": t, "token": self.token(t), "count": c} for t, c in next_counts.most_common(10)],
-            "surface": {"token": common_last, "share": n_last / len(examples) if examples else 0.0},
-            "auto": labels["auto"], "human": labels["human"],
+            "surface": {"token": common_last, "share": n_last / len(positive) if positive else 0.0},
+            "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
         }
 
     def layer_keys(self, layer: int) -> pd.DataFrame:
-        """One row per key of a layer: the sortable columns of the layer page."""
-        layer = self.check(layer, 0)[0]
+        """One row per key of a layer: the layer page's columns (statistics, automatic and human labels)."""
         table = self.key_stats.loc[layer].reset_index()
-        table["top_token"] = [self.token(int(t)) for t in table["top_token_id"]]
-        table["common_last_token"] = [self.token(int(t)) if t >= 0 else "" for t in table["common_last_token_id"]]
-        if self.key_metrics is not None:
-            extra = self.key_metrics.xs(layer, level="layer", drop_level=True) \
-                if layer in self.key_metrics.index.get_level_values(0) else None
-            if extra is not None:
-                table = table.join(extra, on="key")
+        table["top_tokens"] = [[self.token(int(t)) for t in self.top_ids[layer, k, :3]] for k in table["key"]]
+        if self.key_metrics is not None and layer in self.key_metrics.index.get_level_values(0):
+            table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
         human = self.annotations.all()
         human = human[human.layer == layer].sort_values("time").drop_duplicates("key", keep="last")
-        table = table.merge(human[["key", "label", "description"]].rename(
+        return table.merge(human[["key", "label", "description"]].rename(
             columns={"label": "human_label", "description": "human_description"}), on="key", how="left")
-        return table
 
     def layer_summary(self) -> pd.DataFrame:
-        """Per-layer summary of the key statistics (the overview page)."""
+        """Per layer (0-based `layer`): key statistics, shares of automatic labels, annotated keys."""
         stats = self.key_stats.reset_index()
-        top1 = self._query("SELECT layer, avg(coefficient) AS mean_top1_coefficient FROM triggers "
-                           "WHERE rank = 0 GROUP BY layer ORDER BY layer")
         summary = stats.groupby("layer").agg(
             keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_confidence=("confidence", "mean"),
-            median_next_token_rank=("next_token_rank", lambda r: float(np.median(r[r >= 0])) if (r >= 0).any() else np.nan),
-            mean_activation_frequency=("activation_frequency", "mean"), mean_shallow_share=("shallow_share", "mean"),
+            mean_activation_frequency=("activation_frequency", "mean"),
         ).reset_index()
-        summary = summary.merge(top1.astype({"layer": summary["layer"].dtype}), on="layer", how="left")
+        if self.key_metrics is not None and "label" in self.key_metrics.columns:
+            shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(fill_value=0)
+            for label in ("shallow", "semantic", "both", "none"):
+                summary[f"share_{label}"] = [float(shares[label].get(layer, 0)) if label in shares else 0.0
+                                             for layer in summary["layer"]]
         human = self.annotations.all()
         counts = human.groupby("layer")["key"].nunique() if len(human) else pd.Series(dtype=int)
         summary["annotated_keys"] = [int(counts.get(layer, 0)) for layer in summary["layer"]]
-        if self.key_metrics is not None and "label" in self.key_metrics.columns:
-            shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(fill_value=0)
-            for label in shares.columns:
-                summary[f"share_{label}"] = [float(shares[label].get(layer, 0)) for layer in summary["layer"]]
         return summary
 
     def promoting(self, text: str, limit: int = 50) -> dict:
@@ -389,8 +312,9 @@ class ExplorerData:
                         "token": self.token(token_id), "top_token": self.token(int(self.top_ids[layer, key, 0]))})
         return out
 
-    def text_search(self, text: str, limit: int = 50) -> list[dict]:
-        """Trigger examples whose text contains `text` (case-insensitive), with the memories they trigger."""
+    def text_search(self, text: str, limit: int = 50, chips: int = 50) -> list[dict]:
+        """Trigger examples whose text contains `text` (case-insensitive), each with the memories it triggers,
+        strongest coefficient first (at most `chips` of them; `n_memories` counts all)."""
         if text is None or not text.strip():
             raise BadRequest("type some text to search the trigger examples for", 422)
         if len(text) > 500:
@@ -401,15 +325,19 @@ class ExplorerData:
         if hits.empty:
             return []
         ids = [int(i) for i in hits["example_id"]]
-        trig = self._query("SELECT example_id, layer, key, rank, coefficient FROM triggers WHERE example_id IN "
-                           f"({','.join('?' * len(ids))}) ORDER BY coefficient DESC", ids)
+        trig = self._query(
+            "SELECT example_id, layer, key, direction, rank, coefficient, count(*) OVER (PARTITION BY example_id) AS n, "
+            "row_number() OVER (PARTITION BY example_id ORDER BY abs(coefficient) DESC, layer, key) AS place "
+            f"FROM triggers WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ?", [*ids, chips])
+        by_example = {int(e): g.sort_values("place") for e, g in trig.groupby("example_id")}
         out = []
         for row in hits.itertuples(index=False):
-            mems = trig[trig.example_id == row.example_id].head(12)
+            mems = by_example.get(int(row.example_id), trig.iloc[:0])
             out.append({"example_id": int(row.example_id), "text": row.text,
                         "memories": [{"layer": int(m.layer), "key": int(m.key), "rank": int(m.rank),
-                                      "coefficient": float(m.coefficient)} for m in mems.itertuples(index=False)],
-                        "n_memories": int((trig.example_id == row.example_id).sum())})
+                                      "direction": int(m.direction), "coefficient": float(m.coefficient)}
+                                     for m in mems.itertuples(index=False)],
+                        "n_memories": int(mems["n"].iloc[0]) if len(mems) else 0})
         return out
 
     def close(self) -> None:

@@ -1,78 +1,88 @@
 """Notebook objects: a memory and a trace that render inline in Jupyter as the explorer's HTML.
 
-    from ffkv.explorer import Explorer
-    ex = Explorer("runs/gpt2", loaded)        # loaded: optional, else the run's model is loaded
-    ex.memory(3, 17)                           # shows the memory page's content
-    ex.trace("The capital of France is", off=[(11, 2048)])
+`ffkv.open_run(path).memory(layer, key)` and `.trace(prompt)` return them (`ffkv.api`);
+layers are 0-based in code, as in the run's tables, and shown counted from 1.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
-from ffkv.explorer.tracing import TraceResult, max_prompt_tokens, trace
+from ffkv.explorer.tracing import TraceResult, generate, max_prompt_tokens, trace
 
 
 class Memory:
-    """Memory (layer, key) of a run; `_repr_html_` is the explorer's memory page content."""
+    """Memory (layer, key) of a run (0-based layer); `_repr_html_` is the explorer's memory page content."""
 
-    def __init__(self, data: ExplorerData, layer: int, key: int, root: str) -> None:
-        self.layer, self.key = data.check(layer, key)
+    def __init__(self, data: ExplorerData, layer: int, key: int, root: str = "", projection: str = "identity") -> None:
+        self.layer = validation.integer(layer, "layer index", 0, data.n_layers - 1)
+        self.key = validation.integer(key, "key", 0, data.d_m - 1)
+        self.projection = projection
         self._data, self._root = data, root
-        self.info = data.memory(self.layer, self.key)
 
     def _repr_html_(self) -> str:
-        return pages.memory_fragment(self._data, self.layer, self.key, self._root, standalone=True)
+        return pages.memory_fragment(self._data, self.layer, self.key, self._root, standalone=True,
+                                     projection=self.projection)
+
+    def to_dict(self) -> dict:
+        """The memory as the explorer's JSON export gives it."""
+        return pages.memory_json(self._data, self.layer + 1, self.key, self.projection, self._root)
 
     def __repr__(self) -> str:
-        return f"Memory(layer={self.layer}, key={self.key}, top_token={self.info['top_token']!r})"
+        top = self._data.token(int(self._data.key_stats.loc[(self.layer, self.key), "top_token_id"]))
+        return f"Memory(layer={self.layer}, key={self.key}, top_token={top!r})"
 
 
 class Trace:
-    """A prompt traced through the memories, with optional interventions shown beside the original."""
+    """A prompt traced through the memories at one position, with interventions shown beside the original
+    and, when asked for, the greedy continuation with and without them."""
 
     def __init__(self, data: ExplorerData, prompt: str, base: TraceResult, edited: TraceResult | None,
-                 root: str) -> None:
-        self.prompt, self.base, self.edited = prompt, base, edited
+                 root: str = "", generation: dict | None = None) -> None:
+        self.prompt, self.base, self.edited, self.generation = prompt, base, edited, generation
         self._data, self._root = data, root
 
     def _repr_html_(self) -> str:
-        return pages.trace_fragment(self._data, self.base, self.edited, self._root, standalone=True)
+        return pages.trace_fragment(self._data, self.base, self.edited, self._root, standalone=True,
+                                    generation=self.generation)
 
     def __repr__(self) -> str:
         final = self._data.token(self.base.final[0].token_id)
-        return f"Trace({self.prompt[:40]!r}, prediction={final!r}, edits={len(self.base.edits or {}) + len(getattr(self.edited, 'edits', {}) or {})})"
+        edits = len(self.edited.edits) if self.edited is not None else 0
+        return f"Trace({self.prompt[:40]!r}, position={self.base.position}, prediction={final!r}, edits={edits})"
 
 
-class Explorer:
-    """A run opened for a notebook; links in the HTML point to `root` (where `ffkv serve` runs)."""
+def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str | int | None = None,
+              edits: dict[tuple[int, int], float] | None = None, generate_tokens: int = 0, root: str = "") -> Trace:
+    """Trace a prompt at a position (negative: from the end), for the trace page and notebooks alike.
 
-    def __init__(self, run_dir: str | Path, loaded=None, root: str = "http://127.0.0.1:8000") -> None:
-        if loaded is None:
-            from ffkv.explorer.app import load_run_model
-
-            loaded = load_run_model(run_dir)
-        self.data = ExplorerData(run_dir, loaded, progress=True)
-        self.root = root.rstrip("/")
-
-    def memory(self, layer: int, key: int) -> Memory:
-        return Memory(self.data, layer, key, self.root)
-
-    def trace(self, prompt: str, off=(), scale: dict | None = None) -> Trace:
-        """Trace a prompt; `off` lists (layer, key) to switch off, `scale` maps (layer, key) to a factor."""
-        prompt = validation.prompt(prompt)
-        token_ids = list(self.data.loaded.tokenizer.encode(prompt))
-        limit = max_prompt_tokens(self.data.loaded)
-        if not token_ids or len(token_ids) > limit:
-            raise validation.BadRequest(f"the prompt must give 1 to {limit} tokens, got {len(token_ids)}", 413)
-        edits = {}
-        for (layer, key), factor in dict(scale or {}).items():
-            edits[self.data.check(layer, key)] = validation.scale(factor, f"{layer}:{key}")
-        for layer, key in off:
-            edits[self.data.check(layer, key)] = 0.0
-        edits = {k: v for k, v in edits.items() if v != 1.0}
-        base = trace(self.data.loaded, token_ids)
-        edited = trace(self.data.loaded, token_ids, edits) if edits else None
-        return Trace(self.data, prompt, base, edited, self.root)
+    Args:
+        target: the token (text, or id) whose memory contributions are listed; default the model's prediction.
+        edits: {(layer index, key): scale}, 0 switches a memory off.
+        generate_tokens: also continue the prompt greedily by this many tokens, with and without the edits.
+    """
+    prompt = validation.prompt(prompt)
+    loaded = data.loaded
+    token_ids = list(loaded.tokenizer.encode(prompt))
+    limit = max_prompt_tokens(loaded)
+    if not token_ids:
+        raise validation.BadRequest("the prompt gives no tokens", 422)
+    if len(token_ids) > limit:
+        raise validation.BadRequest(f"the prompt has {len(token_ids):,} tokens; this model takes at most {limit:,}", 413)
+    if not -len(token_ids) <= position < len(token_ids):
+        raise validation.BadRequest(f"position {position} is outside the prompt's {len(token_ids)} tokens", 422)
+    if isinstance(target, str):
+        target = data.token_ids_for(target)[0]
+    edits = {k: v for k, v in (edits or {}).items() if v != 1.0}
+    for layer, key in edits:
+        validation.integer(layer, "layer index", 0, data.n_layers - 1, 422)
+        validation.integer(key, "key", 0, data.d_m - 1, 422)
+    generation = None
+    with data.model.lock:
+        base = trace(loaded, token_ids, position=position, target=target, show=edits)
+        edited = trace(loaded, token_ids, edits, position=position, target=base.target) if edits else None
+        if generate_tokens and not data.encoder:
+            original = generate(loaded, token_ids, generate_tokens)
+            changed = generate(loaded, token_ids, generate_tokens, edits) if edits else None
+            generation = pages.generation_view(data, token_ids, original, changed)
+    return Trace(data, prompt, base, edited, root, generation)

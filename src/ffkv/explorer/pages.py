@@ -1,51 +1,76 @@
 """Server-rendered HTML of the explorer's pages, from `ExplorerData` and traces.
 
 The same functions render the pages of `ffkv serve` and the inline HTML of notebook
-objects, so both show the same thing.
+objects, so both show the same thing. Functions take 0-based layer indices (as the run's
+tables); pages, links and URLs show layers counted from 1 (`layer_number`).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
-import pandas as pd
 
+from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
-from ffkv.explorer.tracing import TraceResult
-from ffkv.explorer.validation import MAX_PROMPT_CHARS, BadRequest
+from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
 from ffkv.presentation.findings import paper_finding
-from ffkv.presentation.style import CSS, number, percent, token_html
-from ffkv.presentation.summary import manifest_summary
+from ffkv.presentation.style import CSS, layer_number, number, percent, token_html
+from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
+from ffkv.presentation.tables import table_html, table_view
 from ffkv.store.annotations import LABELS
+
+if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
+    from ffkv.explorer.tracing import TraceResult
+
+#: A cell of the intervention view is highlighted when its top token changes or its probability moves by this much.
+CHANGE_THRESHOLD = 0.01
+#: Layer page: rows per page.
+PAGE_SIZE = 100
+#: Search: memory chips shown before "more".
+CHIPS_SHOWN = 5
+SEARCH_LIMIT = 50
+
+
+def heat_style(shade: float) -> str:
+    """Background of a token shaded by a signed coefficient (shade = m / the key's largest |m|)."""
+    if not shade or not math.isfinite(shade):
+        return ""
+    alpha = min(1.0, abs(shade)) * 0.75
+    rgb = "46,120,214" if shade > 0 else "214,64,69"
+    return f"background: rgba({rgb},{alpha:.2f})"
+
+
+def shown_token(text: str) -> str:
+    """A token inside running text: newlines and tabs made visible."""
+    return str(text).replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+def value_format(value: float) -> str:
+    """A probability or logit with three significant digits (0.000312, not 0.0003)."""
+    return f"{value:.3g}"
+
 
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
-ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html)
-
-#: Layer-page sort keys -> column of `ExplorerData.layer_keys`.
-SORTS = {
-    "key": "key", "agreement": "agreement", "confidence": "confidence", "pattern": "label",
-    "activation frequency": "activation_frequency", "next-token rank": "next_token_rank",
-    "shallow share": "shallow_share", "value norm": "value_norm", "human label": "human_label",
-}
-PAGE_SIZE = 100
+ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
+                   show=shown_token, value_fmt=value_format, table=table_html)
 
 
 def _common(data: ExplorerData, root: str) -> dict:
     return {"root": root, "run_name": data.run.path.name, "has_report": data.run.report_path.exists(),
-            "n_layers": data.n_layers, "d_m": data.d_m}
+            "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder}
 
 
 def render(name: str, **context) -> str:
     return ENV.get_template(name).render(**context)
 
 
-def error_page(status: int, reason: str, message: str, run_name: str = "", root: str = "") -> str:
+def error_page(status: int, reason: str, message: str, run_name: str = "", root: str = "", n_layers: int = 0) -> str:
     return render("error.html", status=status, reason=reason, message=message, run_name=run_name,
-                  root=root, has_report=False)
+                  root=root, has_report=False, n_layers=n_layers)
 
 
 def figures_of(data: ExplorerData) -> list[dict]:
@@ -59,22 +84,51 @@ def figures_of(data: ExplorerData) -> list[dict]:
     return out
 
 
+LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement", "mean_confidence": "value confidence",
+                        "mean_activation_frequency": "active (m > 0)", "share_shallow": "shallow",
+                        "share_semantic": "semantic", "share_both": "both", "share_none": "none",
+                        "annotated_keys": "annotated keys"}
+
+
 def overview(data: ExplorerData, root: str = "") -> str:
     summary = data.layer_summary()
+    layers = table_view(summary, titles=LAYER_SUMMARY_TITLES,
+                        links={"layer": lambda r: f"/layer/{layer_number(r['layer'])}"})
+    fidelity = fidelity_view(data.run.read_metric("fidelity")) if data.run.has_metric("fidelity") else None
+    positions = data.lookup_info.get("activation_sample", {}).get("positions", 0)
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
-                  summary_columns=list(summary.columns), summary_rows=summary.to_dict("records"),
-                  figures=figures_of(data))
+                  numbering=NUMBERING, layers=layers, fidelity=fidelity, figures=figures_of(data),
+                  has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
+                  uniform=1.0 / data.vocab_size)
 
 
-def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page=0, root: str = "") -> str:
+# ------------------------------------------------------------------------ layer page
+#: Layer page columns: (column of `ExplorerData.layer_keys`, header, sort name in the URL or None).
+LAYER_COLUMNS = (
+    ("key", "key", "key"),
+    ("label", "pattern", "pattern"),
+    ("description", "description", "description"),
+    ("shallow_score", "shallow score", "shallow score"),
+    ("semantic_score", "semantic score", "semantic score"),
+    ("top_tokens", "value's top tokens", "top token"),
+    ("agreement", "agrees", "agreement"),
+    ("confidence", "value confidence", "confidence"),
+    ("activation_frequency", "active (m > 0)", "activation frequency"),
+    ("human_label", "human label", "human label"),
+)
+PERCENT_COLUMNS = {"shallow_score", "confidence", "activation_frequency"}
+
+
+def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "") -> str:
+    """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1."""
     layer = data.check(layer, 0)[0]
     table = data.layer_keys(layer)
-    sort_columns = dict(SORTS)
-    if "label" not in table.columns:  # no automatic labels yet: the pattern is the human label
-        sort_columns["pattern"] = "human_label"
-    sorts = [s for s, c in sort_columns.items() if c in table.columns]
-    if sort not in sorts:
-        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sorts)}", 422)
+    table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
+    present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
+    sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
+    if sort not in sort_column:
+        hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
+        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}{hint}", 422)
     if order not in ("asc", "desc"):
         raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
     try:
@@ -82,48 +136,167 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
     except (TypeError, ValueError):
         raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
     n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
-    if not 0 <= page < n_pages:
-        raise BadRequest(f"page {page} does not exist: this layer has pages 0 to {n_pages - 1}", 404)
-    column = sort_columns[sort]
+    if not 1 <= page <= n_pages:
+        raise BadRequest(f"page {page} does not exist: this layer has pages 1 to {n_pages}", 404)
+    column = sort_column[sort]
     table = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
-    rows = table.iloc[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
-    columns = ["key", "top_token", "confidence", "agreement", "next_token_rank", "activation_frequency",
-               "shallow_share", "common_last_token", "value_norm"]
-    columns += [c for c in ("label", "description", "pattern") if c in table.columns]
-    columns += [c for c in table.columns if c not in columns and c not in (
-        "top_token_id", "logsumexp", "common_last_token_id", "human_label", "human_description")]
-    columns += ["human_label", "human_description"]
-    records = rows.astype(object).where(pd.notna(rows), None).to_dict("records")
-    for r in records:
-        if r.get("next_token_rank") is not None and r["next_token_rank"] >= 0:
-            r["next_token_rank"] = int(r["next_token_rank"]) + 1
-        elif "next_token_rank" in r:
-            r["next_token_rank"] = None
-        r["agreement"] = "yes" if r.get("agreement") else ""
-    return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, sorts=sorts,
-                  page=page, rows=records, columns=columns, n_keys=len(table), first=page * PAGE_SIZE + 1,
-                  last=min((page + 1) * PAGE_SIZE, len(table)), token_columns={"top_token", "common_last_token"},
-                  percent_columns={"confidence", "activation_frequency", "shallow_share"})
+    shown = table.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+    rows = []
+    for r in shown.to_dict("records"):
+        row = []
+        for name, _, _ in present:
+            value = r.get(name)
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            cell = {"text": "", "cls": "", "href": None, "tokens": None, "label": None}
+            if name == "key":
+                cell.update(text=str(value), cls="num", href=f"/memory/{layer_number(layer)}/{value}")
+            elif name == "top_tokens":
+                cell.update(tokens=value)
+            elif name in ("label", "human_label"):
+                cell.update(label=None if missing else value)
+            elif name == "agreement":
+                cell.update(text="yes" if value else "")
+            elif missing:
+                pass
+            elif name in PERCENT_COLUMNS:
+                cell.update(text=percent(value, 1 if name != "confidence" else 2), cls="num")
+            elif isinstance(value, (int, float)):
+                cell.update(text=number(value), cls="num")
+            else:
+                cell.update(text=str(value))
+            row.append(cell)
+        rows.append(row)
+    columns = [{"title": title, "sort": s, "num": name in PERCENT_COLUMNS or name.endswith("score") or name == "key"}
+               for name, title, s in present]
+    return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
+                  n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table),
+                  first=(page - 1) * PAGE_SIZE + 1, last=min(page * PAGE_SIZE, len(table)))
 
 
-def memory_fragment(data: ExplorerData, layer, key, root: str = "", standalone: bool = True) -> str:
-    return render("memory_fragment.html", **_common(data, root), m=data.memory(layer, key), standalone=standalone)
+# ------------------------------------------------------------------------ memory page
+PROJECTIONS = (("identity", "identity: softmax(v·Eᵀ)"), ("final-norm", "final norm: softmax(N(v)·Eᵀ)"),
+               ("logits", "raw logits v·Eᵀ"))
+PROJECTION_NOTES = {
+    "identity": "p = softmax(v·Eᵀ), the value projected with the identity, as in the paper.",
+    "final-norm": "p = softmax(N(v)·Eᵀ): the value through the model's final normalization first (the logit lens).",
+    "logits": "The raw logits v·Eᵀ (identity projection, no softmax): how much the value adds to each token's logit.",
+}
+#: Pattern scores shown on the memory page: column of patterns_keys -> (name, percent?).
+PATTERN_SCORES = {"shallow_score": ("shallow score", True), "shallow_score_2": ("last 2 tokens", True),
+                  "shallow_score_3": ("last 3 tokens", True), "shared_suffix_text": ("shared ending", False),
+                  "semantic_score": ("semantic score", False), "mean_pairwise_cosine": ("mean pairwise cosine", False),
+                  "n_triggers": ("prefixes read", False), "n_embedded": ("prefixes embedded", False)}
 
 
-def memory_page(data: ExplorerData, layer, key, root: str = "") -> str:
-    return render("memory.html", **_common(data, root), m=data.memory(layer, key), standalone=False,
-                  labels=LABELS)
+def _pattern_scores(auto: dict) -> list[tuple[str, str, bool]]:
+    """(name, value, shown as a token) of the automatic pattern's scores."""
+    out = []
+    for column, (name, share) in PATTERN_SCORES.items():
+        if column in auto:
+            value = auto[column]
+            text = value if isinstance(value, str) else percent(value) if share else number(value)
+            out.append((name, text, isinstance(value, str)))
+    return out
+
+
+def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "identity") -> dict:
+    """What the memory templates need for layer index `layer` and key `key`."""
+    m = data.memory(layer, key, projection)
+    hist = m["histogram"]
+    top = max([abs(e["coefficient"]) for g in m["triggers"] for e in g["examples"]] or [0.0])
+    return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": PROJECTIONS,
+            "projection_note": PROJECTION_NOTES[m["projection"]],
+            "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
+
+
+def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,
+                    projection: str = "identity") -> str:
+    return render("memory_fragment.html", **_common(data, root), **memory_context(data, layer, key, projection),
+                  standalone=standalone)
+
+
+def memory_page(data: ExplorerData, layer, key, root: str = "", projection: str = "identity") -> str:
+    """The memory page; `layer` counts from 1, as in its URL."""
+    layer, key = data.check(layer, key)
+    return render("memory.html", **_common(data, root), **memory_context(data, layer, key, projection),
+                  standalone=False, labels=LABELS)
+
+
+def _plain(value):
+    """A value as JSON holds it (numpy scalars and arrays to Python)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def memory_json(data: ExplorerData, layer, key, projection: str = "identity", root: str = "") -> dict:
+    """The memory page as data (`/memory/LAYER/KEY.json`). ``layer`` and ``rank`` are 0-based as in the run's
+    tables; ``layer_number`` is the layer as pages and URLs count it (from 1)."""
+    layer, key = data.check(layer, key)
+    m = data.memory(layer, key, projection)
+    number_ = layer_number(layer)
+    return {
+        "layer": layer, "layer_number": number_, "key": key, "url": f"{root}/memory/{number_}/{key}",
+        "run": data.run.path.name, "model": data.manifest.model.id,
+        "pattern": {k: _plain(v) for k, v in m["auto"].items()},
+        "human_labels": [{k: _plain(v) for k, v in h.items()} for h in m["human"]],
+        "value": {"projection": m["projection"], "shown": m["value"]["shown"],
+                  "top": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
+                          for t in m["value"]["top"]],
+                  "bottom": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
+                             for t in m["value"]["bottom"]]},
+        "statistics": {k: _plain(v) for k, v in m["stats"].items() if k != "activation_histogram"},
+        "activation_histogram": m["histogram"],
+        "trigger_examples": [
+            {"direction": e["direction"], "rank": e["rank"], "coefficient": e["coefficient"],
+             "example_id": e["example_id"], "position": e["position"], "next_token_id": e["next_token_id"],
+             "text": e["text"], "tokens": [t["text"] for t in e["tokens"]],
+             "coefficients": [t["m"] for t in e["tokens"]]}
+            for g in m["triggers"] for e in g["examples"]],
+    }
+
+
+# ------------------------------------------------------------------------ search
+def highlight(text: str, query: str) -> list[tuple[str, bool]]:
+    """`text` cut into (part, is_match) pieces at every case-insensitive occurrence of `query`."""
+    low, q = text.lower(), query.lower()
+    parts, start = [], 0
+    while q:
+        i = low.find(q, start)
+        if i < 0:
+            break
+        if i > start:
+            parts.append((text[start:i], False))
+        parts.append((text[i:i + len(q)], True))
+        start = i + len(q)
+    if start < len(text):
+        parts.append((text[start:], False))
+    return parts
 
 
 def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "") -> str:
     promoting = data.promoting(token) if token is not None else None
-    hits = data.text_search(q) if q is not None else None
-    return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits)
+    hits = data.text_search(q, limit=SEARCH_LIMIT) if q is not None else None
+    if hits:
+        for h in hits:
+            h["parts"] = highlight(h["text"], q)
+    return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits,
+                  shown=CHIPS_SHOWN, limit=SEARCH_LIMIT)
 
 
-def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None = None) -> dict:
+# ------------------------------------------------------------------------ trace
+def _changed(old_id: int, old_p: float, new_id: int, new_p: float) -> bool:
+    return new_id != old_id or abs(new_p - old_p) >= CHANGE_THRESHOLD
+
+
+def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None = None,
+               target_text: str = "") -> dict:
     """What the trace table shows: per layer, the original predictions and, if given, the edited ones."""
     tok = data.token
+    edits = edited.edits if edited is not None else base.edits
     rows = []
     for i, layer in enumerate(base.layers):
         row = {"layer": layer.layer, "memories": []}
@@ -133,16 +306,12 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             if edited is not None:
                 new = getattr(edited.layers[i], part)
                 cell.update(new_token=tok(new.token_id), new_prob=new.prob,
-                            changed=new.token_id != old.token_id or abs(new.prob - old.prob) >= 5e-5)
+                            changed=_changed(old.token_id, old.prob, new.token_id, new.prob))
             row[part] = cell
-        shown = {m["key"] for m in layer.memories}
-        memories = list(layer.memories)
-        edits = edited.edits if edited is not None else base.edits
-        memories += [{"key": k, "coefficient": float(layer.coefficients[k]), "contribution": float("nan"),
-                      "scale": None} for (lay, k) in sorted(edits) if lay == layer.layer and k not in shown]
+        memories = list(layer.memories) + list(layer.suppressing) + list(layer.edited)
         for m in memories:
-            scale = edits.get((layer.layer, m["key"]))
-            row["memories"].append({**m, "scale": scale, "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
+            row["memories"].append({**m, "scale": edits.get((layer.layer, m["key"])),
+                                    "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
         rows.append(row)
     final = []
     for i, pred in enumerate(base.final):
@@ -150,20 +319,40 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
         if edited is not None:
             new = edited.final[i]
             item.update(new_token=tok(new.token_id), new_prob=new.prob,
-                        changed=new.token_id != pred.token_id or abs(new.prob - pred.prob) >= 5e-5)
+                        changed=_changed(pred.token_id, pred.prob, new.token_id, new.prob))
         final.append(item)
+    strip = [{"index": j, "text": tok(t)} for j, t in enumerate(base.token_ids)]
     return {"rows": rows, "final": final, "position": base.position, "n_tokens": len(base.token_ids),
-            "token": tok(base.token_ids[base.position])}
+            "token": tok(base.token_ids[base.position]), "strip": strip, "target": tok(base.target),
+            "target_text": target_text}
+
+
+def generation_view(data: ExplorerData, prompt_ids: list[int], original: list[int], edited: list[int] | None) -> dict:
+    """Generated text with and without interventions, and where the two part."""
+    decode = data.loaded.tokenizer.decode
+    common = 0
+    if edited is not None:
+        while common < min(len(original), len(edited)) and original[common] == edited[common]:
+            common += 1
+    return {"n": len(original), "prompt": decode(prompt_ids), "original": decode(prompt_ids + original)[len(decode(prompt_ids)):],
+            "edited": None if edited is None else decode(prompt_ids + edited),
+            "same": "" if edited is None else decode(prompt_ids + edited[:common])[len(decode(prompt_ids)):],
+            "edited_rest": "" if edited is None else decode(prompt_ids + edited)[len(decode(prompt_ids + edited[:common])):],
+            "common": common, "differs": edited is not None and edited != original}
 
 
 def trace_fragment(data: ExplorerData, base: TraceResult, edited: TraceResult | None = None, root: str = "",
-                   standalone: bool = True, interactive: bool = False) -> str:
+                   standalone: bool = True, interactive: bool = False, generation: dict | None = None) -> str:
     return render("trace_fragment.html", **_common(data, root), t=trace_view(data, base, edited),
-                  compare=edited is not None, standalone=standalone, interactive=interactive)
+                  compare=edited is not None, standalone=standalone, interactive=interactive, generation=generation,
+                  threshold_pp=f"{100 * CHANGE_THRESHOLD:g}")
 
 
 def trace_page(data: ExplorerData, prompt: str | None, base: TraceResult | None, edited: TraceResult | None,
-               root: str = "") -> str:
-    return render("trace.html", **_common(data, root), prompt=prompt, max_chars=MAX_PROMPT_CHARS,
-                  t=trace_view(data, base, edited) if base is not None else None, compare=edited is not None,
-                  standalone=False, interactive=True)
+               root: str = "", generation: dict | None = None, target_text: str = "", n_generate: int = 20) -> str:
+    t = trace_view(data, base, edited, target_text) if base is not None else None
+    return render("trace.html", **_common(data, root), prompt=prompt, max_chars=MAX_PROMPT_CHARS, t=t,
+                  compare=edited is not None, standalone=False, interactive=True, generation=generation,
+                  threshold_pp=f"{100 * CHANGE_THRESHOLD:g}", can_generate=not data.encoder,
+                  max_new=MAX_NEW_TOKENS, n_generate=n_generate)
+

@@ -1,7 +1,8 @@
 """The explorer's page templates (Jinja2, autoescaped: every user or corpus text is escaped).
 
 Kept as strings in a module so that they install with the package, like any code.
-The `*_fragment` templates are also what notebooks show (`_repr_html_`).
+The `*_fragment` templates are also what notebooks show (`_repr_html_`). Layers are shown,
+linked and typed counted from 1 (`ln`, `ffkv.presentation.style.layer_number`).
 """
 
 TEMPLATES = {
@@ -10,7 +11,8 @@ TEMPLATES = {
 <link rel="icon" href="data:,"><title>{% block title %}ffkv explorer{% endblock %} · {{ run_name }}</title>
 <style>{{ css }}</style></head>
 <body><header class="top"><a href="{{ root }}/">ffkv · {{ run_name }}</a><a href="{{ root }}/search">Search</a>
-<a href="{{ root }}/trace">Trace</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}</header>
+<a href="{{ root }}/trace">Trace</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}
+<span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}</span></header>
 <main>{% block main %}{% endblock %}</main></body></html>""",
 
 "error.html": """{% extends "base.html" %}{% block title %}{{ status }}{% endblock %}
@@ -20,64 +22,82 @@ TEMPLATES = {
 "overview.html": """{% extends "base.html" %}{% block title %}overview{% endblock %}
 {% block main %}<h1>Run {{ run_name }}</h1>
 <dl class="run">{% for k, v in run_rows %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
+<p class="note" id="numbering">{{ numbering }}</p>
+{% if fidelity %}<h2>Does this model reproduce the paper?</h2>
+<div class="scroll">{{ table(fidelity, "fidelity", "fidelity", root) }}</div>{% endif %}
 <h2>Layers</h2>
-<p class="muted small">Values projected with the identity (as in the paper); agreement: the value's top token equals
-the next token of the key's top-1 trigger example; activation frequency: share of positions of a corpus sample with m&gt;0;
-shallow share: share of the top trigger prefixes ending in the key's most common last token.</p>
-<div class="scroll"><table id="layers"><tr>{% for c in summary_columns %}<th class="num">{{ c }}</th>{% endfor %}</tr>
-{% for row in summary_rows %}<tr>{% for c in summary_columns %}<td class="num">{% if c == "layer" %}<a href="{{ root }}/layer/{{ row[c] }}">layer {{ row[c] }}</a>{% else %}{{ fmt(row[c]) }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
-</table></div>
+<p class="note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
+paper) is the trigger target of the key's top-1 trigger example; value confidence, the mean max p of the values (uniform:
+{{ pct(uniform, 2) }}); active, the mean
+share of positions of a corpus sample ({{ sample_positions }} positions) where a key's coefficient m &gt; 0; the shares of the
+automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}.</p>
+<div class="scroll">{{ table(layers, "layers", "", root) }}</div>
 <h2>Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
 {% for f in figures %}<section class="figure-block"><figure><img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy"><figcaption class="small muted">{{ f.name }}</figcaption></figure>
 <div>{% if f.finding %}<div class="finding"><strong>Paper{% if f.paper_figure %} ({{ f.paper_figure }}){% endif %}:</strong> {{ f.finding }}</div>{% endif %}</div></section>{% endfor %}
 {% endblock %}""",
 
-"layer.html": """{% extends "base.html" %}{% block title %}layer {{ layer }}{% endblock %}
-{% block main %}<h1>Layer {{ layer }}</h1>
-<p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ layer - 1 }}?sort={{ sort }}&order={{ order }}">← layer {{ layer - 1 }}</a>{% endif %}
-{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ layer + 1 }}?sort={{ sort }}&order={{ order }}">layer {{ layer + 1 }} →</a>{% endif %}</p>
-<form method="get" action="{{ root }}/layer/{{ layer }}">Sort by <select name="sort" id="sort">{% for s in sorts %}<option value="{{ s }}"{% if s == sort %} selected{% endif %}>{{ s }}</option>{% endfor %}</select>
-<select name="order"><option value="desc"{% if order == "desc" %} selected{% endif %}>descending</option><option value="asc"{% if order == "asc" %} selected{% endif %}>ascending</option></select>
-<button type="submit">Sort</button></form>
-<p class="muted small">{{ n_keys }} keys, sorted by {{ sort }} ({{ order }}); showing {{ first }}–{{ last }}.</p>
-<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in rows %}<tr>{% for c in columns %}<td{% if row[c] is number %} class="num"{% endif %}>{% if c == "key" %}<a href="{{ root }}/memory/{{ layer }}/{{ row[c] }}">{{ row[c] }}</a>{% elif c in token_columns %}{{ tok(row[c]) }}{% elif c in percent_columns %}{{ pct(row[c]) }}{% else %}{{ fmt(row[c]) }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
+"layer.html": """{% extends "base.html" %}{% block title %}layer {{ ln(layer) }}{% endblock %}
+{% block main %}<h1>Layer {{ ln(layer) }} <span class="muted small">of {{ n_layers }}</span></h1>
+<p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ ln(layer - 1) }}?sort={{ sort|urlencode }}&order={{ order }}">← layer {{ ln(layer - 1) }}</a>{% endif %}
+{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
+<p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); keys {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
+Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
+Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample with m &gt; 0.</p>
+<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
+{% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.label %}<span class="label-{{ cell.label }}">{{ cell.label }}</span>{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-<p>{% if page > 0 %}<a href="{{ root }}/layer/{{ layer }}?sort={{ sort }}&order={{ order }}&page={{ page - 1 }}">← previous</a>{% endif %}
-{% if last < n_keys %} <a href="{{ root }}/layer/{{ layer }}?sort={{ sort }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
+"tokens.html": """<span class="tokens">{% for t in e.tokens %}<span class="t{% if t.trigger %} trig{% endif %}{% if t.next %} nx{% endif %}{% if t.after %} after{% endif %}" style="{{ heat(t.shade) }}"{% if t.m is not none %} title="m = {{ fmt(t.m, 3) }}"{% endif %}>{{ show(t.text) }}</span>{% endfor %}</span>""",
+
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
-<h1>Memory {{ m.layer }}:{{ m.key }}</h1>
-<p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ m.layer }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ m.layer }}">layer {{ m.layer }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ m.layer }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}</p>
+<h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
+<p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ ln(m.layer) }}">layer {{ ln(m.layer) }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}
+· <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}.json?projection={{ m.projection }}" id="json-link">JSON</a></p>
 <h2>Pattern</h2>
 <div id="pattern">
 {% if m.auto %}<p><strong>Automatic (ffkv analyze):</strong> {% if m.auto.label %}<span class="label-{{ m.auto.label }}" id="auto-label">{{ m.auto.label }}</span>{% endif %}
-{% if m.auto.description %} — {{ m.auto.description }}{% endif %}
-{% for k, v in m.auto.items() if k not in ("label", "description") %}<span class="small muted"> · {{ k }} {{ fmt(v) }}</span>{% endfor %}</p>{% endif %}
-<p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>
+{% if m.auto.description %} — {{ m.auto.description }}{% endif %}</p>
+<p class="small" id="pattern-scores">{% for name, v, is_token in pattern_scores %}<span class="chip">{{ name }} {% if is_token %}{{ tok(v) }}{% else %}{{ v }}{% endif %}</span>{% endfor %}</p>
+{% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>
+<p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
-<h2>Value: top tokens</h2>
-<p class="small muted">p = softmax(v·Eᵀ) (identity normalization). Confidence {{ pct(m.stats.confidence) }};
-top-1 trigger's next token ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats.next_token_rank + 1 }}{% else %}— (no next token){% endif %};
-{% if m.stats.agreement %}<strong>agrees</strong>{% else %}does not agree{% endif %} with it; active at {{ pct(m.stats.activation_frequency) }} of positions; ‖v‖ = {{ fmt(m.stats.value_norm) }}.</p>
-<table id="value-top"><tr><th>#</th><th>token</th><th class="num">p</th><th></th></tr>
-{% for t in m.value_top %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ fmt(t.prob, 4) }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % (120 * t.prob / (m.value_top[0].prob or 1)) }}px"></span></td></tr>{% endfor %}
-</table>
+<h2>Value</h2>
+<p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
+<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence, 2) }} (uniform: {{ pct(uniform, 2) }});
+the top-1 trigger's {{ target_name }} ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats.next_token_rank + 1 }}{% else %}— (none){% endif %}
+and {% if m.stats.agreement %}<strong>is</strong>{% else %}is not{% endif %} the value's top token; ‖v‖ = {{ fmt(m.stats.value_norm) }}.</p>
+<div class="pair">
+<table id="value-top"><tr><th class="num">#</th><th>top tokens (promoted)</th><th class="num">{{ m.value.shown }}</th></tr>
+{% for t in m.value.top %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
+<table id="value-bottom"><tr><th class="num">#</th><th>bottom tokens (suppressed)</th><th class="num">{{ m.value.shown }}</th></tr>
+{% for t in m.value.bottom %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
+</div>
+<h2>Activation over a corpus sample</h2>
+{% if m.histogram.positions %}<div id="histogram">{{ histogram }}</div>
+<p class="note">m of this key at every position of {{ m.histogram.examples }} examples sampled from the run ({{ "{:,}".format(m.histogram.positions) }} positions);
+bar heights on a log scale. m &gt; 0 at {{ pct(m.stats.activation_frequency, 2) }} of positions. The strongest trigger example reaches m = {{ fmt(top_coefficient) }}.</p>
+{% else %}<p class="muted">No corpus sample.</p>{% endif %}
 <h2>Next tokens of the trigger examples</h2>
 <p id="next-tokens">{% for t in m.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
-<h2>Top trigger examples</h2>
-<table id="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>prefix (last token marked), next token underlined</th></tr>
-{% for e in m.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
-<td class="example">{% for t in e.prefix %}{{ t }}{% endfor %}<mark>{{ e.last }}</mark><span class="rest">{% for t in e.rest %}{% if loop.first %}<span class="next">{{ t }}</span>{% else %}{{ t }}{% endif %}{% endfor %}</span>{% if not e.rest %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
-</table></div>""",
+{% for group in m.triggers %}<h2>Trigger examples: {{ group.title }}</h2>
+<p class="note">Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
+The trigger position is boxed, the next token underlined.</p>
+<table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
+{% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
+<td class="example">{% include "tokens.html" %}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+</table>{% endfor %}
+</div>""",
 
-"memory.html": """{% extends "base.html" %}{% block title %}memory {{ m.layer }}:{{ m.key }}{% endblock %}
+"memory.html": """{% extends "base.html" %}{% block title %}memory {{ ln(m.layer) }}:{{ m.key }}{% endblock %}
 {% block main %}{% include "memory_fragment.html" %}
 <h2>Annotate</h2>
-<form method="post" action="{{ root }}/memory/{{ m.layer }}/{{ m.key }}/annotate" id="annotate">
+<form method="post" action="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}/annotate" id="annotate">
 <p>{% for l in labels %}<label><input type="radio" name="label" value="{{ l }}"{% if loop.first %} required{% endif %}> {{ l }}</label> {% endfor %}</p>
 <p><input type="text" name="description" placeholder="describe the pattern (e.g. ends with 'part of')" size="60" maxlength="2000"></p>
 <p><input type="text" name="annotator" placeholder="your name" size="20" maxlength="100"> <button type="submit">Save label</button></p>
@@ -92,38 +112,60 @@ top-1 trigger's next token ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats
 <form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing
 <input type="text" name="q" value="{{ q or '' }}" placeholder="text" size="40"> <button type="submit">Search text</button></p></form>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
-<p class="small muted">Rank within each value's distribution (exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
+<p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
-{% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ r.layer }}/{{ r.key }}">{{ r.layer }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ fmt(r.prob, 4) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
+{% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ fmt(r.prob, 4) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
-{% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% endif %}
-<table id="hits">{% for h in hits %}<tr><td class="example">{{ h.text }}</td><td>{% for mem in h.memories %}<a class="chip" href="{{ root }}/memory/{{ mem.layer }}/{{ mem.key }}">{{ mem.layer }}:{{ mem.key }} #{{ mem.rank + 1 }}</a>{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">+{{ h.n_memories - h.memories|length }} more</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+{% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
+<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}
+<table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
+<td>{% for mem in h.memories[:shown] %}{% include "chip.html" %}{% endfor %}
+{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{% include "chip.html" %}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
 {% endblock %}""",
 
+"chip.html": """<a class="chip" href="{{ root }}/memory/{{ ln(mem.layer) }}/{{ mem.key }}" title="rank {{ mem.rank + 1 }} of this memory's trigger examples">{{ ln(mem.layer) }}:{{ mem.key }} <span class="small muted">m={{ fmt(mem.coefficient, 2) }}</span></a>""",
+
 "trace_fragment.html": """<div class="ffkv-trace">{% if standalone %}<style>{{ css }}</style>{% endif %}
-<p class="small muted">Position {{ t.position }} ({{ tok(t.token) }}) of {{ t.n_tokens }} tokens. Before / after FF: the residual
-(resid_mid / resid_post) through the final normalization; FF: ff_out (identity). Memories by |m|·‖v‖.
-{% if compare %}Each cell: <strong>original → with interventions</strong>; changed cells are highlighted.{% endif %}</p>
-<div class="scroll"><table id="predictions"><tr><th class="num">layer</th><th>before FF</th><th>FF output</th><th>after FF</th><th>memories that contributed most</th></tr>
-{% for row in t.rows %}<tr data-layer="{{ row.layer }}"><td class="num"><a href="{{ root }}/layer/{{ row.layer }}">{{ row.layer }}</a></td>
-{% for part in ("before", "ff", "after") %}<td class="pred pred-{{ part }}{% if compare and row[part].changed %} changed{% endif %}">{{ tok(row[part].token) }} <span class="small muted">{{ pct(row[part].prob, 2) }}</span>{% if compare %} → {{ tok(row[part].new_token) }} <span class="small muted">{{ pct(row[part].new_prob, 2) }}</span>{% endif %}</td>{% endfor %}
-<td>{% for mem in row.memories %}<span class="chip"><a href="{{ root }}/memory/{{ row.layer }}/{{ mem.key }}">{{ row.layer }}:{{ mem.key }}</a> <span class="small muted">m={{ fmt(mem.coefficient, 2) }} → {{ tok(mem.top_token) }}</span>
-{% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ row.layer }}:{{ mem.key }}"{% if mem.scale == 0 %} checked{% endif %}>off</label>
-<input type="number" step="any" name="scale:{{ row.layer }}:{{ mem.key }}" value="{% if mem.scale is not none and mem.scale != 0 %}{{ mem.scale }}{% endif %}" placeholder="×1" title="scale">{% elif mem.scale is not none %}<strong>×{{ mem.scale }}</strong>{% endif %}</span>{% endfor %}</td></tr>{% endfor %}
+{% if interactive %}<p class="note">Pick a position: the table reads the model at that token.</p>
+<div class="strip" id="token-strip">{% for s in t.strip %}<button type="submit" name="position" value="{{ s.index }}"{% if s.index == t.position %} class="on"{% endif %} title="token {{ s.index + 1 }}">{{ show(s.text) }}</button>{% endfor %}</div>
+{% else %}<p class="tokens" id="token-strip">{% for s in t.strip %}<span class="t{% if s.index == t.position %} trig{% endif %}">{{ show(s.text) }}</span>{% endfor %}</p>{% endif %}
+<p class="prediction" id="prediction">At {{ tok(t.token) }} (token {{ t.position + 1 }} of {{ t.n_tokens }}) the model predicts {{ tok(t.final[0].token) }} {{ pct(t.final[0].prob, 1) }}{% if compare %}; with the interventions {{ tok(t.final[0].new_token) }} {{ pct(t.final[0].new_prob, 1) }}{% endif %}.</p>
+<p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through the
+final normalization, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
+{{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.
+{% if compare %}Each cell: <strong>original → with interventions</strong>; highlighted where the top token changed or its probability moved by at least {{ threshold_pp }} percentage points.{% endif %}</p>
+<div class="scroll"><table id="predictions"><tr><th class="num">layer</th><th>before FF</th><th>FF output</th><th>after FF</th><th>memories that push {{ tok(t.target) }} most</th></tr>
+{% for row in t.rows %}<tr data-layer="{{ ln(row.layer) }}"><td class="num"><a href="{{ root }}/layer/{{ ln(row.layer) }}">{{ ln(row.layer) }}</a></td>
+{% for part in ("before", "ff", "after") %}<td class="pred pred-{{ part }}{% if compare and row[part].changed %} changed{% endif %}">{{ tok(row[part].token) }} <span class="small muted">{{ pct(row[part].prob, 1) }}</span>{% if compare %} → {{ tok(row[part].new_token) }} <span class="small muted">{{ pct(row[part].new_prob, 1) }}</span>{% endif %}</td>{% endfor %}
+<td>{% for mem in row.memories %}<span class="chip{% if mem.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ ln(row.layer) }}/{{ mem.key }}">{{ ln(row.layer) }}:{{ mem.key }}</a> <span class="small muted">{{ "%+.2f"|format(mem.contribution) }} (m={{ fmt(mem.coefficient, 2) }}) → {{ tok(mem.top_token) }}</span>
+{% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ ln(row.layer) }}:{{ mem.key }}"{% if mem.scale == 0 %} checked{% endif %}>off</label>
+<input type="number" step="any" name="scale:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.scale is not none and mem.scale != 0 %}{{ mem.scale }}{% endif %}" placeholder="×1" title="scale">{% elif mem.scale is not none %}<strong>×{{ mem.scale }}</strong>{% endif %}</span>{% endfor %}</td></tr>{% endfor %}
 </table></div>
 <h3>Model's prediction</h3>
 <table id="final"><tr><th class="num">#</th><th>original</th>{% if compare %}<th>with interventions</th>{% endif %}</tr>
-{% for row in t.final %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(row.token) }} <span class="small muted">{{ pct(row.prob, 2) }}</span></td>{% if compare %}<td{% if row.changed %} class="changed"{% endif %}>{{ tok(row.new_token) }} <span class="small muted">{{ pct(row.new_prob, 2) }}</span></td>{% endif %}</tr>{% endfor %}
-</table></div>""",
+{% for row in t.final %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(row.token) }} <span class="small muted">{{ pct(row.prob, 1) }}</span></td>{% if compare %}<td{% if row.changed %} class="changed"{% endif %}>{{ tok(row.new_token) }} <span class="small muted">{{ pct(row.new_prob, 1) }}</span></td>{% endif %}</tr>{% endfor %}
+</table>
+{% if generation %}<h3>Generated</h3>
+<table id="generation"><tr><th></th><th>prompt + {{ generation.n }} greedy tokens</th></tr>
+<tr><td>original</td><td class="gen" id="generated-original">{{ generation.prompt }}<span class="new">{{ generation.original }}</span></td></tr>
+{% if generation.edited is not none %}<tr><td>with interventions</td><td class="gen" id="generated-edited">{{ generation.prompt }}<span class="new">{{ generation.same }}</span><span class="diff">{{ generation.edited_rest }}</span></td></tr>
+<tr><td></td><td class="note">{% if generation.differs %}The continuations part after {{ generation.common }} token{{ "s" if generation.common != 1 }} (highlighted from there).{% else %}The interventions leave these {{ generation.n }} tokens unchanged.{% endif %}</td></tr>{% endif %}
+</table>{% endif %}
+</div>""",
 
 "trace.html": """{% extends "base.html" %}{% block title %}trace{% endblock %}
 {% block main %}<h1>Trace a prompt</h1>
 <form method="post" action="{{ root }}/trace" id="trace-form">
 <p><textarea name="prompt" rows="3" maxlength="{{ max_chars }}" placeholder="type a prompt">{{ prompt or '' }}</textarea></p>
 <p><button type="submit" name="action" value="trace" id="run-trace">Trace</button>
-{% if t %}<button type="submit" name="action" value="intervene" id="apply">Apply interventions</button> <a href="{{ root }}/trace?prompt={{ prompt|urlencode }}">reset</a>{% endif %}</p>
-{% if t %}<p class="small muted">Switch memories off or scale them (applied at every position), then apply: the predictions with the interventions appear beside the original ones.</p>
+{% if t %}<button type="submit" name="action" value="intervene" id="apply">Apply interventions</button>
+{% if can_generate %}<label>generate <input type="number" name="generate" min="1" max="{{ max_new }}" value="{{ n_generate }}" style="width:4em"> tokens</label>
+<button type="submit" name="action" value="generate" id="generate">Generate</button>{% endif %}
+<label>memories pushing the token <input type="text" name="target" value="{{ t.target_text }}" size="10" placeholder="prediction" title="a token, or #ID; empty: the model's prediction"></label>
+<a href="{{ root }}/trace?prompt={{ prompt|urlencode }}">reset</a>{% endif %}</p>
+{% if t %}<input type="hidden" name="current_position" value="{{ t.position }}">
+<p class="note">Switch memories off or scale them (applied at every position), then apply: the predictions with the interventions appear beside the original ones{% if can_generate %}, and Generate continues the prompt with and without them{% endif %}.</p>
 {% include "trace_fragment.html" %}{% endif %}
 </form>{% endblock %}""",
 }

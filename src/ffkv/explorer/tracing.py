@@ -1,19 +1,24 @@
-"""Trace a prompt through the memories, and intervene on them (paper Section 5, per prompt).
+"""Trace a prompt through the memories, intervene on them, and generate with the interventions (paper Section 5).
 
-Per layer, at one position: the top prediction of the residual before the FF layer
-(`resid_mid`), of the FF output itself (`ff_out`) and of the residual after it
-(`resid_post`), and the memories that contributed most, by |m_i|·‖v_i‖. An intervention
-scales chosen coefficients m_i (0 switches a memory off) at every position
-(`ffkv.memories.interventions`), and the trace is run again.
+Per layer, at any position of the prompt: the top prediction of the residual before the FF
+layer (`resid_mid`), of the FF output itself (`ff_out`) and of the residual after it
+(`resid_post`), and the memories that contributed most to a chosen token t, by
+m_i · (v_i·E[t]) (the coefficient times the value's logit for t, identity projection, as
+the paper reads values). t is the model's own top prediction at that position unless the
+reader picks another. An intervention rewrites chosen coefficients m_i (0 switches a memory
+off) at every position (`ffkv.memories.interventions`); the trace runs again, and `generate`
+continues the prompt greedily with and without it.
 Projections: final normalization for residuals, identity for ff_out (SPEC section 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
+from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, logits
 from ffkv.models.loading import LoadedModel
@@ -33,7 +38,9 @@ class LayerTrace:
     before: Prediction          # argmax p(resid_mid)
     ff: Prediction              # argmax p(ff_out)
     after: Prediction           # argmax p(resid_post)
-    memories: list[dict]        # key, coefficient, contribution |m_i|·‖v_i‖, scale (if edited)
+    memories: list[dict]        # the top contributors to the target: key, coefficient, contribution, scale
+    suppressing: list[dict]     # the most negative contributions to the target
+    edited: list[dict]          # the other memories of the layer that are edited (or asked to be shown)
     coefficients: torch.Tensor  # m at the position, (d_m,)
 
 
@@ -41,6 +48,7 @@ class LayerTrace:
 class TraceResult:
     token_ids: list[int]
     position: int
+    target: int                 # the token whose memory contributions are listed
     layers: list[LayerTrace]
     final: list[Prediction]     # the model's own top predictions at `position`
     edits: Edits = field(default_factory=dict)
@@ -62,37 +70,85 @@ def _top(lg: torch.Tensor) -> Prediction:
     return Prediction(int(index), float(value))
 
 
+def _interventions(edits: Edits) -> list[Intervention]:
+    return [Intervention.scaled(layer, key, factor) for (layer, key), factor in edits.items()]
+
+
+def _final_logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits, layer: int) -> dict:
+    return {"key": key, "coefficient": float(m[key]), "contribution": float(contribution[key]),
+            "scale": edits.get((layer, key))}
+
+
 @torch.no_grad()
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None, position: int = -1,
-          top_memories: int = 8) -> TraceResult:
-    """Trace `token_ids` (one prompt) at `position`, optionally with memories scaled or switched off."""
+          target: int | None = None, top_memories: int = 8, suppressing: int = 3,
+          show: Iterable[tuple[int, int]] = ()) -> TraceResult:
+    """Trace `token_ids` (one prompt) at `position`, optionally with memories scaled or switched off.
+
+    Args:
+        edits: {(layer, key): scale} applied at every position (0: off).
+        position: the position to read (negative counts from the end).
+        target: the token whose contributions rank the memories; default the model's top prediction.
+        top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
+        show: (layer, key) pairs listed too (beside the edited ones), e.g. the edits of a trace to compare with.
+    """
     view = loaded.view
     edits = dict(edits or {})
+    listed = set(edits) | set(show)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
-    mask = torch.ones_like(ids)
     pos = position if position >= 0 else len(token_ids) + position
-    with intervene(view, [Intervention.scaled(layer, key, factor) for (layer, key), factor in edits.items()]):
+    if not 0 <= pos < len(token_ids):
+        raise IndexError(f"position {position} is outside the prompt's {len(token_ids)} tokens")
+    with intervene(view, _interventions(edits)):
         with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post")) as cap:
-            view.forward(ids, mask)
-        out = loaded.model(input_ids=ids, attention_mask=mask)
-    final_logits = out.logits if hasattr(out, "logits") else out[0]
+            view.forward(ids, torch.ones_like(ids))
+        final_logits = _final_logits(loaded, ids)
     probs = final_logits[0, pos].float().softmax(-1)
     top = probs.topk(min(5, probs.numel()))
     final = [Prediction(int(i), float(p)) for p, i in zip(top.values, top.indices)]
+    target = final[0].token_id if target is None else int(target)
+    e_target = view.unembedding[target].float()
     layers = []
     for layer in range(view.n_layers):
         at = lambda q: cap[q][layer][0, pos]  # noqa: E731
-        m = cap["coefficients"][layer][0, pos].float()
-        norms = view.values(layer).float().norm(dim=1)
-        contribution = m.abs() * norms
-        best = contribution.topk(min(top_memories, contribution.numel()))
-        memories = [{"key": int(k), "coefficient": float(m[k]), "contribution": float(c),
-                     "scale": edits.get((layer, int(k)))} for c, k in zip(best.values, best.indices)]
+        m = at("coefficients").float()
+        contribution = m * (view.values(layer).float() @ e_target)
+        best = contribution.topk(min(top_memories, contribution.numel())).indices.tolist()
+        worst = [k for k in (-contribution).topk(min(suppressing, contribution.numel())).indices.tolist()
+                 if contribution[k] < 0]
+        touched = sorted(k for (lay, k) in listed if lay == layer and k not in best and k not in worst)
         layers.append(LayerTrace(
             layer=layer,
             before=_top(logits(view, at("resid_mid"), DEFAULT_FOR_RESIDUALS)),
             ff=_top(logits(view, at("ff_out"), DEFAULT_FOR_VALUES)),
             after=_top(logits(view, at("resid_post"), DEFAULT_FOR_RESIDUALS)),
-            memories=memories, coefficients=m.cpu(),
+            memories=[_memory(k, m, contribution, edits, layer) for k in best],
+            suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
+            edited=[_memory(k, m, contribution, edits, layer) for k in touched],
+            coefficients=m.cpu(),
         ))
-    return TraceResult(list(token_ids), pos, layers, final, edits)
+    return TraceResult(list(token_ids), pos, target, layers, final, edits)
+
+
+@torch.no_grad()
+def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Edits | None = None,
+             max_tokens: int | None = None) -> list[int]:
+    """The prompt continued greedily by n tokens (fewer at the model's length limit), with `edits` applied
+    at every position of every step. Returns the new token ids only."""
+    view = loaded.view
+    limit = max_tokens or max_prompt_tokens(loaded)
+    ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
+    new: list[int] = []
+    with intervene(view, _interventions(dict(edits or {}))):
+        for _ in range(min(n, MAX_NEW_TOKENS)):
+            if ids.shape[1] >= limit:
+                break
+            nxt = int(_final_logits(loaded, ids)[0, -1].argmax())
+            new.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]], device=view.device)], dim=1)
+    return new

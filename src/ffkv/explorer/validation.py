@@ -15,6 +15,8 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_SCALE = 1e4
 #: Most memories one intervention may touch.
 MAX_EDITS = 4096
+#: Most tokens the trace page generates.
+MAX_NEW_TOKENS = 64
 
 
 class BadRequest(FfkvError):
@@ -36,9 +38,9 @@ def integer(text: str | int | None, name: str, low: int, high: int, status: int 
     return value
 
 
-def layer_key(layer: str | int, key: str | int, n_layers: int, d_m: int) -> tuple[int, int]:
-    """A (layer, key) pair inside the model."""
-    return integer(layer, "layer", 0, n_layers - 1), integer(key, "key", 0, d_m - 1)
+def layer_key(layer: str | int, key: str | int, n_layers: int, d_m: int, status: int = 404) -> tuple[int, int]:
+    """(layer index, key) from a layer as pages and URLs write it, counted from 1, and a key (0-based id)."""
+    return (integer(layer, "layer", 1, n_layers, status) - 1, integer(key, "key", 0, d_m - 1, status))
 
 
 def prompt(text: str | None) -> str:
@@ -63,22 +65,22 @@ def scale(text: str, where: str) -> float:
 
 def edits(off: list[str], scaled: list[str], fields: dict[str, str], n_layers: int, d_m: int
           ) -> dict[tuple[int, int], float]:
-    """Interventions from a request: `off=L:K`, `scale=L:K:S`, and form fields `scale:L:K=S`.
+    """Interventions from a request: `off=L:K`, `scale=L:K:S`, and form fields `scale:L:K=S` (L counted from 1).
 
-    Returns {(layer, key): scale}; a scale of 1 is no change and is dropped, 0 switches a memory off.
+    Returns {(layer index, key): scale}; a scale of 1 is no change and is dropped, 0 switches a memory off.
     """
     out: dict[tuple[int, int], float] = {}
 
     def parse_lk(text: str) -> tuple[int, int]:
         parts = text.split(":")
         if len(parts) != 2:
-            raise BadRequest(f"a memory is written LAYER:KEY, e.g. 3:17; got {text[:40]!r}", 422)
-        return (integer(parts[0], "layer", 0, n_layers - 1, 422), integer(parts[1], "key", 0, d_m - 1, 422))
+            raise BadRequest(f"a memory is written LAYER:KEY (layers from 1), e.g. 3:17; got {text[:40]!r}", 422)
+        return layer_key(parts[0], parts[1], n_layers, d_m, 422)
 
     for name, value in fields.items():
         if name.startswith("scale:") and value.strip() != "":
-            lk = parse_lk(name[len("scale:"):])
-            out[lk] = scale(value, f"{lk[0]}:{lk[1]}")
+            where = name[len("scale:"):]
+            out[parse_lk(where)] = scale(value, where)
     for text in scaled:
         head, _, value = text.rpartition(":")
         lk = parse_lk(head)

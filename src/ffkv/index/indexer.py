@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
-
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted
 from ffkv.batching import Batch, collate, length_batches, windows
@@ -36,6 +34,7 @@ from ffkv.index.preflight import check_free_space, check_output, estimate_bytes,
 from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
+from ffkv.index.progress import IndexBar
 from ffkv.index.topk import TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
@@ -305,15 +304,14 @@ class _IndexJob:
         reducer = TriggerReducer(at.state, self.options.mode)
         pad_multiple = batching.pad_to(self.device)
         special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
-        bar = tqdm(total=reader.approx_total(), initial=at.consumed, unit="ex", disable=not self.progress,
-                   dynamic_ncols=True, desc="index", smoothing=0.05)
+        bar = IndexBar(self.spec, initial=at.consumed, show=self.progress)
         last_checkpoint = last_beat = time.time()
 
         def due(last: float, every: float) -> bool:
             return time.time() - last >= every
 
         mine: list = []  # examples of this shard's batches in the current window
-        with bar, loaded.view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
+        with loaded.view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
             for chunk in windows(stream, batching.batch_size * batching.window_batches):
                 groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
                 for g, group in enumerate(groups):
@@ -327,10 +325,10 @@ class _IndexJob:
                     at.groups_done = g + 1
                     mine.extend(group)
                     at.n_tokens += batch.n_tokens
-                    bar.update(len(group))
                     rate = at.n_tokens / max(time.time() - self.started + self.elapsed_before, 1e-9)
-                    bar.set_postfix(tok_s=f"{rate:,.0f}", refresh=False)
+                    bar.update(len(group), tok_s=f"{rate:,.0f}")
                     if interrupted():  # the state holds whole batches: save them, with the window's place
+                        bar.close(finished=False)
                         self.checkpoint(manifest)
                         raise KeyboardInterrupt
                     if due(last_checkpoint, batching.checkpoint_seconds):
@@ -349,6 +347,7 @@ class _IndexJob:
                     last_checkpoint = last_beat = time.time()
                 if self.after_window is not None:
                     self.after_window(at.windows)
+        bar.close()
 
     def finish(self, manifest: Manifest) -> None:
         """Write the tables, then mark the run complete and remove its checkpoints."""

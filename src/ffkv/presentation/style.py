@@ -1,4 +1,5 @@
-"""The look shared by the report and the explorer: one stylesheet, token rendering, number formats."""
+"""The look shared by the report and the explorer: one stylesheet, token rendering, number formats, and the
+one numbering of layers a person reads."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import math
 
 from markupsafe import Markup, escape
 
-CSS = """
+#: Markup, so that templates insert it as it is: escaped, its quoted font names would break the stylesheet.
+CSS = Markup("""
 :root { --fg:#1d232b; --muted:#66707c; --line:#dde2e8; --accent:#2f6db5; --bar:#8fb4e3; --mark:#ffe28a;
         --bg:#ffffff; --soft:#f5f7fa; --bad:#b3261e; --good:#1e7b34; }
 * { box-sizing: border-box; }
-body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+body { font: 15px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Liberation Sans", "DejaVu Sans",
+       sans-serif; color: var(--fg);
        background: var(--bg); margin: 0; }
 main { max-width: 1180px; margin: 0 auto; padding: 1rem 1.5rem 4rem; }
 header.top { background: var(--soft); border-bottom: 1px solid var(--line); padding: .6rem 1.5rem; }
@@ -49,8 +52,41 @@ button { font: inherit; padding: .3rem .9rem; border: 1px solid var(--accent); b
 .label-shallow { color: #7a4d00; } .label-semantic { color: #1e5c9b; } .label-both { color: #5b2d8c; }
 dl.run { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
 dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
-.scroll { overflow-x: auto; }
-"""
+.scroll { overflow-x: auto; max-width: 100%; }
+.note { font-size: .85rem; color: var(--muted); margin: .2rem 0 .6rem; }
+.pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 1.2rem; align-items: start; }
+.switch a, .switch span { margin-right: .2rem; padding: .1rem .5rem; border: 1px solid var(--line); border-radius: 4px; }
+.switch .on { background: var(--accent); color: white; border-color: var(--accent); }
+.tokens { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; line-height: 1.9;
+          white-space: pre-wrap; word-break: break-word; }
+.tokens .t { border-radius: 2px; padding: 1px 0; }
+.tokens .t.trig { outline: 2px solid var(--fg); outline-offset: 0; font-weight: 700; }
+.tokens .t.nx { text-decoration: underline 2px var(--accent); text-underline-offset: 3px; }
+.tokens .t.after { color: #5d6670; }
+.strip { display: flex; flex-wrap: wrap; gap: .2rem; margin: .4rem 0; }
+.strip button { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; white-space: pre;
+                background: var(--soft); color: var(--fg); border: 1px solid var(--line); padding: .1rem .3rem; }
+.strip button.on { background: var(--mark); border-color: #c9a100; font-weight: 700; }
+th a { color: var(--fg); } th a.on { color: var(--accent); }
+mark.hit { background: var(--mark); padding: 0; }
+details > summary { cursor: pointer; color: var(--accent); font-size: .85rem; }
+.prediction { font-size: 1.05rem; margin: .4rem 0; }
+.gen { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .9rem; white-space: pre-wrap; }
+.gen .new { background: #e7f0fb; } .gen .diff { background: #fff1cc; font-weight: 600; }
+.fidelity td.yes { color: var(--good); font-weight: 600; } .fidelity td.no { color: var(--bad); font-weight: 600; }
+.warning { border-left: 4px solid #c98a00; background: #fff8e6; padding: .4rem .8rem; margin: .4rem 0; font-size: .9rem; }
+svg text { font: 11px Arial, "Liberation Sans", "DejaVu Sans", sans-serif; fill: var(--muted); }
+.chip.neg { border-color: #e6b8ba; background: #fdf4f4; }
+""")
+
+#: Layers as a person reads them (figures, the report, the explorer's pages and URLs, CLI output) count
+#: from 1, as the paper does; the run's Parquet tables, the notebook API and code count from 0.
+FIRST_LAYER = 1
+
+
+def layer_number(index: int) -> int:
+    """The layer a person reads for a 0-based layer index."""
+    return int(index) + FIRST_LAYER
 
 
 def token_html(text: str | None) -> Markup:
@@ -87,6 +123,11 @@ def number(value, digits: int = 3) -> str:
 
 
 def percent(value, digits: int = 1) -> str:
-    """A share as a percentage (blank for missing)."""
+    """A share as a percentage (blank for missing); shares too small for `digits` keep two significant digits,
+    so that 0.00031 reads 0.031%, not 0.0%."""
     value = _as_float(value)
-    return value if isinstance(value, str) else f"{100 * value:.{digits}f}%"
+    if isinstance(value, str):
+        return value
+    if value != 0 and abs(100 * value) < 0.5 * 10 ** -digits:
+        return f"{100 * value:.2g}%"
+    return f"{100 * value:.{digits}f}%"

@@ -1,16 +1,25 @@
-"""A run described in a few readable rows, for the report's and the explorer's overview."""
+"""A run described for a reader, for the report's and the explorer's overview: the run in a few rows, the
+numbering of layers, and the table of the paper's findings that this model reproduces (or not)."""
 
 from __future__ import annotations
 
+import pandas as pd
+
+from ffkv.presentation.tables import TableView, table_view
 from ffkv.store.manifest import Manifest
+
+#: Said once wherever layers are shown (the report, the explorer's overview, docs/run-directory.md).
+NUMBERING = ("Layers are counted from 1, as in the paper: layer 1 is the first block. The run's Parquet tables, "
+             "its JSON exports and the notebook API count layers from 0 (layer 1 here is layer 0 there); "
+             "keys are the 0-based memory index i everywhere.")
 
 
 def manifest_summary(manifest: Manifest) -> list[tuple[str, str]]:
     """(field, value) rows describing a run: model, corpus, options, timings, counts."""
     model = manifest.model
     rows = [("model", f"{model.id} ({model.family}, {model.dtype})"),
-            ("shape", f"{model.n_layers} layers x {model.d_m} memories, d_model {model.d_model}, "
-                      f"vocabulary {model.vocab_size}"),
+            ("shape", f"{model.n_layers} layers x {model.d_m:,} memories, d_model {model.d_model:,}, "
+                      f"vocabulary {model.vocab_size:,}"),
             ("residual", model.resid_mid),
             ("corpus", ", ".join(f"{k}={v}" for k, v in manifest.corpus.items() if v is not None)),
             ("index", ", ".join(f"{k}={v}" for k, v in manifest.index.items() if k != "batching")),
@@ -20,3 +29,9 @@ def manifest_summary(manifest: Manifest) -> list[tuple[str, str]]:
                                   for k, v in manifest.timings.items())),
             ("status", f"{manifest.status} (updated {manifest.updated or '?'})")]
     return rows
+
+
+def fidelity_view(table: pd.DataFrame) -> TableView:
+    """metrics/fidelity.parquet (one row per paper finding: finding, figure, this model's value, whether it
+    reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no."""
+    return table_view(table)

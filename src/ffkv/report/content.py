@@ -1,56 +1,153 @@
-"""What a run holds for the report: the tables and figures of `ffkv analyze`, in the paper's order.
+"""What a run holds for the report, arranged for a reader: one section per experiment, in the paper's order.
 
-Tables and figures are found through the run directory (`RunDir.metric_names`,
-`RunDir.figure_names`) and paired by name; the paper's finding for a name and the
-sentence on this model come from `ffkv.presentation.findings`.
+Tables and figures are found through the run directory (`RunDir.metric_names`, `figure_names`)
+and grouped by the experiment whose name they start with. A section shows its figures beside
+the paper's finding, the sentence on this model that `ffkv.presentation.findings` gives (none
+when it gives none: a sentence is never made up from an arbitrary column), how the numbers were
+computed (projection, n), the warnings of its tables, its per-layer tables in full, a few rows
+of the tables meant for reading (the paper's Tables 2 and 3, the matched tokens), and the
+names of its larger tables.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import pandas as pd
 
 from ffkv.presentation import findings
+from ffkv.presentation.tables import TableView, table_view
+from ffkv.store.run import RunDir
 
-#: The experiments of `ffkv analyze`, in the paper's order (the report follows it).
-ORDER = ("patterns", "ablations", "values", "composition", "refinement")
+#: The experiments of `ffkv analyze`, in the paper's order (the report follows it), with their titles.
+EXPERIMENTS = {
+    "patterns": "Patterns in the keys (SPEC 4)",
+    "ablations": "Local modifications of trigger prefixes (SPEC 5)",
+    "values": "Values as distributions over the vocabulary (SPEC 6)",
+    "composition": "Composition inside a layer (SPEC 7)",
+    "refinement": "Refinement across layers (SPEC 8)",
+}
+ORDER = tuple(EXPERIMENTS)
+#: Tables meant to be read row by row: rows shown in the report.
+READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12}
+#: Most rows of a per-layer table shown (the rest are in the Parquet file).
+MAX_LAYER_ROWS = 64
+#: Description fields that say how a table was computed, shown with each section (others are in the file).
+HOW_FIELDS = ("projection", "residual_projection", "ff_out_projection", "resid_post_variant_projection", "target",
+              "active", "n_examples", "keys_per_layer", "top_t", "vocab_size", "rank", "relative_change",
+              "labels", "embedding", "final_prediction")
+#: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
+SHOWN_APART = ("fidelity",)
+#: Columns left out of the rows shown (identifiers that mean nothing out of context).
+HIDDEN = ("example_id", "position", "removed_index", "trigger_example_ids", "trigger_positions")
 
 
 def order_key(name: str) -> tuple[int, str]:
-    for i, experiment in enumerate(ORDER):
-        if name.startswith(experiment):
-            return i, name
-    return len(ORDER), name
+    group = experiment_of(name)
+    return (ORDER.index(group) if group in ORDER else len(ORDER)), name
 
 
-def _numeric_columns(table: pd.DataFrame) -> list[str]:
-    skip = {"layer", "key", "rank", "seed", "n", "count", "example_id", "position", "token_id"}
-    return [c for c in table.columns if c not in skip and pd.api.types.is_numeric_dtype(table[c])
-            and not pd.api.types.is_bool_dtype(table[c])]
+def experiment_of(name: str) -> str:
+    """The experiment a table or figure belongs to: the longest experiment name it starts with, else itself."""
+    for experiment in sorted(ORDER, key=len, reverse=True):
+        if name == experiment or name.startswith(experiment + "_"):
+            return experiment
+    return name
 
 
-def reading(name: str, table: pd.DataFrame | None) -> str | None:
-    """One sentence on how this model compares: the findings' own reading when they give one,
-    else a plain description of the table's main column across the layers."""
-    if table is None:
+def is_per_layer(table: pd.DataFrame) -> bool:
+    return "layer" in table.columns and table["layer"].is_unique and "key" not in table.columns
+
+
+@dataclass
+class Figure:
+    name: str
+    path: Path
+    finding: str | None
+    paper_figure: str | None
+    reading: str | None
+
+
+@dataclass
+class Table:
+    name: str
+    rows: int
+    view: TableView | None
+    note: str
+    finding: str | None = None       # the paper's finding for a table with no figure of its own (Tables 2, 3)
+    paper_figure: str | None = None
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    figures: list[Figure] = field(default_factory=list)
+    reading: str | None = None
+    finding: str | None = None
+    paper_figure: str | None = None
+    how: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    listed: list[tuple[str, int]] = field(default_factory=list)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items() if v is not None)
+    return str(value)
+
+
+def _reading(name: str, table: pd.DataFrame | None) -> str | None:
+    if table is None or table.empty:
         return None
-    text = findings.reading(name, table)
-    if text:
-        return text
-    if table.empty:
-        return None
-    columns = _numeric_columns(table)
-    if not columns:
-        return f"This model: {len(table):,} rows (see the table)."
-    column = columns[0]
-    if "layer" in table.columns and table["layer"].nunique() > 1:
-        per_layer = table.groupby("layer")[column].mean()
-        first, last = per_layer.index[0], per_layer.index[-1]
-        peak = per_layer.idxmax()
-        return (f"In this model, {column} goes from {per_layer.iloc[0]:.3g} at layer {first} to "
-                f"{per_layer.iloc[-1]:.3g} at layer {last} (highest, {per_layer.max():.3g}, at layer {peak}).")
-    values = table[column].to_numpy(dtype=float)
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return None
-    return f"In this model, {column} averages {values.mean():.3g} over {len(values):,} rows."
+    return findings.reading(name, table)
+
+
+def build_sections(run: RunDir) -> list[Section]:
+    """The report's sections: one per experiment (then one per table or figure of no known experiment)."""
+    metrics, figures = set(run.metric_names()) - set(SHOWN_APART), run.figure_names()
+    names = sorted(metrics | set(figures), key=order_key)
+    sections: dict[str, Section] = {}
+    for name in names:
+        group = experiment_of(name)
+        section = sections.setdefault(group, Section(group, EXPERIMENTS.get(group, group.replace("_", " "))))
+        table = None
+        if name in metrics:
+            try:
+                table = run.read_metric(name)
+                description = run.metric_description(name)
+            except Exception as exc:  # noqa: BLE001 - one unreadable table must not sink the report
+                section.warnings.append(f"metrics/{name}.parquet cannot be read: {exc}")
+                continue
+            section.warnings += [str(w) for w in description.get("warnings", []) or []]
+            if name == group:
+                section.how = [(k.replace("_", " "), _text(description[k])) for k in HOW_FIELDS if k in description]
+                finding = findings.paper_finding(name) or {}
+                section.finding, section.paper_figure = finding.get("finding"), finding.get("figure")
+                section.reading = _reading(name, table)
+            own = findings.paper_finding(name) or {} if name != group and name not in figures else {}
+            if is_per_layer(table):
+                shown = table.head(MAX_LAYER_ROWS)
+                note = "" if len(table) <= MAX_LAYER_ROWS else f"First {MAX_LAYER_ROWS} of {len(table):,} layers."
+                section.tables.append(Table(name, len(table), table_view(shown, drop=HIDDEN), note,
+                                            own.get("finding"), own.get("figure")))
+            elif name in READING_ROWS:
+                n = READING_ROWS[name]
+                section.tables.append(Table(name, len(table), table_view(table.head(n), drop=HIDDEN),
+                                            f"First {min(n, len(table))} of {len(table):,} rows.",
+                                            own.get("finding"), own.get("figure")))
+            else:
+                section.listed.append((name, len(table)))
+        if name in figures:
+            finding = findings.paper_finding(name) or {}
+            section.figures.append(Figure(name, figures[name], finding.get("finding"), finding.get("figure"),
+                                          _reading(name, table) if name != group else None))
+    for section in sections.values():
+        section.warnings = list(dict.fromkeys(section.warnings))  # once each, in order
+        if section.figures and section.finding and section.figures[0].name == section.name:
+            section.figures[0].reading = section.reading  # the sentence sits beside its figure
+            section.reading = None
+    return list(sections.values())

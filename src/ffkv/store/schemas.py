@@ -57,4 +57,8 @@ KEY_STATS = pa.schema([
     ("activation_frequency", pa.float32()),
     ("common_last_token_id", pa.int32()),
     ("shallow_share", pa.float32()),
+    # m_i over the positions of a corpus sample: equal-width bins from activation_lo to activation_hi.
+    ("activation_lo", pa.float32()),
+    ("activation_hi", pa.float32()),
+    ("activation_histogram", pa.list_(pa.int32())),
 ])

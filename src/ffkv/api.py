@@ -1,0 +1,226 @@
+"""The library in a notebook: index a corpus, analyse the run, read it back as DataFrames and inline views.
+
+    import ffkv
+    run = ffkv.index("ffkv-tiny", ffkv.embedded_corpus("train"), "runs/nb", unit="line", max_examples=2000)
+    run = ffkv.analyze(run, n_eval=200)
+    run.triggers(2, 17)                       # DataFrame: the key's trigger examples, with text
+    run.values(2, 17, projection="final-norm")  # DataFrame: the value's top and bottom tokens
+    run.metric("values")                      # any metrics table by name (run.metrics lists them)
+    run.memory(2, 17)                         # renders inline as the explorer's memory page
+    run.trace("And God said", off=[(5, 3)])   # renders inline: the trace, with memory 5:3 switched off
+
+In code, layers are 0-based, as in the run's Parquet tables (docs/run-directory.md); what the
+views render counts layers from 1, as the paper, the report and the explorer do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from ffkv.errors import FfkvError
+from ffkv.store.run import RunDir
+
+__all__ = ["Run", "open_run", "index", "analyze", "embedded_corpus"]
+
+
+def embedded_corpus(split: str = "all") -> Path:
+    """The corpus ffkv-tiny was trained on, offline: King James Bible verses, one per line
+    (split "all", "train" or "heldout"; read it with ``unit="line"``)."""
+    from ffkv.models.default_corpus import default_corpus_path
+
+    return default_corpus_path(split)
+
+
+class Run:
+    """A complete run directory, read back: DataFrames of its tables and inline views of its memories.
+
+    Args:
+        path: the run directory.
+        loaded: the run's model, if already loaded (else loaded by the manifest's model id when needed).
+    """
+
+    def __init__(self, path: str | Path, loaded: Any = None) -> None:
+        self.dir = RunDir(path)
+        self.manifest = self.dir.require_complete()
+        self._loaded = loaded
+        self._data = None
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @property
+    def n_layers(self) -> int:
+        return self.manifest.model.n_layers
+
+    @property
+    def d_m(self) -> int:
+        return self.manifest.model.d_m
+
+    @property
+    def model(self):
+        """The run's `LoadedModel` (loaded once, by the manifest's model id and dtype)."""
+        if self._loaded is None:
+            from ffkv.explorer.model import load_run_model
+
+            self._loaded = load_run_model(self.path)
+        return self._loaded
+
+    def __repr__(self) -> str:
+        return repr(self.dir).replace("RunDir(", "Run(", 1)
+
+    def _repr_html_(self) -> str:
+        from ffkv.presentation.style import CSS
+        from ffkv.presentation.summary import NUMBERING, manifest_summary
+        import html
+
+        rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in manifest_summary(self.manifest))
+        metrics = ", ".join(self.metrics) or "none yet (ffkv.analyze)"
+        return (f'<div class="ffkv-run"><style>{CSS}</style><h3>Run {html.escape(self.path.name)}</h3>'
+                f'<dl class="run">{rows}<dt>metrics</dt><dd>{html.escape(metrics)}</dd></dl>'
+                f'<p class="note">{html.escape(NUMBERING)}</p></div>')
+
+    def _check(self, layer: int, key: int) -> tuple[int, int]:
+        for name, value, high in (("layer", layer, self.n_layers - 1), ("key", key, self.d_m - 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+                raise FfkvError(f"{name} {value!r} does not exist: this run has {name}s 0 to {high} "
+                                "(0-based in code, as in its tables)")
+        return layer, key
+
+    def _explorer(self):
+        if self._data is None:
+            from ffkv.explorer.data import ExplorerData
+
+            self._data = ExplorerData(self.path, self.model)
+        return self._data
+
+    # ------------------------------------------------------------------ tables
+    @property
+    def metrics(self) -> list[str]:
+        """Names of the metrics tables of `ffkv analyze` in this run."""
+        return self.dir.metric_names()
+
+    def metric(self, name: str) -> pd.DataFrame:
+        """A metrics table by name (RUN/metrics/NAME.parquet), as written (0-based layers)."""
+        return self.dir.read_metric(name)
+
+    def describe(self, name: str) -> dict:
+        """How a metrics table was computed: projection, options, sample sizes, warnings."""
+        if not self.dir.has_metric(name):
+            self.dir.read_metric(name)  # the clear error
+        return self.dir.metric_description(name)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.metric(name)
+
+    def triggers(self, layer: int, key: int) -> pd.DataFrame:
+        """The trigger examples of key `key` of layer `layer` (0-based), strongest first: the columns of
+        trigger_examples.parquet, then ``trigger_token``, ``next_token``, ``prefix`` (the text up to and
+        including the trigger position) and ``text`` (the whole example)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        layer, key = self._check(layer, key)
+        te = pd.read_parquet(self.dir.table("trigger_examples"), filters=[("layer", "=", layer), ("key", "=", key)])
+        order = (["direction"] if "direction" in te.columns else []) + ["rank"]
+        te = te.sort_values(order, ascending=[False] * (len(order) - 1) + [True], kind="stable").reset_index(drop=True)
+        ids = pa.array(sorted(set(int(i) for i in te["example_id"])), pa.int64())
+        examples = pq.read_table(self.dir.table("examples"), filters=[("example_id", "in", ids)]).to_pandas() \
+            .set_index("example_id")
+        tok = self.model.tokenizer
+        token_ids = [list(examples.at[int(e), "token_ids"]) for e in te["example_id"]]
+        te["trigger_token"] = [tok.token_strings([int(ids_[p])])[0] for ids_, p in zip(token_ids, te["position"])]
+        te["next_token"] = [tok.token_strings([int(n)])[0] if n >= 0 else "" for n in te["next_token_id"]]
+        te["prefix"] = [tok.decode([int(t) for t in ids_[:p + 1]]) for ids_, p in zip(token_ids, te["position"])]
+        te["text"] = [examples.at[int(e), "text"] for e in te["example_id"]]
+        return te
+
+    def values(self, layer: int, key: int, projection: str = "identity", k: int = 10) -> pd.DataFrame:
+        """The k top and k bottom tokens of value v_i (layer 0-based) under `projection`: ``identity``
+        (p = softmax(v·Eᵀ), the paper's), ``final-norm`` (p = softmax(N(v)·Eᵀ)) or ``logits`` (v·Eᵀ).
+        Columns: end (top / bottom), rank (1 = most extreme), token_id, token, and p or logit."""
+        from ffkv.explorer import live
+
+        layer, key = self._check(layer, key)
+        if projection not in live.VALUE_PROJECTIONS:
+            raise FfkvError(f"projection must be one of {', '.join(live.VALUE_PROJECTIONS)}, got {projection!r}")
+        out = live.value_tokens(self.model, layer, key, projection, k)
+        tok = self.model.tokenizer
+        rows = [{"end": end, "rank": r + 1, "token_id": t, "token": tok.token_strings([t])[0], out["shown"]: v}
+                for end in ("top", "bottom") for r, (t, v) in enumerate(out[end])]
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------ views
+    def memory(self, layer: int, key: int, projection: str = "identity"):
+        """Memory (layer, key), 0-based layer: shows inline as the explorer's memory page; `.to_dict()` is its JSON."""
+        from ffkv.explorer.notebook import Memory
+
+        layer, key = self._check(layer, key)
+        return Memory(self._explorer(), layer, key, projection=projection)
+
+    def trace(self, prompt: str, position: int = -1, target: str | int | None = None,
+              off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
+              generate: int = 0):
+        """Trace a prompt at a position: per layer, predictions and the memories that push the target token most.
+
+        Args:
+            position: which token to read (negative: from the end).
+            target: the token whose contributions rank the memories (default: the model's prediction).
+            off: memories (layer, key), 0-based layers, switched off at every position.
+            scale: {(layer, key): factor} for memories scaled instead.
+            generate: also continue the prompt greedily by this many tokens, with and without the interventions.
+        """
+        from ffkv.explorer.notebook import run_trace
+
+        edits = {self._check(int(lay), int(k)): float(f) for (lay, k), f in dict(scale or {}).items()}
+        edits.update({self._check(int(lay), int(k)): 0.0 for lay, k in off})
+        return run_trace(self._explorer(), prompt, position, target, edits, generate)
+
+
+def open_run(path: str | Path, loaded: Any = None) -> Run:
+    """A complete run directory, opened for reading (`Run`); the model loads when a view needs it."""
+    return Run(path, loaded)
+
+
+def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k: int = 50, mode: str = "example",
+          unit: str = "sentence", max_examples: int | None = None, seed: int | None = None, max_tokens: int = 512,
+          split: str = "all", dtype: str = "float32", device: str = "cpu", batch_size: int = 32,
+          resume: bool = False, progress: bool = True, **corpus_options: Any) -> Run:
+    """`ffkv index` as a function: the top-k trigger examples of every key of every layer (SPEC section 3).
+
+    Args:
+        model: a model name or path (as `ffkv index --model`), or a `LoadedModel`.
+        corpus: a path or hf:<dataset id> (read with `unit`, `max_examples`, `seed`, `max_tokens`, `split` and
+            any other `CorpusSpec` option), or a `CorpusSpec`.
+        out: the run directory to create (or, with `resume`, to continue).
+    """
+    from ffkv.corpus import CorpusSpec
+    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.models import load_model
+
+    loaded = load_model(model, dtype=dtype, device=device) if isinstance(model, (str, Path)) else model
+    spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(
+        source=str(corpus), unit=unit, max_examples=max_examples, shuffle_seed=seed, max_tokens=max_tokens,
+        split=split, **corpus_options)
+    build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode), BatchOptions(batch_size=batch_size),
+                resume=resume, progress=progress)
+    return Run(out, loaded)
+
+
+def analyze(run: Run | str | Path, only: Sequence[str] | str | None = None, *, eval_corpus: Any = None,
+            eval_split: str | None = None, n_eval: int = 4000, projection: str | None = None, seed: int = 0,
+            progress: bool = True, device: str = "cpu", dtype: str | None = None) -> Run:
+    """`ffkv analyze` as a function: the paper's experiments on a run, each a table in RUN/metrics and a
+    figure in RUN/figures, and the explorer's lookup tables (see `ffkv.experiments.analyze`). Returns the run."""
+    from ffkv.experiments import analyze as run_experiments
+
+    run = run if isinstance(run, Run) else Run(run)
+    same_model = device == "cpu" and dtype in (None, run.manifest.model.dtype)
+    loaded = run.model if same_model else None  # else analyze loads it where and how it is asked to
+    run_experiments(run.path, only=only, eval_corpus=eval_corpus, eval_split=eval_split, n_eval=n_eval,
+                    projection=projection, progress=progress, loaded=loaded, device=device, dtype=dtype, seed=seed)
+    return Run(run.path, loaded)

@@ -1,0 +1,267 @@
+"""The explorer's lookup tables, built by `ffkv analyze` so that `ffkv serve` answers at once.
+
+Written to RUN/explorer/ (`RunDir.cache_dir`; names and validity in `ffkv.store.lookups`,
+the contract in docs/run-directory.md). Per key of every layer:
+
+- its value's top tokens and probabilities, p_i = softmax(v_i·Eᵀ) (identity, as the values
+  experiment), the confidence max p_i, whether the argmax is the trigger target of the key's
+  top-1 trigger example (`ffkv.memories.targets`), that target's rank, the log-normaliser of
+  p_i (p_i(x) of any token is then one dot product), and ‖v_i‖ (`scan_values`, chunked);
+- the share of its top trigger prefixes that end in their most common last token;
+- over the positions of a seeded sample of the run's examples: how often m_i > 0, and a
+  histogram of m_i (equal-width bins between the sample's smallest and largest m_i, two
+  passes over the sample, so memory never holds more than one batch of coefficients);
+- explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
+  examples they use, indexed for point queries.
+
+Only the writing rank builds them (they are small next to the experiments' passes).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ffkv.batching import collate, length_batches
+from ffkv.corpus import Example
+from ffkv.experiments.common import RunContext, progress_bar
+from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
+from ffkv.memories.targets import trigger_targets
+from ffkv.models.loading import LoadedModel
+from ffkv.parallel import is_writer
+from ffkv.store import atomic, lookups, schemas
+from ffkv.store.manifest import Manifest
+from ffkv.store.run import RunDir
+
+NAME = "lookups"
+#: Top tokens kept per value (the explorer's search and trace chips read them).
+TOP_TOKENS = 10
+#: The corpus sample for activation frequencies and histograms: examples, tokens per example, bins.
+SAMPLE_EXAMPLES = 128
+SAMPLE_MAX_TOKENS = 64
+HISTOGRAM_BINS = 24
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def build_database(run: RunDir, path: Path) -> None:
+    """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts."""
+    te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
+    columns = pq.read_schema(run.table("trigger_examples")).names
+    # Runs indexed with both signs (format 2) hold a direction column; older runs are all +1.
+    direction = "t.direction" if "direction" in columns else "CAST(1 AS TINYINT)"
+    with atomic.atomic_path(path) as tmp:
+        tmp.unlink()
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute("SET threads TO 2")
+            con.execute(f"""
+                CREATE TABLE texts AS
+                SELECT example_id, token_ids, text FROM read_parquet('{ex}')
+                WHERE example_id IN (SELECT DISTINCT example_id FROM read_parquet('{te}'))
+                ORDER BY example_id""")
+            con.execute(f"""
+                CREATE TABLE triggers AS
+                SELECT t.layer, t.key, {direction} AS direction, t.rank, t.coefficient, t.example_id,
+                       t.position, t.next_token_id, CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id
+                FROM read_parquet('{te}') t JOIN texts x USING (example_id)
+                ORDER BY t.layer, t.key, direction DESC, t.rank""")
+            con.execute("CREATE INDEX triggers_layer_key ON triggers (layer, key)")
+            con.execute("CREATE INDEX triggers_example ON triggers (example_id)")
+            con.execute("CREATE UNIQUE INDEX texts_id ON texts (example_id)")
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        wal = Path(str(tmp) + ".wal")
+        if wal.exists():
+            wal.unlink()
+
+
+def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = TOP_TOKENS,
+                 projection: str = DEFAULT_FOR_VALUES, bar=None) -> tuple[pa.Table, pd.DataFrame]:
+    """The value_top_tokens table and the per-key value statistics of every layer (`scan_values`).
+
+    Args:
+        top1_target: (L, d_m) trigger target of each key's top-1 trigger example (-1: none).
+    """
+    view = loaded.view
+    tops, stats = [], []
+    for layer in range(view.n_layers):
+        norms = view.values(layer).float().norm(dim=1).cpu().numpy()
+        targets = np.asarray(top1_target[layer], dtype=np.int64)
+        targets = np.where(targets < view.vocab_size, targets, -1)
+        s = scan_values(view, layer, projection, targets, top=top_tokens)
+        d_m, k = s["top_token_ids"].shape
+        keys = np.arange(d_m)
+        tops.append(pd.DataFrame({
+            "layer": np.int16(layer), "key": np.repeat(keys, k).astype(np.int32),
+            "rank": np.tile(np.arange(k, dtype=np.int16), d_m),
+            "token_id": s["top_token_ids"].astype(np.int32).ravel(),
+            "prob": s["top_probs"].astype(np.float32).ravel(),
+        }))
+        has = s["target_rank"] >= 0
+        stats.append(pd.DataFrame({
+            "layer": np.int16(layer), "key": keys.astype(np.int32),
+            "confidence": s["top_prob"].astype(np.float32),
+            "top_token_id": s["top_token_id"].astype(np.int32),
+            "agreement": has & (s["top_token_id"] == targets),
+            # 0-based here (tokens strictly more probable); the pages show it 1-based.
+            "next_token_rank": np.where(has, s["target_rank"] - 1, -1).astype(np.int32),
+            "logsumexp": s["logsumexp"].astype(np.float32),
+            "value_norm": norms.astype(np.float32),
+        }))
+        if bar is not None:
+            bar.update(1)
+    table = pa.Table.from_pandas(pd.concat(tops, ignore_index=True), schema=schemas.VALUE_TOP_TOKENS,
+                                 preserve_index=False)
+    return table, pd.concat(stats, ignore_index=True)
+
+
+def corpus_sample(run: RunDir, n: int = SAMPLE_EXAMPLES, seed: int = 0,
+                  max_tokens: int = SAMPLE_MAX_TOKENS) -> list[list[int]]:
+    """Token ids of a seeded uniform sample of n examples of the run (each cut to max_tokens).
+
+    Reads only the row groups that hold a chosen row, so memory does not grow with the corpus.
+    """
+    file = pq.ParquetFile(run.table("examples"))
+    total = file.metadata.num_rows
+    if total == 0:
+        return []
+    chosen = np.sort(np.random.default_rng(seed).choice(total, size=min(n, total), replace=False))
+    out: list[list[int]] = []
+    start = 0
+    for group in range(file.num_row_groups):
+        rows = file.metadata.row_group(group).num_rows
+        inside = chosen[(chosen >= start) & (chosen < start + rows)] - start
+        if len(inside):
+            column = file.read_row_group(group, columns=["token_ids"]).column(0)
+            out.extend(list(column[int(i)].as_py())[:max_tokens] for i in inside)
+        start += rows
+    return [t for t in out if t]
+
+
+def sample_batches(loaded: LoadedModel, token_lists: list[list[int]], batch_size: int = 16) -> list:
+    """The sample's padded batches (grouped by length), on the host."""
+    examples = [Example(i, np.asarray(t, dtype=np.int64), "") for i, t in enumerate(token_lists) if len(t)]
+    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+    return [collate(g, loaded.tokenizer.pad_id, special) for g in length_batches(examples, batch_size)]
+
+
+@torch.no_grad()
+def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_BINS, bar=None) -> dict[str, np.ndarray]:
+    """Per key, over every real position of `batches` (`sample_batches`): share with m_i > 0 and a
+    histogram of m_i.
+
+    Returns (L, d_m) arrays ``frequency``, ``lo``, ``hi``, (L, d_m, bins) ``histogram`` (int64
+    counts of m_i in `bins` equal-width bins from lo to hi; the last bin includes hi) and
+    ``positions``, the number of positions counted.
+    """
+    view = loaded.view
+    L, d_m = view.n_layers, view.d_m
+    lo = torch.full((L, d_m), float("inf"), dtype=torch.float64)
+    hi = torch.full((L, d_m), float("-inf"), dtype=torch.float64)
+    positive = torch.zeros(L, d_m, dtype=torch.float64)
+    hist = torch.zeros(L, d_m * bins, dtype=torch.int64)
+    state: dict = {}
+
+    def coefficients(m: torch.Tensor) -> torch.Tensor:
+        return m[state["mask"]].double().cpu()  # (real positions, d_m)
+
+    def first_pass(quantity: str, layer: int, m: torch.Tensor) -> None:
+        x = coefficients(m)
+        lo[layer] = torch.minimum(lo[layer], x.amin(0))
+        hi[layer] = torch.maximum(hi[layer], x.amax(0))
+        positive[layer] += (x > 0).sum(0)  # "active" as m > 0 until issue 13's signed rule lands in memories/
+
+    def second_pass(quantity: str, layer: int, m: torch.Tensor) -> None:
+        x = coefficients(m)
+        width = (hi[layer] - lo[layer]).clamp(min=1e-30)
+        index = ((x - lo[layer]) / width * bins).floor().long().clamp(0, bins - 1)
+        hist[layer].scatter_add_(0, (index + torch.arange(d_m) * bins).ravel(), torch.ones(index.numel(), dtype=torch.int64))
+
+    total = 0
+    for sink in (first_pass, second_pass):
+        with view.capture(("coefficients",), sink=sink):
+            for batch in batches:
+                state["mask"] = batch.attention_mask.bool().to(view.device)
+                view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))
+                if sink is first_pass:
+                    total += batch.n_tokens
+                if bar is not None:
+                    bar.update(1)
+    empty = total == 0
+    return {"frequency": (positive / max(total, 1)).float().numpy(),
+            "lo": (torch.zeros_like(lo) if empty else lo).float().numpy(),
+            "hi": (torch.zeros_like(hi) if empty else hi).float().numpy(),
+            "histogram": hist.view(L, d_m, bins).numpy(), "positions": np.int64(total)}
+
+
+def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[np.ndarray, pd.DataFrame]:
+    """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token and its share."""
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers "
+                            "WHERE rank = 0 AND direction = 1").fetchnumpy()
+        shallow = con.execute("""
+            SELECT layer, key, arg_max(last_token_id, n) AS common_last_token_id,
+                   CAST(max(n) AS FLOAT) / sum(n) AS shallow_share
+            FROM (SELECT layer, key, last_token_id, count(*) AS n FROM triggers WHERE direction = 1 GROUP BY ALL)
+            GROUP BY layer, key""").df()
+    finally:
+        con.close()
+    top1 = np.full((L, d_m), -1, dtype=np.int64)
+    top1[first["layer"].astype(int), first["key"].astype(int)] = trigger_targets(
+        first["next_token_id"], first["last_token_id"], encoder)
+    return top1, shallow.astype({"layer": "int16", "key": "int32"})
+
+
+def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, progress: bool = False,
+          seed: int = 0) -> Path:
+    """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder."""
+    started = time.perf_counter()
+    view = loaded.view
+    folder.mkdir(parents=True, exist_ok=True)
+    sample = corpus_sample(run, seed=seed)
+    batches = sample_batches(loaded, sample)
+    bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches), "explorer lookups", "step")
+    build_database(run, folder / "explorer.duckdb")
+    bar.update(1)
+    top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
+    top_table, stats = value_tables(loaded, top1, bar=bar)
+    act = activation_stats(loaded, batches, bar=bar)
+    bar.close()
+    stats["activation_frequency"] = act["frequency"].ravel()
+    stats = stats.merge(shallow, on=["layer", "key"], how="left")
+    stats["shallow_share"] = stats["shallow_share"].fillna(0).astype("float32")
+    stats["common_last_token_id"] = stats["common_last_token_id"].fillna(-1).astype("int32")
+    stats["activation_lo"] = act["lo"].ravel()
+    stats["activation_hi"] = act["hi"].ravel()
+    stats["activation_histogram"] = list(act["histogram"].reshape(-1, act["histogram"].shape[-1]).astype(np.int32))
+    atomic.write_parquet(folder / "value_top_tokens.parquet", top_table)
+    atomic.write_parquet(folder / "key_stats.parquet",
+                         pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
+    lookups.write_info(run, manifest, folder, projection=DEFAULT_FOR_VALUES, top_tokens=TOP_TOKENS,
+                       activation_sample={"examples": len(sample), "positions": int(act["positions"]),
+                                          "max_tokens": SAMPLE_MAX_TOKENS, "seed": seed, "bins": HISTOGRAM_BINS},
+                       seconds=round(time.perf_counter() - started, 3))
+    return folder
+
+
+def run(ctx: RunContext) -> dict:
+    """`ffkv analyze`'s step: the lookup tables into RUN/explorer (the writing rank alone)."""
+    folder = ctx.run.cache_dir
+    if is_writer():
+        build(ctx.run, ctx.manifest, ctx.loaded, folder, progress=ctx.progress, seed=ctx.seed)
+    info = {"folder": str(folder.relative_to(ctx.run.path)), "tables": list(lookups.FILES),
+            "projection": DEFAULT_FOR_VALUES, "sample_examples": SAMPLE_EXAMPLES}
+    ctx.record(NAME, **info)
+    return info

@@ -1,0 +1,85 @@
+"""The explorer's lookup tables in RUN/explorer/: their names, what they were built from, whether they are current.
+
+`ffkv analyze` builds them (`ffkv.experiments.lookups`); the explorer only reads them, and
+builds them itself only for a run that was never analysed (docs/run-directory.md, "explorer/"):
+
+    info.json                  what the tables were built from (written last: the tables are whole)
+    key_stats.parquet          one row per (layer, key): value statistics, activation frequency and
+                               histogram over a corpus sample, the trigger prefixes' common last token
+    value_top_tokens.parquet   layer, key, rank, token_id, prob: each value's top tokens (identity)
+    explorer.duckdb            the trigger examples and the texts of their examples, indexed
+
+The tables are current when info.json names this run's identity and the size and time of
+its index tables; any new index (or a newer format of these tables) makes them stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ffkv.store import atomic
+from ffkv.store.manifest import Manifest
+from ffkv.store.run import RunDir
+
+#: Bumped when what the tables hold changes; older tables are rebuilt.
+VERSION = 2
+FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
+INFO = "info.json"
+
+
+def fingerprint(run: RunDir, manifest: Manifest) -> dict[str, Any]:
+    """What the tables of a run are built from: its identity and its index tables' size and time."""
+    files = {}
+    for name in ("trigger_examples", "examples"):
+        st = run.table(name).stat()
+        files[name] = [st.st_size, st.st_mtime_ns]
+    return {"version": VERSION, "identity": manifest.identity.to_dict(), "files": files}
+
+
+def is_current(run: RunDir, manifest: Manifest, folder: Path) -> bool:
+    """Whether `folder` holds every lookup table, built from exactly this run's index."""
+    info = folder / INFO
+    if not info.exists() or not all((folder / name).exists() for name in FILES):
+        return False
+    try:
+        return json.loads(info.read_text()).get("fingerprint") == fingerprint(run, manifest)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """info.json of a folder of lookup tables (empty when absent or unreadable)."""
+    try:
+        return json.loads((folder / INFO).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) -> None:
+    """Mark the tables in `folder` as built for this run's index; call after every table is written."""
+    atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), **details})
+
+
+def writable_folder(run: RunDir) -> Path:
+    """RUN/explorer when it can be written, else a new temporary folder (a read-only run directory)."""
+    folder = run.cache_dir
+    try:
+        folder.mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe", delete=True):
+            pass
+        return folder
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="ffkv-explorer-"))
+
+
+def find(run: RunDir, manifest: Manifest) -> Path | None:
+    """The folder holding current lookup tables of a run (RUN/explorer), or None when they must be built."""
+    folder = run.cache_dir
+    return folder if folder.is_dir() and os.access(folder, os.R_OK) and is_current(run, manifest, folder) else None
+
+
+__all__ = ["VERSION", "FILES", "fingerprint", "is_current", "read_info", "write_info", "writable_folder", "find"]

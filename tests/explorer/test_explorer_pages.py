@@ -1,0 +1,147 @@
+"""What the explorer's pages show, on the analysed run the real pipeline wrote: the layer page's curated,
+sortable, paginated table; the memory page's JSON export; the search page's highlight and chip order; the
+intervention view's threshold; one numbering of layers."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+
+import numpy as np
+import pandas as pd
+import pytest
+from starlette.testclient import TestClient
+
+from ffkv.explorer import create_app
+from ffkv.explorer.pages import CHANGE_THRESHOLD, LAYER_COLUMNS, PAGE_SIZE, highlight, trace_view
+from ffkv.store.run import RunDir
+
+
+@pytest.fixture(scope="module")
+def client(analyzed):
+    run, loaded = analyzed
+    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+        yield c
+
+
+def keys_in_order(html: str, layer_number: int) -> list[int]:
+    return [int(k) for k in re.findall(rf'<a href="/memory/{layer_number}/(\d+)">', html)]
+
+
+def test_layer_page_has_the_curated_columns_only(client):
+    html = client.get("/layer/2").text
+    headers = re.findall(r"<th[^>]*>(?:<a [^>]*>)?([^<▲▼]+?)\s*(?:[▲▼])?(?:</a>)?</th>", html)
+    assert [unescape(h) for h in headers] == [title for _, title, _ in LAYER_COLUMNS]
+    for noise in ("example_id", "removed_index", "ablations_prefixes", "logsumexp", "rank</th>"):
+        assert noise not in html
+
+
+@pytest.mark.parametrize("sort, column", [(s, c) for c, _, s in LAYER_COLUMNS if c not in ("top_tokens", "human_label")])
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_layer_page_sorts_by_each_column(client, analyzed, sort, column, order):
+    data = client.app.state.data
+    table = data.layer_keys(1)
+    expected = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last",
+                                 kind="stable")["key"].tolist()
+    r = client.get(f"/layer/2?sort={sort}&order={order}")
+    assert r.status_code == 200
+    assert keys_in_order(r.text, 2) == expected[:PAGE_SIZE]
+
+
+def test_sort_by_pattern_is_the_automatic_label_and_human_labels_are_their_own_column(fresh_run):
+    run, loaded = fresh_run
+    auto = RunDir(run).read_metric("patterns_keys").query("layer == 0").set_index("key")["label"]
+    with TestClient(create_app(run, loaded=loaded)) as c:
+        key = int(auto[auto != "none"].index[0])
+        c.post(f"/memory/1/{key}/annotate", data={"label": "none", "annotator": "ann"})
+        html = c.get("/layer/1?sort=pattern&order=asc").text
+        keys = keys_in_order(html, 1)
+        assert [auto[k] for k in keys] == sorted(auto[k] for k in keys)  # by the automatic label, not the human
+        human = c.get("/layer/1?sort=human+label&order=asc").text
+        assert keys_in_order(human, 1)[0] == key  # the one human label sorts first
+        assert '<span class="label-none">none</span>' in human
+
+
+def test_layer_page_is_paginated(tmp_path):
+    from ffkv.explorer import pages
+
+    assert PAGE_SIZE == 100
+    # The tiny run has 40 keys per layer: one page, and page 2 is a clear 404.
+    from support.runs import index_run
+
+    run, loaded = index_run(tmp_path)
+    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+        html = c.get("/layer/1").text
+        assert "page 1 of 1" in html and 'id="next-page"' not in html
+        assert c.get("/layer/1?page=2").status_code == 404
+    old = pages.PAGE_SIZE
+    try:
+        pages.PAGE_SIZE = 15
+        with TestClient(create_app(run, loaded=loaded)) as c:
+            seen = []
+            for page in (1, 2, 3):
+                html = c.get(f"/layer/1?sort=key&order=asc&page={page}").text
+                assert f"page {page} of 3" in html
+                seen += keys_in_order(html, 1)
+            assert seen == list(range(40))
+            assert 'id="next-page"' in c.get("/layer/1?page=2").text
+    finally:
+        pages.PAGE_SIZE = old
+
+
+def test_memory_json_is_the_page_as_data(client, analyzed):
+    run, loaded = analyzed
+    exported = client.get("/memory/3/9.json?projection=final-norm").json()
+    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query("layer == 2 and key == 9").sort_values("rank")
+    assert exported["layer"] == 2 and exported["layer_number"] == 3 and exported["url"] == "/memory/3/9"
+    assert [e["example_id"] for e in exported["trigger_examples"]] == te["example_id"].tolist()
+    assert [e["coefficient"] for e in exported["trigger_examples"]] == pytest.approx(te["coefficient"].tolist())
+    for e in exported["trigger_examples"]:
+        assert e["coefficients"][e["position"]] == pytest.approx(e["coefficient"], rel=1e-4, abs=1e-5)
+    auto = RunDir(run).read_metric("patterns_keys").query("layer == 2 and key == 9").iloc[0]
+    assert exported["pattern"]["label"] == auto["label"]
+    view = loaded.view
+    p = view.final_norm(view.values(2)[9]) @ view.unembedding.T
+    assert [t["token_id"] for t in exported["value"]["top"]] == p.topk(15).indices.tolist()
+    assert sum(exported["activation_histogram"]["counts"]) == exported["activation_histogram"]["positions"] > 0
+
+
+def test_search_highlights_the_match_and_ranks_the_chips(client):
+    html = client.get("/search?q=Born").text
+    assert html.count('<mark class="hit">born</mark>') >= 1
+    for row in re.findall(r"<tr><td class=\"example\">.*?</tr>", html, flags=re.S):
+        strengths = [abs(float(m)) for m in re.findall(r"m=(-?[\d.]+)", row)]
+        assert strengths == sorted(strengths, reverse=True)
+        shown = row.split("<details>")[0]
+        assert len(re.findall('class="chip"', shown)) <= 5
+    assert highlight("a Cat and a cat", "cat") == [("a ", False), ("Cat", True), (" and a ", False), ("cat", True)]
+
+
+def test_intervention_view_highlights_only_changes_above_the_threshold(client, analyzed):
+    from ffkv.explorer.tracing import trace
+
+    _, loaded = analyzed
+    data = client.app.state.data
+    ids = loaded.tokenizer.encode("she was born in")
+    base = trace(loaded, ids)
+    edited = trace(loaded, ids, {(2, base.layers[2].memories[0]["key"]): 40.0}, target=base.target)
+    view = trace_view(data, base, edited)
+    cells = [(getattr(b, part), getattr(e, part), row[part])
+             for b, e, row in zip(base.layers, edited.layers, view["rows"]) for part in ("before", "ff", "after")]
+    cells += [(b, e, row) for b, e, row in zip(base.final, edited.final, view["final"])]
+    assert any(row["changed"] for _, _, row in cells) and not all(row["changed"] for _, _, row in cells)
+    for old, new, row in cells:
+        assert row["changed"] == (old.token_id != new.token_id or abs(new.prob - old.prob) >= CHANGE_THRESHOLD)
+    html = client.get("/trace?prompt=she+was+born+in&scale=3:%d:40" % base.layers[2].memories[0]["key"]).text
+    assert "moved by at least 1 percentage points" in html and 'id="prediction"' in html
+    assert np.isclose(CHANGE_THRESHOLD, 0.01)
+
+
+def test_every_page_counts_layers_from_1(client):
+    for url in ("/", "/layer/1", "/memory/1/0", "/trace?prompt=the+cat"):
+        html = client.get(url).text
+        assert 'href="/layer/0"' not in html and "/memory/0/" not in html, url
+    overview = client.get("/").text
+    assert 'id="numbering"' in overview and "counted from 1" in overview
+    rows = re.findall(r'<tr><td class="num"><a href="/layer/(\d)">(\d)</a>', overview)
+    assert rows == [("1", "1"), ("2", "2"), ("3", "3")]

@@ -1,0 +1,34 @@
+"""Tables as a person reads them: layers from 1, token text for ids, percentages for shares, no noise columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ffkv.presentation.style import percent
+from ffkv.presentation.tables import table_html, table_view
+
+
+def test_table_view_reads_as_a_person_would():
+    table = pd.DataFrame({
+        "layer": np.array([0, 5], dtype=np.int16), "agreement_rate": [0.035, 0.5], "ff_top_id": [7, 9],
+        "top_token_id": [1, 2], "top_token": [" the", " of"], "agrees": [True, False],
+        "token_ids": [np.array([1, 2]), np.array([3])], "prefixes": [["a b", "c"], ["d"]],
+        "first_agreeing_rank": [3, -1], "mean_entropy": [4.5731, 2.0]})
+    view = table_view(table, token=lambda i: f"tok{i}")
+    titles = [c.title for c in view.columns]
+    assert titles == ["layer", "agreement rate", "ff top", "top token", "agrees", "prefixes", "first agreeing rank",
+                      "mean entropy"]
+    assert view.dropped == ["top_token_id", "token_ids"]
+    first, second = ([c.text for c in row] for row in view.rows)
+    assert first == ["1", "3.5%", "tok7", " the", "yes", "a b · c", "3", "4.573"]
+    assert second[0] == "6" and second[4] == "no" and second[6] == "none"
+    html = table_html(view)
+    assert '<span class="tok">tok7</span>' in html and "<td class=\"yes\">yes</td>" in html
+    # Without a tokenizer, token ids that have no text beside them are left out rather than shown as numbers.
+    assert "ff top" not in [c.title for c in table_view(table).columns]
+
+
+def test_small_shares_keep_their_digits():
+    assert percent(0.00031) == "0.031%" and percent(0.5) == "50.0%" and percent(0) == "0.0%"
+    assert percent(0.00031, 2) == "0.03%" and percent(None) == ""

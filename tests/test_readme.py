@@ -1,0 +1,45 @@
+"""The README's Library section runs as written, offline, and gives what its comments say."""
+
+from __future__ import annotations
+
+import re
+import resource
+from pathlib import Path
+
+import pandas as pd
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def library_block() -> str:
+    section = README.read_text().split("## Library", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the Library section holds one Python block"
+    return blocks[0]
+
+
+def test_the_library_section_runs_offline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    namespace: dict = {}
+    cpu = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    exec(compile(library_block(), str(README), "exec"), namespace)  # noqa: S102 - the README is ours
+    print(f"README Library block: {resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu:.0f} s of CPU")
+
+    run = namespace["run"]
+    assert (tmp_path / "runs" / "library" / "manifest.json").exists()
+    assert {"patterns", "values", "composition", "refinement"} <= set(run.metrics)
+    assert namespace["values"].equals(pd.read_parquet(run.path / "metrics" / "values.parquet"))
+    triggers = namespace["triggers"]
+    te = pd.read_parquet(run.path / "trigger_examples.parquet").query("layer == 3 and key == 17")
+    assert triggers["example_id"].tolist() == te.sort_values("rank")["example_id"].tolist() and len(triggers) == 5
+    assert triggers["text"].str.len().min() > 0
+    tokens = namespace["tokens"]
+    assert list(tokens["end"].unique()) == ["top", "bottom"] and "p" in tokens.columns
+    assert "Memory 4:17" in namespace["memory"]._repr_html_()  # rendered: layers counted from 1
+    traced = namespace["traced"]
+    assert traced.edited is not None and traced.generation["n"] == 10
+    assert "with interventions" in traced._repr_html_()
+    m = namespace["m"]
+    assert tuple(m.shape[::2]) == (1, namespace["view"].d_m)
