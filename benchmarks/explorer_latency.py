@@ -157,7 +157,7 @@ def main() -> None:
         app = create_app(run, loaded=Stub())
         print(f"explorer started (cache valid) in {time.perf_counter() - t:.2f} s")
         rng = np.random.default_rng(1)
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1:8000") as client:
             first = timed_get(client, f"/memory/{args.layers}/{args.keys - 1}")  # layers count from 1 in URLs
             memory = [timed_get(client, f"/memory/{1 + rng.integers(args.layers)}/{rng.integers(args.keys)}")
                       for _ in range(args.requests)]

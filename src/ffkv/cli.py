@@ -219,8 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with per-token coefficients, JSON export), search, trace a prompt at any "
                                    "position, switch memories off and generate, annotate. Layers count from 1.")
     p.add_argument("run", help="a run directory")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default: %(default)s, this machine only); any other address "
+                        "prints a warning and requires an access token")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a further host name to answer to, besides loopback and --host (repeatable; requests "
+                        "naming any other host are refused, which stops DNS rebinding)")
+    p.add_argument("--token", default=None,
+                   help="the access token to require (default beyond loopback: a random one, printed in the URL)")
+    p.add_argument("--no-token", action="store_true",
+                   help="require no access token even beyond loopback (anyone who can reach the port gets in)")
     return parser
 
 
@@ -289,7 +298,10 @@ def _report(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ffkv.explorer import serve
 
-    serve(args.run, host=args.host, port=args.port)
+    if args.no_token and args.token:
+        raise FfkvError("give --token or --no-token, not both")
+    serve(args.run, host=args.host, port=args.port, allow_hosts=tuple(args.allow_host), token=args.token,
+          require_token=False if args.no_token else None)
     return 0
 
 

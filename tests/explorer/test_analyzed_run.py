@@ -16,7 +16,7 @@ from ffkv.store.run import RunDir
 @pytest.fixture(scope="module")
 def client(analyzed):
     run, loaded = analyzed
-    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -65,7 +65,7 @@ def test_memory_links_of_every_page_lead_to_answering_pages(client):
 
 def test_annotate_on_an_analyzed_run(fresh_run):
     run, loaded = fresh_run
-    with TestClient(create_app(run, loaded=loaded)) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         r = c.post("/memory/2/3/annotate", data={"label": "shallow", "annotator": "kim"}, follow_redirects=False)
         assert r.status_code == 303
         page = c.get("/memory/2/3").text

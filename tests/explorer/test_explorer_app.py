@@ -15,7 +15,7 @@ from ffkv.store.annotations import read_labels
 @pytest.fixture(scope="module")
 def client(analyzed):
     run, loaded = analyzed
-    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -124,7 +124,7 @@ def test_trace_form_post_with_interventions(client):
 
 def test_annotation_is_saved_in_the_run(fresh_run):
     run, loaded = fresh_run
-    with TestClient(create_app(run, loaded=loaded)) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         r = c.post("/memory/3/11/annotate", data={"label": "semantic", "description": "cities <b>", "annotator": "ada"},
                    follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/memory/3/11")
@@ -158,7 +158,7 @@ def test_other_families(tmp_path, family):
     from support.runs import index_run
 
     run, loaded = index_run(tmp_path, family=family)
-    with TestClient(create_app(run, loaded=loaded)) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         for url in ("/", "/layer/2?sort=confidence", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
                     "/trace?prompt=the+cat+sat&off=3:3&scale=1:1:3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
@@ -209,7 +209,7 @@ def test_a_model_that_cannot_be_loaded_is_a_clear_503(analyzed, monkeypatch):
         raise FfkvError("no network to fetch tiny-gpt2")
 
     monkeypatch.setattr(loading, "load_model", fail)
-    with TestClient(create_app(run), raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run), raise_server_exceptions=False) as c:
         assert c.get("/").status_code == 200  # the overview reads tables only
         r = c.get("/memory/1/1")
         assert r.status_code == 503 and "no network to fetch tiny-gpt2" in r.text

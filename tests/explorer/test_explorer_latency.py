@@ -15,7 +15,7 @@ def test_memory_page_latency(tmp_path):
     layers, keys = 4, 2048
     run = write_run(tmp_path, layers, keys, top_k=50, n_examples=50_000)
     write_lookups(run, layers, keys)
-    with TestClient(create_app(run, loaded=Stub())) as client:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=Stub())) as client:
         times = []
         for i in range(30):
             t = time.perf_counter()

@@ -20,7 +20,7 @@ from ffkv.store.run import RunDir
 @pytest.fixture(scope="module")
 def client(analyzed):
     run, loaded = analyzed
-    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -51,7 +51,7 @@ def test_layer_page_sorts_by_each_column(client, analyzed, sort, column, order):
 def test_sort_by_pattern_is_the_automatic_label_and_human_labels_are_their_own_column(fresh_run):
     run, loaded = fresh_run
     auto = RunDir(run).read_metric("patterns_keys").query("layer == 0").set_index("key")["label"]
-    with TestClient(create_app(run, loaded=loaded)) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         key = int(auto[auto != "none"].index[0])
         c.post(f"/memory/1/{key}/annotate", data={"label": "none", "annotator": "ann"})
         html = c.get("/layer/1?sort=pattern&order=asc").text
@@ -70,14 +70,14 @@ def test_layer_page_is_paginated(tmp_path):
     from support.runs import index_run
 
     run, loaded = index_run(tmp_path)
-    with TestClient(create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
         html = c.get("/layer/1").text
         assert "page 1 of 1" in html and 'id="next-page"' not in html
         assert c.get("/layer/1?page=2").status_code == 404
     old = pages.PAGE_SIZE
     try:
         pages.PAGE_SIZE = 15
-        with TestClient(create_app(run, loaded=loaded)) as c:
+        with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
             seen = []
             for page in (1, 2, 3):
                 html = c.get(f"/layer/1?sort=key&order=asc&page={page}").text

@@ -13,7 +13,11 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
     /files/PATH                             figures, metrics and the report of the run (nothing outside it)
 
 The model loads in the background (`ModelHandle`): the overview answers at once. Every bad
-request gets a 4xx page that says what was wrong; none shows a traceback.
+request gets a 4xx page that says what was wrong; none shows a traceback. `security.Guard` answers
+only loopback names and the names given, refuses cross-site changes, checks the access token of a
+server bound beyond loopback, and sets the security headers. Page handlers run in the thread pool
+(DuckDB: one cursor per query); model work (trace, generate) runs in a pool of its own, one forward
+at a time, with a bounded queue: past it, a 503 asks the client to retry.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -33,18 +38,22 @@ from ffkv.errors import FfkvError
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
+from ffkv.explorer.security import Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
 
-REASONS = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
-           413: "Too large", 415: "Unsupported media type", 422: "Cannot use this input", 500: "Server error",
-           503: "Unavailable"}
+REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
+           413: "Too large", 415: "Unsupported media type", 421: "Misdirected request", 422: "Cannot use this input",
+           500: "Server error", 503: "Unavailable"}
+#: Most model requests (trace, generate) waiting for the model at once; more get a 503 with Retry-After.
+MAX_WAITING_TRACES = 16
 #: Folders (and files) of the run directory that /files serves.
 SERVED = ("figures", "metrics", "report.html")
 
 __all__ = ["create_app", "serve", "load_run_model"]
 
 
-def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "") -> Starlette:
+def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "",
+               hosts: tuple[str, ...] = (), token: str | None = None) -> Starlette:
     """The explorer's web app for a run.
 
     Args:
@@ -52,9 +61,12 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         loaded: the run's model; default: loaded in the background by the manifest's model id and dtype.
         progress: print the preparation steps of a first start.
         root: URL prefix when mounted below another path.
+        hosts: host names answered besides the loopback names (``"*"``: any; only with a token).
+        token: an access token every request must carry (`security.Guard`), or None.
     """
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
+    model_pool = anyio.CapacityLimiter(1)  # traces hold the model lock anyway; they queue here, not in page threads
 
     def html(text: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(text, status_code=status)
@@ -136,12 +148,18 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
                                 n_generate=n_generate or 20)
 
+    async def traced(params: dict[str, list[str]]) -> HTMLResponse:
+        if one(params, "prompt") is None:
+            return html(await run_in_threadpool(run_trace, params))
+        if model_pool.statistics().tasks_waiting >= MAX_WAITING_TRACES:
+            raise BadRequest(f"the model is busy with {MAX_WAITING_TRACES} traces; try again in a few seconds", 503)
+        return html(await anyio.to_thread.run_sync(run_trace, params, limiter=model_pool))
+
     async def trace_get(request: Request):
-        return html(await run_in_threadpool(run_trace, query(request)))
+        return await traced(query(request))
 
     async def trace_post(request: Request):
-        params = await form(request)
-        return html(await run_in_threadpool(run_trace, params))
+        return await traced(await form(request))
 
     async def files(request: Request):
         rel = request.path_params["path"]
@@ -163,7 +181,10 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
                                      data.n_layers), status)
 
     async def bad_request(request: Request, exc: BadRequest):
-        return error(exc.status, str(exc), request)
+        response = error(exc.status, str(exc), request)
+        if exc.status == 503:
+            response.headers["retry-after"] = "5"
+        return response
 
     async def ffkv_error(request: Request, exc: FfkvError):
         return error(400, str(exc), request)
@@ -190,7 +211,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     ]
     app = Starlette(routes=routes, exception_handlers={
         BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error},
-        middleware=[Middleware(LoadModelAfterFirstResponse, model=data.model)])
+        middleware=[Middleware(Guard, hosts=hosts, token=token),
+                    Middleware(LoadModelAfterFirstResponse, model=data.model)])
     app.state.data = data
     return app
 
@@ -207,13 +229,36 @@ class LoadModelAfterFirstResponse:
             self.model.start()
 
 
-def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None) -> None:
-    """Start the explorer on http://HOST:PORT (blocks until Ctrl-C); the model loads while it serves."""
+def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None,
+          allow_hosts: tuple[str, ...] = (), token: str | None = None, require_token: bool | None = None) -> None:
+    """Start the explorer on http://HOST:PORT (blocks until Ctrl-C); the model loads while it serves.
+
+    Args:
+        host: the interface to listen on. Beyond loopback, anyone who can reach it can read the run and
+            post labels: a warning is printed and an access token is required unless `require_token` is False.
+        allow_hosts: further host names the server answers to (e.g. the machine's DNS name behind a tunnel).
+        token: the access token (default: a random one when a token is required).
+        require_token: default: only when `host` is not a loopback address.
+    """
     import uvicorn
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise FfkvError(f"--port must be from 0 to 65535, got {port!r}")
-    app = create_app(run_dir, loaded=loaded, progress=True)
+    loopback = is_loopback(host)
+    if require_token is None:
+        require_token = not loopback or token is not None
+    token = (token or new_token()) if require_token else None
+    hosts = tuple(allow_hosts)
+    if not loopback:
+        # A wildcard bind is reached by whatever names point at this machine; the token is the guard there.
+        hosts += ("*",) if token is not None and host in ("0.0.0.0", "::") else (host,)
+        print(f"ffkv serve: warning: listening on {host}, not only on this machine: anyone who can reach it "
+              + ("and has the token can read the run and post labels" if token else
+                 "can read the run and post labels (no access token: --no-token)"), flush=True)
+    app = create_app(run_dir, loaded=loaded, progress=True, hosts=hosts, token=token)
     shown = f"[{host}]" if ":" in host else host
-    print(f"ffkv serve: exploring {Path(run_dir)} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    if host in ("0.0.0.0", "::"):
+        shown = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+    link = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    print(f"ffkv serve: exploring {Path(run_dir)} at {link} (Ctrl-C to stop)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
