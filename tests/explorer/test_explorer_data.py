@@ -140,3 +140,26 @@ def test_cache_is_reused_and_rebuilt_when_the_index_changes(analyzed, tmp_path):
     os.utime(copy / "trigger_examples.parquet", ns=(1, 1))
     ExplorerData(copy, loaded).close()
     assert db.stat().st_mtime_ns != before
+
+
+def test_a_memorys_context_coefficients_are_computed_once(analyzed, monkeypatch):
+    from ffkv.explorer import data as data_module
+    from ffkv.explorer import live
+
+    run, loaded = analyzed
+    calls = []
+    real = live.context_coefficients
+    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(data_module, "CONTEXT_CACHE", 2)
+    d = ExplorerData(run, loaded)
+    try:
+        first = d.memory(1, 3, "identity")
+        again = d.memory(1, 3, "logits")  # another projection: the same coefficients, no second forward pass
+        assert calls == [(1, 3)]
+        assert [[t["m"] for t in e["tokens"]] for e in first["examples"]] == \
+            [[t["m"] for t in e["tokens"]] for e in again["examples"]]
+        d.memory(1, 4), d.memory(1, 5)  # two more keys push (1, 3) out of a cache of two
+        d.memory(1, 3)
+        assert calls == [(1, 3), (1, 4), (1, 5), (1, 3)]
+    finally:
+        d.close()

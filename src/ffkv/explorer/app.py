@@ -16,8 +16,8 @@ The model loads in the background (`ModelHandle`): the overview answers at once.
 request gets a 4xx page that says what was wrong; none shows a traceback. `security.Guard` answers
 only loopback names and the names given, refuses cross-site changes, checks the access token of a
 server bound beyond loopback, and sets the security headers. Page handlers run in the thread pool
-(DuckDB: one cursor per query); model work (trace, generate) runs in a pool of its own, one forward
-at a time, with a bounded queue: past it, a 503 asks the client to retry.
+(DuckDB: one cursor per query); pages that need the model (memory pages, trace, generate) run in a
+pool of their own, one at a time, with a bounded queue: past it, a 503 asks the client to retry.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from ffkv.explorer.validation import BadRequest
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
            413: "Too large", 415: "Unsupported media type", 421: "Misdirected request", 422: "Cannot use this input",
            500: "Server error", 503: "Unavailable"}
-#: Most model requests (trace, generate) waiting for the model at once; more get a 503 with Retry-After.
-MAX_WAITING_TRACES = 16
+#: Most requests that need the model (memory pages, traces) waiting for it at once; more get a 503 with
+#: Retry-After. Above the 50 clients of the load benchmark, so only a flood meets it.
+MAX_WAITING_FOR_MODEL = 64
 #: Folders (and files) of the run directory that /files serves.
 SERVED = ("figures", "metrics", "report.html")
 
@@ -66,7 +67,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     """
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
-    model_pool = anyio.CapacityLimiter(1)  # traces hold the model lock anyway; they queue here, not in page threads
+    # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
+    model_pool = anyio.CapacityLimiter(1)
 
     def html(text: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(text, status_code=status)
@@ -107,15 +109,22 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
                                             one(q, "sort", "key"), one(q, "order", "asc"), one(q, "page", "1"), root))
 
+    async def with_model(function, *args):
+        """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""
+        if model_pool.statistics().tasks_waiting >= MAX_WAITING_FOR_MODEL:
+            raise BadRequest(f"the model is busy with {MAX_WAITING_FOR_MODEL} requests; try again in a few "
+                             "seconds", 503)
+        return await anyio.to_thread.run_sync(function, *args, limiter=model_pool)
+
     async def memory(request: Request):
         p, q = request.path_params, query(request)
-        return html(await run_in_threadpool(pages.memory_page, data, p["layer"], p["key"], root,
-                                            one(q, "projection", "identity")))
+        return html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
+                                     one(q, "projection", "identity")))
 
     async def memory_json(request: Request):
         p, q = request.path_params, query(request)
-        return JSONResponse(await run_in_threadpool(pages.memory_json, data, p["layer"], p["key"],
-                                                    one(q, "projection", "identity"), root))
+        return JSONResponse(await with_model(pages.memory_json, data, p["layer"], p["key"],
+                                             one(q, "projection", "identity"), root))
 
     async def annotate(request: Request):
         p = request.path_params
@@ -151,9 +160,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def traced(params: dict[str, list[str]]) -> HTMLResponse:
         if one(params, "prompt") is None:
             return html(await run_in_threadpool(run_trace, params))
-        if model_pool.statistics().tasks_waiting >= MAX_WAITING_TRACES:
-            raise BadRequest(f"the model is busy with {MAX_WAITING_TRACES} traces; try again in a few seconds", 503)
-        return html(await anyio.to_thread.run_sync(run_trace, params, limiter=model_pool))
+        return html(await with_model(run_trace, params))
 
     async def trace_get(request: Request):
         return await traced(query(request))

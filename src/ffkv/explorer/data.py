@@ -31,6 +31,9 @@ PATTERN_KEYS = "patterns_keys"
 #: Columns of patterns_keys the pages show (the rest stay in the table), in this order.
 PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
                    "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "n_triggers", "n_embedded")
+#: Memories whose per-token coefficients over their trigger examples are kept (256 x 100 examples x
+#: 128 tokens of float32: 13 MB).
+CONTEXT_CACHE = 256
 #: Trigger directions (`direction` of trigger_examples.parquet, format 2): largest positive m, most negative m.
 DIRECTIONS = {1: "largest coefficients", -1: "most negative coefficients"}
 
@@ -65,6 +68,7 @@ class ExplorerData:
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self._tokens: list[str] | None = None
+        self._contexts: dict[tuple[int, int], list] = {}  # guarded by model.lock, like the forward passes
         self._token_index: dict[str, list[int]] | None = None
 
     # ------------------------------------------------------------ preparation
@@ -173,6 +177,19 @@ class ExplorerData:
                            "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
         return trig
 
+    def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
+        """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
+        (a reader switching the projection, or coming back to a memory, costs no second forward pass)."""
+        from ffkv.explorer import live
+
+        cached = self._contexts.pop((layer, key), None)
+        if cached is None:
+            cached = live.context_coefficients(self.loaded, layer, key, token_lists)
+        self._contexts[(layer, key)] = cached  # most recent last
+        while len(self._contexts) > CONTEXT_CACHE:
+            self._contexts.pop(next(iter(self._contexts)))
+        return cached
+
     def memory(self, layer: int, key: int, projection: str = "identity", n_tokens: int = 15,
                context: bool = True) -> dict:
         """Everything the memory page shows about key `key` of layer index `layer`.
@@ -201,7 +218,7 @@ class ExplorerData:
             with self.model.lock:
                 value = live.value_tokens(loaded, layer, key, projection, n_tokens)
                 if context:
-                    per_token = live.context_coefficients(loaded, layer, key, token_lists)
+                    per_token = self._context(layer, key, token_lists)
         scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
                     + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
         groups: dict[int, list[dict]] = {}
