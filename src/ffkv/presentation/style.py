@@ -90,8 +90,8 @@ def layer_number(index: int) -> int:
 
 
 #: Control characters drawn visibly: newline, tab and return as arrows, the other C0 controls and DEL as their
-#: Unicode control pictures (a byte-level tokenizer's token for byte 0x00 reads ␀, not an invisible box).
-VISIBLE = {**{chr(c): chr(0x2400 + c) for c in range(32)}, "\x7f": "\u2421", "\n": "↵", "\t": "⇥", "\r": "␍"}
+#: byte, <0x00>, as byte tokens read (`ffkv.models.tokenizer`; common fonts have no glyph for U+2400-U+2421).
+VISIBLE = {**{chr(c): f"<0x{c:02X}>" for c in (*range(32), 127)}, "\n": "↵", "\t": "⇥", "\r": "↵"}
 _VISIBLE = str.maketrans(VISIBLE)
 
 
