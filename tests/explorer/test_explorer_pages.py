@@ -166,3 +166,11 @@ def test_small_probabilities_keep_their_digits(client):
     search = client.get("/search?token=%2310").text
     shown = re.findall(r'<td class="num">([^<]+)</td><td><span class="tok">', search)
     assert shown == [value_format(r["prob"]) for r in found] and len(found) > 0
+
+
+def test_overview_shows_the_figures_in_the_papers_order(client):
+    names = re.findall(r'<figcaption class="small muted">([^<]+)</figcaption>', client.get("/").text)
+    assert names[0] == "patterns" and len(names) == len(set(names)) >= 9
+    order = ["patterns", "ablations", "values", "values_rank", "composition_active", "composition",
+             "refinement_agreement", "refinement_confidence", "refinement"]
+    assert [n for n in names if n in order] == order  # Figures 2, 3, 4, 5, 7, 8, 9, 10, 11

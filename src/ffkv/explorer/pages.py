@@ -16,7 +16,7 @@ from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
-from ffkv.presentation.findings import paper_finding
+from ffkv.presentation.findings import paper_finding, paper_order
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
 from ffkv.presentation.tables import table_html, table_view
@@ -69,9 +69,9 @@ def error_page(status: int, reason: str, message: str, run_name: str = "", root:
 
 
 def figures_of(data: ExplorerData) -> list[dict]:
-    """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each."""
+    """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each, in the paper's order."""
     out = []
-    for name, path in data.run.figure_names().items():
+    for name, path in sorted(data.run.figure_names().items(), key=lambda item: paper_order(item[0])):
         finding = paper_finding(name)
         out.append({"name": name, "path": path.relative_to(data.run.path).as_posix(),
                     "finding": finding.get("finding") if finding else None,

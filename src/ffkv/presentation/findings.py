@@ -66,6 +66,16 @@ def paper_finding(name: str) -> dict[str, str] | None:
     return None
 
 
+def paper_order(name: str) -> tuple[int, int, str]:
+    """Sort key of a figure or table name in the paper's order: its figures by number (Figure 2 first), then
+    its tables, then names the paper has no finding for."""
+    found = paper_finding(name) or {}
+    kind, _, number = found.get("figure", "").partition(" ")
+    if number.isdigit():
+        return (0 if kind == "Figure" else 1), int(number), name
+    return 2, 0, name
+
+
 def _pct(x: float) -> str:
     """A share as the pages show it (`ffkv.presentation.style.percent`: 1/4,096 reads 0.024%, not 0.0%)."""
     return percent(x) or "n/a"
