@@ -145,3 +145,32 @@ def test_every_page_counts_layers_from_1(client):
     assert 'id="numbering"' in overview and "counted from 1" in overview
     rows = re.findall(r'<tr><td class="num"><a href="/layer/(\d)">(\d)</a>', overview)
     assert rows == [("1", "1"), ("2", "2"), ("3", "3")]
+
+
+def test_small_probabilities_keep_their_digits(client):
+    """A value's confidence sits a little above the uniform 1/|V|: both are shown with the same rule (two
+    significant digits for small shares), the search's p with three, so that no column reads all alike."""
+    from ffkv.explorer.pages import value_format
+    from ffkv.presentation.style import percent
+
+    data = client.app.state.data
+    memory = client.get("/memory/1/0").text
+    confidence = data.key_stats.loc[(0, 0), "confidence"]
+    assert f"Value confidence (identity) {percent(confidence)} (uniform: {percent(1 / data.vocab_size)})" in memory
+    layer = client.get("/layer/1?sort=confidence&order=desc").text
+    cells = re.findall(r'<td class="num">([\d.]+%)</td><td class="num">[\d.]+%</td><td class="">', layer)
+    table = data.layer_keys(0).sort_values(["confidence", "key"], ascending=[False, True])
+    assert cells == [percent(c) for c in table["confidence"][:PAGE_SIZE]]
+    assert f"rows 1–{min(PAGE_SIZE, data.d_m)}, page 1" in layer  # rows of the table; keys are 0-based
+    found = data.promoting("#10")["results"]
+    search = client.get("/search?token=%2310").text
+    shown = re.findall(r'<td class="num">([^<]+)</td><td><span class="tok">', search)
+    assert shown == [value_format(r["prob"]) for r in found] and len(found) > 0
+
+
+def test_overview_shows_the_figures_in_the_papers_order(client):
+    names = re.findall(r'<figcaption class="small muted">([^<]+)</figcaption>', client.get("/").text)
+    assert names[0] == "patterns" and len(names) == len(set(names)) >= 9
+    order = ["patterns", "ablations", "values", "values_rank", "composition_active", "composition",
+             "refinement_agreement", "refinement_confidence", "refinement"]
+    assert [n for n in names if n in order] == order  # Figures 2, 3, 4, 5, 7, 8, 9, 10, 11

@@ -112,3 +112,20 @@ def test_embedded_ffkv_tiny():
     with torch.no_grad():
         top = loaded.model(ids).logits[0, -1].topk(5).indices.tolist()
     assert "heaven" in "".join(loaded.tokenizer.token_strings(top))
+
+
+@pytest.mark.skipif(not (tiny_path() / "config.json").is_file(), reason="ffkv-tiny checkpoint not built")
+def test_byte_tokens_read_as_their_bytes():
+    """A byte-level token that holds part of a character decodes to U+FFFD alone; its string is its bytes instead,
+    so that no two tokens of the vocabulary read alike and the bytes of a character spell it."""
+    tok = load_model("ffkv-tiny").tokenizer
+    strings = tok.token_strings(range(tok.vocab_size))
+    assert len(set(strings)) == tok.vocab_size and not any("\ufffd" in s for s in strings)
+    text = "café – naïve"
+    pieces = tok.token_strings(tok.encode(text)[1:])  # after <s>
+    assert "<0xC3><0xA9>" in "".join(pieces) and "".join(pieces).count("<0x") == 7
+    spelled = "".join(pieces)
+    for char in "é–ï":
+        spelled = spelled.replace("".join(f"<0x{b:02X}>" for b in char.encode()), char)
+    assert spelled == " " + text  # the tokenizer adds a leading space
+    assert tok.token_strings(tok.encode(" the")[1:]) == [" the"]  # whole characters decode as before

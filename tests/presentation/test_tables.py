@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ffkv.presentation.style import percent
+from ffkv.presentation.style import number, percent, token_html, visible
 from ffkv.presentation.tables import table_html, table_view
 
 
@@ -32,3 +32,14 @@ def test_table_view_reads_as_a_person_would():
 def test_small_shares_keep_their_digits():
     assert percent(0.00031) == "0.031%" and percent(0.5) == "50.0%" and percent(0) == "0.0%"
     assert percent(0.00031, 2) == "0.03%" and percent(None) == ""
+
+
+def test_numbers_never_read_in_scientific_notation_below_a_billion():
+    assert number(2360.5) == "2,360" and number(1062.25) == "1,062" and number(-1234.56) == "-1,235"
+    assert number(2290.0) == "2,290" and number(5.9) == "5.900" and number(3e9) == "3e+09"
+
+
+def test_control_characters_of_a_token_are_visible():
+    assert visible("\x00") == "<0x00>" and visible("\x1f") == "<0x1F>" and visible("\x7f") == "<0x7F>"
+    assert visible(" a\n\tb") == " a↵⇥b" and visible(None) == ""
+    assert str(token_html("\x00<")) == '<span class="tok">&lt;0x00&gt;&lt;</span>'

@@ -115,3 +115,11 @@ def test_every_name_analyze_writes_has_one_paper_finding(analyzed):
 def test_report_refuses_what_is_not_a_complete_run(tmp_path):
     with pytest.raises(FfkvError, match="not an ffkv run directory"):
         write_report(tmp_path)
+
+
+def test_the_layer_table_states_the_uniform_confidence(analyzed):
+    from ffkv.presentation.style import percent
+
+    run, _ = analyzed
+    page = write_report(run).read_text()
+    assert f"uniform 1/|V| = {percent(1 / RunDir(run).manifest().model.vocab_size)})" in page

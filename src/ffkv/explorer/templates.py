@@ -28,7 +28,7 @@ TEMPLATES = {
 <h2>Layers</h2>
 <p class="note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
 paper) is the trigger target of the key's top-1 trigger example; value confidence, the mean max p of the values (uniform:
-{{ pct(uniform, 2) }}); active, the mean
+{{ pct(uniform) }}); active, the mean
 share of positions of a corpus sample ({{ sample_positions }} positions) where a key's coefficient m &gt; 0; the shares of the
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
@@ -42,7 +42,7 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 {% block main %}<h1>Layer {{ ln(layer) }} <span class="muted small">of {{ n_layers }}</span></h1>
 <p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ ln(layer - 1) }}?sort={{ sort|urlencode }}&order={{ order }}">← layer {{ ln(layer - 1) }}</a>{% endif %}
 {% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
-<p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); keys {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
+<p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample with m &gt; 0.</p>
 <div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
@@ -69,7 +69,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 </div>
 <h2>Value</h2>
 <p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
-<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence, 2) }} (uniform: {{ pct(uniform, 2) }});
+<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence) }} (uniform: {{ pct(uniform) }});
 the top-1 trigger's {{ target_name }} ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats.next_token_rank + 1 }}{% else %}— (none){% endif %}
 and {% if m.stats.agreement %}<strong>is</strong>{% else %}is not{% endif %} the value's top token; ‖v‖ = {{ fmt(m.stats.value_norm) }}.</p>
 <div class="pair">
@@ -114,7 +114,7 @@ The trigger position is boxed, the next token underlined.</p>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
 <p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
-{% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ fmt(r.prob, 4) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
+{% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}

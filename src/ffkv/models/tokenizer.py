@@ -7,7 +7,26 @@ which kind they hold.
 
 from __future__ import annotations
 
+import codecs
+import functools
 from typing import Protocol, Sequence, runtime_checkable
+
+#: Decoding error handler: bytes that are not UTF-8 on their own read <0xE2>, as SentencePiece names its byte tokens.
+codecs.register_error("ffkv-bytes", lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start:e.end]), e.end))
+
+
+@functools.cache
+def byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-level alphabet (each byte drawn as one printable character), shared by every
+    byte-level BPE tokenizer (GPT-2, RoBERTa, GPT-NeoX, Llama 3, Qwen2, ffkv's own)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 @runtime_checkable
@@ -70,4 +89,19 @@ class HFTokenizer:
         return self.hf.decode(list(ids))
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [self.hf.decode([int(i)]) for i in ids]
+        """Each token's decoded text; a token holding part of a multi-byte character (which decodes to U+FFFD
+        alone) as its bytes, e.g. ``<0xE2><0x80>``, so that different byte tokens never read alike."""
+        out = []
+        for i in ids:
+            text = self.hf.decode([int(i)])
+            out.append(self._bytes_text(int(i), text) if "\ufffd" in text else text)
+        return out
+
+    def _bytes_text(self, token_id: int, decoded: str) -> str:
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if not isinstance(piece, str) or not piece:
+            return decoded
+        table = byte_decoder()
+        if all(c in table for c in piece):  # byte-level BPE: the piece spells the token's bytes
+            return bytes(table[c] for c in piece).decode("utf-8", errors="ffkv-bytes")
+        return piece  # SentencePiece names its byte tokens <0xE2> itself

@@ -89,12 +89,20 @@ def layer_number(index: int) -> int:
     return int(index) + FIRST_LAYER
 
 
+#: Control characters drawn visibly: newline, tab and return as arrows, the other C0 controls and DEL as their
+#: byte, <0x00>, as byte tokens read (`ffkv.models.tokenizer`; common fonts have no glyph for U+2400-U+2421).
+VISIBLE = {**{chr(c): f"<0x{c:02X}>" for c in (*range(32), 127)}, "\n": "↵", "\t": "⇥", "\r": "↵"}
+_VISIBLE = str.maketrans(VISIBLE)
+
+
+def visible(text: str | None) -> str:
+    """A token's text with its control characters made visible (`VISIBLE`); other text as it is."""
+    return "" if text is None else str(text).translate(_VISIBLE)
+
+
 def token_html(text: str | None) -> Markup:
-    """A token as a visible chip: escaped, spaces kept, newlines and tabs shown."""
-    if text is None:
-        text = ""
-    shown = str(text).replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
-    return Markup('<span class="tok">') + escape(shown) + Markup("</span>")
+    """A token as a visible chip: escaped, spaces kept, control characters shown (`visible`)."""
+    return Markup('<span class="tok">') + escape(visible(text)) + Markup("</span>")
 
 
 def _as_float(value) -> float | str:
@@ -117,7 +125,9 @@ def number(value, digits: int = 3) -> str:
         return "0"
     if value.is_integer() and abs(value) < 1e9:
         return f"{int(value):,}"
-    if abs(value) >= 1000 or abs(value) < 10 ** -digits:
+    if 1000 <= abs(value) < 1e9:  # a rank of 2,360.5 reads 2,360, not 2.36e+03
+        return f"{value:,.0f}"
+    if abs(value) >= 1e9 or abs(value) < 10 ** -digits:
         return f"{value:.{digits}g}"
     return f"{value:.{digits}f}"
 
