@@ -1,0 +1,413 @@
+"""The semantic score of a key (SPEC section 4): are its trigger prefixes closer in meaning than chance?
+
+Not circular: a prefix is represented by the model's *input token embeddings* of its content
+tokens, never by a residual stream (a key's trigger prefixes share the key's direction in the
+residual by construction). The trigger token and the key's shared suffix are always left out, so
+surface overlap at the end of the prefixes cannot count as meaning.
+
+- **Content tokens**: tokens with a letter or digit that are neither special nor among the corpus's
+  most frequent tokens (those that together make `STOP_MASS` of the corpus's tokens: "the", "and",
+  ...). Each counts once per prefix.
+- **Prefix vector**: the mean of the unit, centred input embeddings of the content tokens of the
+  prefix's *body* (the prefix without its trigger token and shared suffix), centred on the mean of
+  random corpus bodies of the same length bin and scaled to unit length.
+- **Score**: S, the mean pairwise cosine of a key's prefix vectors. Its null distribution is that of
+  random corpus prefixes with the same body lengths (length-matched: where a prefix ends shapes
+  which words it holds, e.g. names right after the start of a verse). The null mean and variance of
+  S for the key's own mix of lengths come exactly from the moments of random bodies per length bin
+  (a U-statistic: `NullMoments`), so every key of every layer is scored in O(bins^3) after one pass.
+- **Label**: semantic when z = (S - E[S]) / sd(S) >= `SEMANTIC_Z`, a cut-off set by calibration on
+  planted ground truth (`calibrate`): sets of random corpus prefixes (false positives), sets that
+  share only a suffix (must stay below the same rate), and sets with a planted topic (recall).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+#: Tokens that together make this share of the corpus's tokens are stop tokens, not content.
+STOP_MASS = 0.5
+#: Body-length bins (tokens before the trigger/suffix): bin b holds lengths in [EDGES[b], EDGES[b+1]).
+LENGTH_EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65)
+#: Random corpus bodies drawn per length bin for the null (bins with fewer are merged downwards).
+POOL_PER_BIN = 300
+MIN_PER_BIN = 40
+#: Token embeddings wider than this are randomly projected to it (cosines kept, Johnson-Lindenstrauss).
+MAX_DIMS = 256
+#: Fewer content-bearing prefixes than this: no semantic score.
+MIN_PREFIXES = 5
+#: The cut-off on z, from `calibrate` on ffkv-tiny's input embeddings and 3,000 seeded random verses of its
+#: training corpus (CorpusSpec(embedded_corpus("train"), unit="line", shuffle_seed=0, max_examples=3000); sets
+#: of 25 prefixes, 400 of each kind, seed 0; CONTEXT = 2). False positives on random sets / on sets sharing
+#: only a suffix, recall on planted co-occurrence topics, precision at equal numbers of the three kinds:
+#:   z >= 1.645: 8.8% / 27.0%, recall 92.2%, precision 72.1%
+#:   z >= 2.5:   3.0% / 15.4%, recall 84.8%, precision 82.1%
+#:   z >= 3:     1.5% /  9.8%, recall 79.5%, precision 87.6%
+#:   z >= 4:     0.5% /  5.1%, recall 68.0%, precision 92.3%   <- chosen: both false-positive rates near 5% or below
+SEMANTIC_Z = 4.0
+CALIBRATION_NOTE = ("z >= 4: 0.5% false positives on random sets (n=400), 5.1% on suffix-only sets (n=389), "
+                    "recall 68.0% on planted co-occurrence topics (n=400), precision 92.3%")
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norm > 0, norm, 1)
+
+
+def length_bin(lengths: np.ndarray) -> np.ndarray:
+    """The `LENGTH_EDGES` bin of each body length (lengths below 1 go to bin 0)."""
+    return np.clip(np.searchsorted(LENGTH_EDGES, np.asarray(lengths), side="right") - 1, 0, len(LENGTH_EDGES) - 1)
+
+
+@dataclass(frozen=True)
+class ContentSpace:
+    """Unit, centred input embeddings of the content tokens (zero rows for the other tokens).
+
+    Attributes:
+        vectors: (V, D) float32.
+        content: (V,) bool, which tokens are content tokens.
+    """
+
+    vectors: np.ndarray
+    content: np.ndarray
+
+    @classmethod
+    def build(cls, embeddings: np.ndarray, token_counts: np.ndarray, special: Sequence[int],
+              is_word: np.ndarray, seed: int = 0) -> "ContentSpace":
+        """From input embeddings (V, d), corpus token counts (V,), special ids and a has-a-letter-or-digit mask.
+
+        Stop tokens: the most frequent tokens that together make `STOP_MASS` of the counted tokens.
+        Tokens never seen in the counted corpus are kept as content (their frequency is unknown).
+        """
+        V = embeddings.shape[0]
+        counts = np.zeros(V, dtype=np.float64)
+        counts[: min(V, len(token_counts))] = np.asarray(token_counts, dtype=np.float64)[:V]
+        order = np.argsort(-counts, kind="stable")
+        total = counts.sum()
+        n_stop = int(np.searchsorted(np.cumsum(counts[order]) / total, STOP_MASS) + 1) if total > 0 else 0
+        content = np.asarray(is_word, dtype=bool)[:V].copy()
+        content[order[:n_stop]] = False
+        special = [int(s) for s in special if 0 <= int(s) < V]
+        content[special] = False
+        e = np.asarray(embeddings, dtype=np.float32)
+        if e.shape[1] > MAX_DIMS:
+            rng = np.random.default_rng([seed, 7])
+            e = e @ (rng.standard_normal((e.shape[1], MAX_DIMS)).astype(np.float32) / math.sqrt(MAX_DIMS))
+        weights = counts[content] + 1.0
+        centre = (e[content] * weights[:, None]).sum(0) / weights.sum() if content.any() else 0.0
+        vectors = _unit(e - centre).astype(np.float32)
+        vectors[~content] = 0
+        return cls(vectors, content)
+
+    def bodies(self, prefixes: Sequence[np.ndarray], drops: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean content vector of each prefix's body (the prefix without its last `drop` tokens, drop >= 1).
+
+        Returns (vectors (n, D), body lengths (n,), content counts (n,)); rows with no content are zero.
+        """
+        n, V = len(prefixes), len(self.content)
+        lengths = np.array([max(0, len(p) - max(1, int(d))) for p, d in zip(prefixes, drops)], dtype=np.int64)
+        out = np.zeros((n, self.vectors.shape[1]), dtype=np.float32)
+        if not n or not lengths.sum():
+            return out, lengths, np.zeros(n, dtype=np.int64)
+        flat = np.concatenate([np.asarray(p[:m], dtype=np.int64) for p, m in zip(prefixes, lengths)])
+        rows = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        ok = (flat >= 0) & (flat < V)
+        flat, rows = flat[ok], rows[ok]
+        keep = self.content[flat]
+        pairs = np.unique(rows[keep] * V + flat[keep])  # each content token once per prefix, rows ascending
+        rows, tokens = pairs // V, pairs % V
+        counts = np.bincount(rows, minlength=n)
+        if len(pairs):
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            out[rows[starts]] = np.add.reduceat(self.vectors[tokens], starts, axis=0) / counts[rows[starts], None]
+        return out, lengths, counts
+
+
+class NullMoments:
+    """Null moments of the mean pairwise cosine S of a set of prefix vectors drawn at random from the corpus.
+
+    Built from random corpus bodies per length bin: each bin's centre (removed from every vector of
+    that bin before scaling to unit length), and, between bins a, b, c, the mean E_ab and variance V_ab
+    of the cosine of independent vectors, and the covariance C_abc of two cosines that share a vector of
+    bin b. The exact mean and variance of S for any mix of bins follow (`moments`).
+    """
+
+    def __init__(self, vectors: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> None:
+        has = counts > 0
+        vectors, bins = vectors[has], length_bin(lengths[has])
+        # Merge thin bins into the one below (the top bins are the thin ones on short-sentence corpora).
+        self.bin_map = np.arange(len(LENGTH_EDGES))
+        for b in range(len(LENGTH_EDGES) - 1, 0, -1):
+            if (self.bin_map[bins] == b).sum() < MIN_PER_BIN:
+                self.bin_map[self.bin_map == b] = b - 1
+        used = np.unique(self.bin_map[bins])
+        if not len(used) or (self.bin_map[bins] == used[0]).sum() < 3:
+            raise ValueError("too few random corpus prefixes with content tokens for the semantic null")
+        self.index = {int(b): i for i, b in enumerate(used)}
+        self.bin_map = np.array([self.index[int(b)] if int(b) in self.index else 0 for b in self.bin_map])
+        g = self.bin_map[bins]
+        B = len(used)
+        self.centres = np.stack([vectors[g == i].mean(0) for i in range(B)])
+        x = _unit(vectors - self.centres[g])
+        self.n_pool = len(x)
+        means = np.stack([x[g == i].mean(0) for i in range(B)])
+        cos = x @ x.T
+        E, Vv = np.zeros((B, B)), np.zeros((B, B))
+        for a in range(B):
+            for b in range(B):
+                block = cos[np.ix_(g == a, g == b)]
+                vals = block[~np.eye(*block.shape, dtype=bool)] if a == b else block.ravel()
+                E[a, b], Vv[a, b] = vals.mean(), vals.var()
+        # C[a, b, c] = Cov(x_j.x_i, x_i.x_k), x_i in b, x_j in a, x_k in c: mean_i (m_a.x_i)(m_c.x_i) - E_ab E_bc.
+        proj = x @ means.T  # (n, B): m_a . x_i
+        C = np.zeros((B, B, B))
+        for b in range(B):
+            p = proj[g == b]
+            C[:, b, :] = p.T @ p / len(p) - np.outer(E[:, b], E[b, :])
+        self.E, self.V, self.C = E, Vv, C
+
+    def unit_vectors(self, vectors: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Centre each body vector on its length bin's random mean and scale it to unit length."""
+        return _unit(vectors - self.centres[self.bins(lengths)])
+
+    def bins(self, lengths: np.ndarray) -> np.ndarray:
+        return self.bin_map[length_bin(lengths)]
+
+    def moments(self, bin_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sd) of S under the null for sets with these counts per bin ((K, B) -> (K,), (K,))."""
+        n = np.asarray(bin_counts, dtype=np.float64)
+        k = n.sum(1)
+        pairs = k * (k - 1) / 2
+        diag_e, diag_v = np.diag(self.E), np.diag(self.V)
+        sum_e = (np.einsum("ka,ab,kb->k", n, self.E, n) - n @ diag_e) / 2
+        sum_v = (np.einsum("ka,ab,kb->k", n, self.V, n) - n @ diag_v) / 2
+        # Ordered (j, k), j != k, both != i, for a centre i in bin b: n'_a n'_c - [a == c] n'_a with n' = n - e_b.
+        full = np.einsum("ka,abc,kc->kb", n, self.C, n)          # sum over a, c of n_a n_c C_abc
+        minus_a = np.einsum("ka,aba->kb", n, self.C)             # the a == c terms
+        own = np.einsum("kb,bbc,kc->kb", np.ones_like(n), self.C, n) + np.einsum("ka,abb->kb", n, self.C)
+        own_self = np.einsum("bbb->b", self.C)[None, :]
+        # n'_a n'_c = n_a n_c - [a==b] n_c - [c==b] n_a + [a==b][c==b]; [a==c] n'_a = [a==c] (n_a - [a==b])
+        ordered = full - own + own_self - (minus_a - own_self)
+        sum_c = (n * ordered).sum(1)
+        var = (sum_v + sum_c) / np.maximum(pairs, 1) ** 2
+        return sum_e / np.maximum(pairs, 1), np.sqrt(np.maximum(var, 1e-12))
+
+
+def set_statistics(x: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive segments of unit rows: each segment's mean pairwise cosine, and each row's mean
+    cosine to the other rows of its segment (NaN for segments of fewer than 2 rows)."""
+    n = len(x)
+    if not n:
+        return np.zeros(0), np.zeros(0)
+    sums = np.add.reduceat(x, starts, axis=0)
+    sizes = np.diff(np.r_[starts, n])
+    within = np.where(sizes > 1, ((sums * sums).sum(1) - sizes) / np.maximum(sizes * (sizes - 1), 1), np.nan)
+    seg = np.repeat(np.arange(len(starts)), sizes)
+    row = np.where(sizes[seg] > 1, ((x * sums[seg]).sum(1) - 1) / np.maximum(sizes[seg] - 1, 1), np.nan)
+    return within, row
+
+
+def z_scores(null: NullMoments, x: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """Per segment (a key's content-bearing prefixes, unit vectors from `NullMoments.unit_vectors`):
+    S, its null mean, z, and the number of prefixes; per row its mean cosine to the others."""
+    within, row = set_statistics(x, starts)
+    sizes = np.diff(np.r_[starts, len(x)])
+    B = len(null.centres)
+    counts = np.zeros((len(starts), B))
+    if len(x):
+        seg = np.repeat(np.arange(len(starts)), sizes)
+        np.add.at(counts, (seg, null.bins(lengths)), 1)
+    mean, sd = null.moments(counts)
+    ok = sizes >= MIN_PREFIXES
+    z = np.where(ok, (within - mean) / sd, np.nan)
+    return {"S": within, "mean": mean, "z": z, "n": sizes, "row": row}
+
+
+def normal_sf(z: np.ndarray) -> np.ndarray:
+    """One-sided p-value of z under a standard normal."""
+    return np.array([0.5 * math.erfc(v / math.sqrt(2)) if np.isfinite(v) else math.nan for v in np.ravel(z)])
+
+
+# ------------------------------------------------------------ random prefixes
+def random_bodies(docs: Sequence[np.ndarray], space: ContentSpace, seed: int,
+                  per_bin: int = POOL_PER_BIN, drop: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random corpus prefixes, `per_bin` per body-length bin (as far as the corpus has them), embedded
+    as bodies (trigger token left out): (vectors, body lengths, content counts)."""
+    rng = np.random.default_rng([seed, 4])
+    sizes = np.array([len(d) for d in docs])
+    prefixes = []
+    for b, lo in enumerate(LENGTH_EDGES):
+        hi = LENGTH_EDGES[b + 1] if b + 1 < len(LENGTH_EDGES) else int(sizes.max(initial=0))
+        long_enough = np.flatnonzero(sizes >= lo + drop)
+        if not len(long_enough):
+            break
+        for d in rng.choice(long_enough, size=per_bin):
+            length = int(rng.integers(lo, max(lo, min(hi - 1, sizes[d] - drop)) + 1))
+            prefixes.append(np.asarray(docs[d][: length + drop]))
+    return space.bodies(prefixes, [drop] * len(prefixes))
+
+
+# -------------------------------------------------------------- calibration
+@dataclass(frozen=True)
+class Calibration:
+    """The labeler on planted ground truth (`calibrate`): shares of sets labelled semantic.
+
+    Attributes:
+        fpr_random: random corpus prefix sets labelled semantic (false positives).
+        fpr_suffix: sets sharing only a planted suffix labelled semantic (false positives).
+        recall: sets with a planted topic labelled semantic.
+        precision: planted-topic sets among all sets labelled semantic, at equal numbers of planted-topic,
+            random and suffix-only sets.
+        n_random, n_suffix, n_topic: sets of each kind (those with at least `MIN_PREFIXES` scored prefixes).
+        cutoff: the z cut-off applied.
+        z_random, z_suffix, z_topic: the z of every set, to see the margins.
+    """
+
+    fpr_random: float
+    fpr_suffix: float
+    recall: float
+    precision: float
+    n_random: int
+    n_suffix: int
+    n_topic: int
+    cutoff: float
+    z_random: np.ndarray
+    z_suffix: np.ndarray
+    z_topic: np.ndarray
+
+    def at(self, cutoff: float) -> "Calibration":
+        """The same sets scored with another cut-off."""
+        return _summarise(self.z_random, self.z_suffix, self.z_topic, cutoff)
+
+    def line(self) -> str:
+        return (f"z >= {self.cutoff:g}: false positives {100 * self.fpr_random:.1f}% of random sets "
+                f"(n={self.n_random}), {100 * self.fpr_suffix:.1f}% of suffix-only sets (n={self.n_suffix}); "
+                f"recall {100 * self.recall:.1f}% of planted-topic sets (n={self.n_topic}); "
+                f"precision {100 * self.precision:.1f}%")
+
+
+def _summarise(z_random, z_suffix, z_topic, cutoff) -> Calibration:
+    def share(z):
+        return float((z >= cutoff).mean()) if len(z) else math.nan
+    fr, fs, rc = share(z_random), share(z_suffix), share(z_topic)
+    positives = rc + (0 if math.isnan(fr) else fr) + (0 if math.isnan(fs) else fs)
+    return Calibration(fr, fs, rc, rc / positives if positives > 0 else math.nan, len(z_random), len(z_suffix),
+                       len(z_topic), cutoff, z_random, z_suffix, z_topic)
+
+
+def cooccurrence_topics(docs: Sequence[np.ndarray], space: ContentSpace, n_topics: int, seed: int,
+                        size: int = 8, min_docs: int = 5, min_together: int = 3,
+                        max_tokens: int = 3000) -> list[list[int]]:
+    """Topics built from the corpus alone: a seed content token and the content tokens of highest NPMI
+    with it (document co-occurrence, at least `min_together` documents together), `size` tokens each."""
+    rng = np.random.default_rng([seed, 8])
+    present = [np.unique(d[space.content[np.clip(d, 0, len(space.content) - 1)] & (d >= 0) & (d < len(space.content))])
+               for d in docs]
+    df = np.zeros(len(space.content), dtype=np.int64)
+    for p in present:
+        df[p] += 1
+    vocab = np.flatnonzero(df >= min_docs)
+    vocab = vocab[np.argsort(-df[vocab], kind="stable")][:max_tokens]
+    col = np.full(len(space.content), -1)
+    col[vocab] = np.arange(len(vocab))
+    X = np.zeros((len(docs), len(vocab)), dtype=np.float32)
+    for i, p in enumerate(present):
+        c = col[p]
+        X[i, c[c >= 0]] = 1
+    together = X.T @ X
+    n = len(docs)
+    pw = np.diag(together) / n
+    pj = np.maximum(together / n, 1e-12)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        npmi = np.log(pj / np.outer(pw, pw)) / -np.log(pj)
+    npmi[together < min_together] = -1
+    np.fill_diagonal(npmi, -1)
+    topics = []
+    for s in rng.permutation(len(vocab)):
+        partners = np.argsort(-npmi[s], kind="stable")[: size - 1]
+        if (npmi[s, partners] > 0).sum() < size - 1:
+            continue
+        topics.append([int(vocab[s])] + [int(vocab[p]) for p in partners])
+        if len(topics) == n_topics:
+            break
+    return topics
+
+
+def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments, drops_for, k: int = 25,
+              n_sets: int = 400, seed: int = 0, cutoff: float = SEMANTIC_Z) -> Calibration:
+    """The labeler on planted ground truth from a corpus (token lists, each starting where a prefix may start).
+
+    - random sets: k prefixes of k random documents, each ending at a random position (no topic);
+    - suffix-only sets: k prefixes of different documents that all end with one token (a frequent
+      content or stop token), otherwise random: surface form only, no topic;
+    - planted-topic sets: k prefixes, each from a document holding a word of one co-occurrence topic
+      (`cooccurrence_topics`; the words taken in turn, so no one word is shared by all), ending at a
+      random position after that word.
+
+    `drops_for(prefixes)` gives each prefix's tokens left out at its end (trigger and shared suffix), as
+    the labeler does for a key. Random draws use `seed`, and differ from those of the null.
+    """
+    rng = np.random.default_rng([seed, 9])
+    docs = [np.asarray(d, dtype=np.int64) for d in docs if len(d) >= 3]
+
+    def z_of(sets: list[list[np.ndarray]]) -> np.ndarray:
+        vecs, lens, starts, offset = [], [], [], 0
+        for prefixes in sets:
+            v, lengths, counts = space.bodies(prefixes, drops_for(prefixes))
+            keep = counts > 0
+            starts.append(offset)
+            vecs.append(null.unit_vectors(v[keep], lengths[keep]))
+            lens.append(lengths[keep])
+            offset += int(keep.sum())
+        z = z_scores(null, np.concatenate(vecs), np.concatenate(lens), np.array(starts))["z"]
+        return z[np.isfinite(z)]
+
+    def random_prefix(d: np.ndarray, after: int = 0) -> np.ndarray:
+        return d[: int(rng.integers(after + 1, len(d))) + 1]
+
+    random_sets = [[random_prefix(docs[i]) for i in rng.choice(len(docs), size=k, replace=False)]
+                   for _ in range(n_sets)]
+    # Suffix-only: the end token is drawn by its frequency among prefix ends with >= 2k occurrences.
+    where: dict[int, list[tuple[int, int]]] = {}
+    for i, d in enumerate(docs):
+        for p in range(1, len(d)):
+            where.setdefault(int(d[p]), []).append((i, p))
+    ends = [t for t, occ in where.items() if len({i for i, _ in occ}) >= 2 * k]
+    weights = np.array([len(where[t]) for t in ends], dtype=np.float64)
+    suffix_sets = []
+    for t in rng.choice(ends, size=n_sets, p=weights / weights.sum()):
+        by_doc = {}
+        for i, p in where[int(t)]:
+            by_doc.setdefault(i, p)
+        chosen = rng.choice(sorted(by_doc), size=k, replace=False)
+        suffix_sets.append([docs[i][: by_doc[i] + 1] for i in chosen])
+    def first_in_doc(w: int) -> dict[int, int]:
+        first: dict[int, int] = {}
+        for i, p in where.get(w, []):
+            if p < len(docs[i]) - 1:
+                first.setdefault(i, p)
+        return first
+
+    topics = cooccurrence_topics(docs, space, n_sets, seed)
+    topic_sets = []
+    for t in range(n_sets):
+        words = topics[t % len(topics)] if topics else []
+        holders = {w: list(first_in_doc(w).items()) for w in words}
+        prefixes, used = [], set()
+        for j in range(k * 4):
+            w = words[j % len(words)]
+            options = [(i, q) for i, q in holders[w] if i not in used]
+            if not options:
+                continue
+            i, q = options[int(rng.integers(len(options)))]
+            used.add(i)
+            prefixes.append(random_prefix(docs[i], q))
+            if len(prefixes) == k:
+                break
+        if len(prefixes) == k:
+            topic_sets.append(prefixes)
+    return _summarise(z_of(random_sets), z_of(suffix_sets), z_of(topic_sets) if topic_sets else np.zeros(0), cutoff)
