@@ -9,7 +9,8 @@ import pytest
 import ffkv
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.experiments import semantic
-from ffkv.experiments.patterns import CONTEXT, cohen_kappa, suffix_drops
+from ffkv.experiments.patterns import cohen_kappa, shared_suffix_of
+from ffkv.experiments.semantic import CONTEXT
 from ffkv.models import load_model
 
 
@@ -33,17 +34,18 @@ def test_body_leaves_out_the_end_stop_tokens_and_repeats():
     assert not vectors[1].any() and not vectors[2].any()  # [0] only: nothing to pool
 
 
-def test_suffix_drops_leave_out_trigger_shared_suffix_and_context():
+def test_shared_suffix_of_a_set():
     prefixes = [np.r_[10 + 10 * i + np.arange(6), 7, 8] for i in range(6)]  # all end with the bigram (7, 8) only
-    assert suffix_drops(prefixes) == [2 + CONTEXT] * 6
+    assert shared_suffix_of(prefixes) == (7, 8)
     lone = [np.r_[10 + 10 * i + np.arange(6), 100 + i] for i in range(6)]  # no shared ending
-    assert suffix_drops(lone) == [1 + CONTEXT] * 6
+    assert shared_suffix_of(lone) == ()
 
 
-def synthetic_pool(seed=0, n=1200):
-    """Random body vectors with a length-dependent mean direction (as real prefixes have)."""
+def synthetic_pool(seed=0, n=4000, lengths=(1, 40)):
+    """Random body vectors with a length-dependent mean direction (as real prefixes have); large bins, so
+    that drawing a set from the pool without replacement is as good as independent draws."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 70, size=n)
+    lengths = rng.choice(lengths, size=n)
     vectors = rng.standard_normal((n, 8)) + 0.8 * (lengths >= 9)[:, None] * np.eye(8)[0]
     return vectors.astype(np.float32), lengths, np.ones(n, dtype=np.int64)
 
@@ -70,13 +72,13 @@ def test_null_moments_equal_brute_force():
 
 
 def test_z_scores_per_segment():
-    vectors, lengths, counts = synthetic_pool()
+    vectors, lengths, counts = synthetic_pool(lengths=(1, 3, 6, 40))
     null = semantic.NullMoments(vectors, lengths, counts)
     x = null.unit_vectors(vectors[:30], lengths[:30])
     x[10:20] = x[10]  # segment 1: ten identical prefixes
     got = semantic.z_scores(null, x, lengths[:30], np.array([0, 10, 20, 27]))
     assert got["S"][1] == pytest.approx(1.0)
-    assert got["z"][1] > 20 and abs(got["z"][0]) < 4
+    assert got["z"][1] > 10 and abs(got["z"][0]) < 4
     assert np.isnan(got["z"][3])  # 3 prefixes: fewer than MIN_PREFIXES
     brute = [np.mean([x[i] @ x[j] for j in range(10, 20) if j != i]) for i in range(10, 20)]
     np.testing.assert_allclose(got["row"][10:20], brute, rtol=1e-5)
@@ -92,8 +94,8 @@ def tiny_calibration():
     counts = np.bincount(np.concatenate(docs), minlength=E.shape[0])
     is_word = np.array([any(c.isalnum() for c in s) for s in tok.token_strings(list(range(E.shape[0])))])
     space = semantic.ContentSpace.build(E, counts, sorted(tok.special_ids), is_word)
-    null = semantic.NullMoments(*semantic.random_bodies(docs, space, 1, drop=1 + CONTEXT))
-    cal = semantic.calibrate(docs, space, null, suffix_drops, k=25, n_sets=80, seed=1)
+    null = semantic.build_null(docs, space, 1)
+    cal = semantic.calibrate(docs, space, null, shared_suffix_of, k=25, n_sets=80, seed=1)
     return cal, docs, space, null, tok
 
 
@@ -118,14 +120,14 @@ def test_a_shared_topical_suffix_is_not_semantic(tiny_calibration):
     ending = np.array(tok.encode(" the burnt offering of the altar"), dtype=np.int64)
     bodies = [docs[i][: int(rng.integers(3, len(docs[i])))] for i in rng.choice(len(docs), 25, replace=False)]
     prefixes = [np.r_[b, ending] for b in bodies]
-
-    def z(drops):
-        v, lengths, counts = space.bodies(prefixes, drops)
-        keep = counts > 0
-        return semantic.z_scores(null, null.unit_vectors(v[keep], lengths[keep]), lengths[keep], np.array([0]))["z"][0]
-
-    assert z(suffix_drops(prefixes)) < semantic.SEMANTIC_Z  # the shared ending is left out: random bodies
-    assert z([1] * len(prefixes)) > 3 * semantic.SEMANTIC_Z  # kept in, it alone would make the set "semantic"
+    suffix = shared_suffix_of(prefixes)
+    assert suffix == tuple(ending[-3:])  # the longest shared ending looked for: 3 tokens
+    z = semantic.score_sets(space, null, [(prefixes, suffix)])["z"][0]
+    assert z < semantic.SEMANTIC_Z  # the shared ending and the 2 tokens before it are left out: random bodies
+    # Kept in, the shared ending alone would make the set "semantic" (a length-matched null, trigger left out).
+    v, lengths, counts = space.bodies(prefixes, [1] * len(prefixes))
+    kept = semantic.z_scores(null, null.unit_vectors(v, lengths), lengths, np.array([0]))["z"][0]
+    assert kept > 3 * semantic.SEMANTIC_Z
 
 
 def test_the_trigger_token_is_left_out(tiny_calibration):
@@ -133,14 +135,13 @@ def test_the_trigger_token_is_left_out(tiny_calibration):
     moses = tok.encode(" Moses")[-1]
     assert space.content[moses]
     rng = np.random.default_rng(4)
-    # 25 random bodies of different lengths, each with a different last word, then the trigger " Moses".
-    prefixes = [np.r_[docs[i][: int(rng.integers(3, len(docs[i])))], moses]
-                for i in rng.choice(len(docs), 25, replace=False)]
-    drops = suffix_drops(prefixes)
-    assert min(drops) >= 1 + CONTEXT
-    v, lengths, counts = space.bodies(prefixes, drops)
-    v1, _, _ = space.bodies([p[:-1] for p in prefixes], [d - 1 for d in drops])
-    np.testing.assert_array_equal(v, v1)  # the trigger token contributes nothing
+    bodies = [docs[i][: int(rng.integers(3, len(docs[i])))] for i in rng.choice(len(docs), 25, replace=False)]
+    with_trigger = semantic.score_sets(space, null, [([np.r_[b, moses] for b in bodies], ())])
+    # Scoring the prefixes without their trigger (and one fewer context token) gives the same bodies.
+    v, _, _ = space.bodies([np.r_[b, moses] for b in bodies], [1 + CONTEXT] * 25)
+    v1, _, _ = space.bodies(bodies, [CONTEXT] * 25)
+    np.testing.assert_array_equal(v, v1)
+    assert with_trigger["z"][0] < semantic.SEMANTIC_Z  # the shared trigger word does not make the set semantic
 
 
 def test_cohen_kappa_by_hand():

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
+from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, save_figure
 from ffkv.store.annotations import LABELS, consensus, read_labels
@@ -41,9 +42,6 @@ from ffkv.store.annotations import LABELS, consensus, read_labels
 NAME = "patterns"
 SHALLOW_SHARE = 0.3
 MAX_SUFFIX = 3
-#: Tokens left out before the trigger token and shared suffix, besides them: the local n-gram context
-#: (calibration: leaving out 0, 1, 2 tokens gave 38%, 24%, 17% false positives on suffix-only sets at z >= 2.5).
-CONTEXT = 2
 #: Examples of the run's corpus read for token counts, random prefixes and the calibration.
 CORPUS_SAMPLE = 3000
 #: Sets of each kind in the calibration that `run` does on the run's own corpus.
@@ -95,16 +93,6 @@ def shallow_scores(entries: pd.DataFrame) -> pd.DataFrame:
     return per_key.drop(columns=[f"suffix_{n}" for n in range(1, MAX_SUFFIX + 1)])
 
 
-def masked_length(prefix_tail: np.ndarray, suffix: tuple) -> int:
-    """How many of the prefix's last tokens belong to the key's shared suffix (its longest common end)."""
-    n = 0
-    for a, b in zip(prefix_tail, reversed(suffix)):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 # ----------------------------------------------------------------- semantic
 def corpus_sample(ctx: RunContext, n: int = CORPUS_SAMPLE) -> list[np.ndarray]:
     """The token ids of n seeded random examples of the run's corpus (token counts, random prefixes, calibration)."""
@@ -136,16 +124,14 @@ def content_space(ctx: RunContext) -> semantic.ContentSpace:
     return semantic.ContentSpace.build(emb, counts, sorted(ctx.special_ids), is_word, ctx.seed)
 
 
-def suffix_drops(prefixes: list[np.ndarray]) -> list[int]:
-    """Tokens left out at the end of each prefix of one key: the trigger token, the key's shared suffix
-    (as `shallow_scores` finds it) and `CONTEXT` tokens before them."""
+def shared_suffix_of(prefixes: list[np.ndarray]) -> tuple:
+    """The shared suffix `shallow_scores` finds for one key with these prefixes (for the calibration)."""
     tails = np.full((len(prefixes), MAX_SUFFIX), -1, dtype=np.int64)
     for i, p in enumerate(prefixes):
         t = np.asarray(p)[-MAX_SUFFIX:][::-1]
         tails[i, : len(t)] = t
     entries = pd.DataFrame({"layer": 0, "key": 0, **{f"t{n + 1}": tails[:, n] for n in range(MAX_SUFFIX)}})
-    suffix = shallow_scores(entries)["shared_suffix"].iloc[0]
-    return [max(1, masked_length(tails[i], suffix)) + CONTEXT for i in range(len(prefixes))]
+    return tuple(shallow_scores(entries)["shared_suffix"].iloc[0])
 
 
 def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, dict]:
@@ -155,11 +141,10 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
     space = content_space(ctx)
     docs = corpus_sample(ctx)
     try:
-        null = semantic.NullMoments(*semantic.random_bodies(docs, space, ctx.seed, drop=1 + CONTEXT))
+        null = semantic.build_null(docs, space, ctx.seed)
     except ValueError as exc:
         raise FfkvError(f"the corpus is too small for the semantic score: {exc}") from None
     suffix = per_key["shared_suffix"].to_dict()
-    tails = entries[["t1", "t2", "t3"]].to_numpy()
     layers, keys_, ex_ids, pos = (entries[c].to_numpy() for c in ("layer", "key", "example_id", "position"))
     starts_all = np.flatnonzero(np.r_[True, (layers[1:] != layers[:-1]) | (keys_[1:] != keys_[:-1])])
     bounds = np.r_[starts_all, len(entries)]
@@ -169,21 +154,13 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
     bar = progress_bar(ctx.progress, len(starts_all), "semantic scores", "key")
     for c0 in range(0, len(starts_all), KEY_CHUNK):
         c1 = min(c0 + KEY_CHUNK, len(starts_all))
-        rows = np.arange(bounds[c0], bounds[c1])
-        prefixes = [ctx.prefix(e, p) for e, p in zip(ex_ids[rows], pos[rows])]
-        drops = [max(1, masked_length(tails[r], suffix[(int(layers[r]), int(keys_[r]))])) + CONTEXT for r in rows]
-        vectors, lengths, counts = space.bodies(prefixes, drops)
-        keep = counts > 0
-        seg = np.searchsorted(bounds, rows, side="right") - 1 - c0  # chunk-local key of each row
-        kept_seg = seg[keep]
-        sizes = np.bincount(kept_seg, minlength=c1 - c0)
-        present = np.flatnonzero(sizes)
-        starts = np.r_[0, np.cumsum(sizes[present])[:-1]]
-        got = semantic.z_scores(null, null.unit_vectors(vectors[keep], lengths[keep]), lengths[keep], starts)
+        sets = [([ctx.prefix(e, p) for e, p in zip(ex_ids[bounds[i]:bounds[i + 1]], pos[bounds[i]:bounds[i + 1]])],
+                 suffix[(int(layers[bounds[i]]), int(keys_[bounds[i]]))]) for i in range(c0, c1)]
+        got = semantic.score_sets(space, null, sets)
         for name in columns:
-            columns[name][c0 + present] = got[name]
-        n_embedded[c0:c1] = sizes
-        prefix_cos[rows[keep]] = got["row"]
+            columns[name][c0:c1] = got[name]
+        n_embedded[c0:c1] = got["n"]
+        prefix_cos[bounds[c0]:bounds[c1]] = got["row"]
         bar.update(c1 - c0)
     bar.close()
     z = columns["z"]
@@ -194,11 +171,13 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
                         "n_embedded": n_embedded}, index=index)
     key_of_row = np.repeat(np.arange(len(starts_all)), np.diff(bounds))
     prefix_semantic = is_semantic[key_of_row] & (np.nan_to_num(prefix_cos, nan=-np.inf) > columns["mean"][key_of_row])
-    calibration = semantic.calibrate(docs, space, null, suffix_drops, k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)),
+    calibration = semantic.calibrate(docs, space, null, shared_suffix_of,
+                                     k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)),
                                      n_sets=CALIBRATION_SETS, seed=ctx.seed)
     info = {"embedding": "the model's input embeddings of each prefix's content tokens (stop tokens: the most "
                          f"frequent tokens making {semantic.STOP_MASS:.0%} of the corpus), mean-pooled; trigger "
-                         f"token, shared suffix and {CONTEXT} tokens before them left out; centred per body length",
+                         f"token, shared suffix and {CONTEXT} tokens before them left out; null: random corpus "
+                         "prefixes with the same body lengths and endings",
             "semantic_z": semantic.SEMANTIC_Z, "random_prefixes": int(null.n_pool),
             "calibration": f"on this run's corpus: {calibration.line()}"}
     return out, prefix_semantic, info

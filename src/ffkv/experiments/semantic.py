@@ -40,17 +40,25 @@ MIN_PER_BIN = 40
 MAX_DIMS = 256
 #: Fewer content-bearing prefixes than this: no semantic score.
 MIN_PREFIXES = 5
+#: Tokens left out before the trigger token and shared suffix, besides them: the local n-gram context
+#: (calibration: leaving out 0, 1, 2 tokens gave 38%, 24%, 17% false positives on suffix-only sets at z >= 2.5
+#: against a length-matched null alone).
+CONTEXT = 2
+#: Random corpus prefixes per shared suffix for the suffix-matched null.
+SUFFIX_POOL = 200
 #: The cut-off on z, from `calibrate` on ffkv-tiny's input embeddings and 3,000 seeded random verses of its
 #: training corpus (CorpusSpec(embedded_corpus("train"), unit="line", shuffle_seed=0, max_examples=3000); sets
-#: of 25 prefixes, 400 of each kind, seed 0; CONTEXT = 2). False positives on random sets / on sets sharing
-#: only a suffix, recall on planted co-occurrence topics, precision at equal numbers of the three kinds:
-#:   z >= 1.645: 8.8% / 27.0%, recall 92.2%, precision 72.1%
-#:   z >= 2.5:   3.0% / 15.4%, recall 84.8%, precision 82.1%
-#:   z >= 3:     1.5% /  9.8%, recall 79.5%, precision 87.6%
-#:   z >= 4:     0.5% /  5.1%, recall 68.0%, precision 92.3%   <- chosen: both false-positive rates near 5% or below
-SEMANTIC_Z = 4.0
-CALIBRATION_NOTE = ("z >= 4: 0.5% false positives on random sets (n=400), 5.1% on suffix-only sets (n=389), "
-                    "recall 68.0% on planted co-occurrence topics (n=400), precision 92.3%")
+#: of 25 prefixes, 400 of each kind, seed 0; `build_null(docs, space, 0)`). False positives on random sets /
+#: on sets sharing only a suffix, recall on planted co-occurrence topics, precision at equal numbers of the
+#: three kinds:
+#:   z >= 1.645: 8.5% / 14.7%, recall 92.0%, precision 79.9%
+#:   z >= 2.5:   2.5% /  5.7%, recall 84.0%, precision 91.2%
+#:   z >= 3:     1.5% /  2.1%, recall 79.2%, precision 95.7%   <- chosen: both false-positive rates under 5%
+#:   z >= 4:     0.5% /  0.5%, recall 68.8%, precision 98.5%
+#: (Against a length-matched null alone, without the suffix-matched kinds, suffix-only sets reached 9.8% at z >= 3.)
+SEMANTIC_Z = 3.0
+CALIBRATION_NOTE = ("z >= 3: 1.5% false positives on random sets (n=400), 2.1% on suffix-only sets (n=389), "
+                    "recall 79.2% on planted co-occurrence topics (n=400), precision 95.7%")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -127,74 +135,138 @@ class ContentSpace:
         return out, lengths, counts
 
 
-class NullMoments:
-    """Null moments of the mean pairwise cosine S of a set of prefix vectors drawn at random from the corpus.
+@dataclass(frozen=True)
+class Category:
+    """Random corpus bodies of one kind (a length bin, or the bodies of prefixes ending with one suffix).
 
-    Built from random corpus bodies per length bin: each bin's centre (removed from every vector of
-    that bin before scaling to unit length), and, between bins a, b, c, the mean E_ab and variance V_ab
-    of the cosine of independent vectors, and the covariance C_abc of two cosines that share a vector of
-    bin b. The exact mean and variance of S for any mix of bins follow (`moments`).
+    Attributes:
+        centre: mean of the raw body vectors, removed from every vector of this kind before scaling to unit.
+        n: how many unit vectors the moments below come from.
+        mean: (D,) their mean. second: (D, D) their mean outer product.
     """
 
-    def __init__(self, vectors: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> None:
+    centre: np.ndarray
+    n: int
+    mean: np.ndarray
+    second: np.ndarray
+
+    @classmethod
+    def of(cls, vectors: np.ndarray) -> "Category":
+        centre = vectors.mean(0)
+        x = _unit(vectors - centre).astype(np.float64)
+        return cls(centre, len(x), x.mean(0), x.T @ x / len(x))
+
+
+def _matrices(cats: Sequence[Category]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Between kinds a, b, c: the mean E_ab and variance V_ab of the cosine of two independent unit
+    vectors, and the covariance C_abc of two cosines that share a vector of kind b (unbiased for a == b)."""
+    m = np.stack([c.mean for c in cats])
+    n = np.array([c.n for c in cats], dtype=np.float64)
+    second = np.stack([c.second for c in cats])
+    E = m @ m.T
+    T = np.einsum("aij,bij->ab", second, second)  # E[(x.y)^2] = tr(M_a M_b)
+    d = np.maximum(n * (n - 1), 1)
+    E[np.diag_indices(len(cats))] = (n ** 2 * np.diag(E) - n) / d  # leave out the n self-pairs (x.x = 1)
+    T[np.diag_indices(len(cats))] = (n ** 2 * np.diag(T) - n) / d
+    V = np.maximum(T - E ** 2, 0)
+    C = np.einsum("ai,bij,cj->abc", m, second, m) - E[:, :, None] * E[None, :, :]
+    return E, V, C
+
+
+def _moments(E: np.ndarray, V: np.ndarray, C: np.ndarray, bin_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, sd) of S, the mean pairwise cosine of a set drawn independently with these counts per kind."""
+    n = np.asarray(bin_counts, dtype=np.float64)
+    k = n.sum(1)
+    pairs = np.maximum(k * (k - 1) / 2, 1)
+    sum_e = (np.einsum("ka,ab,kb->k", n, E, n) - n @ np.diag(E)) / 2
+    sum_v = (np.einsum("ka,ab,kb->k", n, V, n) - n @ np.diag(V)) / 2
+    # Pairs of pairs sharing one prefix i (kind b): ordered (j, k), j != k, both != i; with n' = n - e_b the
+    # count of kinds (a, c) is n'_a n'_c - [a == c] n'_a.
+    full = np.einsum("ka,abc,kc->kb", n, C, n)
+    same = np.einsum("ka,aba->kb", n, C)
+    own = np.einsum("bbc,kc->kb", C, n) + np.einsum("ka,abb->kb", n, C)
+    triple = np.einsum("bbb->b", C)[None, :]
+    ordered = full - own + triple - (same - triple)
+    var = (sum_v + (n * ordered).sum(1)) / pairs ** 2
+    return sum_e / pairs, np.sqrt(np.maximum(var, 1e-12))
+
+
+class NullMoments:
+    """Null moments of S, the mean pairwise cosine of a key's prefix vectors, for prefixes drawn at random
+    from the corpus with the same body lengths and, for a key with a shared suffix, with the same endings.
+
+    Random corpus bodies, split into kinds (`Category`): one per body-length bin (bins with fewer than
+    `MIN_PER_BIN` bodies are merged into the one below), and, per shared suffix asked for, the bodies of
+    random corpus prefixes that end with that suffix (or its last 1 or 2 tokens; `SUFFIX_POOL` of each,
+    where the corpus sample has at least `MIN_PER_BIN`). A key's prefix is of the suffix kind of the
+    ending it shares, else of its length bin. Each vector is centred on its kind's mean and scaled to unit
+    length; the exact mean and variance of S for the key's mix of kinds follow (a U-statistic).
+    """
+
+    def __init__(self, vectors: np.ndarray, lengths: np.ndarray, counts: np.ndarray,
+                 suffix_bodies=None) -> None:
         has = counts > 0
         vectors, bins = vectors[has], length_bin(lengths[has])
-        # Merge thin bins into the one below (the top bins are the thin ones on short-sentence corpora).
-        self.bin_map = np.arange(len(LENGTH_EDGES))
+        bin_map = np.arange(len(LENGTH_EDGES))
         for b in range(len(LENGTH_EDGES) - 1, 0, -1):
-            if (self.bin_map[bins] == b).sum() < MIN_PER_BIN:
-                self.bin_map[self.bin_map == b] = b - 1
-        used = np.unique(self.bin_map[bins])
-        if not len(used) or (self.bin_map[bins] == used[0]).sum() < 3:
+            if (bin_map[bins] == b).sum() < MIN_PER_BIN:
+                bin_map[bin_map == b] = b - 1
+        used = np.unique(bin_map[bins])
+        if not len(used) or (bin_map[bins] == used[0]).sum() < 3:
             raise ValueError("too few random corpus prefixes with content tokens for the semantic null")
-        self.index = {int(b): i for i, b in enumerate(used)}
-        self.bin_map = np.array([self.index[int(b)] if int(b) in self.index else 0 for b in self.bin_map])
+        index = {int(b): i for i, b in enumerate(used)}
+        self.bin_map = np.array([index.get(int(b), 0) for b in bin_map])
         g = self.bin_map[bins]
-        B = len(used)
-        self.centres = np.stack([vectors[g == i].mean(0) for i in range(B)])
-        x = _unit(vectors - self.centres[g])
-        self.n_pool = len(x)
-        means = np.stack([x[g == i].mean(0) for i in range(B)])
-        cos = x @ x.T
-        E, Vv = np.zeros((B, B)), np.zeros((B, B))
-        for a in range(B):
-            for b in range(B):
-                block = cos[np.ix_(g == a, g == b)]
-                vals = block[~np.eye(*block.shape, dtype=bool)] if a == b else block.ravel()
-                E[a, b], Vv[a, b] = vals.mean(), vals.var()
-        # C[a, b, c] = Cov(x_j.x_i, x_i.x_k), x_i in b, x_j in a, x_k in c: mean_i (m_a.x_i)(m_c.x_i) - E_ab E_bc.
-        proj = x @ means.T  # (n, B): m_a . x_i
-        C = np.zeros((B, B, B))
-        for b in range(B):
-            p = proj[g == b]
-            C[:, b, :] = p.T @ p / len(p) - np.outer(E[:, b], E[b, :])
-        self.E, self.V, self.C = E, Vv, C
+        self.categories = [Category.of(vectors[g == i]) for i in range(len(used))]
+        self.n_pool = int(len(vectors))
+        self.base = _matrices(self.categories)
+        #: suffix (tuple of token ids) -> its bodies' vectors (None where too rare); from `suffix_bodies(suffix)`.
+        self.suffix_bodies = suffix_bodies
+        self._suffix: dict[tuple, Category | None] = {}
+        self._extended: dict[tuple, tuple] = {}
+
+    @property
+    def centres(self) -> np.ndarray:
+        return np.stack([c.centre for c in self.categories])
+
+    def bins(self, lengths: np.ndarray) -> np.ndarray:
+        return self.bin_map[length_bin(lengths)]
 
     def unit_vectors(self, vectors: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Centre each body vector on its length bin's random mean and scale it to unit length."""
         return _unit(vectors - self.centres[self.bins(lengths)])
 
-    def bins(self, lengths: np.ndarray) -> np.ndarray:
-        return self.bin_map[length_bin(lengths)]
+    def suffix_category(self, suffix: tuple) -> Category | None:
+        if suffix not in self._suffix:
+            v = self.suffix_bodies(suffix) if self.suffix_bodies is not None and suffix else None
+            self._suffix[suffix] = Category.of(v) if v is not None and len(v) >= MIN_PER_BIN else None
+        return self._suffix[suffix]
+
+    def kinds(self, suffix: tuple, lengths: np.ndarray, masked: np.ndarray) -> tuple[list[Category], np.ndarray]:
+        """The kinds of a key's prefixes (length bins, then the suffix kinds that exist), and each prefix's kind.
+
+        masked: how many of each prefix's last tokens are the key's shared suffix (its last `masked` tokens).
+        """
+        cats = list(self.categories)
+        kind = self.bins(lengths).copy()
+        for m in range(1, len(suffix) + 1):
+            cat = self.suffix_category(tuple(suffix[len(suffix) - m:]))
+            if cat is not None and (masked == m).any():
+                cats.append(cat)
+                kind[masked == m] = len(cats) - 1
+        return cats, kind
+
+    def matrices(self, suffix: tuple, cats: list[Category]) -> tuple:
+        if len(cats) == len(self.categories):
+            return self.base
+        key = (suffix, len(cats), tuple(id(c) for c in cats[len(self.categories):]))
+        if key not in self._extended:
+            self._extended[key] = _matrices(cats)
+        return self._extended[key]
 
     def moments(self, bin_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, sd) of S under the null for sets with these counts per bin ((K, B) -> (K,), (K,))."""
-        n = np.asarray(bin_counts, dtype=np.float64)
-        k = n.sum(1)
-        pairs = k * (k - 1) / 2
-        diag_e, diag_v = np.diag(self.E), np.diag(self.V)
-        sum_e = (np.einsum("ka,ab,kb->k", n, self.E, n) - n @ diag_e) / 2
-        sum_v = (np.einsum("ka,ab,kb->k", n, self.V, n) - n @ diag_v) / 2
-        # Ordered (j, k), j != k, both != i, for a centre i in bin b: n'_a n'_c - [a == c] n'_a with n' = n - e_b.
-        full = np.einsum("ka,abc,kc->kb", n, self.C, n)          # sum over a, c of n_a n_c C_abc
-        minus_a = np.einsum("ka,aba->kb", n, self.C)             # the a == c terms
-        own = np.einsum("kb,bbc,kc->kb", np.ones_like(n), self.C, n) + np.einsum("ka,abb->kb", n, self.C)
-        own_self = np.einsum("bbb->b", self.C)[None, :]
-        # n'_a n'_c = n_a n_c - [a==b] n_c - [c==b] n_a + [a==b][c==b]; [a==c] n'_a = [a==c] (n_a - [a==b])
-        ordered = full - own + own_self - (minus_a - own_self)
-        sum_c = (n * ordered).sum(1)
-        var = (sum_v + sum_c) / np.maximum(pairs, 1) ** 2
-        return sum_e / np.maximum(pairs, 1), np.sqrt(np.maximum(var, 1e-12))
+        """(mean, sd) of S for sets of length-bin prefixes with these counts per bin ((K, B) -> (K,), (K,))."""
+        return _moments(*self.base, bin_counts)
 
 
 def set_statistics(x: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,19 +284,88 @@ def set_statistics(x: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def z_scores(null: NullMoments, x: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
-    """Per segment (a key's content-bearing prefixes, unit vectors from `NullMoments.unit_vectors`):
-    S, its null mean, z, and the number of prefixes; per row its mean cosine to the others."""
+    """Per segment of length-bin prefixes (unit vectors from `NullMoments.unit_vectors`): S, its null
+    mean, z and the number of prefixes; per row its mean cosine to the others. (`score_sets` is the labeler.)"""
     within, row = set_statistics(x, starts)
     sizes = np.diff(np.r_[starts, len(x)])
-    B = len(null.centres)
-    counts = np.zeros((len(starts), B))
+    counts = np.zeros((len(starts), len(null.categories)))
     if len(x):
-        seg = np.repeat(np.arange(len(starts)), sizes)
-        np.add.at(counts, (seg, null.bins(lengths)), 1)
+        np.add.at(counts, (np.repeat(np.arange(len(starts)), sizes), null.bins(lengths)), 1)
     mean, sd = null.moments(counts)
-    ok = sizes >= MIN_PREFIXES
-    z = np.where(ok, (within - mean) / sd, np.nan)
+    z = np.where(sizes >= MIN_PREFIXES, (within - mean) / sd, np.nan)
     return {"S": within, "mean": mean, "z": z, "n": sizes, "row": row}
+
+
+def masked_length(prefix_tail: np.ndarray, suffix: tuple) -> int:
+    """How many of the prefix's last tokens belong to the key's shared suffix (its longest common end).
+
+    prefix_tail: the prefix's last tokens, last first; suffix: in text order."""
+    n = 0
+    for a, b in zip(prefix_tail, reversed(suffix)):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def score_sets(space: ContentSpace, null: NullMoments, sets: Sequence[tuple[Sequence[np.ndarray], tuple]]
+               ) -> dict[str, np.ndarray]:
+    """The semantic score of prefix sets, each (its prefixes, its shared suffix; () for none).
+
+    Each prefix's body leaves out its trigger token, the part of the shared suffix it ends with and
+    `CONTEXT` tokens before them. Returns per set S (mean pairwise cosine), its null mean, z (NaN below
+    `MIN_PREFIXES` content-bearing prefixes) and n (those prefixes); per prefix, in order, ``row``: its
+    mean cosine to the set's other prefixes (NaN without content).
+    """
+    out = {name: np.full(len(sets), np.nan) for name in ("S", "mean", "z")}
+    out["n"] = np.zeros(len(sets), dtype=np.int64)
+    rows = []
+    for i, (prefixes, suffix) in enumerate(sets):
+        suffix = tuple(int(t) for t in suffix)
+        masked = np.array([masked_length(np.asarray(p)[::-1][:len(suffix)], suffix) for p in prefixes], dtype=np.int64)
+        vectors, lengths, counts = space.bodies(prefixes, (np.maximum(masked, 1) + CONTEXT).tolist())
+        keep = counts > 0
+        row = np.full(len(prefixes), np.nan)
+        k = int(keep.sum())
+        out["n"][i] = k
+        if k >= 2:
+            cats, kind = null.kinds(suffix, lengths[keep], masked[keep])
+            centres = np.stack([c.centre for c in cats])
+            x = _unit(vectors[keep] - centres[kind])
+            within, per_row = set_statistics(x, np.array([0]))
+            row[keep] = per_row
+            out["S"][i] = within[0]
+            mean, sd = _moments(*null.matrices(suffix, cats), np.bincount(kind, minlength=len(cats))[None, :])
+            out["mean"][i] = mean[0]
+            if k >= MIN_PREFIXES:
+                out["z"][i] = (within[0] - mean[0]) / sd[0]
+        rows.append(row)
+    out["row"] = np.concatenate(rows) if rows else np.zeros(0)
+    return out
+
+
+def suffix_sampler(docs: Sequence[np.ndarray], space: ContentSpace, seed: int):
+    """`suffix(tokens) -> body vectors` of up to `SUFFIX_POOL` random corpus prefixes ending with those tokens
+    (None where the corpus sample has fewer than `MIN_PER_BIN`), bodies as `score_sets` cuts them."""
+    where: dict[int, list[tuple[int, int]]] = {}
+    for i, d in enumerate(docs):
+        for p in range(1, len(d)):
+            where.setdefault(int(d[p]), []).append((i, p))
+
+    def bodies(suffix: tuple) -> np.ndarray | None:
+        m = len(suffix)
+        hits = [(i, p) for i, p in where.get(int(suffix[-1]), ()) if p - m + 1 >= 1
+                and tuple(int(t) for t in docs[i][p - m + 1: p + 1]) == tuple(suffix)]
+        if len(hits) < MIN_PER_BIN:
+            return None
+        rng = np.random.default_rng([seed, 11, *[int(t) for t in suffix]])
+        pick = rng.choice(len(hits), size=min(SUFFIX_POOL, len(hits)), replace=False)
+        prefixes = [docs[hits[j][0]][: hits[j][1] + 1] for j in pick]
+        v, _, counts = space.bodies(prefixes, [m + CONTEXT] * len(prefixes))
+        v = v[counts > 0]
+        return v if len(v) >= MIN_PER_BIN else None
+
+    return bodies
 
 
 def normal_sf(z: np.ndarray) -> np.ndarray:
@@ -249,6 +390,12 @@ def random_bodies(docs: Sequence[np.ndarray], space: ContentSpace, seed: int,
             length = int(rng.integers(lo, max(lo, min(hi - 1, sizes[d] - drop)) + 1))
             prefixes.append(np.asarray(docs[d][: length + drop]))
     return space.bodies(prefixes, [drop] * len(prefixes))
+
+
+def build_null(docs: Sequence[np.ndarray], space: ContentSpace, seed: int) -> NullMoments:
+    """The null of `score_sets` from a corpus sample: length bins and, on demand, shared suffixes."""
+    return NullMoments(*random_bodies(docs, space, seed, drop=1 + CONTEXT),
+                       suffix_bodies=suffix_sampler(docs, space, seed))
 
 
 # -------------------------------------------------------------- calibration
@@ -337,7 +484,7 @@ def cooccurrence_topics(docs: Sequence[np.ndarray], space: ContentSpace, n_topic
     return topics
 
 
-def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments, drops_for, k: int = 25,
+def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments, shared_suffix, k: int = 25,
               n_sets: int = 400, seed: int = 0, cutoff: float = SEMANTIC_Z) -> Calibration:
     """The labeler on planted ground truth from a corpus (token lists, each starting where a prefix may start).
 
@@ -348,22 +495,14 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
       (`cooccurrence_topics`; the words taken in turn, so no one word is shared by all), ending at a
       random position after that word.
 
-    `drops_for(prefixes)` gives each prefix's tokens left out at its end (trigger and shared suffix), as
-    the labeler does for a key. Random draws use `seed`, and differ from those of the null.
+    `shared_suffix(prefixes)` gives a set's shared suffix as the labeler finds it for a key (`score_sets`
+    leaves it out). Random draws use `seed`, and differ from those of the null.
     """
     rng = np.random.default_rng([seed, 9])
     docs = [np.asarray(d, dtype=np.int64) for d in docs if len(d) >= 3]
 
     def z_of(sets: list[list[np.ndarray]]) -> np.ndarray:
-        vecs, lens, starts, offset = [], [], [], 0
-        for prefixes in sets:
-            v, lengths, counts = space.bodies(prefixes, drops_for(prefixes))
-            keep = counts > 0
-            starts.append(offset)
-            vecs.append(null.unit_vectors(v[keep], lengths[keep]))
-            lens.append(lengths[keep])
-            offset += int(keep.sum())
-        z = z_scores(null, np.concatenate(vecs), np.concatenate(lens), np.array(starts))["z"]
+        z = score_sets(space, null, [(prefixes, shared_suffix(prefixes)) for prefixes in sets])["z"]
         return z[np.isfinite(z)]
 
     def random_prefix(d: np.ndarray, after: int = 0) -> np.ndarray:
