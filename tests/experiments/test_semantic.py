@@ -9,7 +9,7 @@ import pytest
 import ffkv
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.experiments import semantic
-from ffkv.experiments.patterns import cohen_kappa, shared_suffix_of
+from ffkv.experiments.patterns import cohen_kappa, shared_suffixes
 from ffkv.experiments.semantic import CONTEXT
 from ffkv.models import load_model
 
@@ -34,11 +34,10 @@ def test_body_leaves_out_the_end_stop_tokens_and_repeats():
     assert not vectors[1].any() and not vectors[2].any()  # [0] only: nothing to pool
 
 
-def test_shared_suffix_of_a_set():
+def test_shared_suffixes_of_sets():
     prefixes = [np.r_[10 + 10 * i + np.arange(6), 7, 8] for i in range(6)]  # all end with the bigram (7, 8) only
-    assert shared_suffix_of(prefixes) == (7, 8)
     lone = [np.r_[10 + 10 * i + np.arange(6), 100 + i] for i in range(6)]  # no shared ending
-    assert shared_suffix_of(lone) == ()
+    assert shared_suffixes([prefixes, lone]) == [(7, 8), ()]
 
 
 def synthetic_pool(seed=0, n=4000, lengths=(1, 40)):
@@ -95,7 +94,7 @@ def tiny_calibration():
     is_word = np.array([any(c.isalnum() for c in s) for s in tok.token_strings(list(range(E.shape[0])))])
     space = semantic.ContentSpace.build(E, counts, sorted(tok.special_ids), is_word)
     null = semantic.build_null(docs, space, 1)
-    cal = semantic.calibrate(docs, space, null, shared_suffix_of, k=25, n_sets=80, seed=1)
+    cal = semantic.calibrate(docs, space, null, shared_suffixes, k=25, n_sets=80, seed=1)
     return cal, docs, space, null, tok
 
 
@@ -120,7 +119,7 @@ def test_a_shared_topical_suffix_is_not_semantic(tiny_calibration):
     ending = np.array(tok.encode(" the burnt offering of the altar"), dtype=np.int64)
     bodies = [docs[i][: int(rng.integers(3, len(docs[i])))] for i in rng.choice(len(docs), 25, replace=False)]
     prefixes = [np.r_[b, ending] for b in bodies]
-    suffix = shared_suffix_of(prefixes)
+    suffix = shared_suffixes([prefixes])[0]
     assert suffix == tuple(ending[-3:])  # the longest shared ending looked for: 3 tokens
     z = semantic.score_sets(space, null, [(prefixes, suffix)])["z"][0]
     assert z < semantic.SEMANTIC_Z  # the shared ending and the 2 tokens before it are left out: random bodies

@@ -124,14 +124,16 @@ def content_space(ctx: RunContext) -> semantic.ContentSpace:
     return semantic.ContentSpace.build(emb, counts, sorted(ctx.special_ids), is_word, ctx.seed)
 
 
-def shared_suffix_of(prefixes: list[np.ndarray]) -> tuple:
-    """The shared suffix `shallow_scores` finds for one key with these prefixes (for the calibration)."""
-    tails = np.full((len(prefixes), MAX_SUFFIX), -1, dtype=np.int64)
-    for i, p in enumerate(prefixes):
-        t = np.asarray(p)[-MAX_SUFFIX:][::-1]
-        tails[i, : len(t)] = t
-    entries = pd.DataFrame({"layer": 0, "key": 0, **{f"t{n + 1}": tails[:, n] for n in range(MAX_SUFFIX)}})
-    return tuple(shallow_scores(entries)["shared_suffix"].iloc[0])
+def shared_suffixes(sets: list[list[np.ndarray]]) -> list[tuple]:
+    """The shared suffix `shallow_scores` finds for each set of prefixes, as if each were one key's."""
+    tails = [np.asarray(p)[-MAX_SUFFIX:][::-1] for prefixes in sets for p in prefixes]
+    last = np.full((len(tails), MAX_SUFFIX), -1, dtype=np.int64)
+    for i, t in enumerate(tails):
+        last[i, : len(t)] = t
+    entries = pd.DataFrame({"layer": 0, "key": np.repeat(np.arange(len(sets)), [len(p) for p in sets]),
+                            **{f"t{n + 1}": last[:, n] for n in range(MAX_SUFFIX)}})
+    found = shallow_scores(entries)["shared_suffix"]
+    return [tuple(found.get((0, i), ())) for i in range(len(sets))]
 
 
 def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, dict]:
@@ -171,7 +173,7 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
                         "n_embedded": n_embedded}, index=index)
     key_of_row = np.repeat(np.arange(len(starts_all)), np.diff(bounds))
     prefix_semantic = is_semantic[key_of_row] & (np.nan_to_num(prefix_cos, nan=-np.inf) > columns["mean"][key_of_row])
-    calibration = semantic.calibrate(docs, space, null, shared_suffix_of,
+    calibration = semantic.calibrate(docs, space, null, shared_suffixes,
                                      k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)),
                                      n_sets=CALIBRATION_SETS, seed=ctx.seed)
     info = {"embedding": "the model's input embeddings of each prefix's content tokens (stop tokens: the most "

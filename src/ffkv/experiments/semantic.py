@@ -164,12 +164,13 @@ def _matrices(cats: Sequence[Category]) -> tuple[np.ndarray, np.ndarray, np.ndar
     n = np.array([c.n for c in cats], dtype=np.float64)
     second = np.stack([c.second for c in cats])
     E = m @ m.T
-    T = np.einsum("aij,bij->ab", second, second)  # E[(x.y)^2] = tr(M_a M_b)
+    flat = second.reshape(len(cats), -1)
+    T = flat @ flat.T  # E[(x.y)^2] = tr(M_a M_b) (M symmetric)
     d = np.maximum(n * (n - 1), 1)
     E[np.diag_indices(len(cats))] = (n ** 2 * np.diag(E) - n) / d  # leave out the n self-pairs (x.x = 1)
     T[np.diag_indices(len(cats))] = (n ** 2 * np.diag(T) - n) / d
     V = np.maximum(T - E ** 2, 0)
-    C = np.einsum("ai,bij,cj->abc", m, second, m) - E[:, :, None] * E[None, :, :]
+    C = np.stack([m @ s @ m.T for s in second], axis=1) - E[:, :, None] * E[None, :, :]  # m_a M_b m_c - E_ab E_bc
     return E, V, C
 
 
@@ -484,7 +485,7 @@ def cooccurrence_topics(docs: Sequence[np.ndarray], space: ContentSpace, n_topic
     return topics
 
 
-def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments, shared_suffix, k: int = 25,
+def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments, shared_suffixes, k: int = 25,
               n_sets: int = 400, seed: int = 0, cutoff: float = SEMANTIC_Z) -> Calibration:
     """The labeler on planted ground truth from a corpus (token lists, each starting where a prefix may start).
 
@@ -495,14 +496,14 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
       (`cooccurrence_topics`; the words taken in turn, so no one word is shared by all), ending at a
       random position after that word.
 
-    `shared_suffix(prefixes)` gives a set's shared suffix as the labeler finds it for a key (`score_sets`
+    `shared_suffixes(sets)` gives each set's shared suffix as the labeler finds it for a key (`score_sets`
     leaves it out). Random draws use `seed`, and differ from those of the null.
     """
     rng = np.random.default_rng([seed, 9])
     docs = [np.asarray(d, dtype=np.int64) for d in docs if len(d) >= 3]
 
     def z_of(sets: list[list[np.ndarray]]) -> np.ndarray:
-        z = score_sets(space, null, [(prefixes, shared_suffix(prefixes)) for prefixes in sets])["z"]
+        z = score_sets(space, null, list(zip(sets, shared_suffixes(sets))))["z"]
         return z[np.isfinite(z)]
 
     def random_prefix(d: np.ndarray, after: int = 0) -> np.ndarray:
