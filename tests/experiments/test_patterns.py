@@ -66,7 +66,10 @@ def test_shallow_score_is_the_share_of_the_most_common_ending(patterned):
 def test_identical_contexts_are_semantic(patterned):
     run, loaded, keys, tokens, rows = patterned
     assert keys.loc[(2, 2), "is_semantic"]
-    assert keys.loc[(2, 2), "semantic_score"] > keys.loc[(0, 1), "semantic_score"]
+    assert keys.loc[(2, 2), "semantic_z"] >= 3 and keys.loc[(2, 2), "mean_pairwise_cosine"] > 0.5
+    # Key (0, 1) ends at each example's first token: no body left once the trigger token is left out.
+    assert keys.loc[(0, 1), "n_embedded"] == 0 and np.isnan(keys.loc[(0, 1), "semantic_z"])
+    assert not keys.loc[(0, 1), "is_semantic"]
     per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet")
     assert per_layer.shape[0] == 3
     label_shares = per_layer[[f"keys_{l}" for l in ("shallow", "semantic", "both", "none")]].sum(axis=1)

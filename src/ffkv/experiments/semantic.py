@@ -405,7 +405,8 @@ class Calibration:
     """The labeler on planted ground truth (`calibrate`): shares of sets labelled semantic.
 
     Attributes:
-        fpr_random: random corpus prefix sets labelled semantic (false positives).
+        fpr_random: random corpus prefix sets labelled semantic (false positives). Each share is NaN where
+            the corpus is too small to build that kind of set.
         fpr_suffix: sets sharing only a planted suffix labelled semantic (false positives).
         recall: sets with a planted topic labelled semantic.
         precision: planted-topic sets among all sets labelled semantic, at equal numbers of planted-topic,
@@ -503,6 +504,8 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
     docs = [np.asarray(d, dtype=np.int64) for d in docs if len(d) >= 3]
 
     def z_of(sets: list[list[np.ndarray]]) -> np.ndarray:
+        if not sets:
+            return np.zeros(0)
         z = score_sets(space, null, list(zip(sets, shared_suffixes(sets))))["z"]
         return z[np.isfinite(z)]
 
@@ -510,7 +513,7 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
         return d[: int(rng.integers(after + 1, len(d))) + 1]
 
     random_sets = [[random_prefix(docs[i]) for i in rng.choice(len(docs), size=k, replace=False)]
-                   for _ in range(n_sets)]
+                   for _ in range(n_sets if len(docs) >= k else 0)]
     # Suffix-only: the end token is drawn by its frequency among prefix ends with >= 2k occurrences.
     where: dict[int, list[tuple[int, int]]] = {}
     for i, d in enumerate(docs):
@@ -519,7 +522,7 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
     ends = [t for t, occ in where.items() if len({i for i, _ in occ}) >= 2 * k]
     weights = np.array([len(where[t]) for t in ends], dtype=np.float64)
     suffix_sets = []
-    for t in rng.choice(ends, size=n_sets, p=weights / weights.sum()):
+    for t in rng.choice(ends, size=n_sets, p=weights / weights.sum()) if ends else []:
         by_doc = {}
         for i, p in where[int(t)]:
             by_doc.setdefault(i, p)
@@ -534,8 +537,8 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
 
     topics = cooccurrence_topics(docs, space, n_sets, seed)
     topic_sets = []
-    for t in range(n_sets):
-        words = topics[t % len(topics)] if topics else []
+    for t in range(n_sets if topics else 0):
+        words = topics[t % len(topics)]
         holders = {w: list(first_in_doc(w).items()) for w in words}
         prefixes, used = [], set()
         for j in range(k * 4):
@@ -550,4 +553,4 @@ def calibrate(docs: Sequence[np.ndarray], space: ContentSpace, null: NullMoments
                 break
         if len(prefixes) == k:
             topic_sets.append(prefixes)
-    return _summarise(z_of(random_sets), z_of(suffix_sets), z_of(topic_sets) if topic_sets else np.zeros(0), cutoff)
+    return _summarise(z_of(random_sets), z_of(suffix_sets), z_of(topic_sets), cutoff)
