@@ -115,3 +115,17 @@ def test_cohen_kappa():
     a = np.array(["x", "x", "y", "y"])
     assert cohen_kappa(a, a) == 1.0
     assert cohen_kappa(a, np.array(["y", "y", "x", "x"])) == -1.0
+
+
+def test_tables_state_the_thresholds_and_their_calibration(patterned):
+    from ffkv.experiments import semantic
+    from ffkv.report.content import build_sections
+    from ffkv.store.run import RunDir
+
+    run, *_ = patterned
+    description = RunDir(run).metric_description("patterns")
+    assert description["semantic_z"] == semantic.SEMANTIC_Z == 3.0
+    assert "semantic: z >= 3" in description["labels"] and semantic.CALIBRATION_NOTE in description["labels"]
+    assert description["calibration"].startswith("on this run's corpus: z >= 3: false positives")
+    how = dict(next(s for s in build_sections(RunDir(run)) if s.name == "patterns").how)
+    assert "z >= 3" in how["labels"] and "calibration" in how  # the report shows both

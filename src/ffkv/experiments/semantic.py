@@ -9,13 +9,16 @@ surface overlap at the end of the prefixes cannot count as meaning.
   most frequent tokens (those that together make `STOP_MASS` of the corpus's tokens: "the", "and",
   ...). Each counts once per prefix.
 - **Prefix vector**: the mean of the unit, centred input embeddings of the content tokens of the
-  prefix's *body* (the prefix without its trigger token and shared suffix), centred on the mean of
-  random corpus bodies of the same length bin and scaled to unit length.
+  prefix's *body* (the prefix without its trigger token, the part of the shared suffix it ends with,
+  and `CONTEXT` tokens before them), centred on the mean of random corpus bodies of its kind (below)
+  and scaled to unit length.
 - **Score**: S, the mean pairwise cosine of a key's prefix vectors. Its null distribution is that of
-  random corpus prefixes with the same body lengths (length-matched: where a prefix ends shapes
-  which words it holds, e.g. names right after the start of a verse). The null mean and variance of
-  S for the key's own mix of lengths come exactly from the moments of random bodies per length bin
-  (a U-statistic: `NullMoments`), so every key of every layer is scored in O(bins^3) after one pass.
+  random corpus prefixes of the same kinds: the same body length bin (where a prefix ends shapes which
+  words it holds, e.g. names right after the start of a verse), or, for a prefix that ends with the
+  key's shared suffix, random corpus prefixes that end with that suffix (what comes before a given
+  ending is not random: "the children of" ...). The null mean and variance of S for the key's own
+  mix of kinds come exactly from the moments of random bodies per kind (a U-statistic: `NullMoments`),
+  so every key of every layer is scored without simulating random sets per key.
 - **Label**: semantic when z = (S - E[S]) / sd(S) >= `SEMANTIC_Z`, a cut-off set by calibration on
   planted ground truth (`calibrate`): sets of random corpus prefixes (false positives), sets that
   share only a suffix (must stay below the same rate), and sets with a planted topic (recall).
