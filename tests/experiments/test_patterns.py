@@ -129,3 +129,28 @@ def test_tables_state_the_thresholds_and_their_calibration(patterned):
     assert description["calibration"].startswith("on this run's corpus: z >= 3: false positives")
     how = dict(next(s for s in build_sections(RunDir(run)) if s.name == "patterns").how)
     assert "z >= 3" in how["labels"] and "calibration" in how  # the report shows both
+
+
+def test_mixed_key_control_per_layer(patterned, tmp_path):
+    run, *_ = patterned
+    per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet")
+    # 3 keys at most per layer here, fewer than the set size: no control sets, and a NaN share (not 0).
+    assert (per_layer["n_control_sets"] == 0).all() and per_layer["semantic_control"].isna().all()
+    # Layer 0: 30 keys whose prefixes all come from one example (any mix of keys is one context): control 1.
+    # Layer 1: 30 keys of prefixes of random examples: control sets are random sets.
+    run, loaded = make_run(tmp_path, "gpt2", n=120)
+    examples = pd.read_parquet(run / "examples.parquet")
+    tokens = {int(e): len(t) for e, t in zip(examples["example_id"], examples["token_ids"])}
+    longest = max(tokens, key=tokens.get)
+    rng = np.random.default_rng(0)
+    rows = [(0, key, r, longest, tokens[longest] - 1 - r - key % 3) for key in range(30) for r in range(6)]
+    ids = [e for e in tokens if tokens[e] >= 8]
+    rows += [(1, key, r, int(e), int(rng.integers(5, tokens[e]))) for key in range(30)
+             for r, e in enumerate(rng.choice(ids, 6, replace=False))]
+    set_triggers(run, rows)
+    analyze(run, only="patterns", loaded=loaded, progress=False)
+    per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet").set_index("layer")
+    assert per_layer.loc[0, "n_control_sets"] == 100 and per_layer.loc[1, "n_control_sets"] >= 90  # some lack content
+    assert per_layer.loc[0, "semantic_control"] == 1.0
+    assert per_layer.loc[1, "semantic_control"] <= 0.1
+    assert np.isnan(per_layer.loc[2, "semantic_control"])  # no keys

@@ -46,6 +46,8 @@ MAX_SUFFIX = 3
 CORPUS_SAMPLE = 3000
 #: Sets of each kind in the calibration that `run` does on the run's own corpus.
 CALIBRATION_SETS = 100
+#: Per layer, sets of trigger prefixes of different keys scored as a control (`mixed_key_control`).
+MIXED_SETS = 100
 KEY_CHUNK = 2048
 TOPIC_WORDS = 3
 
@@ -136,16 +138,23 @@ def shared_suffixes(sets: list[list[np.ndarray]]) -> list[tuple]:
     return [tuple(found.get((0, i), ())) for i in range(len(sets))]
 
 
+def semantic_null(ctx: RunContext) -> tuple[semantic.ContentSpace, semantic.NullMoments]:
+    """The content space and the null of the run's corpus sample (built once per analysis)."""
+    def build():
+        space = content_space(ctx)
+        try:
+            return space, semantic.build_null(corpus_sample(ctx), space, ctx.seed)
+        except ValueError as exc:
+            raise FfkvError(f"the corpus is too small for the semantic score: {exc}") from None
+    return ctx.once("semantic_null", build)
+
+
 def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, dict]:
     """Per key semantic score, z and label (`ffkv.experiments.semantic`); per entry whether the prefix is
     semantic (its key is, and its mean cosine to the key's other prefixes is above the null mean).
     Entries in (layer, key, rank) order. Keys are scored in chunks: memory does not grow with the keys."""
-    space = content_space(ctx)
+    space, null = semantic_null(ctx)
     docs = corpus_sample(ctx)
-    try:
-        null = semantic.build_null(docs, space, ctx.seed)
-    except ValueError as exc:
-        raise FfkvError(f"the corpus is too small for the semantic score: {exc}") from None
     suffix = per_key["shared_suffix"].to_dict()
     layers, keys_, ex_ids, pos = (entries[c].to_numpy() for c in ("layer", "key", "example_id", "position"))
     starts_all = np.flatnonzero(np.r_[True, (layers[1:] != layers[:-1]) | (keys_[1:] != keys_[:-1])])
@@ -183,6 +192,37 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
             "semantic_z": semantic.SEMANTIC_Z, "random_prefixes": int(null.n_pool),
             "calibration": f"on this run's corpus: {calibration.line()}"}
     return out, prefix_semantic, info
+
+
+def mixed_key_control(ctx: RunContext, entries: pd.DataFrame, layers: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the share of `MIXED_SETS` control sets labelled semantic, and the number of sets scored.
+
+    A control set holds one random trigger prefix of each of k different keys of the layer (k = the
+    calibration's set size): real trigger prefixes, with their positions and endings, but no key in
+    common, so the share is a false-positive rate on this model's own data. NaN where a layer has fewer
+    than k keys."""
+    space, null = semantic_null(ctx)
+    k = max(semantic.MIN_PREFIXES, min(ctx.top_k, 25))
+    rng = np.random.default_rng([ctx.seed, 12])
+    layer_of, key_of = entries["layer"].to_numpy(), entries["key"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, (layer_of[1:] != layer_of[:-1]) | (key_of[1:] != key_of[:-1])])
+    ends = np.r_[starts[1:], len(entries)]
+    share, n_sets = np.full(len(layers), np.nan), np.zeros(len(layers), dtype=np.int64)
+    ex_ids, pos = entries["example_id"].to_numpy(), entries["position"].to_numpy()
+    for j, layer in enumerate(layers):
+        mine = np.flatnonzero(layer_of[starts] == layer)
+        if len(mine) < k:
+            continue
+        sets = []
+        for _ in range(MIXED_SETS):
+            chosen = rng.choice(mine, size=k, replace=False)
+            rows = starts[chosen] + (rng.random(k) * (ends[chosen] - starts[chosen])).astype(np.int64)
+            sets.append([ctx.prefix(ex_ids[r], pos[r]) for r in rows])
+        z = semantic.score_sets(space, null, list(zip(sets, shared_suffixes(sets))))["z"]
+        z = z[np.isfinite(z)]
+        n_sets[j] = len(z)
+        share[j] = float((z >= semantic.SEMANTIC_Z).mean()) if len(z) else np.nan
+    return share, n_sets
 
 
 # -------------------------------------------------------------- description
@@ -291,7 +331,9 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys = keys[cols]
     prefixes = entries[["layer", "key", "rank", "example_id", "position", "prefix_label"]].astype(
         {"layer": np.int16, "key": np.int32, "rank": np.int16, "position": np.int32})
-    return {"keys": keys, "prefixes": prefixes, "per_layer": shares(keys, prefixes, ctx.view.n_layers), "info": info}
+    per_layer = shares(keys, prefixes, ctx.view.n_layers)
+    per_layer["semantic_control"], per_layer["n_control_sets"] = mixed_key_control(ctx, entries, per_layer["layer"])
+    return {"keys": keys, "prefixes": prefixes, "per_layer": per_layer, "info": info}
 
 
 def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, label_column: str = "label") -> pd.DataFrame:
