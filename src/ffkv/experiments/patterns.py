@@ -11,17 +11,19 @@ For every key, from its top-t trigger prefixes:
   of the model's *input embeddings* of its content tokens (no stop tokens, no special tokens), with the
   trigger token, the key's shared suffix and `CONTEXT` tokens before them left out; the score is the
   mean pairwise cosine of the key's prefixes minus its mean over random corpus prefixes of the same
-  body lengths, and z divides it by the null's standard deviation (exact moments of the U-statistic).
+  body lengths and endings, and z divides it by the null's standard deviation (exact moments of the
+  U-statistic).
   Label semantic when z >= `semantic.SEMANTIC_Z`, a cut-off calibrated on planted topics, planted
   suffixes and random sets (`semantic.calibrate`; `run` repeats the calibration on the run's corpus
   and states it with the tables).
 - Per prefix: shallow when it ends with the key's shared suffix (shallow keys); semantic when its key
   is semantic and its mean cosine to the key's other prefixes is above the null mean.
 - Label per key: shallow, semantic, both or none; per layer the shares of keys and of
-  trigger prefixes in each label (Figure 2); a one-line description per key.
+  trigger prefixes in each label (Figure 2), and a control: the share of sets of trigger prefixes of
+  different keys labelled semantic (`mixed_key_control`); a one-line description per key.
 
 Human labels (`ffkv.store.annotations`, from the explorer or `ffkv annotate`): `run` adds
-the same figure from them and their agreement with the automatic ones.
+the same figure from them and their agreement with the automatic ones (per layer, and Cohen's kappa).
 """
 
 from __future__ import annotations
