@@ -66,7 +66,10 @@ def test_shallow_score_is_the_share_of_the_most_common_ending(patterned):
 def test_identical_contexts_are_semantic(patterned):
     run, loaded, keys, tokens, rows = patterned
     assert keys.loc[(2, 2), "is_semantic"]
-    assert keys.loc[(2, 2), "semantic_score"] > keys.loc[(0, 1), "semantic_score"]
+    assert keys.loc[(2, 2), "semantic_z"] >= 3 and keys.loc[(2, 2), "mean_pairwise_cosine"] > 0.5
+    # Key (0, 1) ends at each example's first token: no body left once the trigger token is left out.
+    assert keys.loc[(0, 1), "n_embedded"] == 0 and np.isnan(keys.loc[(0, 1), "semantic_z"])
+    assert not keys.loc[(0, 1), "is_semantic"]
     per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet")
     assert per_layer.shape[0] == 3
     label_shares = per_layer[[f"keys_{l}" for l in ("shallow", "semantic", "both", "none")]].sum(axis=1)
@@ -112,3 +115,42 @@ def test_cohen_kappa():
     a = np.array(["x", "x", "y", "y"])
     assert cohen_kappa(a, a) == 1.0
     assert cohen_kappa(a, np.array(["y", "y", "x", "x"])) == -1.0
+
+
+def test_tables_state_the_thresholds_and_their_calibration(patterned):
+    from ffkv.experiments import semantic
+    from ffkv.report.content import build_sections
+    from ffkv.store.run import RunDir
+
+    run, *_ = patterned
+    description = RunDir(run).metric_description("patterns")
+    assert description["semantic_z"] == semantic.SEMANTIC_Z == 3.0
+    assert "semantic: z >= 3" in description["labels"] and semantic.CALIBRATION_NOTE in description["labels"]
+    assert description["calibration"].startswith("on this run's corpus: z >= 3: false positives")
+    how = dict(next(s for s in build_sections(RunDir(run)) if s.name == "patterns").how)
+    assert "z >= 3" in how["labels"] and "calibration" in how  # the report shows both
+
+
+def test_mixed_key_control_per_layer(patterned, tmp_path):
+    run, *_ = patterned
+    per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet")
+    # 3 keys at most per layer here, fewer than the set size: no control sets, and a NaN share (not 0).
+    assert (per_layer["n_control_sets"] == 0).all() and per_layer["semantic_control"].isna().all()
+    # Layer 0: 30 keys whose prefixes all come from one example (any mix of keys is one context): control 1.
+    # Layer 1: 30 keys of prefixes of random examples: control sets are random sets.
+    run, loaded = make_run(tmp_path, "gpt2", n=120)
+    examples = pd.read_parquet(run / "examples.parquet")
+    tokens = {int(e): len(t) for e, t in zip(examples["example_id"], examples["token_ids"])}
+    longest = max(tokens, key=tokens.get)
+    rng = np.random.default_rng(0)
+    rows = [(0, key, r, longest, tokens[longest] - 1 - r - key % 3) for key in range(30) for r in range(6)]
+    ids = [e for e in tokens if tokens[e] >= 8]
+    rows += [(1, key, r, int(e), int(rng.integers(5, tokens[e]))) for key in range(30)
+             for r, e in enumerate(rng.choice(ids, 6, replace=False))]
+    set_triggers(run, rows)
+    analyze(run, only="patterns", loaded=loaded, progress=False)
+    per_layer = pd.read_parquet(run / "metrics" / "patterns.parquet").set_index("layer")
+    assert per_layer.loc[0, "n_control_sets"] == 100 and per_layer.loc[1, "n_control_sets"] >= 90  # some lack content
+    assert per_layer.loc[0, "semantic_control"] == 1.0
+    assert per_layer.loc[1, "semantic_control"] <= 0.1
+    assert np.isnan(per_layer.loc[2, "semantic_control"])  # no keys

@@ -6,24 +6,24 @@ For every key, from its top-t trigger prefixes:
   (also reported for the last bigram and trigram). The key's *shared suffix* is the
   longest last n-gram (n <= 3) shared by at least `SHALLOW_SHARE` of its prefixes.
   Label shallow when the shallow score >= `SHALLOW_SHARE` (30%).
-- **Semantic score**: prefixes are embedded with the analysed model's own
-  representations (the residual stream after layer ``round(2(L-1)/3)``, mean-pooled over
-  the prefix's non-special tokens, centred on the mean of random corpus prefixes), with
-  each prefix's part of the shared suffix *left out of the pool*, so that surface overlap
-  does not count as meaning (causal models: earlier positions never see it). The score is
-  the mean pairwise cosine of the key's prefixes minus that of random sets of prefixes of
-  the same size; label semantic when the key's mean pairwise cosine exceeds the 99th
-  percentile of `N_RANDOM_SETS` random sets (a permutation test, p < 0.01) and the score
-  is at least `SEMANTIC_MIN_SCORE` (0.2: significance alone labelled ~80% of a real
-  model's keys semantic, as top prefixes share position and local context).
-- Per prefix: shallow when it ends with the key's shared suffix (shallow keys); semantic
-  when its mean cosine to the key's other prefixes exceeds the 95th percentile of a random
-  prefix's mean cosine to a random set.
+- **Semantic score** (`ffkv.experiments.semantic`): not from any residual stream, which is circular
+  (a key's trigger prefixes share the key's direction there by construction). Each prefix is the mean
+  of the model's *input embeddings* of its content tokens (no stop tokens, no special tokens), with the
+  trigger token, the key's shared suffix and `CONTEXT` tokens before them left out; the score is the
+  mean pairwise cosine of the key's prefixes minus its mean over random corpus prefixes of the same
+  body lengths and endings, and z divides it by the null's standard deviation (exact moments of the
+  U-statistic).
+  Label semantic when z >= `semantic.SEMANTIC_Z`, a cut-off calibrated on planted topics, planted
+  suffixes and random sets (`semantic.calibrate`; `run` repeats the calibration on the run's corpus
+  and states it with the tables).
+- Per prefix: shallow when it ends with the key's shared suffix (shallow keys); semantic when its key
+  is semantic and its mean cosine to the key's other prefixes is above the null mean.
 - Label per key: shallow, semantic, both or none; per layer the shares of keys and of
-  trigger prefixes in each label (Figure 2); a one-line description per key.
+  trigger prefixes in each label (Figure 2), and a control: the share of sets of trigger prefixes of
+  different keys labelled semantic (`mixed_key_control`); a one-line description per key.
 
 Human labels (`ffkv.store.annotations`, from the explorer or `ffkv annotate`): `run` adds
-the same figure from them and their agreement with the automatic ones.
+the same figure from them and their agreement with the automatic ones (per layer, and Cohen's kappa).
 """
 
 from __future__ import annotations
@@ -33,25 +33,24 @@ import math
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-import torch
 
 from ffkv.errors import FfkvError
+from ffkv.experiments import semantic
+from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, save_figure
-from ffkv.parallel import gather_rows
 from ffkv.store.annotations import LABELS, consensus, read_labels
 
 NAME = "patterns"
 SHALLOW_SHARE = 0.3
 MAX_SUFFIX = 3
-KEY_QUANTILE = 0.99
-PREFIX_QUANTILE = 0.95
-#: Besides significance, an effect size: mean pairwise cosine at least this far above random sets'.
-SEMANTIC_MIN_SCORE = 0.2
-N_RANDOM_PREFIXES = 400
-N_RANDOM_SETS = 2000
-EMBED_BYTES = 2**30  # above this, prefix embeddings are randomly projected to RANDOM_DIMS
-RANDOM_DIMS = 256
+#: Examples of the run's corpus read for token counts, random prefixes and the calibration.
+CORPUS_SAMPLE = 3000
+#: Sets of each kind in the calibration that `run` does on the run's own corpus.
+CALIBRATION_SETS = 100
+#: Per layer, sets of trigger prefixes of different keys scored as a control (`mixed_key_control`).
+MIXED_SETS = 100
+KEY_CHUNK = 2048
 TOPIC_WORDS = 3
 
 
@@ -98,190 +97,145 @@ def shallow_scores(entries: pd.DataFrame) -> pd.DataFrame:
     return per_key.drop(columns=[f"suffix_{n}" for n in range(1, MAX_SUFFIX + 1)])
 
 
-def masked_length(prefix_tail: np.ndarray, suffix: tuple) -> int:
-    """How many of the prefix's last tokens belong to the key's shared suffix (its longest common end)."""
-    n = 0
-    for a, b in zip(prefix_tail, reversed(suffix)):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 # ----------------------------------------------------------------- semantic
-def embed_layer(n_layers: int) -> int:
-    return int(round(2 * (n_layers - 1) / 3))
+def corpus_sample(ctx: RunContext, n: int = CORPUS_SAMPLE) -> list[np.ndarray]:
+    """The token ids of n seeded random examples of the run's corpus (token counts, random prefixes, calibration)."""
+    def read() -> list[np.ndarray]:
+        ids = pq.read_table(ctx.run.table("examples"), columns=["example_id"]).column(0).to_numpy()
+        rng = np.random.default_rng([ctx.seed, 6])
+        chosen = np.sort(rng.choice(ids, size=min(n, len(ids)), replace=False))
+        table = pq.read_table(ctx.run.table("examples"), columns=["token_ids"],
+                              filters=[("example_id", "in", chosen.tolist())])
+        return [np.asarray(t, dtype=np.int64) for t in table.column(0).to_pylist()]
+    return ctx.once(("corpus_sample", n), read)
 
 
-@torch.no_grad()
-def pooled_embeddings(ctx: RunContext, token_lists: list[np.ndarray], requests: list[tuple[int, int]],
-                      layer: int, projection: torch.Tensor | None) -> np.ndarray:
-    """Mean of resid_post[layer] over non-special positions 0..end of a token list, per request.
-
-    requests: (index into token_lists, end position inclusive). NaN rows where nothing is pooled.
-    Under torchrun each rank runs its share of the batches; every rank gets every request's row.
-    """
-    view = ctx.view
-    special = torch.tensor(sorted(ctx.special_ids) or [-1], device=view.device)
-    dims = projection.shape[1] if projection is not None else view.d_model
-    out = np.full((len(requests), dims), np.nan, dtype=np.float32)
-    by_row: dict[int, list[int]] = {}
-    for i, (row, _) in enumerate(requests):
-        by_row.setdefault(row, []).append(i)
-    rows = [(i, token_lists[i]) for i in sorted(by_row)]
-    state: dict = {}
-
-    def sink(name, l, t):
-        state["h"] = t.float()
-
-    mine = ctx.batches(rows)
-    done: list[int] = []  # the requests this rank pooled
-    bar = progress_bar(ctx.progress, len(mine.rows), "pattern embeddings", "ex")
-    with view.capture(("resid_post",), layers=[layer], sink=sink, stop_early=True):
-        for idx, batch in mine:
-            view.forward(batch.input_ids, batch.attention_mask)
-            keep = (batch.attention_mask.bool() & ~torch.isin(batch.input_ids, special)).float()
-            sums = torch.cumsum(state.pop("h") * keep[..., None], dim=1)
-            counts = torch.cumsum(keep, dim=1)
-            req = [i for r in idx for i in by_row[int(r)]]
-            b = torch.as_tensor(np.searchsorted(idx, [requests[i][0] for i in req]), device=view.device)
-            end = torch.as_tensor([requests[i][1] for i in req], device=view.device)
-            ok = end >= 0
-            e = end.clamp(min=0)
-            cnt = counts[b, e]
-            pooled = sums[b, e] / cnt.clamp(min=1)[:, None]
-            if projection is not None:
-                pooled = pooled @ projection
-            pooled[~(ok & (cnt > 0))] = float("nan")
-            out[req] = as_numpy(pooled)
-            done += req
-            bar.update(len(idx))
-    bar.close()
-    return gather_rows(out, done)
+def input_embeddings(ctx: RunContext) -> np.ndarray:
+    """The model's input token embeddings (its output embedding E where it exposes no input embedding)."""
+    get = getattr(ctx.view.model, "get_input_embeddings", None)
+    module = get() if callable(get) else None
+    weight = getattr(module, "weight", None) if module is not None else None
+    if weight is None or weight.ndim != 2:
+        weight = ctx.view.unembedding
+    return as_numpy(weight.float())
 
 
-def random_prefixes(ctx: RunContext, n: int) -> list[np.ndarray]:
-    """n seeded random prefixes (a random example, a random non-special end) of the run's corpus."""
-    ids = pq.read_table(ctx.run.table("examples"), columns=["example_id"]).column(0).to_numpy()
-    rng = np.random.default_rng([ctx.seed, 4])
-    chosen = np.sort(rng.choice(ids, size=min(n, len(ids)), replace=False))
-    table = pq.read_table(ctx.run.table("examples"), columns=["example_id", "token_ids"],
-                          filters=[("example_id", "in", chosen.tolist())])
-    special = ctx.special_ids
-    out = []
-    for tokens in table.column("token_ids").to_pylist():
-        tokens = np.asarray(tokens, dtype=np.int64)
-        ends = [i for i, t in enumerate(tokens) if int(t) not in special]
-        if ends:
-            out.append(tokens[: ends[int(rng.integers(len(ends)))] + 1])
-    return out
+def content_space(ctx: RunContext) -> semantic.ContentSpace:
+    docs = corpus_sample(ctx)
+    emb = input_embeddings(ctx)
+    counts = np.bincount(np.concatenate(docs + [np.zeros(0, np.int64)]).clip(0, len(emb) - 1), minlength=len(emb))
+    is_word = np.array([any(ch.isalnum() for ch in ctx.token(t)) for t in range(len(emb))])
+    return semantic.ContentSpace.build(emb, counts, sorted(ctx.special_ids), is_word, ctx.seed)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norm > 0, norm, 1)
+def shared_suffixes(sets: list[list[np.ndarray]]) -> list[tuple]:
+    """The shared suffix `shallow_scores` finds for each set of prefixes, as if each were one key's."""
+    tails = [np.asarray(p)[-MAX_SUFFIX:][::-1] for prefixes in sets for p in prefixes]
+    last = np.full((len(tails), MAX_SUFFIX), -1, dtype=np.int64)
+    for i, t in enumerate(tails):
+        last[i, : len(t)] = t
+    entries = pd.DataFrame({"layer": 0, "key": np.repeat(np.arange(len(sets)), [len(p) for p in sets]),
+                            **{f"t{n + 1}": last[:, n] for n in range(MAX_SUFFIX)}})
+    found = shallow_scores(entries)["shared_suffix"]
+    return [tuple(found.get((0, i), ())) for i in range(len(sets))]
 
 
-class RandomBaseline:
-    """Cosine statistics of random prefixes: the null distribution of the semantic test."""
-
-    def __init__(self, pool: np.ndarray, seed: int) -> None:
-        self.pool = pool  # (R, D) unit vectors, centred
-        self.rng = np.random.default_rng([seed, 5])
-        self._cache: dict[int, tuple[float, float, float]] = {}
-
-    def for_size(self, k: int) -> tuple[float, float, float]:
-        """(mean, KEY_QUANTILE quantile) of a random k-set's mean pairwise cosine, and the
-        PREFIX_QUANTILE quantile of one prefix's mean cosine to k-1 others."""
-        if k not in self._cache:
-            R = len(self.pool)
-            k_ = min(k, R)
-            sets, single = [], []
-            for _ in range(N_RANDOM_SETS):
-                pick = self.rng.choice(R, size=k_, replace=False)
-                x = self.pool[pick]
-                s = x.sum(0)
-                sets.append((s @ s - k_) / (k_ * (k_ - 1)))
-                single.append((x[0] @ s - 1) / (k_ - 1))
-            self._cache[k] = (float(np.mean(sets)), float(np.quantile(sets, KEY_QUANTILE)),
-                              float(np.quantile(single, PREFIX_QUANTILE)))
-        return self._cache[k]
+def semantic_null(ctx: RunContext) -> tuple[semantic.ContentSpace, semantic.NullMoments]:
+    """The content space and the null of the run's corpus sample (built once per analysis)."""
+    def build():
+        space = content_space(ctx)
+        try:
+            return space, semantic.build_null(corpus_sample(ctx), space, ctx.seed)
+        except ValueError as exc:
+            raise FfkvError(f"the corpus is too small for the semantic score: {exc}") from None
+    return ctx.once("semantic_null", build)
 
 
 def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, dict]:
-    """Per key semantic score and label; per entry whether the prefix is semantic. Entries in (layer, key, rank) order."""
-    view = ctx.view
-    layer = embed_layer(view.n_layers)
-    d = view.d_model
-    projection = None
-    if len(entries) * d * 4 > EMBED_BYTES and d > RANDOM_DIMS:
-        g = torch.Generator().manual_seed(ctx.seed)
-        projection = (torch.randn(d, RANDOM_DIMS, generator=g) / math.sqrt(RANDOM_DIMS)).to(view.device)
-    examples = ctx.examples()
-    ex_ids = np.unique(entries["example_id"].to_numpy())
-    row_of = {int(e): i for i, e in enumerate(ex_ids)}
-    randoms = random_prefixes(ctx, N_RANDOM_PREFIXES)
-    token_lists = [examples[int(e)][0] for e in ex_ids] + randoms
-    suffix = per_key["shared_suffix"].to_dict()  # a dict: a lookup per entry, where .loc costs ~0.1 ms
-    requests = []
-    for t in entries[["layer", "key", "example_id", "position", "t1", "t2", "t3"]].itertuples(index=False):
-        n_mask = masked_length(np.array([t.t1, t.t2, t.t3]), suffix[(int(t.layer), int(t.key))])
-        requests.append((row_of[int(t.example_id)], int(t.position) - n_mask))
-    requests += [(len(ex_ids) + i, len(p) - 1) for i, p in enumerate(randoms)]
-    emb = pooled_embeddings(ctx, token_lists, requests, layer, projection)
-    pool, emb = emb[len(entries):], emb[: len(entries)]
-    pool = pool[~np.isnan(pool).any(1)]
-    if len(pool) < 3:
-        raise FfkvError("the corpus is too small for the semantic score: fewer than 3 random prefixes")
-    centre = pool.mean(0)
-    baseline = RandomBaseline(_unit(pool - centre), ctx.seed)
-    x = _unit(np.nan_to_num(emb - centre))
-    valid = ~np.isnan(emb).any(1)
-    x[~valid] = 0
-
-    keys = entries[["layer", "key"]].to_numpy()
-    starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(1)])
-    sums = np.add.reduceat(x, starts, axis=0)
-    counts = np.add.reduceat(valid.astype(np.int64), starts)
-    within = np.where(counts > 1, ((sums * sums).sum(1) - counts) / np.maximum(counts * (counts - 1), 1), np.nan)
-    seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(entries)]))
-    k_entry = counts[seg]
-    prefix_cos = np.where(valid & (k_entry > 1), ((x * sums[seg]).sum(1) - 1) / np.maximum(k_entry - 1, 1), np.nan)
-
-    rows, prefix_semantic = [], np.zeros(len(entries), dtype=bool)
-    for i, s in enumerate(starts):
-        k = int(counts[i])
-        if k < 2:
-            rows.append((math.nan, math.nan, False))
-            continue
-        mean, key_q, prefix_q = baseline.for_size(k)
-        rows.append((float(within[i] - mean), float(within[i]),
-                     bool(within[i] > key_q and within[i] - mean >= SEMANTIC_MIN_SCORE)))
-        end = starts[i + 1] if i + 1 < len(starts) else len(entries)
-        prefix_semantic[s:end] = prefix_cos[s:end] > prefix_q
-    index = pd.MultiIndex.from_arrays([keys[starts, 0], keys[starts, 1]], names=["layer", "key"])
-    out = pd.DataFrame(rows, columns=["semantic_score", "mean_pairwise_cosine", "is_semantic"], index=index)
-    out["n_embedded"] = counts
-    info = {"embedding": f"resid_post of layer {layer} (0-based), mean over non-special prefix tokens, "
-                         "shared-suffix tokens left out, centred on random prefixes",
-            "embedding_dims": int(projection.shape[1]) if projection is not None else d,
-            "random_prefixes": int(len(pool)), "key_quantile": KEY_QUANTILE, "prefix_quantile": PREFIX_QUANTILE,
-            "semantic_min_score": SEMANTIC_MIN_SCORE}
+    """Per key semantic score, z and label (`ffkv.experiments.semantic`); per entry whether the prefix is
+    semantic (its key is, and its mean cosine to the key's other prefixes is above the null mean).
+    Entries in (layer, key, rank) order. Keys are scored in chunks: memory does not grow with the keys."""
+    space, null = semantic_null(ctx)
+    docs = corpus_sample(ctx)
+    suffix = per_key["shared_suffix"].to_dict()
+    layers, keys_, ex_ids, pos = (entries[c].to_numpy() for c in ("layer", "key", "example_id", "position"))
+    starts_all = np.flatnonzero(np.r_[True, (layers[1:] != layers[:-1]) | (keys_[1:] != keys_[:-1])])
+    bounds = np.r_[starts_all, len(entries)]
+    columns = {c: np.full(len(starts_all), np.nan) for c in ("S", "mean", "z")}
+    n_embedded = np.zeros(len(starts_all), dtype=np.int64)
+    prefix_cos = np.full(len(entries), np.nan)
+    bar = progress_bar(ctx.progress, len(starts_all), "semantic scores", "key")
+    for c0 in range(0, len(starts_all), KEY_CHUNK):
+        c1 = min(c0 + KEY_CHUNK, len(starts_all))
+        sets = [([ctx.prefix(e, p) for e, p in zip(ex_ids[bounds[i]:bounds[i + 1]], pos[bounds[i]:bounds[i + 1]])],
+                 suffix[(int(layers[bounds[i]]), int(keys_[bounds[i]]))]) for i in range(c0, c1)]
+        got = semantic.score_sets(space, null, sets)
+        for name in columns:
+            columns[name][c0:c1] = got[name]
+        n_embedded[c0:c1] = got["n"]
+        prefix_cos[bounds[c0]:bounds[c1]] = got["row"]
+        bar.update(c1 - c0)
+    bar.close()
+    z = columns["z"]
+    is_semantic = np.nan_to_num(z, nan=-np.inf) >= semantic.SEMANTIC_Z
+    index = pd.MultiIndex.from_arrays([layers[starts_all], keys_[starts_all]], names=["layer", "key"])
+    out = pd.DataFrame({"semantic_score": columns["S"] - columns["mean"], "mean_pairwise_cosine": columns["S"],
+                        "semantic_z": z, "semantic_p": semantic.normal_sf(z), "is_semantic": is_semantic,
+                        "n_embedded": n_embedded}, index=index)
+    key_of_row = np.repeat(np.arange(len(starts_all)), np.diff(bounds))
+    prefix_semantic = is_semantic[key_of_row] & (np.nan_to_num(prefix_cos, nan=-np.inf) > columns["mean"][key_of_row])
+    calibration = semantic.calibrate(docs, space, null, shared_suffixes,
+                                     k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)),
+                                     n_sets=CALIBRATION_SETS, seed=ctx.seed)
+    info = {"embedding": "the model's input embeddings of each prefix's content tokens (stop tokens: the most "
+                         f"frequent tokens making {semantic.STOP_MASS:.0%} of the corpus), mean-pooled; trigger "
+                         f"token, shared suffix and {CONTEXT} tokens before them left out; null: random corpus "
+                         "prefixes with the same body lengths and endings",
+            "semantic_z": semantic.SEMANTIC_Z, "random_prefixes": int(null.n_pool),
+            "calibration": f"on this run's corpus: {calibration.line()}"}
     return out, prefix_semantic, info
 
 
+def mixed_key_control(ctx: RunContext, entries: pd.DataFrame, layers: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the share of `MIXED_SETS` control sets labelled semantic, and the number of sets scored.
+
+    A control set holds one random trigger prefix of each of k different keys of the layer (k = the
+    calibration's set size): real trigger prefixes, with their positions and endings, but no key in
+    common, so the share is a false-positive rate on this model's own data. NaN where a layer has fewer
+    than k keys."""
+    space, null = semantic_null(ctx)
+    k = max(semantic.MIN_PREFIXES, min(ctx.top_k, 25))
+    rng = np.random.default_rng([ctx.seed, 12])
+    layer_of, key_of = entries["layer"].to_numpy(), entries["key"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, (layer_of[1:] != layer_of[:-1]) | (key_of[1:] != key_of[:-1])])
+    ends = np.r_[starts[1:], len(entries)]
+    share, n_sets = np.full(len(layers), np.nan), np.zeros(len(layers), dtype=np.int64)
+    ex_ids, pos = entries["example_id"].to_numpy(), entries["position"].to_numpy()
+    for j, layer in enumerate(layers):
+        mine = np.flatnonzero(layer_of[starts] == layer)
+        if len(mine) < k:
+            continue
+        sets = []
+        for _ in range(MIXED_SETS):
+            chosen = rng.choice(mine, size=k, replace=False)
+            rows = starts[chosen] + (rng.random(k) * (ends[chosen] - starts[chosen])).astype(np.int64)
+            sets.append([ctx.prefix(ex_ids[r], pos[r]) for r in rows])
+        z = semantic.score_sets(space, null, list(zip(sets, shared_suffixes(sets))))["z"]
+        z = z[np.isfinite(z)]
+        n_sets[j] = len(z)
+        share[j] = float((z >= semantic.SEMANTIC_Z).mean()) if len(z) else np.nan
+    return share, n_sets
+
+
 # -------------------------------------------------------------- description
-def corpus_document_frequency(ctx: RunContext, n: int = 2000) -> tuple[np.ndarray, int]:
-    """Per token id, in how many of n random corpus examples it occurs."""
-    ids = pq.read_table(ctx.run.table("examples"), columns=["example_id"]).column(0).to_numpy()
-    rng = np.random.default_rng([ctx.seed, 6])
-    chosen = rng.choice(ids, size=min(n, len(ids)), replace=False).tolist()
-    table = pq.read_table(ctx.run.table("examples"), columns=["token_ids"], filters=[("example_id", "in", chosen)])
+def corpus_document_frequency(ctx: RunContext) -> tuple[np.ndarray, int]:
+    """Per token id, in how many examples of the corpus sample (`corpus_sample`) it occurs."""
+    docs = corpus_sample(ctx)
     df = np.zeros(ctx.view.vocab_size + 1, dtype=np.int64)
-    for tokens in table.column(0).to_pylist():
-        u = np.unique(np.asarray(tokens, dtype=np.int64))
+    for tokens in docs:
+        u = np.unique(tokens)
         df[u[(u >= 0) & (u < len(df))]] += 1
-    return df, max(1, table.num_rows)
+    return df, max(1, len(docs))
 
 
 def describe(ctx: RunContext, key_row, prefixes: list[np.ndarray], masked: list[int], doc_freq, n_docs) -> str:
@@ -373,12 +327,15 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys["share_prefixes_shallow"] = entries.assign(v=np.array(prefix_shallow)).groupby(["layer", "key"])["v"].mean().to_numpy()
     keys["share_prefixes_semantic"] = entries.assign(v=prefix_semantic).groupby(["layer", "key"])["v"].mean().to_numpy()
     cols = ["layer", "key", "label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
-            "shared_suffix", "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "is_shallow", "is_semantic",
+            "shared_suffix", "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "semantic_z", "semantic_p",
+            "is_shallow", "is_semantic",
             "share_prefixes_shallow", "share_prefixes_semantic", "n_triggers", "n_embedded"]
     keys = keys[cols]
     prefixes = entries[["layer", "key", "rank", "example_id", "position", "prefix_label"]].astype(
         {"layer": np.int16, "key": np.int32, "rank": np.int16, "position": np.int32})
-    return {"keys": keys, "prefixes": prefixes, "per_layer": shares(keys, prefixes, ctx.view.n_layers), "info": info}
+    per_layer = shares(keys, prefixes, ctx.view.n_layers)
+    per_layer["semantic_control"], per_layer["n_control_sets"] = mixed_key_control(ctx, entries, per_layer["layer"])
+    return {"keys": keys, "prefixes": prefixes, "per_layer": per_layer, "info": info}
 
 
 def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, label_column: str = "label") -> pd.DataFrame:
@@ -446,7 +403,10 @@ def human_agreement(ctx: RunContext, keys: pd.DataFrame) -> pd.DataFrame | None:
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
     meta = {"shallow_share": SHALLOW_SHARE, "max_suffix": MAX_SUFFIX, **result["info"], "top_t": ctx.top_k,
-            "labels": "shallow: shallow_score >= shallow_share; semantic: permutation test on mean pairwise cosine"}
+            "labels": (f"shallow: shallow_score >= {SHALLOW_SHARE:g}; semantic: z >= {semantic.SEMANTIC_Z:g}, z = "
+                       "(mean pairwise cosine of the prefixes' content-token embeddings - its mean over random "
+                       "length-matched corpus prefixes) / its sd; calibrated on ffkv-tiny: "
+                       f"{semantic.CALIBRATION_NOTE}")}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
     ctx.write_table(f"{NAME}_prefixes", result["prefixes"], **meta)

@@ -30,7 +30,8 @@ from ffkv.store.run import RunDir
 PATTERN_KEYS = "patterns_keys"
 #: Columns of patterns_keys the pages show (the rest stay in the table), in this order.
 PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
-                   "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "n_triggers", "n_embedded")
+                   "shared_suffix_text", "semantic_score", "semantic_z", "mean_pairwise_cosine", "n_triggers",
+                   "n_embedded")
 #: Memories whose per-token coefficients over their trigger examples are kept (256 x 100 examples x
 #: 128 tokens of float32: 13 MB).
 CONTEXT_CACHE = 256

@@ -179,7 +179,9 @@ PROJECTION_NOTES = {
 #: Pattern scores shown on the memory page: column of patterns_keys -> (name, percent?).
 PATTERN_SCORES = {"shallow_score": ("shallow score", True), "shallow_score_2": ("last 2 tokens", True),
                   "shallow_score_3": ("last 3 tokens", True), "shared_suffix_text": ("shared ending", False),
-                  "semantic_score": ("semantic score", False), "mean_pairwise_cosine": ("mean pairwise cosine", False),
+                  "semantic_score": ("semantic score", False),
+                  "semantic_z": ("semantic z (cut-off in the report)", False),
+                  "mean_pairwise_cosine": ("mean pairwise cosine", False),
                   "n_triggers": ("prefixes read", False), "n_embedded": ("prefixes embedded", False)}
 
 
