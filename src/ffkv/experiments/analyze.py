@@ -56,9 +56,12 @@ def analyze(
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
         eval_split: the split of `eval_corpus` (default: heldout for the run's corpus, all for another).
         n_eval: number of held-out examples (SPEC section 7: 4,000).
-        projection: None for SPEC's defaults (identity for values, sub-updates and FF
-            outputs; final normalization for residual-stream vectors), or "identity" /
-            "final-norm" for every vector.
+        projection: None or "default" for SPEC's defaults (identity for values, sub-updates and
+            Figure 8's FF outputs; final normalization for residual-stream vectors and for every
+            vector of Figures 9-11), "paper" for the released code's choices (identity for every
+            vector, the raw residual with no final normalization), or "identity" / "final-norm"
+            for every vector. Figures 9-11 are also computed under the other residual projection
+            (metrics/refinement_projections.parquet) and drawn when they differ.
         progress: show progress bars.
         loaded: the run's model, already loaded (else loaded from manifest['model']['id']).
         device, dtype: where and how to load the model when `loaded` is not given (under

@@ -33,28 +33,89 @@ from ffkv.store.run import RunDir
 T = TypeVar("T")
 
 
+#: Values of `analyze(projection=...)` / `ffkv analyze --projection`.
+PROJECTION_CHOICES = ("default", "paper", "identity", "final-norm")
+#: The choice whose residual-stream projection each projection is: the paper's released code projects
+#: the raw residual (identity), SPEC's default the final normalization (the logit lens).
+RESIDUAL_CHOICE = {"identity": "paper", "final-norm": "default"}
+
+
 @dataclass(frozen=True)
 class Projections:
     """Which normalization N each kind of vector goes through before Eᵀ (SPEC section 1).
 
     Attributes:
-        values: value vectors, memory sub-updates m_i·v_i and the FF output.
-        residuals: residual-stream vectors (resid_mid, resid_post).
+        values: value vectors, memory sub-updates m_i·v_i and the FF output of Figure 8.
+        residuals: residual-stream vectors, and every vector of Figures 9-11 (r, f and y of Figure 11
+            all go through it: one projection per figure).
+        name: the choice that made them: "default", "paper", "identity" or "final-norm".
     """
 
     values: str = DEFAULT_FOR_VALUES
     residuals: str = DEFAULT_FOR_RESIDUALS
+    name: str = "default"
 
     @classmethod
     def choose(cls, projection: str | None) -> "Projections":
-        """SPEC defaults for None; one name forces that projection on every vector."""
+        """SPEC's defaults for None or "default"; "paper" for the released code's choices (identity for every
+        vector: values, sub-updates and the raw residual, no final normalization); "identity" or
+        "final-norm" forces that projection on every vector."""
         if projection is None or projection == "default":
             return cls()
+        if projection == "paper":
+            return cls("identity", "identity", "paper")
+        if projection not in PROJECTION_CHOICES:
+            raise FfkvError(f"unknown projection {projection!r}; choose from {', '.join(PROJECTION_CHOICES)}")
         check_projection(projection)
-        return cls(projection, projection)
+        return cls(projection, projection, projection)
 
     def to_dict(self) -> dict[str, str]:
-        return {"values_and_sub_updates": self.values, "residuals": self.residuals}
+        return {"choice": self.name, "values_and_sub_updates": self.values, "residuals": self.residuals}
+
+
+#: Below this many examples (or keys) a per-layer share is too uncertain to read alone: `analyze` warns and
+#: the report marks the section (its 95% interval is then wider than about ±10 points).
+MIN_N = 100
+#: z of a two-sided 95% interval.
+Z95 = 1.959963984540054
+
+
+def wilson_interval(k: int | np.ndarray, n: int | np.ndarray, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """The Wilson score interval of a share k/n (95% by default); (nan, nan) where n = 0.
+
+    Wilson (1927): centre (k + z²/2) / (n + z²), half-width z·sqrt(k(n-k)/n + z²/4) / (n + z²); unlike the
+    normal approximation it stays inside [0, 1] and is not empty at k = 0 or k = n.
+    """
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centre = (k + z * z / 2) / (n + z * z)
+        half = z * np.sqrt(np.clip(k * (n - k) / n, 0, None) + z * z / 4) / (n + z * z)
+        low = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), np.nan)
+        high = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), np.nan)
+    return low, high
+
+
+def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
+    """{name: share, name_ci_low, name_ci_high} of a boolean array (its n is the table's n column)."""
+    hits = np.asarray(hits, dtype=bool)
+    n, k = len(hits), int(hits.sum())
+    low, high = wilson_interval(k, n)
+    return {name: float(k / n) if n else float("nan"), f"{name}_ci_low": float(low), f"{name}_ci_high": float(high)}
+
+
+def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> list[str]:
+    """A one-line warning (also raised as an `FfkvWarning`, printed by the CLI) when n < `MIN_N`; [] otherwise.
+
+    The lines go into the table's description (`warnings`), which the report shows in the section.
+    """
+    if n >= MIN_N:
+        return []
+    line = (f"{experiment}: per-layer shares rest on n = {n} {what}, fewer than {MIN_N}; read them with their "
+            "95% intervals (ci_low, ci_high)")
+    if is_writer():
+        warnings.warn(line, FfkvWarning, stacklevel=2)
+    return [line]
 
 
 @dataclass(frozen=True)

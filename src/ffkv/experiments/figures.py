@@ -34,6 +34,14 @@ def layer_axis(ax, n_layers: int) -> None:
     ax.set_xticklabels([str(i + 1) for i in range(0, n_layers, step)])
 
 
+def interval_bars(ax, x, table, column: str, scale: float = 100.0) -> None:
+    """Error bars of a share's 95% interval (columns COLUMN_ci_low, COLUMN_ci_high), in percent by default."""
+    value = scale * table[column].to_numpy(float)
+    low = scale * table[f"{column}_ci_low"].to_numpy(float)
+    high = scale * table[f"{column}_ci_high"].to_numpy(float)
+    ax.errorbar(x, value, yerr=[value - low, high - value], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+
+
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
     """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure. Returns the paths written
     (none on ranks other than 0 under torchrun: rank 0 alone writes)."""

@@ -26,12 +26,13 @@ N_CONFIDENT = 100
 TRIGGERS_SHOWN = 5
 
 
-def value_top_tokens(ctx: RunContext, layer: int) -> np.ndarray:
-    """argmax p_i for every key of a layer under the values projection (shared with composition)."""
-    def compute() -> np.ndarray:
+def value_tokens(ctx: RunContext, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax p_i, argmin p_i) for every key of a layer under the values projection (shared with
+    composition): what the memory predicts with a positive coefficient, and with a negative one."""
+    def compute() -> tuple[np.ndarray, np.ndarray]:
         stats = scan_values(ctx.view, layer, ctx.projections.values, np.full(ctx.view.d_m, -1), top=1)
-        return stats["top_token_id"].astype(np.int64)
-    return ctx.once(("value_top_tokens", layer), compute)
+        return stats["top_token_id"].astype(np.int64), stats["bottom_token_id"].astype(np.int64)
+    return ctx.once(("value_tokens", layer), compute)
 
 
 def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
@@ -55,7 +56,8 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys = []
     for layer in range(L):
         s = {name: v[layer] for name, v in stats.items()}
-        ctx.once(("value_top_tokens", layer), lambda: s["top_token_id"].astype(np.int64))
+        ctx.once(("value_tokens", layer), lambda: (s["top_token_id"].astype(np.int64),
+                                                   s["bottom_token_id"].astype(np.int64)))
         keys.append(pd.DataFrame({
             "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
             "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),

@@ -74,7 +74,8 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
     Args:
         targets: token id per key whose rank and probability are wanted; -1 for none.
 
-    Returns arrays of length d_m: top_token_id, top_prob, entropy, logsumexp, target_rank
+    Returns arrays of length d_m: top_token_id, bottom_token_id (argmin: what a negative
+    coefficient promotes, SPEC section 7), top_prob, entropy, logsumexp, target_rank
     (1 = the value's top token; ties count in the target's favour), target_prob, and
     (d_m, top) top_token_ids / top_probs.
     """
@@ -83,7 +84,7 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
     chunk = chunk or chunk_size(view.vocab_size)
     device = values.device
     targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
-    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
+    out = {name: [] for name in ("top_token_id", "bottom_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
                                  "target_prob", "top_token_ids", "top_probs")}
     for start in range(0, d_m, chunk):
         z = logits(view, values[start:start + chunk], projection)  # (n, |V|) float32
@@ -98,6 +99,7 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
         out["entropy"].append(lse - pz)
         out["logsumexp"].append(lse)
         out["top_token_id"].append(top_ids[:, 0])
+        out["bottom_token_id"].append(z.argmin(dim=-1))
         out["top_prob"].append((top_logits[:, 0] - lse).exp())
         out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))
         out["target_prob"].append(torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))))
