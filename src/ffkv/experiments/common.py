@@ -91,8 +91,9 @@ def wilson_interval(k: int | np.ndarray, n: int | np.ndarray, z: float = Z95) ->
     with np.errstate(invalid="ignore", divide="ignore"):
         centre = (k + z * z / 2) / (n + z * z)
         half = z * np.sqrt(np.clip(k * (n - k) / n, 0, None) + z * z / 4) / (n + z * z)
-        low = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), np.nan)
-        high = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), np.nan)
+        # Exact ends at k = 0 and k = n (the formula gives them up to rounding).
+        low = np.where(n > 0, np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0)), np.nan)
+        high = np.where(n > 0, np.where(k >= n, 1.0, np.clip(centre + half, 0.0, 1.0)), np.nan)
     return low, high
 
 

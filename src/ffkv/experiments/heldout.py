@@ -81,17 +81,23 @@ def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.
     return z
 
 
+@torch.no_grad()
+def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str) -> torch.Tensor:
+    """What each memory of `keys` predicts at a position with coefficients m (d_m,): the top token of
+    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ)."""
+    values = view.values(layer)
+    sub = m[keys, None].to(values.dtype) * values[keys]
+    return project(view, sub, projection).argmax(-1)
+
+
 def _matches_exact(view, layer: int, m: torch.Tensor, active: torch.Tensor, projection: str, *tops: torch.Tensor,
                    chunk: int = 256) -> list[torch.Tensor]:
     """Whether some active memory's signed sub-update m_i·v_i has each given top token, projecting every one."""
-    values = view.values(layer)
     found = [torch.zeros(m.shape[0], dtype=torch.bool, device=m.device) for _ in tops]
     for b in range(m.shape[0]):
         keys_b = torch.nonzero(active[b])[:, 0]
         for start in range(0, len(keys_b), chunk):
-            keys = keys_b[start:start + chunk]
-            sub = m[b, keys, None].to(values.dtype) * values[keys]
-            best = project(view, sub, projection).argmax(-1)
+            best = memory_predictions(view, layer, m[b], keys_b[start:start + chunk], projection)
             for f, t in zip(found, tops):
                 f[b] |= bool((best == t[b]).any())
     return found

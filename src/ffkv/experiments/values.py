@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RunContext, progress_bar
-from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
 from ffkv.parallel import gather_rows, owned
@@ -87,13 +87,13 @@ def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
         paired = float((top_share * target_share.reindex(top_share.index, fill_value=0)).sum()) if n else math.nan
         q = np.quantile(ranks, [0.1, 0.25, 0.5, 0.75, 0.9]) if n else [math.nan] * 5
         rows.append({
-            "layer": int(layer), "agreement_rate": float(with_target["agrees"].mean()) if n else math.nan,
+            "layer": int(layer), **share_with_interval(with_target["agrees"].to_numpy(bool), "agreement_rate"),
             "chance_rate": 1.0 / vocab_size, "chance_rate_shuffled": paired,
             "n_keys": int(len(g)), "n_keys_with_target": n,
             "mean_top_prob": float(g["top_prob"].mean()), "mean_entropy": float(g["entropy"].mean()),
             "rank_p10": q[0], "rank_p25": q[1], "rank_median": q[2], "rank_p75": q[3], "rank_p90": q[4],
             "mean_log10_rank": float(np.log10(ranks).mean()) if n else math.nan,
-            "share_rank_top10": float((ranks <= 10).mean()) if n else math.nan,
+            **share_with_interval(ranks <= 10, "share_rank_top10"),
         })
     return pd.DataFrame(rows)
 
@@ -126,11 +126,12 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> Non
     fig, ax = new_figure()
     x = per_layer_df["layer"].to_numpy()
     ax.bar(x - 0.2, 100 * per_layer_df["agreement_rate"], width=0.4, label="agreement rate", color="#4C72B0")
+    interval_bars(ax, x - 0.2, per_layer_df, "agreement_rate")
     ax.bar(x + 0.2, 100 * per_layer_df["chance_rate_shuffled"], width=0.4, label="chance (shuffled pairs)",
            color=COLORS["chance"])
     ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
     ax.set_ylabel("% keys: top token = trigger's next token")
-    ax.set_title("Value top token vs. top trigger example (paper Fig. 4)")
+    ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {ctx.projections.values} projection)")
     layer_axis(ax, L)
     ax.legend(frameon=False)
     save_figure(fig, ctx.run.path, NAME)
@@ -141,14 +142,17 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> Non
     ax.boxplot([d if len(d) else [np.nan] for d in data], positions=range(L), showfliers=False, widths=0.6)
     ax.set_yscale("log")
     ax.set_ylabel("rank of trigger's next token in p_i (1 = top)")
-    ax.set_title("Rank of the trigger's next token (paper Fig. 5)")
+    ax.set_title(f"Rank of the trigger's next token (paper Fig. 5; {ctx.projections.values} projection)")
     layer_axis(ax, L)
     save_figure(fig, ctx.run.path, f"{NAME}_rank")
 
 
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
-    meta = {"projection": ctx.projections.values, "vocab_size": ctx.view.vocab_size,
+    n = int(result["per_layer"]["n_keys_with_target"].min()) if len(result["per_layer"]) else 0
+    meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
+            "vocab_size": ctx.view.vocab_size, "interval": "95% Wilson score interval",
+            "warnings": sample_size_warnings(NAME, n, "keys with a trigger target"),
             "target": TARGET_DESCRIPTION[ctx.view.encoder],
             "rank": "1 + number of tokens with a strictly higher logit"}
     ctx.write_table(NAME, result["per_layer"], **meta)
