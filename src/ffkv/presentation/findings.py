@@ -82,7 +82,10 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
     if name == "composition" and "composition_rate" in t:
         return (f"In this model the FF output differs from every active memory's top token in "
                 f"{_pct(t['composition_rate'].min())}-{_pct(t['composition_rate'].max())} of examples per layer; "
-                f"{t['mean_active'].min():.0f}-{t['mean_active'].max():.0f} memories are active on average.")
+                f"{t['mean_active'].min():.0f}-{t['mean_active'].max():.0f} memories are active on average"
+                + (f" ({t['mean_positive'].min():.0f}-{t['mean_positive'].max():.0f} with m > 0, "
+                   f"{t['mean_negative'].min():.0f}-{t['mean_negative'].max():.0f} with m < 0)."
+                   if "mean_negative" in t and t["mean_negative"].max() > 0 else "."))
     if name == "refinement" and "kept" in t:
         return (f"In this model the residual's prediction is kept in {_pct(t['kept'].mean())} of cases on average, "
                 f"overridden by the FF's own prediction in {_pct(t['override'].mean())}, composed in "
