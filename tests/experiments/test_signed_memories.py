@@ -112,3 +112,39 @@ def test_active_counts_and_composition_by_hand(planted_run):
     meta = RunDir(run).metric_description("composition")
     assert meta["active_tau"] == ACTIVE_FRACTION and "sign kept" in meta["memory_prediction"]
     assert np.isclose(meta["active_threshold"][1], ACTIVE_FRACTION * rms, rtol=1e-4)
+
+
+def test_values_read_each_direction_apart(tmp_path):
+    """A run indexed with both signs (a `direction` column): Figure 4 of the +1 rows is unchanged, and the -1
+    rows are compared with the top token of p(-v_i), i.e. the bottom token of v_i·Eᵀ, by brute force."""
+    from support.experiment_runs import make_run as make
+    from ffkv.memories.projection import logits
+
+    run, loaded = make(tmp_path, "llama", n=60)
+    analyze(run, only="values", loaded=loaded, progress=False)
+    before = pd.read_parquet(run / "metrics" / "values.parquet")
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    rng = np.random.default_rng(0)
+    negative = te.assign(coefficient=-te["coefficient"], next_token_id=rng.permutation(te["next_token_id"].to_numpy()))
+    # Plant agreement: the most negative trigger of every even key is followed by the value's bottom token.
+    view = loaded.view
+    bottoms = {layer: logits(view, view.values(layer), "identity").argmin(-1).numpy() for layer in range(view.n_layers)}
+    planted = (negative["rank"] == 0) & (negative["key"] % 2 == 0)
+    negative.loc[planted, "next_token_id"] = np.array([bottoms[int(l)][int(k)] for l, k in zip(
+        negative.loc[planted, "layer"], negative.loc[planted, "key"])], dtype=negative["next_token_id"].dtype)
+    both = pd.concat([te.assign(direction=np.int8(1)), negative.assign(direction=np.int8(-1))], ignore_index=True)
+    both.to_parquet(run / "trigger_examples.parquet", index=False)
+    analyze(run, only="values", loaded=loaded, progress=False)
+    after = pd.read_parquet(run / "metrics" / "values.parquet")
+    pd.testing.assert_frame_equal(before, after)  # the +1 direction alone, as before
+    got = pd.read_parquet(run / "metrics" / "values_negative.parquet")
+    view = loaded.view
+    first = negative[negative["rank"] == 0]
+    for layer in range(view.n_layers):
+        rows = first[(first["layer"] == layer) & (first["next_token_id"] >= 0)]
+        bottom = logits(view, view.values(layer), "identity").argmin(-1).numpy()
+        expected = (bottom[rows["key"].to_numpy()] == rows["next_token_id"].to_numpy()).mean()
+        assert got.loc[layer, "agreement_rate"] == pytest.approx(expected) and expected >= 0.4
+        assert got.loc[layer, "n_keys_with_target"] == len(rows)
+    assert RunDir(run).metric_description("values_negative")["direction"] == -1
+    assert (run / "figures" / "values_negative.png").is_file()

@@ -190,17 +190,31 @@ class RunContext:
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self) -> pd.DataFrame:
-        """trigger_examples.parquet, sorted by (layer, key, rank)."""
+    def all_triggers(self) -> pd.DataFrame:
+        """trigger_examples.parquet, every direction, sorted by (layer, key, direction (+1 first), rank); a run
+        indexed with one direction (no `direction` column) reads as direction +1."""
         def read() -> pd.DataFrame:
             df = pd.read_parquet(self.run.table("trigger_examples"))
-            return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once("triggers", read)
+            if "direction" not in df.columns:
+                df["direction"] = np.int8(1)
+            df = df.assign(_d=-df["direction"].astype(int))
+            df = df.sort_values(["layer", "key", "_d", "rank"], kind="stable").drop(columns="_d")
+            return df.reset_index(drop=True)
+        return self.once("all_triggers", read)
+
+    def triggers(self, direction: int = 1) -> pd.DataFrame:
+        """The trigger examples of one direction, sorted by (layer, key, rank): +1 (the largest coefficients,
+        the paper's) by default, -1 for the most negative ones (runs indexed with both signs). A study that
+        reads triggers sees one direction at a time, never the two mixed."""
+        def read() -> pd.DataFrame:
+            df = self.all_triggers()
+            return df[df["direction"] == direction].reset_index(drop=True)
+        return self.once(("triggers", direction), read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
         """example_id -> (token ids, text) of every example that is some key's trigger."""
         def read() -> dict[int, tuple[np.ndarray, str]]:
-            wanted = pa.array(np.unique(self.triggers()["example_id"].to_numpy()), pa.int64())
+            wanted = pa.array(np.unique(self.all_triggers()["example_id"].to_numpy()), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()
@@ -213,16 +227,16 @@ class RunContext:
         """Token ids x_1..x_{position+1} of a stored example."""
         return self.examples()[int(example_id)][0][: int(position) + 1]
 
-    def trigger_targets(self) -> pd.DataFrame:
-        """The trigger examples with a ``target`` column: the token the key's value should predict
-        (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
+    def trigger_targets(self, direction: int = 1) -> pd.DataFrame:
+        """The trigger examples of one direction with a ``target`` column: the token the key's value should
+        predict (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
         def compute() -> pd.DataFrame:
-            trig = self.triggers()
+            trig = self.triggers(direction)
             at_position = [int(self.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])] \
                 if self.view.encoder else trig["next_token_id"].to_numpy()
             return trig.assign(target=trigger_targets(trig["next_token_id"].to_numpy(), np.asarray(at_position),
                                                       self.view.encoder))
-        return self.once("trigger_targets", compute)
+        return self.once(("trigger_targets", direction), compute)
 
     def token(self, token_id: int) -> str:
         """Readable string of one token id; the end marker for -1."""

@@ -30,6 +30,12 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
         "The rank of the top trigger example's next token in the value's distribution improves (gets lower) "
         "through the layers.")},
     "values_keys": {"figure": "Figure 4", "finding": "Per key: the value's distribution over the vocabulary."},
+    "values_negative": {"figure": "Figure 4", "finding": (
+        "(Not in the paper, whose ReLU coefficients are never negative.) The same agreement for the most negative "
+        "trigger examples: the top token of p(-v_i), what a negative coefficient writes, against the next token "
+        "of the key's most negative trigger example.")},
+    "values_negative_rank": {"figure": "Figure 5", "finding": (
+        "(Not in the paper.) The rank of the most negative trigger example's next token in p(-v_i).")},
     "values_confident": {"figure": "Table 2", "finding": (
         "Of the 100 most confident values (highest max p), almost half have a top trigger example whose next "
         "token is the value's top token.")},
