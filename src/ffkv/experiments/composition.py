@@ -88,7 +88,8 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
     ax.set_ylabel(f"active memories ({rule}) of {ctx.view.d_m}")
     ax.set_title(f"Active memories per layer (paper Fig. 7), n = {int(per_layer['n_examples'].iloc[0]):,}")
     layer_axis(ax, L)
-    ax.legend(frameon=False)
+    ax.set_ylim(0, 1.3 * max(1.0, float(per_layer["p75_active"].max()), float(per_layer["mean_active"].max())))
+    ax.legend(frameon=False, loc="upper center", ncol=3, fontsize=7)
     save_figure(fig, ctx.run.path, f"{NAME}_active")
 
     fig, ax = new_figure()

@@ -170,7 +170,7 @@ def run(ctx: RunContext) -> dict:
     shown = difference > SHOWN_DIFFERENCE
     meta = {"projection": pr, "residual_projection": pr, "ff_out_projection": pr,
             "projection_choice": RESIDUAL_CHOICE[pr], "other_projection": other,
-            "projection_difference": difference, "other_projection_shown": shown,
+            "projection_difference": round(difference, 4), "other_projection_shown": shown,
             "final_prediction": "the model's LM head (bias included)",
             "resid_mid": ctx.view.resid_mid_definition, "interval": "95% Wilson score interval", "n_examples": n,
             "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
