@@ -158,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
                    help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
     p.add_argument("--n-eval", type=_positive_int, default=4000, help="held-out examples (default 4000, as the paper)")
-    p.add_argument("--projection", default=None, choices=("identity", "final-norm"),
-                   help="one projection for every vector (default: SPEC's: identity for values and FF outputs, "
-                        "final normalization for residuals)")
+    p.add_argument("--projection", default=None, choices=("default", "paper", "identity", "final-norm"),
+                   help="default: SPEC's (identity for values, sub-updates and Figure 8; final normalization for "
+                        "residuals and every vector of Figures 9-11); paper: the released code's (identity "
+                        "everywhere, the raw residual); identity or final-norm: that one for every vector")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="load the model in this dtype (default: the run's)")

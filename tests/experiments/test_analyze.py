@@ -33,8 +33,12 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
     assert not list(run.rglob("*.tmp"))  # atomic writes leave no temporary files
     manifest = json.loads((run / "manifest.json").read_text())
     assert set(manifest["analyses"]) == set(EXPERIMENTS)
-    assert manifest["analyses"]["refinement"]["projections"] == {"values_and_sub_updates": "identity",
+    assert manifest["analyses"]["refinement"]["projections"] == {"choice": "default", "values_and_sub_updates": "identity",
                                                                    "residuals": "final-norm"}
+    # The fidelity table: one row per measured finding, each with its rule and verdict.
+    table = pd.read_parquet(run / "metrics" / "fidelity.parquet")
+    assert {"Figure 4", "Figure 7", "Figure 8", "Figure 9", "Figure 11"} <= set(table["figure"])
+    assert table["rule"].str.len().min() > 20 and table["reproduces"].dtype == bool
     assert manifest["analyses"]["composition"]["held_out_overlaps_index"] is True  # indexed split "all"
     for name in STUDIES:
         table = pd.read_parquet(run / "metrics" / f"{name}.parquet")

@@ -14,70 +14,94 @@ from ffkv.store.run import RunDir
 from ffkv.memories.projection import logits
 
 
-def brute_force(loaded, run, values_proj, resid_proj):
-    """Each held-out prefix alone, unpadded; every active sub-update projected on its own; o from the HF logits."""
+#: tau of the active rule per family, by hand: GELU (gpt2, gpt_neox) and SiLU-gated (llama) coefficients go
+#: negative, OPT's ReLU ones do not (active is then m_i > 0).
+TAU = {"gpt2": 0.1, "gpt_neox_parallel": 0.1, "opt": 0.0, "llama": 0.1}
+
+
+def brute_force(loaded, run, values_proj, resid_proj, tau):
+    """Each held-out prefix alone, unpadded; s_l the RMS of every coefficient at the analysed positions;
+    every active (|m_i| > tau·s_l) signed sub-update projected on its own; o from the HF logits."""
     view = loaded.view
     comp = pd.read_parquet(run / "metrics" / "composition_examples.parquet")
     examples = pd.read_parquet(run / "examples.parquet").set_index("example_id")
-    rows = []
+    captured = []
     for (eid, pos), _ in comp.groupby(["example_id", "position"], sort=False):
         ids = [int(t) for t in examples.at[eid, "token_ids"]]
         x = torch.tensor([ids[: pos + 1]])
         with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post")) as cap:
             view.forward(x, torch.ones_like(x))
         o = int(loaded.model(input_ids=x).logits[0, -1].argmax())
+        captured.append((eid, o, {k: {layer: v[layer][0, -1] for layer in range(view.n_layers)} for k, v in cap.items()}))
+    scale = [float(torch.stack([c["coefficients"][layer] for _, _, c in captured]).pow(2).mean().sqrt())
+             for layer in range(view.n_layers)]
+    rows = []
+    for eid, o, cap in captured:
         for layer in range(view.n_layers):
-            m = cap["coefficients"][layer][0, -1]
-            ff = int(logits(view, cap["ff_out"][layer][0, -1], values_proj).argmax())
-            post_v = int(logits(view, cap["resid_post"][layer][0, -1], values_proj).argmax())
-            active = torch.nonzero(m > 0)[:, 0]
+            m = cap["coefficients"][layer]
+            ff = int(logits(view, cap["ff_out"][layer], values_proj).argmax())
+            post_v = int(logits(view, cap["resid_post"][layer], values_proj).argmax())
+            active = torch.nonzero(m.abs() > tau * scale[layer])[:, 0]
             subs = [int(logits(view, m[i] * view.values(layer)[i], values_proj).argmax()) for i in active]
-            z_mid = logits(view, cap["resid_mid"][layer][0, -1], resid_proj)
-            rows.append({"example_id": eid, "layer": layer, "n_active": len(active), "ff_top_id": ff,
-                         "ff_matches_memory": ff in subs, "resid_post_matches_memory": post_v in subs,
+            z_mid = logits(view, cap["resid_mid"][layer], resid_proj)
+            rows.append({"example_id": eid, "layer": layer, "n_active": len(active),
+                         "n_positive": int((m[active] > 0).sum()), "n_negative": int((m[active] < 0).sum()),
+                         "ff_top_id": ff, "ff_matches_memory": ff in subs, "resid_post_matches_memory": post_v in subs,
                          "resid_top_id": int(z_mid.argmax()), "final_id": o,
+                         "f_top_id": int(logits(view, cap["ff_out"][layer], resid_proj).argmax()),
                          "confidence": float(torch.softmax(z_mid, -1)[o]),
-                         "post_top_id": int(logits(view, cap["resid_post"][layer][0, -1], resid_proj).argmax())})
+                         "post_top_id": int(logits(view, cap["resid_post"][layer], resid_proj).argmax())})
     return pd.DataFrame(rows)
 
 
 @pytest.mark.parametrize("family,projection", [("gpt2", None), ("gpt_neox_parallel", None), ("opt", "final-norm"),
-                                               ("llama", None)])
+                                               ("llama", None), ("llama", "paper")])
 def test_equals_brute_force(tmp_path, family, projection):
     run, loaded = make_run(tmp_path, family, n=60)
     analyze(run, only="composition,refinement", loaded=loaded, n_eval=24, projection=projection, progress=False)
-    pv = projection or "identity"
-    pr = projection or "final-norm"
-    expected = brute_force(loaded, run, pv, pr)
+    pv = "identity" if projection in (None, "paper") else projection
+    pr = {None: "final-norm", "paper": "identity"}.get(projection, projection)
+    expected = brute_force(loaded, run, pv, pr, TAU[family])
     comp = pd.read_parquet(run / "metrics" / "composition_examples.parquet")
-    ref = pd.read_parquet(run / "metrics" / "refinement_examples.parquet")
+    ref = pd.read_parquet(run / "metrics" / "refinement_examples.parquet").rename(columns={"ff_top_id": "f_top_id"})
     assert len(comp) == len(expected) > 0
-    got = comp.merge(ref, on=["example_id", "position", "layer", "ff_top_id"])
+    got = comp.merge(ref, on=["example_id", "position", "layer"])
     assert len(got) == len(expected)
-    np.testing.assert_array_equal(got["n_active"], expected["n_active"])
-    np.testing.assert_array_equal(got["ff_top_id"], expected["ff_top_id"])
-    np.testing.assert_array_equal(got["ff_matches_memory"], expected["ff_matches_memory"])
-    np.testing.assert_array_equal(got["resid_post_matches_memory"], expected["resid_post_matches_memory"])
-    np.testing.assert_array_equal(got["resid_top_id"], expected["resid_top_id"])
-    np.testing.assert_array_equal(got["post_top_id"], expected["post_top_id"])
-    np.testing.assert_array_equal(got["final_id"], expected["final_id"])
+    for column in ("n_active", "n_positive", "n_negative", "ff_top_id", "ff_matches_memory",
+                   "resid_post_matches_memory", "resid_top_id", "f_top_id", "post_top_id", "final_id"):
+        np.testing.assert_array_equal(got[column], expected[column], err_msg=column)
     np.testing.assert_allclose(got["confidence"], expected["confidence"], atol=1e-5)
+    if TAU[family] == 0:
+        assert (got["n_negative"] == 0).all()
+    else:
+        assert got["n_negative"].sum() > 0 and got["n_positive"].sum() > 0
     # Per-layer rates are the means of the per-example table.
     per_layer = pd.read_parquet(run / "metrics" / "composition.parquet")
     np.testing.assert_allclose(per_layer["composition_rate"],
                                1 - expected.groupby("layer")["ff_matches_memory"].mean().to_numpy())
     np.testing.assert_allclose(per_layer["mean_active"], expected.groupby("layer")["n_active"].mean().to_numpy())
+    np.testing.assert_allclose(per_layer["mean_negative"], expected.groupby("layer")["n_negative"].mean().to_numpy())
+    assert (per_layer["composition_rate_ci_low"] <= per_layer["composition_rate"]).all()
+    assert (per_layer["composition_rate"] <= per_layer["composition_rate_ci_high"]).all()
     refinement = pd.read_parquet(run / "metrics" / "refinement.parquet")
     agree = (expected["resid_top_id"] == expected["final_id"]).groupby(expected["layer"]).mean()
     np.testing.assert_allclose(refinement["residual_agreement"], agree.to_numpy())
-    r, f, y = expected["resid_top_id"], expected["ff_top_id"], expected["post_top_id"]
+    # Figure 11: r, f and y all under the one residual projection.
+    r, f, y = expected["resid_top_id"], expected["f_top_id"], expected["post_top_id"]
     kept = (y == r).groupby(expected["layer"]).mean()
     override = ((y == f) & (y != r)).groupby(expected["layer"]).mean()
     np.testing.assert_allclose(refinement["kept"], kept.to_numpy())
     np.testing.assert_allclose(refinement["override"], override.to_numpy())
     np.testing.assert_allclose(refinement["kept"] + refinement["override"] + refinement["composition"], 1.0)
     meta = RunDir(run).metric_description("refinement")
-    assert meta["residual_projection"] == pr and meta["ff_out_projection"] == pv
+    assert meta["residual_projection"] == pr and meta["ff_out_projection"] == pr
+    assert RunDir(run).metric_description("composition")["projection"] == pv
+    # Both residual projections are in refinement_projections; the chosen one equals refinement.parquet.
+    both = pd.read_parquet(run / "metrics" / "refinement_projections.parquet")
+    assert set(both["choice"]) == {"default", "paper"}
+    mine = both[both["projection"] == pr].reset_index(drop=True)
+    np.testing.assert_allclose(mine["kept"], refinement["kept"])
+    np.testing.assert_allclose(mine["residual_agreement"], refinement["residual_agreement"])
 
 
 def test_zeroed_ff_layer_keeps_the_residual_everywhere(tmp_path):

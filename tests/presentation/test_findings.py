@@ -16,11 +16,11 @@ from ffkv.presentation.findings import reading, wilson_interval
 def test_wilson_interval_is_the_set_of_shares_a_score_test_keeps(share, n):
     """Brute force: the Wilson interval holds exactly the p whose score statistic |share - p| / sqrt(p(1-p)/n)
     stays within 1.96."""
-    lo, hi = wilson_interval(share, n)
+    lo, hi = wilson_interval(share * n, n, z=1.96)
     grid = np.linspace(1e-9, 1 - 1e-9, 2_000_001)
     kept = grid[np.abs(share - grid) / np.sqrt(grid * (1 - grid) / n) <= 1.96]
     assert lo == pytest.approx(kept.min(), abs=2e-6) and hi == pytest.approx(kept.max(), abs=2e-6)
-    assert all(math.isnan(x) for x in wilson_interval(0.5, 0))
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
 
 
 def test_the_patterns_sentence_says_what_shallow_counts_with_n_and_an_interval():
@@ -28,7 +28,7 @@ def test_the_patterns_sentence_says_what_shallow_counts_with_n_and_an_interval()
                           "keys_both": [0.19, 0.2, 0.348], "keys_none": [0.315, 0.4, 0.198],
                           "n_keys": [1024, 1024, 1024]})
     text = reading("patterns", table)
-    lo, hi = wilson_interval(0.38 + 0.19, 1024)
+    lo, hi = wilson_interval((0.38 + 0.19) * 1024, 1024)
     assert text.startswith("In this model, in layer 1, 57.0% (95% CI ")
     assert f"{100 * lo:.1f}%-{100 * hi:.1f}%, n = 1,024) of keys have a shallow pattern (38.0% shallow only, " \
            "19.0% both)" in text
@@ -42,7 +42,7 @@ def test_the_values_sentence_shows_the_chance_rate_not_zero():
                           "n_keys_with_target": [1000, 1004]})
     text = reading("values", table)
     assert "chance is 0.024% (1/|V|)" in text and "0.0%" not in text
-    (a, b), (c, d) = wilson_interval(0.035, 1000), wilson_interval(0.031, 1004)
+    (a, b), (c, d) = wilson_interval(35, 1000), wilson_interval(0.031 * 1004, 1004)
     assert (f"3.5% (95% CI {100 * a:.1f}%-{100 * b:.1f}%, n = 1,000) in layer 1 to "
             f"3.1% (95% CI {100 * c:.1f}%-{100 * d:.1f}%, n = 1,004) in layer 2") in text
 

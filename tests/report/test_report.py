@@ -10,6 +10,7 @@ from ffkv.errors import FfkvError
 from ffkv.presentation import findings
 from ffkv.presentation.findings import PAPER_FINDINGS, paper_finding
 from ffkv.report import write_report
+from ffkv.report.content import SHOWN_APART
 from ffkv.store.run import RunDir
 
 
@@ -65,6 +66,15 @@ def test_sentences_come_from_the_findings_and_tables_say_true_things(analyzed):
     assert "<dt>projection</dt><dd>identity</dd>" in values
     composition = re.search(r'id="analysis-composition".*?</section>', page, flags=re.S).group(0)
     assert "<dt>n examples</dt><dd>48</dd>" in composition
+    # 48 < 100 held-out examples: the section is marked, and names its projection, rule and interval.
+    assert 'class="warning"' in composition and "n = 48 examples, fewer than 100" in composition
+    assert "<dt>interval</dt><dd>95% Wilson score interval</dd>" in composition
+    assert "|m_i| &gt; tau·s_l" in composition and "sign kept" in composition
+    assert "composition rate ci low" in composition  # the interval's columns are in the per-layer table
+    refinement = re.search(r'id="analysis-refinement".*?</section>', page, flags=re.S).group(0)
+    assert "<dt>projection</dt><dd>final-norm</dd>" in refinement and "<dt>projection choice</dt><dd>default</dd>" in refinement
+    # The fidelity table ffkv analyze wrote comes first.
+    assert page.index('<table id="fidelity"') < page.index("<h2>Analyses</h2>")
 
 
 def test_warnings_and_the_fidelity_table(fresh_run):
@@ -105,7 +115,9 @@ def test_table_text_is_escaped(index_only, tmp_path):
 
 def test_every_name_analyze_writes_has_one_paper_finding(analyzed):
     run, _ = analyzed
-    names = set(RunDir(run).figure_names()) | set(RunDir(run).metric_names())
+    # fidelity is shown apart, first: it is the table of the findings itself.
+    names = set(RunDir(run).figure_names()) | set(RunDir(run).metric_names()) - set(SHOWN_APART)
+    assert "fidelity" in RunDir(run).metric_names()
     assert all(paper_finding(name) for name in names), [n for n in names if not paper_finding(n)]
     assert paper_finding("composition")["figure"] == "Figure 8"
     assert paper_finding("values_rank") is PAPER_FINDINGS["values_rank"]

@@ -23,12 +23,17 @@ from typing import Any, Sequence
 from ffkv.experiments import ablations, composition, lookups, patterns, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.parallel import is_writer, local_device, process_group
+from ffkv.presentation.findings import fidelity
+from ffkv.store.run import RunDir
 
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
            "composition": composition, "refinement": refinement, "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
+#: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
+FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
+                    "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
 HELD_OUT = ("composition", "refinement")
 
@@ -56,9 +61,12 @@ def analyze(
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
         eval_split: the split of `eval_corpus` (default: heldout for the run's corpus, all for another).
         n_eval: number of held-out examples (SPEC section 7: 4,000).
-        projection: None for SPEC's defaults (identity for values, sub-updates and FF
-            outputs; final normalization for residual-stream vectors), or "identity" /
-            "final-norm" for every vector.
+        projection: None or "default" for SPEC's defaults (identity for values, sub-updates and
+            Figure 8's FF outputs; final normalization for residual-stream vectors and for every
+            vector of Figures 9-11), "paper" for the released code's choices (identity for every
+            vector, the raw residual with no final normalization), or "identity" / "final-norm"
+            for every vector. Figures 9-11 are also computed under the other residual projection
+            (metrics/refinement_projections.parquet) and drawn when they differ.
         progress: show progress bars.
         loaded: the run's model, already loaded (else loaded from manifest['model']['id']).
         device, dtype: where and how to load the model when `loaded` is not given (under
@@ -90,9 +98,21 @@ def analyze(
                     spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
                 ctx.analyses[name]["n_examples"] = len(held.examples)
         if is_writer():
+            write_fidelity(run)
             current = run.manifest().analyses
             for name, info in ctx.analyses.items():
                 current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             run.update_manifest(analyses=current)
     return ctx.analyses
+
+
+def write_fidelity(run: RunDir) -> None:
+    """RUN/metrics/fidelity.parquet: each finding of the paper, this model's number and whether it reproduces, by the
+    rule stated in the row (`ffkv.presentation.findings.fidelity`), from the per-layer tables the run holds."""
+    tables = {name: run.read_metric(name) for name in FIDELITY_SOURCES if run.has_metric(name)}
+    if not tables:
+        return
+    projections = {name: str(run.metric_description(name).get("projection", "")) for name in tables}
+    run.write_metric("fidelity", fidelity(tables, projections), {
+        "sources": sorted(tables), "rule": "each row states its own rule; reproduces is that rule on this run's tables"})

@@ -27,10 +27,18 @@ from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, 
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
+from ffkv.presentation.findings import Z95, wilson_interval  # noqa: F401  (re-exported for the studies)
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 T = TypeVar("T")
+
+
+#: Values of `analyze(projection=...)` / `ffkv analyze --projection`.
+PROJECTION_CHOICES = ("default", "paper", "identity", "final-norm")
+#: The choice whose residual-stream projection each projection is: the paper's released code projects
+#: the raw residual (identity), SPEC's default the final normalization (the logit lens).
+RESIDUAL_CHOICE = {"identity": "paper", "final-norm": "default"}
 
 
 @dataclass(frozen=True)
@@ -38,23 +46,57 @@ class Projections:
     """Which normalization N each kind of vector goes through before Eᵀ (SPEC section 1).
 
     Attributes:
-        values: value vectors, memory sub-updates m_i·v_i and the FF output.
-        residuals: residual-stream vectors (resid_mid, resid_post).
+        values: value vectors, memory sub-updates m_i·v_i and the FF output of Figure 8.
+        residuals: residual-stream vectors, and every vector of Figures 9-11 (r, f and y of Figure 11
+            all go through it: one projection per figure).
+        name: the choice that made them: "default", "paper", "identity" or "final-norm".
     """
 
     values: str = DEFAULT_FOR_VALUES
     residuals: str = DEFAULT_FOR_RESIDUALS
+    name: str = "default"
 
     @classmethod
     def choose(cls, projection: str | None) -> "Projections":
-        """SPEC defaults for None; one name forces that projection on every vector."""
+        """SPEC's defaults for None or "default"; "paper" for the released code's choices (identity for every
+        vector: values, sub-updates and the raw residual, no final normalization); "identity" or
+        "final-norm" forces that projection on every vector."""
         if projection is None or projection == "default":
             return cls()
+        if projection == "paper":
+            return cls("identity", "identity", "paper")
+        if projection not in PROJECTION_CHOICES:
+            raise FfkvError(f"unknown projection {projection!r}; choose from {', '.join(PROJECTION_CHOICES)}")
         check_projection(projection)
-        return cls(projection, projection)
+        return cls(projection, projection, projection)
 
     def to_dict(self) -> dict[str, str]:
-        return {"values_and_sub_updates": self.values, "residuals": self.residuals}
+        return {"choice": self.name, "values_and_sub_updates": self.values, "residuals": self.residuals}
+
+
+#: Below this many examples (or keys) a per-layer share is too uncertain to read alone: `analyze` warns and
+#: the report marks the section (its 95% interval is then wider than about ±10 points).
+MIN_N = 100
+def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
+    """{name: share, name_ci_low, name_ci_high} of a boolean array (its n is the table's n column)."""
+    hits = np.asarray(hits, dtype=bool)
+    n, k = len(hits), int(hits.sum())
+    low, high = wilson_interval(k, n)
+    return {name: float(k / n) if n else float("nan"), f"{name}_ci_low": float(low), f"{name}_ci_high": float(high)}
+
+
+def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> list[str]:
+    """A one-line warning (also raised as an `FfkvWarning`, printed by the CLI) when n < `MIN_N`; [] otherwise.
+
+    The lines go into the table's description (`warnings`), which the report shows in the section.
+    """
+    if n >= MIN_N:
+        return []
+    line = (f"{experiment}: per-layer shares rest on n = {n} {what}, fewer than {MIN_N}; read them with their "
+            "95% intervals (ci_low, ci_high)")
+    if is_writer():
+        warnings.warn(line, FfkvWarning, stacklevel=2)
+    return [line]
 
 
 @dataclass(frozen=True)
@@ -128,17 +170,31 @@ class RunContext:
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self) -> pd.DataFrame:
-        """trigger_examples.parquet, sorted by (layer, key, rank)."""
+    def all_triggers(self) -> pd.DataFrame:
+        """trigger_examples.parquet, every direction, sorted by (layer, key, direction (+1 first), rank); a run
+        indexed with one direction (no `direction` column) reads as direction +1."""
         def read() -> pd.DataFrame:
             df = pd.read_parquet(self.run.table("trigger_examples"))
-            return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once("triggers", read)
+            if "direction" not in df.columns:
+                df["direction"] = np.int8(1)
+            df = df.assign(_d=-df["direction"].astype(int))
+            df = df.sort_values(["layer", "key", "_d", "rank"], kind="stable").drop(columns="_d")
+            return df.reset_index(drop=True)
+        return self.once("all_triggers", read)
+
+    def triggers(self, direction: int = 1) -> pd.DataFrame:
+        """The trigger examples of one direction, sorted by (layer, key, rank): +1 (the largest coefficients,
+        the paper's) by default, -1 for the most negative ones (runs indexed with both signs). A study that
+        reads triggers sees one direction at a time, never the two mixed."""
+        def read() -> pd.DataFrame:
+            df = self.all_triggers()
+            return df[df["direction"] == direction].reset_index(drop=True)
+        return self.once(("triggers", direction), read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
         """example_id -> (token ids, text) of every example that is some key's trigger."""
         def read() -> dict[int, tuple[np.ndarray, str]]:
-            wanted = pa.array(np.unique(self.triggers()["example_id"].to_numpy()), pa.int64())
+            wanted = pa.array(np.unique(self.all_triggers()["example_id"].to_numpy()), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()
@@ -151,16 +207,16 @@ class RunContext:
         """Token ids x_1..x_{position+1} of a stored example."""
         return self.examples()[int(example_id)][0][: int(position) + 1]
 
-    def trigger_targets(self) -> pd.DataFrame:
-        """The trigger examples with a ``target`` column: the token the key's value should predict
-        (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
+    def trigger_targets(self, direction: int = 1) -> pd.DataFrame:
+        """The trigger examples of one direction with a ``target`` column: the token the key's value should
+        predict (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
         def compute() -> pd.DataFrame:
-            trig = self.triggers()
+            trig = self.triggers(direction)
             at_position = [int(self.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])] \
                 if self.view.encoder else trig["next_token_id"].to_numpy()
             return trig.assign(target=trigger_targets(trig["next_token_id"].to_numpy(), np.asarray(at_position),
                                                       self.view.encoder))
-        return self.once("trigger_targets", compute)
+        return self.once(("trigger_targets", direction), compute)
 
     def token(self, token_id: int) -> str:
         """Readable string of one token id; the end marker for -1."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display needed; set before pyplot is imported anywhere here
 import matplotlib.pyplot as plt  # noqa: E402
@@ -32,6 +33,15 @@ def layer_axis(ax, n_layers: int) -> None:
     step = max(1, n_layers // 16)
     ax.set_xticks(range(0, n_layers, step))
     ax.set_xticklabels([str(i + 1) for i in range(0, n_layers, step)])
+
+
+def interval_bars(ax, x, table, column: str, scale: float = 100.0) -> None:
+    """Error bars of a share's 95% interval (columns COLUMN_ci_low, COLUMN_ci_high), in percent by default."""
+    value = scale * table[column].to_numpy(float)
+    low = scale * table[f"{column}_ci_low"].to_numpy(float)
+    high = scale * table[f"{column}_ci_high"].to_numpy(float)
+    below, above = np.clip(value - low, 0, None), np.clip(high - value, 0, None)  # rounding only
+    ax.errorbar(x, value, yerr=[np.nan_to_num(below), np.nan_to_num(above)], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
 
 
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:

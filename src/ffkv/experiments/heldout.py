@@ -1,11 +1,16 @@
 """One forward pass over the held-out examples that serves both SPEC sections 7 and 8.
 
 For each example, at its one seeded position, every layer: the coefficients m (reduced
-at once to the number of active memories and whether an active memory's top token
-equals the FF output's), and the top tokens of resid_mid, ff_out and resid_post. The
+at once to the numbers of active memories, positive and negative, and whether an active
+memory's signed prediction equals the FF output's top token), and the top tokens of
+resid_mid, ff_out and resid_post. Active is the one rule of `ffkv.memories.active`
+(|m_i| > tau·s_l; m_i > 0 for ReLU); for activations that go negative, s_l (the RMS of the
+layer's coefficients at the analysed positions) is read by a first, coefficient-only pass.
+Figures 9-11 are read under both residual projections (identity, the paper's, and the
+final normalization, the default) in the same pass: the vectors are projected twice. The
 final prediction o is read from the model's own LM head (its input is captured as
-``head_in`` and the head is applied to the chosen positions only), so o is what the
-model predicts, head bias included. Only (examples x layers) integers and floats are kept.
+``head_in`` and the head is applied to the chosen positions only), so o is what the model
+predicts, head bias included. Only (examples x layers) integers and floats are kept.
 """
 
 from __future__ import annotations
@@ -16,34 +21,54 @@ import numpy as np
 import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
-from ffkv.experiments.values import value_top_tokens
+from ffkv.experiments.values import value_tokens
+from ffkv.memories.active import active as active_memories
+from ffkv.memories.active import active_fraction
+from ffkv.memories.projection import PROJECTIONS
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
+
+
+@dataclass
+class ResidualTops:
+    """Figures 9-11 under one projection, per example (rows) and layer (columns).
+
+    resid_top: r = argmax p(resid_mid); ff_top: f = argmax p(ff_out); post_top: y = argmax p(resid_post);
+    confidence: p(resid_mid)[o].
+    """
+
+    resid_top: np.ndarray
+    ff_top: np.ndarray
+    post_top: np.ndarray
+    confidence: np.ndarray
 
 
 @dataclass
 class EvalCapture:
     """Per example (rows, in held-out order) and layer (columns): what sections 7 and 8 read.
 
-    n_active: number of memories with m_i > 0.
+    n_active, n_positive, n_negative: active memories (`ffkv.memories.active`), and those with
+        m_i > 0 and m_i < 0.
     ff_top: argmax p(ff_out) (values projection).
-    ff_matches: whether some active memory's sub-update m_i·v_i has the same top token.
+    ff_matches: whether some active memory's signed sub-update m_i·v_i has the same top token.
     post_top_values / post_matches: the released code's variant, resid_post under the
-        values projection, and whether an active memory's top token equals it.
-    resid_top: argmax p(resid_mid); post_top: argmax p(resid_post) (residual projection).
-    confidence: p(resid_mid)[o] (residual projection).
+        values projection, and whether an active memory's signed top token equals it.
+    residual: projection name ("identity", "final-norm") -> Figures 9-11's r, f, y, confidence.
     final: o, the model's prediction (N,).
+    tau, threshold: the rule's fraction, and tau·s_l per layer (L,).
     """
 
     n_active: np.ndarray
+    n_positive: np.ndarray
+    n_negative: np.ndarray
     ff_top: np.ndarray
     ff_matches: np.ndarray
     post_top_values: np.ndarray
     post_matches: np.ndarray
-    resid_top: np.ndarray
-    post_top: np.ndarray
-    confidence: np.ndarray
+    residual: dict[str, ResidualTops]
     final: np.ndarray
+    tau: float
+    threshold: np.ndarray
 
 
 def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.Tensor) -> torch.Tensor:
@@ -56,17 +81,23 @@ def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.
     return z
 
 
-def _matches_exact(view, layer: int, m: torch.Tensor, projection: str, *tops: torch.Tensor,
-                   chunk: int = 256) -> list[torch.Tensor]:
-    """Whether some active memory's sub-update m_i·v_i has each given top token, projecting every one."""
+@torch.no_grad()
+def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str) -> torch.Tensor:
+    """What each memory of `keys` predicts at a position with coefficients m (d_m,): the top token of
+    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ)."""
     values = view.values(layer)
+    sub = m[keys, None].to(values.dtype) * values[keys]
+    return project(view, sub, projection).argmax(-1)
+
+
+def _matches_exact(view, layer: int, m: torch.Tensor, active: torch.Tensor, projection: str, *tops: torch.Tensor,
+                   chunk: int = 256) -> list[torch.Tensor]:
+    """Whether some active memory's signed sub-update m_i·v_i has each given top token, projecting every one."""
     found = [torch.zeros(m.shape[0], dtype=torch.bool, device=m.device) for _ in tops]
     for b in range(m.shape[0]):
-        active = torch.nonzero(m[b] > 0)[:, 0]
-        for start in range(0, len(active), chunk):
-            keys = active[start:start + chunk]
-            sub = m[b, keys, None].to(values.dtype) * values[keys]
-            best = project(view, sub, projection).argmax(-1)
+        keys_b = torch.nonzero(active[b])[:, 0]
+        for start in range(0, len(keys_b), chunk):
+            best = memory_predictions(view, layer, m[b], keys_b[start:start + chunk], projection)
             for f, t in zip(found, tops):
                 f[b] |= bool((best == t[b]).any())
     return found
@@ -77,29 +108,75 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
     return ctx.once("eval_capture", lambda: _capture_eval(ctx))
 
 
-@torch.no_grad()
-def _capture_eval(ctx: RunContext) -> EvalCapture:
-    """Run the held-out examples once.
-
-    Under torchrun each rank runs its share of the batches; every rank gets every example's row.
-    """
-    view, held = ctx.view, ctx.held_out()
-    L, N = view.n_layers, len(held.examples)
-    pv, pr = ctx.projections.values, ctx.projections.residuals
-    device = view.device
-    tops = [torch.as_tensor(value_top_tokens(ctx, layer), device=device) for layer in range(L)]
-    out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
-        ("n_active", np.int32), ("ff_top", np.int64), ("ff_matches", bool), ("post_top_values", np.int64),
-        ("post_matches", bool), ("resid_top", np.int64), ("post_top", np.int64), ("confidence", np.float32))}
-    final = np.zeros(N, dtype=np.int64)
-
-    mask_id = mask_token_id(ctx.tokenizer) if view.encoder else None
+def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
+    """(row, token ids) of every held-out example; an encoder's analysed token is masked."""
+    held = ctx.held_out()
+    mask_id = mask_token_id(ctx.tokenizer) if ctx.view.encoder else None
     rows = []
     for i, (e, j) in enumerate(zip(held.examples, held.positions)):
         ids = np.asarray(e.token_ids, dtype=np.int64).copy()
         if mask_id is not None:
             ids[j] = mask_id  # SPEC section 9: the encoder predicts the masked token
         rows.append((i, ids))
+    return rows
+
+
+@torch.no_grad()
+def coefficient_scale(ctx: RunContext) -> np.ndarray:
+    """s_l of the active rule: per layer, the RMS of the coefficients of every memory at the held-out
+    examples' analysed positions (a coefficient-only pass; under torchrun each rank runs its share)."""
+    def compute() -> np.ndarray:
+        view, held = ctx.view, ctx.held_out()
+        L, N = view.n_layers, len(held.examples)
+        squares = np.zeros((N, L), dtype=np.float64)
+        state: dict = {}
+
+        def sink(name: str, layer: int, t: torch.Tensor) -> None:
+            state[layer] = t[state["rows"], state["pos"]].double().pow(2).sum(-1)
+
+        mine = ctx.batches(_rows(ctx))
+        bar = progress_bar(ctx.progress, len(mine.rows), "coefficient scale", "ex")
+        try:
+            with view.capture(("coefficients",), sink=sink):
+                for idx, batch in mine:
+                    state.clear()
+                    state["rows"] = torch.arange(len(idx), device=view.device)
+                    state["pos"] = torch.as_tensor(held.positions[idx], device=view.device)
+                    view.forward(batch.input_ids, batch.attention_mask)
+                    for layer in range(L):
+                        squares[idx, layer] = as_numpy(state[layer])
+                    bar.update(len(idx))
+        finally:
+            bar.close()
+        squares = gather_rows(squares, mine.rows)
+        return np.sqrt(squares.sum(0) / (N * view.d_m))
+    return ctx.once("coefficient_scale", compute)
+
+
+@torch.no_grad()
+def _capture_eval(ctx: RunContext) -> EvalCapture:
+    """Run the held-out examples once (after the coefficient-only pass of `coefficient_scale` where the
+    activation goes negative).
+
+    Under torchrun each rank runs its share of the batches; every rank gets every example's row.
+    """
+    view, held = ctx.view, ctx.held_out()
+    L, N = view.n_layers, len(held.examples)
+    pv = ctx.projections.values
+    device = view.device
+    tau = active_fraction(view)
+    threshold = tau * coefficient_scale(ctx) if tau > 0 else np.zeros(L)
+    tokens = [value_tokens(ctx, layer) for layer in range(L)]
+    tops = [torch.as_tensor(t, device=device) for t, _ in tokens]
+    bottoms = [torch.as_tensor(b, device=device) for _, b in tokens]
+    out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
+        ("n_active", np.int32), ("n_positive", np.int32), ("n_negative", np.int32), ("ff_top", np.int64),
+        ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool))}
+    for name in PROJECTIONS:  # Figures 9-11 under each residual projection
+        for k, dt in (("resid_top", np.int64), ("ff_top", np.int64), ("post_top", np.int64),
+                      ("confidence", np.float32)):
+            out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
+    final = np.zeros(N, dtype=np.int64)
 
     state: dict = {}
 
@@ -108,7 +185,7 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
         picked = t[state["rows"], state["pos"]]
         state[(name, layer)] = picked if name == "head_in" else picked.float()
 
-    mine = ctx.batches(rows)
+    mine = ctx.batches(_rows(ctx))
     bar = progress_bar(ctx.progress, len(mine.rows), "held-out pass", "ex")
     try:
         with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"), sink=sink):
@@ -121,26 +198,37 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                 final[idx] = as_numpy(o)
                 for layer in range(L):
                     m = state[("coefficients", layer)]
-                    active = m > 0
+                    active = active_memories(m, float(threshold[layer]))
+                    positive, negative = active & (m > 0), active & (m < 0)
                     ff = project(view, state[("ff_out", layer)], pv).argmax(-1)
                     post_v = project(view, state[("resid_post", layer)], pv).argmax(-1)
                     if pv == "identity":
-                        # argmax p(m_i·v_i) = argmax p(v_i) when m_i > 0: a positive scale of the logits.
-                        same_ff = ((tops[layer][None, :] == ff[:, None]) & active).any(-1)
-                        same_post = ((tops[layer][None, :] == post_v[:, None]) & active).any(-1)
+                        # argmax of m_i·v_i·Eᵀ is v_i's top token when m_i > 0 and its bottom token when
+                        # m_i < 0: the logits scaled by m_i.
+                        def hit(t: torch.Tensor) -> torch.Tensor:
+                            return (((tops[layer][None, :] == t[:, None]) & positive)
+                                    | ((bottoms[layer][None, :] == t[:, None]) & negative)).any(-1)
+                        same_ff, same_post = hit(ff), hit(post_v)
                     else:
                         # A normalization is not scale-free (epsilon, bias, dense layers): project each one.
-                        same_ff, same_post = _matches_exact(view, layer, m, pv, ff, post_v)
-                    z_mid = project(view, state[("resid_mid", layer)], pr)
-                    r = z_mid.argmax(-1)
-                    conf = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
-                    y = project(view, state[("resid_post", layer)], pr).argmax(-1)
-                    for name, value in (("n_active", active.sum(-1)), ("ff_top", ff), ("ff_matches", same_ff),
-                                        ("post_top_values", post_v), ("post_matches", same_post),
-                                        ("resid_top", r), ("post_top", y), ("confidence", conf)):
+                        same_ff, same_post = _matches_exact(view, layer, m, active, pv, ff, post_v)
+                    values = {"n_active": active.sum(-1), "n_positive": positive.sum(-1),
+                              "n_negative": negative.sum(-1), "ff_top": ff, "ff_matches": same_ff,
+                              "post_top_values": post_v, "post_matches": same_post}
+                    for name in PROJECTIONS:
+                        z_mid = project(view, state[("resid_mid", layer)], name)
+                        values[f"{name}/resid_top"] = z_mid.argmax(-1)
+                        values[f"{name}/confidence"] = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
+                        values[f"{name}/ff_top"] = ff if name == pv else \
+                            project(view, state[("ff_out", layer)], name).argmax(-1)
+                        values[f"{name}/post_top"] = post_v if name == pv else \
+                            project(view, state[("resid_post", layer)], name).argmax(-1)
+                    for name, value in values.items():
                         out[name][idx, layer] = as_numpy(value)
                 bar.update(len(idx))
     finally:
         bar.close()
     out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
-    return EvalCapture(**out)
+    residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence")))
+                for name in PROJECTIONS}
+    return EvalCapture(**out, residual=residual, tau=tau, threshold=np.asarray(threshold, dtype=float))

@@ -4,9 +4,13 @@ Same examples and positions as composition (one shared forward pass). o is the m
 final prediction. Per layer: residual agreement argmax p(resid_mid) = o, the probability
 p(resid_mid) gives to o, and with r = argmax p(resid_mid), f = argmax p(ff_out),
 y = argmax p(resid_post): kept (y = r), FF override (y = f ≠ r), composition (y ∉ {r, f}).
-r, y and the confidence use the residual projection (final normalization by default);
-f uses the projection of values and sub-updates (identity by default), the same f as in
-composition. Table 3: a seeded sample of examples where the last layer changes r.
+Every quantity of these figures (r, f, y, the confidence) goes through one projection, the
+residual projection of the chosen `Projections` (final normalization by default, the
+identity under ``--projection paper``). The held-out pass reads them under both
+projections: `refinement_projections` holds both, and where the two differ by more than
+`SHOWN_DIFFERENCE` the other projection's figures are drawn too (NAME_paper or
+NAME_default). Each share carries its n and a 95% Wilson interval. Table 3: a seeded sample
+of examples where the last layer changes r.
 """
 
 from __future__ import annotations
@@ -14,13 +18,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RunContext
-from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
-from ffkv.experiments.heldout import capture_eval
+from ffkv.experiments.common import RESIDUAL_CHOICE, RunContext, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.heldout import ResidualTops, capture_eval
+from ffkv.parallel import is_writer
+from ffkv.store.run import RunDir
 
 NAME = "refinement"
 N_LAST_LAYER = 50
 KEPT, OVERRIDE, COMPOSITION = "kept", "override", "composition"
+#: The figures of the other projection are drawn when some share of Figures 9 or 11 (or the mean
+#: confidence of Figure 10) differs by more than this between the two projections in some layer.
+SHOWN_DIFFERENCE = 0.05
+#: Per-layer columns compared between the projections.
+COMPARED = ("residual_agreement", "mean_confidence", KEPT, OVERRIDE, COMPOSITION)
+FIGURES = (NAME, f"{NAME}_agreement", f"{NAME}_confidence")
 
 
 def categories(r: np.ndarray, f: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -28,39 +40,59 @@ def categories(r: np.ndarray, f: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y == r, KEPT, np.where(y == f, OVERRIDE, COMPOSITION))
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
-    cap = capture_eval(ctx)
-    held = ctx.held_out()
-    N, L = cap.resid_top.shape
-    o = cap.final[:, None]
-    cat = categories(cap.resid_top, cap.ff_top, cap.post_top)
+def per_layer(tops: ResidualTops, final: np.ndarray) -> pd.DataFrame:
+    """Figures 9-11's numbers under one projection, each share with its 95% Wilson interval."""
+    N, L = tops.resid_top.shape
+    cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
     rows = []
     for layer in range(L):
         c = cat[:, layer]
         rows.append({
-            "layer": layer, "residual_agreement": float((cap.resid_top[:, layer] == cap.final).mean()),
-            "mean_confidence": float(cap.confidence[:, layer].mean()),
-            "median_confidence": float(np.median(cap.confidence[:, layer])),
-            "kept": float((c == KEPT).mean()), "override": float((c == OVERRIDE).mean()),
-            "composition": float((c == COMPOSITION).mean()),
-            "post_agreement": float((cap.post_top[:, layer] == cap.final).mean()), "n_examples": N,
+            "layer": layer, **share_with_interval(tops.resid_top[:, layer] == final, "residual_agreement"),
+            "mean_confidence": float(tops.confidence[:, layer].mean()),
+            "median_confidence": float(np.median(tops.confidence[:, layer])),
+            **share_with_interval(c == KEPT, KEPT), **share_with_interval(c == OVERRIDE, OVERRIDE),
+            **share_with_interval(c == COMPOSITION, COMPOSITION),
+            "post_agreement": float((tops.post_top[:, layer] == final).mean()), "n_examples": N,
         })
+    return pd.DataFrame(rows)
+
+
+def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    cap = capture_eval(ctx)
+    held = ctx.held_out()
+    tops = cap.residual[ctx.projections.residuals]
+    N, L = tops.resid_top.shape
+    o = cap.final[:, None]
+    cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
+    both = pd.concat([per_layer(t, cap.final).assign(projection=name, choice=RESIDUAL_CHOICE[name])
+                      for name, t in cap.residual.items()], ignore_index=True)
     examples = pd.DataFrame({
         "example_id": np.repeat(held.example_ids, L), "position": np.repeat(held.positions, L).astype(np.int32),
         "layer": np.tile(np.arange(L, dtype=np.int16), N),
-        "resid_top_id": cap.resid_top.ravel().astype(np.int32), "ff_top_id": cap.ff_top.ravel().astype(np.int32),
-        "post_top_id": cap.post_top.ravel().astype(np.int32),
+        "resid_top_id": tops.resid_top.ravel().astype(np.int32), "ff_top_id": tops.ff_top.ravel().astype(np.int32),
+        "post_top_id": tops.post_top.ravel().astype(np.int32),
         "final_id": np.repeat(cap.final, L).astype(np.int32), "target_id": np.repeat(held.targets, L).astype(np.int32),
-        "residual_agrees": (cap.resid_top == o).ravel(), "confidence": cap.confidence.ravel(),
+        "residual_agrees": (tops.resid_top == o).ravel(), "confidence": tops.confidence.ravel(),
         "category": cat.ravel(),
     })
-    return {"per_layer": pd.DataFrame(rows), "examples": examples, "last_layer": last_layer_cases(ctx, cap, cat)}
+    return {"per_layer": per_layer(tops, cap.final), "projections": both, "examples": examples,
+            "last_layer": last_layer_cases(ctx, tops, cap.final, cat)}
 
 
-def last_layer_cases(ctx: RunContext, cap, cat: np.ndarray, n: int = N_LAST_LAYER) -> pd.DataFrame:
+def projection_difference(projections: pd.DataFrame) -> float:
+    """The largest difference, over layers and the `COMPARED` columns, between the two projections' numbers."""
+    tables = [g.sort_values("layer")[list(COMPARED)].to_numpy(float) for _, g in projections.groupby("projection")]
+    if len(tables) < 2:
+        return 0.0
+    return float(np.nanmax(np.abs(tables[0] - tables[1])))
+
+
+def last_layer_cases(ctx: RunContext, tops: ResidualTops, final: np.ndarray, cat: np.ndarray,
+                     n: int = N_LAST_LAYER) -> pd.DataFrame:
     """Table 3: up to n examples (seeded) where the last layer's FF changes the residual's prediction."""
     held = ctx.held_out()
-    last = cap.resid_top.shape[1] - 1
+    last = tops.resid_top.shape[1] - 1
     changed = np.flatnonzero(cat[:, last] != KEPT)
     rng = np.random.default_rng(ctx.seed)
     chosen = np.sort(rng.choice(changed, size=min(n, len(changed)), replace=False)) if len(changed) else changed
@@ -68,63 +100,94 @@ def last_layer_cases(ctx: RunContext, cap, cat: np.ndarray, n: int = N_LAST_LAYE
     for i in chosen:
         e, j = held.examples[i], int(held.positions[i])
         ids = [int(t) for t in e.token_ids[: j + 1]]
-        r, f, y = int(cap.resid_top[i, last]), int(cap.ff_top[i, last]), int(cap.post_top[i, last])
+        r, f, y = int(tops.resid_top[i, last]), int(tops.ff_top[i, last]), int(tops.post_top[i, last])
         rows.append({"example_id": int(e.example_id), "position": j, "prefix": ctx.tokenizer.decode(ids),
                      "text": e.text, "residual_top": ctx.token(r), "ff_top": ctx.token(f), "layer_top": ctx.token(y),
-                     "final": ctx.token(int(cap.final[i])), "target": ctx.token(int(held.targets[i])),
+                     "final": ctx.token(int(final[i])), "target": ctx.token(int(held.targets[i])),
                      "category": cat[i, last], "residual_top_id": r, "ff_top_id": f, "layer_top_id": y,
-                     "final_id": int(cap.final[i]), "target_id": int(held.targets[i])})
+                     "final_id": int(final[i]), "target_id": int(held.targets[i])})
     return pd.DataFrame(rows, columns=["example_id", "position", "prefix", "text", "residual_top", "ff_top",
                                        "layer_top", "final", "target", "category", "residual_top_id", "ff_top_id",
                                        "layer_top_id", "final_id", "target_id"])
 
 
-def draw(ctx: RunContext, per_layer: pd.DataFrame) -> None:
+def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: str = "") -> None:
+    """Figures 9, 10 and 11 under one projection (named in their titles); NAME{suffix}.{png,svg}."""
     L = ctx.view.n_layers
-    x = per_layer["layer"].to_numpy()
+    x = per_layer_df["layer"].to_numpy()
+    under = f"{projection} projection ({RESIDUAL_CHOICE[projection]}), n = {int(per_layer_df['n_examples'].iloc[0]):,}"
     fig, ax = new_figure()
-    ax.plot(x, 100 * per_layer["residual_agreement"], "o-", color="#4C72B0")
+    ax.plot(x, 100 * per_layer_df["residual_agreement"], "o-", color="#4C72B0")
+    interval_bars(ax, x, per_layer_df, "residual_agreement")
     ax.set_ylim(0, 100)
     ax.set_ylabel("% examples: residual's top token = final prediction")
-    ax.set_title("Residual agreement with the model's prediction (paper Fig. 9)")
+    ax.set_title(f"Residual agreement with the model's prediction (paper Fig. 9)\n{under}")
     layer_axis(ax, L)
-    save_figure(fig, ctx.run.path, f"{NAME}_agreement")
+    save_figure(fig, ctx.run.path, f"{NAME}_agreement{suffix}")
 
     fig, ax = new_figure()
-    ax.plot(x, per_layer["mean_confidence"], "o-", color="#DD8452", label="mean")
-    ax.plot(x, per_layer["median_confidence"], "s--", color="#DD8452", alpha=0.6, label="median")
+    ax.plot(x, per_layer_df["mean_confidence"], "o-", color="#DD8452", label="mean")
+    ax.plot(x, per_layer_df["median_confidence"], "s--", color="#DD8452", alpha=0.6, label="median")
     ax.set_ylim(0, 1)
     ax.set_ylabel("p(resid_mid) of the final prediction")
-    ax.set_title("Residual's probability of the final prediction (paper Fig. 10)")
+    ax.set_title(f"Residual's probability of the final prediction (paper Fig. 10)\n{under}")
     layer_axis(ax, L)
     ax.legend(frameon=False)
-    save_figure(fig, ctx.run.path, f"{NAME}_confidence")
+    save_figure(fig, ctx.run.path, f"{NAME}_confidence{suffix}")
 
     fig, ax = new_figure()
     bottom = np.zeros(len(x))
     for name, label in ((KEPT, "residual kept (y = r)"), (OVERRIDE, "FF override (y = f ≠ r)"),
                         (COMPOSITION, "composition (y ∉ {r, f})")):
-        ax.bar(x, 100 * per_layer[name], bottom=bottom, color=COLORS[name], label=label)
-        bottom += 100 * per_layer[name].to_numpy()
+        ax.bar(x, 100 * per_layer_df[name], bottom=bottom, color=COLORS[name], label=label)
+        bottom += 100 * per_layer_df[name].to_numpy()
+    interval_bars(ax, x, per_layer_df, KEPT)  # the kept share's interval, at the top of its bar
     ax.set_ylim(0, 100)
     ax.set_ylabel("% examples")
-    ax.set_title("How the FF layer changes the residual's prediction (paper Fig. 11)")
+    ax.set_title(f"How the FF layer changes the residual's prediction (paper Fig. 11)\n{under}")
     layer_axis(ax, L)
     ax.legend(frameon=False, fontsize=7, loc="lower left")
-    save_figure(fig, ctx.run.path, NAME)
+    save_figure(fig, ctx.run.path, f"{NAME}{suffix}")
+
+
+def _remove_figures(run_path, suffix: str) -> None:
+    """Remove the figures of a projection no longer shown (left by an earlier `analyze`)."""
+    if not is_writer():
+        return
+    run = RunDir(run_path)
+    for name in FIGURES:
+        for fmt in ("png", "svg"):
+            run.figure_path(f"{name}{suffix}", fmt).unlink(missing_ok=True)
 
 
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
     held = ctx.held_out()
-    meta = {"projection": ctx.projections.residuals, "residual_projection": ctx.projections.residuals,
-            "ff_out_projection": ctx.projections.values, "final_prediction": "the model's LM head (bias included)",
-            "resid_mid": ctx.view.resid_mid_definition, "n_examples": len(held.examples),
-            "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed}
+    n = len(held.examples)
+    pr = ctx.projections.residuals
+    other = next(p for p in RESIDUAL_CHOICE if p != pr)
+    difference = projection_difference(result["projections"])
+    shown = difference > SHOWN_DIFFERENCE
+    meta = {"projection": pr, "residual_projection": pr, "ff_out_projection": pr,
+            "projection_choice": RESIDUAL_CHOICE[pr], "other_projection": other,
+            "projection_difference": round(difference, 4), "other_projection_shown": shown,
+            "final_prediction": "the model's LM head (bias included)",
+            "resid_mid": ctx.view.resid_mid_definition, "interval": "95% Wilson score interval", "n_examples": n,
+            "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
+            "warnings": sample_size_warnings(NAME, n)}
     ctx.write_table(NAME, result["per_layer"], **meta)
+    ctx.write_table(f"{NAME}_projections", result["projections"], **meta)
     ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
     ctx.write_table(f"{NAME}_last_layer", result["last_layer"], **meta)
-    draw(ctx, result["per_layer"])
-    ctx.record(NAME, tables=[NAME, f"{NAME}_examples", f"{NAME}_last_layer"],
-               figures=[NAME, f"{NAME}_agreement", f"{NAME}_confidence"], **meta)
+    draw(ctx, result["per_layer"], pr)
+    figures = list(FIGURES)
+    for choice in RESIDUAL_CHOICE.values():  # the other projection's figures: only where they differ now
+        _remove_figures(ctx.run.path, f"_{choice}")
+    if shown:
+        other_table = result["projections"]
+        other_table = other_table[other_table["projection"] == other].drop(columns=["projection", "choice"])
+        draw(ctx, other_table.reset_index(drop=True), other, f"_{RESIDUAL_CHOICE[other]}")
+        figures += [f"{name}_{RESIDUAL_CHOICE[other]}" for name in FIGURES]
+    ctx.record(NAME, tables=[NAME, f"{NAME}_projections", f"{NAME}_examples", f"{NAME}_last_layer"],
+               figures=figures, **meta)
     return result

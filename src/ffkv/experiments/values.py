@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RunContext, progress_bar
-from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
 from ffkv.parallel import gather_rows, owned
@@ -26,18 +26,22 @@ N_CONFIDENT = 100
 TRIGGERS_SHOWN = 5
 
 
-def value_top_tokens(ctx: RunContext, layer: int) -> np.ndarray:
-    """argmax p_i for every key of a layer under the values projection (shared with composition)."""
-    def compute() -> np.ndarray:
+def value_tokens(ctx: RunContext, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax p_i, argmin p_i) for every key of a layer under the values projection (shared with
+    composition): what the memory predicts with a positive coefficient, and with a negative one."""
+    def compute() -> tuple[np.ndarray, np.ndarray]:
         stats = scan_values(ctx.view, layer, ctx.projections.values, np.full(ctx.view.d_m, -1), top=1)
-        return stats["top_token_id"].astype(np.int64)
-    return ctx.once(("value_top_tokens", layer), compute)
+        return stats["top_token_id"].astype(np.int64), stats["bottom_token_id"].astype(np.int64)
+    return ctx.once(("value_tokens", layer), compute)
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+def compute(ctx: RunContext, direction: int = 1) -> dict[str, pd.DataFrame]:
+    """Figures 4-5 (and Table 2 for direction +1) for the trigger examples of one direction: +1 compares
+    p_i = p(v_i) with the key's top trigger (largest m_i), -1 compares p(-v_i), what a negative coefficient
+    writes, with the key's most negative trigger."""
     view = ctx.view
     L, d_m, V = view.n_layers, view.d_m, view.vocab_size
-    trig = ctx.trigger_targets()
+    trig = ctx.trigger_targets(direction)
     first = trig[trig["rank"] == 0]
     targets = np.full((L, d_m), -1, dtype=np.int64)
     targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
@@ -45,7 +49,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     stats: dict[str, np.ndarray] = {}
     bar = progress_bar(ctx.progress, len(mine), "values", "layer")
     for layer in mine:
-        for name, v in scan_values(view, layer, ctx.projections.values, targets[layer]).items():
+        for name, v in scan_values(view, layer, ctx.projections.values, targets[layer], sign=direction).items():
             if name not in stats:
                 stats[name] = np.zeros((L, *v.shape), v.dtype)
             stats[name][layer] = v
@@ -55,7 +59,9 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys = []
     for layer in range(L):
         s = {name: v[layer] for name, v in stats.items()}
-        ctx.once(("value_top_tokens", layer), lambda: s["top_token_id"].astype(np.int64))
+        if direction == 1:
+            ctx.once(("value_tokens", layer), lambda: (s["top_token_id"].astype(np.int64),
+                                                       s["bottom_token_id"].astype(np.int64)))
         keys.append(pd.DataFrame({
             "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
             "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),
@@ -69,7 +75,10 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
         }))
     keys = pd.concat(keys, ignore_index=True)
     keys["top_token"] = ctx.tokens(keys["top_token_id"])
-    return {"keys": keys, "per_layer": per_layer(keys, V), "confident": most_confident(ctx, keys, trig)}
+    result = {"keys": keys, "per_layer": per_layer(keys, V)}
+    if direction == 1:
+        result["confident"] = most_confident(ctx, keys, trig)
+    return result
 
 
 def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
@@ -85,13 +94,13 @@ def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
         paired = float((top_share * target_share.reindex(top_share.index, fill_value=0)).sum()) if n else math.nan
         q = np.quantile(ranks, [0.1, 0.25, 0.5, 0.75, 0.9]) if n else [math.nan] * 5
         rows.append({
-            "layer": int(layer), "agreement_rate": float(with_target["agrees"].mean()) if n else math.nan,
+            "layer": int(layer), **share_with_interval(with_target["agrees"].to_numpy(bool), "agreement_rate"),
             "chance_rate": 1.0 / vocab_size, "chance_rate_shuffled": paired,
             "n_keys": int(len(g)), "n_keys_with_target": n,
             "mean_top_prob": float(g["top_prob"].mean()), "mean_entropy": float(g["entropy"].mean()),
             "rank_p10": q[0], "rank_p25": q[1], "rank_median": q[2], "rank_p75": q[3], "rank_p90": q[4],
             "mean_log10_rank": float(np.log10(ranks).mean()) if n else math.nan,
-            "share_rank_top10": float((ranks <= 10).mean()) if n else math.nan,
+            **share_with_interval(ranks <= 10, "share_rank_top10"),
         })
     return pd.DataFrame(rows)
 
@@ -119,19 +128,23 @@ def most_confident(ctx: RunContext, keys: pd.DataFrame, trig: pd.DataFrame, n: i
     return pd.DataFrame(rows)
 
 
-def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> None:
+def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: str = NAME) -> None:
+    negative = name != NAME
+    which = "; most negative triggers, p(-v_i)" if negative else ""
     L = ctx.view.n_layers
     fig, ax = new_figure()
     x = per_layer_df["layer"].to_numpy()
     ax.bar(x - 0.2, 100 * per_layer_df["agreement_rate"], width=0.4, label="agreement rate", color="#4C72B0")
+    interval_bars(ax, x - 0.2, per_layer_df, "agreement_rate")
     ax.bar(x + 0.2, 100 * per_layer_df["chance_rate_shuffled"], width=0.4, label="chance (shuffled pairs)",
            color=COLORS["chance"])
     ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
     ax.set_ylabel("% keys: top token = trigger's next token")
-    ax.set_title("Value top token vs. top trigger example (paper Fig. 4)")
+    ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {ctx.projections.values} projection"
+                 f"{which})")
     layer_axis(ax, L)
     ax.legend(frameon=False)
-    save_figure(fig, ctx.run.path, NAME)
+    save_figure(fig, ctx.run.path, name)
 
     fig, ax = new_figure()
     data = [keys.loc[(keys["layer"] == l) & (keys["trigger_target_id"] >= 0), "target_rank"].to_numpy()
@@ -139,21 +152,35 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame) -> Non
     ax.boxplot([d if len(d) else [np.nan] for d in data], positions=range(L), showfliers=False, widths=0.6)
     ax.set_yscale("log")
     ax.set_ylabel("rank of trigger's next token in p_i (1 = top)")
-    ax.set_title("Rank of the trigger's next token (paper Fig. 5)")
+    ax.set_title(f"Rank of the trigger's next token (paper Fig. 5; {ctx.projections.values} projection{which})")
     layer_axis(ax, L)
-    save_figure(fig, ctx.run.path, f"{NAME}_rank")
+    save_figure(fig, ctx.run.path, f"{name}_rank")
 
 
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
-    meta = {"projection": ctx.projections.values, "vocab_size": ctx.view.vocab_size,
+    n = int(result["per_layer"]["n_keys_with_target"].min()) if len(result["per_layer"]) else 0
+    meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
+            "vocab_size": ctx.view.vocab_size, "interval": "95% Wilson score interval",
+            "warnings": sample_size_warnings(NAME, n, "keys with a trigger target"),
             "target": TARGET_DESCRIPTION[ctx.view.encoder],
-            "rank": "1 + number of tokens with a strictly higher logit"}
+            "rank": "1 + number of tokens with a strictly higher logit", "direction": 1}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
     ctx.write_table(f"{NAME}_confident", result["confident"], **meta)
     draw(ctx, result["per_layer"], result["keys"])
-    info = {"tables": [NAME, f"{NAME}_keys", f"{NAME}_confident"], "figures": [NAME, f"{NAME}_rank"], **meta,
-            "chunk_keys": chunk_size(ctx.view.vocab_size)}
+    tables, figures = [NAME, f"{NAME}_keys", f"{NAME}_confident"], [NAME, f"{NAME}_rank"]
+    if len(ctx.triggers(-1)):  # a run indexed with both signs: Figures 4-5 for the most negative triggers too
+        negative = compute(ctx, -1)
+        neg = f"{NAME}_negative"
+        meta_neg = {**meta, "direction": -1, "distribution": "p(-v_i) = softmax(N(-v_i)·Eᵀ): what a negative "
+                    "coefficient writes, against the key's most negative trigger examples"}
+        ctx.write_table(neg, negative["per_layer"], **meta_neg)
+        ctx.write_table(f"{neg}_keys", negative["keys"], **meta_neg)
+        draw(ctx, negative["per_layer"], negative["keys"], neg)
+        tables += [neg, f"{neg}_keys"]
+        figures += [neg, f"{neg}_rank"]
+        result["negative"] = negative
+    info = {"tables": tables, "figures": figures, **meta, "chunk_keys": chunk_size(ctx.view.vocab_size)}
     ctx.record(NAME, **info)
     return result

@@ -68,13 +68,15 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.ndarray, "d_m"],
-                chunk: int | None = None, top: int = TOP_TOKENS) -> dict[str, np.ndarray]:
+                chunk: int | None = None, top: int = TOP_TOKENS, sign: int = 1) -> dict[str, np.ndarray]:
     """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
 
     Args:
         targets: token id per key whose rank and probability are wanted; -1 for none.
+        sign: -1 projects -v_i instead: what a memory with a negative coefficient writes (SPEC section 7).
 
-    Returns arrays of length d_m: top_token_id, top_prob, entropy, logsumexp, target_rank
+    Returns arrays of length d_m: top_token_id, bottom_token_id (argmin: what a negative
+    coefficient promotes, SPEC section 7), top_prob, entropy, logsumexp, target_rank
     (1 = the value's top token; ties count in the target's favour), target_prob, and
     (d_m, top) top_token_ids / top_probs.
     """
@@ -83,10 +85,11 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
     chunk = chunk or chunk_size(view.vocab_size)
     device = values.device
     targets_t = torch.as_tensor(np.asarray(targets), dtype=torch.long, device=device)
-    out = {name: [] for name in ("top_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
+    out = {name: [] for name in ("top_token_id", "bottom_token_id", "top_prob", "entropy", "logsumexp", "target_rank",
                                  "target_prob", "top_token_ids", "top_probs")}
     for start in range(0, d_m, chunk):
-        z = logits(view, values[start:start + chunk], projection)  # (n, |V|) float32
+        z = logits(view, values[start:start + chunk] if sign > 0 else -values[start:start + chunk],
+                   projection)  # (n, |V|) float32
         lse = torch.logsumexp(z, dim=-1)
         top_logits, top_ids = torch.topk(z, min(top, z.shape[1]), dim=-1)
         t = targets_t[start:start + chunk]
@@ -98,6 +101,7 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
         out["entropy"].append(lse - pz)
         out["logsumexp"].append(lse)
         out["top_token_id"].append(top_ids[:, 0])
+        out["bottom_token_id"].append(z.argmin(dim=-1))
         out["top_prob"].append((top_logits[:, 0] - lse).exp())
         out["target_rank"].append(torch.where(has, rank, torch.full_like(rank, -1)))
         out["target_prob"].append(torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))))

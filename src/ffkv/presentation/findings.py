@@ -9,7 +9,9 @@ the exact name, else the longest key the name starts with).
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
+import numpy as np
 import pandas as pd
 
 from ffkv.presentation.style import layer_number, percent
@@ -31,6 +33,12 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
         "The rank of the top trigger example's next token in the value's distribution improves (gets lower) "
         "through the layers.")},
     "values_keys": {"figure": "Figure 4", "finding": "Per key: the value's distribution over the vocabulary."},
+    "values_negative": {"figure": "Figure 4", "finding": (
+        "(Not in the paper, whose ReLU coefficients are never negative.) The same agreement for the most negative "
+        "trigger examples: the top token of p(-v_i), what a negative coefficient writes, against the next token "
+        "of the key's most negative trigger example.")},
+    "values_negative_rank": {"figure": "Figure 5", "finding": (
+        "(Not in the paper.) The rank of the most negative trigger example's next token in p(-v_i).")},
     "values_confident": {"figure": "Table 2", "finding": (
         "Of the 100 most confident values (highest max p), almost half have a top trigger example whose next "
         "token is the value's top token.")},
@@ -81,21 +89,33 @@ def _pct(x: float) -> str:
     return percent(x) or "n/a"
 
 
-def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% for z = 1.96) of a share observed on n independent trials."""
-    if not n or share is None or (isinstance(share, float) and math.isnan(share)):
-        return math.nan, math.nan
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+#: z of a two-sided 95% interval.
+Z95 = 1.959963984540054
+
+
+def wilson_interval(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """The Wilson score interval of a share k/n of n independent trials (95% by default); nan where n = 0.
+
+    Wilson (1927): centre (k + z²/2) / (n + z²), half-width z·sqrt(k(n-k)/n + z²/4) / (n + z²); unlike the
+    normal approximation it stays inside [0, 1] and is not empty at k = 0 or k = n. k and n may be arrays.
+    """
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centre = (k + z * z / 2) / (n + z * z)
+        half = z * np.sqrt(np.clip(k * (n - k) / n, 0, None) + z * z / 4) / (n + z * z)
+        # Exact ends at k = 0 and k = n (the formula gives them up to rounding).
+        low = np.where(n > 0, np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0)), np.nan)
+        high = np.where(n > 0, np.where(k >= n, 1.0, np.clip(centre + half, 0.0, 1.0)), np.nan)
+    return low, high
 
 
 def _share_ci(share: float, n) -> str:
     """"57.0% (95% CI 54.0-60.0%, n = 1,024)"."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return _pct(share)
-    lo, hi = wilson_interval(float(share), int(n))
-    return f"{_pct(share)} (95% CI {_pct(lo)}-{_pct(hi)}, n = {int(n):,})"
+    lo, hi = wilson_interval(float(share) * int(n), int(n))
+    return f"{_pct(share)} (95% CI {_pct(float(lo))}-{_pct(float(hi))}, n = {int(n):,})"
 
 
 def _n_range(values: pd.Series) -> str:
@@ -127,6 +147,9 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         if "mean_active" in t:
             of = f" of {int(first.d_m):,}" if "d_m" in t else ""
             out += f"; {t['mean_active'].min():.0f}-{t['mean_active'].max():.0f}{of} memories are active on average"
+            if "mean_negative" in t and t["mean_negative"].max() > 0:
+                out += (f" ({t['mean_positive'].min():.0f}-{t['mean_positive'].max():.0f} with m > 0, "
+                        f"{t['mean_negative'].min():.0f}-{t['mean_negative'].max():.0f} with m < 0)")
         return out + "."
     if name == "refinement" and "kept" in t:
         n = last["n_examples"] if "n_examples" in t else None
@@ -153,3 +176,128 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                     f"only)")
         return f"In this model, in {n_first}, {shares(first)}; in {n_last}, {shares(last)}."
     return None
+
+
+# ------------------------------------------------------------------ fidelity
+#: Columns of metrics/fidelity.parquet (docs/run-directory.md).
+FIDELITY_COLUMNS = ("figure", "finding", "measured", "rule", "reproduces", "table", "projection")
+
+
+def _first_last(t: pd.DataFrame, column: str) -> tuple[float, float]:
+    t = t.sort_values("layer")
+    return float(t[column].iloc[0]), float(t[column].iloc[-1])
+
+
+def _rows_for(name: str, t: pd.DataFrame, projection: str, label: str = "") -> list[dict]:
+    """Fidelity rows for one per-layer table: (figure, measured, rule, reproduces)."""
+    rows: list[tuple[str, str, str, str, bool]] = []  # (finding key, figure, measured, rule, reproduces)
+    L = len(t)
+    if name == "patterns" and {"keys_shallow", "keys_semantic", "keys_both"} <= set(t.columns):
+        sh = t.sort_values("layer")["keys_shallow"] + t.sort_values("layer")["keys_both"]
+        se = t.sort_values("layer")["keys_semantic"] + t.sort_values("layer")["keys_both"]
+        rows.append(("patterns", "Figure 2",
+                     f"shallow keys {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} (layer {L}); semantic "
+                     f"{_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
+                     "the shallow share of keys is larger in layer 1 than in the top layer, and the semantic share "
+                     "larger in the top layer than in layer 1",
+                     bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])))
+    if name == "ablations" and {"mean_change_last", "mean_change_first", "mean_change_random"} <= set(t.columns):
+        last, first, rand = (float(t[c].mean()) for c in ("mean_change_last", "mean_change_first",
+                                                            "mean_change_random"))
+        rows.append(("ablations", "Figure 3",
+                     f"mean change removing the last token {_pct(last)}, the first {_pct(first)}, a random one "
+                     f"{_pct(rand)} (mean over layers)",
+                     "removing the last token lowers the coefficient more than removing the first or a random one "
+                     "(means over layers)", bool(last < first and last < rand)))
+    if name == "values" and {"agreement_rate", "chance_rate_shuffled"} <= set(t.columns):
+        first, last = _first_last(t, "agreement_rate")
+        low = float(t.sort_values("layer")["agreement_rate_ci_low"].iloc[-1]) \
+            if "agreement_rate_ci_low" in t else last
+        chance = max(float(t["chance_rate_shuffled"].max()), float(t["chance_rate"].max()))
+        rows.append(("values", "Figure 4",
+                     f"agreement {_pct(first)} (layer 1) -> {_pct(last)} (layer {L}); top layer's 95% interval "
+                     f"from {_pct(low)}; chance at most {_pct(chance)}",
+                     "the top layer's agreement exceeds layer 1's, and its 95% interval lies above chance (1/|V| "
+                     "and shuffled pairs)", bool(last > first and low > chance)))
+    if name == "values" and "rank_median" in t:
+        first, last = _first_last(t, "rank_median")
+        rows.append(("values_rank", "Figure 5", f"median rank {first:g} (layer 1) -> {last:g} (layer {L})",
+                     "the median rank of the trigger's next token is lower in the top layer than in layer 1",
+                     bool(last < first)))
+    if name == "values_confident" and "any_trigger_agrees" in t:
+        share = float(t["any_trigger_agrees"].mean()) if len(t) else math.nan
+        rows.append(("values_confident", "Table 2", f"{_pct(share)} of the {len(t)} most confident values",
+                     "at least a quarter of the most confident values have a trigger example whose target is the "
+                     "value's top token (paper: almost half)", bool(share >= 0.25)))
+    if name == "composition" and "share_active" in t:
+        low, high = float(t["share_active"].min()), float(t["share_active"].max())
+        rows.append(("composition_active", "Figure 7", f"{_pct(low)}-{_pct(high)} of the memories active per layer",
+                     "a minority of memories is active: under 50% of the layer's memories on average in every layer "
+                     "(paper: hundreds of 4,096, 2-10%)", bool(high < 0.5)))
+    if name == "composition" and "composition_rate" in t:
+        low = float(t["composition_rate"].min())
+        rows.append(("composition", "Figure 8", f"composition in {_pct(low)}-{_pct(t['composition_rate'].max())} "
+                     "of examples per layer",
+                     "the FF output's top token differs from every active memory's in at least 68% of examples in "
+                     "every layer (the paper's lowest layer)", bool(low >= 0.68)))
+    if name == "refinement" and "residual_agreement" in t:
+        first, last = _first_last(t, "residual_agreement")
+        tt = t.sort_values("layer")
+        separated = ("residual_agreement_ci_high" not in t
+                     or float(tt["residual_agreement_ci_low"].iloc[-1]) > float(tt["residual_agreement_ci_high"].iloc[0]))
+        rows.append(("refinement_agreement", "Figure 9",
+                     f"residual agreement {_pct(first)} (layer 1) -> {_pct(last)} (layer {L})",
+                     "the top layer's residual agreement exceeds layer 1's, the 95% intervals apart",
+                     bool(last > first and separated)))
+    if name == "refinement" and "mean_confidence" in t:
+        first, last = _first_last(t, "mean_confidence")
+        rows.append(("refinement_confidence", "Figure 10",
+                     f"mean p(final prediction) {first:.3f} (layer 1) -> {last:.3f} (layer {L})",
+                     "the residual's mean probability of the final prediction is higher in the top layer than in "
+                     "layer 1", bool(last > first)))
+    if name == "refinement" and {"kept", "override", "composition"} <= set(t.columns):
+        kept = float(t["kept"].min())
+        over, comp = float(t["override"].mean()), float(t["composition"].mean())
+        rows.append(("refinement", "Figure 11",
+                     f"kept in at least {_pct(kept)} per layer; on average override {_pct(over)}, composition "
+                     f"{_pct(comp)}",
+                     "the residual's prediction is kept in at least half the examples in every layer, and where it "
+                     "changes, a compromise (y ∉ {r, f}) is at least as common as the FF's own prediction",
+                     bool(kept >= 0.5 and comp >= over)))
+    out = []
+    for key, figure, measured, rule, ok in rows:
+        out.append({"figure": figure + label, "finding": PAPER_FINDINGS[key]["finding"], "measured": measured,
+                    "rule": rule, "reproduces": ok, "table": name, "projection": projection})
+    return out
+
+
+def fidelity(tables: Mapping[str, pd.DataFrame], projections: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """metrics/fidelity.parquet: one row per finding of the paper that this model's tables measure.
+
+    Args:
+        tables: metrics tables by name (any of patterns, ablations, values, values_confident, composition,
+            refinement, refinement_projections); the others are ignored.
+        projections: table name -> the projection its numbers were read under (for the `projection` column).
+
+    Each row: the paper's `figure` and `finding`, what this model `measured`, the `rule` that decides
+    whether it `reproduces` (stated with the row, so that a reader can disagree with it), the `table` it
+    was read from and the `projection`. Figures 9-11 are also given under the other residual
+    projection, from refinement_projections, labelled with it.
+    """
+    projections = dict(projections or {})
+    rows: list[dict] = []
+    for name in ("patterns", "ablations", "values", "values_confident", "composition", "refinement"):
+        t = tables.get(name)
+        if t is not None and len(t):
+            rows += _rows_for(name, t, projections.get(name, ""))
+    both = tables.get("refinement_projections")
+    if both is not None and len(both) and "projection" in both:
+        chosen = projections.get("refinement")
+        for projection, t in both.groupby("projection", sort=True):
+            if projection == chosen:
+                continue
+            choice = str(t["choice"].iloc[0]) if "choice" in t else projection
+            for row in _rows_for("refinement", t.drop(columns=["projection", "choice"], errors="ignore"), projection,
+                                 f" ({choice}: {projection} projection)"):
+                rows.append({**row, "table": "refinement_projections"})
+    return pd.DataFrame(rows, columns=list(FIDELITY_COLUMNS))

@@ -35,9 +35,10 @@ READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "compositio
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).
 MAX_LAYER_ROWS = 64
 #: Description fields that say how a table was computed, shown with each section (others are in the file).
-HOW_FIELDS = ("projection", "residual_projection", "ff_out_projection", "resid_post_variant_projection", "target",
-              "active", "n_examples", "keys_per_layer", "top_t", "vocab_size", "rank", "relative_change",
-              "labels", "embedding", "calibration", "final_prediction")
+HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
+              "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
+              "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
+              "relative_change", "labels", "embedding", "calibration", "final_prediction")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).

@@ -17,7 +17,7 @@ from ffkv.errors import FfkvError
 from ffkv.store.lock import Holder
 
 #: Version of the run-directory contract this ffkv writes and reads (docs/run-directory.md).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 KIND = "ffkv-run"
 #: running: a process writes it (see `process`); interrupted: stopped at a checkpoint (Ctrl-C);
 #: failed: stopped by an error (see `error`); complete: every table written.
