@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
-from ffkv.experiments.figures import COLORS, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, legend_outside, layer_axis, new_figure, save_figure
 from ffkv.parallel import gather_rows
 
 NAME = "ablations"
@@ -158,7 +158,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame) -> None:
     ax.set_ylabel("mean relative change of m (%)")
     ax.set_title("Coefficient change when a token is removed (paper Fig. 3)")
     layer_axis(ax, ctx.view.n_layers)
-    ax.legend(frameon=False)
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, NAME)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ffkv.experiments.common import RunContext, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.experiments.heldout import capture_eval
 from ffkv.memories.active import RULE
 
@@ -89,7 +89,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
     ax.set_title(f"Active memories per layer (paper Fig. 7), n = {int(per_layer['n_examples'].iloc[0]):,}")
     layer_axis(ax, L)
     ax.set_ylim(0, 1.3 * max(1.0, float(per_layer["p75_active"].max()), float(per_layer["mean_active"].max())))
-    ax.legend(frameon=False, loc="upper center", ncol=3, fontsize=7)
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, f"{NAME}_active")
 
     fig, ax = new_figure()
@@ -98,10 +98,10 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
         ax.bar(x + shift, 100 * per_layer[column], width=0.4, color=color, label=label)
         interval_bars(ax, x + shift, per_layer, column)
     ax.set_ylim(0, 100)
-    ax.set_ylabel("% examples: top token ≠ every active memory's")
+    ax.set_ylabel("% examples: top token ≠\nevery active memory's")
     ax.set_title(f"Layer prediction is a composition (paper Fig. 8; {projection} projection)")
     layer_axis(ax, L)
-    ax.legend(frameon=False, loc="lower right")
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, NAME)
 
 

@@ -35,6 +35,16 @@ def layer_axis(ax, n_layers: int) -> None:
     ax.set_xticklabels([str(i + 1) for i in range(0, n_layers, step)])
 
 
+def legend_outside(ax, **kwargs) -> None:
+    """The legend below the plot, outside the axes, so that it never covers data (the figure's constrained
+    layout makes room for it)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        kwargs.setdefault("fontsize", 8)
+        kwargs.setdefault("ncol", min(len(handles), 3))
+        ax.figure.legend(handles, labels, frameon=False, loc="outside lower center", **kwargs)
+
+
 def interval_bars(ax, x, table, column: str, scale: float = 100.0) -> None:
     """Error bars of a share's 95% interval (columns COLUMN_ci_low, COLUMN_ci_high), in percent by default."""
     value = scale * table[column].to_numpy(float)

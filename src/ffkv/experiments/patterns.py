@@ -38,7 +38,7 @@ from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
-from ffkv.experiments.figures import COLORS, layer_axis, save_figure
+from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
 from ffkv.store.annotations import LABELS, consensus, read_labels
 
 NAME = "patterns"
@@ -357,7 +357,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
     panels = [("keys", "% keys")] + ([("prefixes", "% trigger prefixes")] if "prefixes_none" in per_layer else [])
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.4), constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.6), constrained_layout=True, squeeze=False)
     x = per_layer["layer"].to_numpy()
     for ax, (prefix, ylabel) in zip(axes[0], panels):
         bottom = np.zeros(len(x))
@@ -369,7 +369,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
         ax.set_ylabel(ylabel)
         layer_axis(ax, L)
     axes[0][0].set_title(f"Key patterns per layer, {title} (paper Fig. 2)", loc="left")
-    axes[0][-1].legend(frameon=False, fontsize=7, loc="upper right")
+    legend_outside(axes[0][-1], ncol=4)
     save_figure(fig, ctx.run.path, name)
 
 

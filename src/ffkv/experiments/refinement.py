@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ffkv.experiments.common import RESIDUAL_CHOICE, RunContext, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.experiments.heldout import ResidualTops, capture_eval
 from ffkv.parallel import is_writer
 from ffkv.store.run import RunDir
@@ -132,7 +132,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     ax.set_ylabel("p(resid_mid) of the final prediction")
     ax.set_title(f"Residual's probability of the final prediction (paper Fig. 10)\n{under}")
     layer_axis(ax, L)
-    ax.legend(frameon=False)
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, f"{NAME}_confidence{suffix}")
 
     fig, ax = new_figure()
@@ -146,7 +146,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     ax.set_ylabel("% examples")
     ax.set_title(f"How the FF layer changes the residual's prediction (paper Fig. 11)\n{under}")
     layer_axis(ax, L)
-    ax.legend(frameon=False, fontsize=7, loc="lower left")
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, f"{NAME}{suffix}")
 
 

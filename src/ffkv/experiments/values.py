@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
 from ffkv.parallel import gather_rows, owned
@@ -139,11 +139,11 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: 
     ax.bar(x + 0.2, 100 * per_layer_df["chance_rate_shuffled"], width=0.4, label="chance (shuffled pairs)",
            color=COLORS["chance"])
     ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
-    ax.set_ylabel("% keys: top token = trigger's next token")
+    ax.set_ylabel("% keys: top token =\ntrigger's next token")
     ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {ctx.projections.values} projection"
                  f"{which})")
     layer_axis(ax, L)
-    ax.legend(frameon=False)
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, name)
 
     fig, ax = new_figure()
