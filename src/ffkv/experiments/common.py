@@ -128,17 +128,18 @@ class RunContext:
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self) -> pd.DataFrame:
-        """trigger_examples.parquet, sorted by (layer, key, rank)."""
+    def triggers(self, direction: str = "positive") -> pd.DataFrame:
+        """trigger_examples.parquet rows of one direction (`RunDir.read_triggers`: ``positive``, the
+        paper's trigger examples, or ``negative``), sorted by (layer, key, rank)."""
         def read() -> pd.DataFrame:
-            df = pd.read_parquet(self.run.table("trigger_examples"))
+            df = self.run.read_triggers(direction)
             return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once("triggers", read)
+        return self.once(("triggers", direction), read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
         """example_id -> (token ids, text) of every example that is some key's trigger."""
         def read() -> dict[int, tuple[np.ndarray, str]]:
-            wanted = pa.array(np.unique(self.triggers()["example_id"].to_numpy()), pa.int64())
+            wanted = pa.array(np.unique(self.triggers("both")["example_id"].to_numpy()), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()
