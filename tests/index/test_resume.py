@@ -63,6 +63,39 @@ def test_resume_equals_uninterrupted(tmp_path, setup, how):
     for a, b in zip(read(whole), read(resumed)):
         pd.testing.assert_frame_equal(a, b)
     assert not (tmp_path / "cut" / ".partial").exists()
+    assert resumed.manifest().sign == "both" and set(read(resumed)[0]["direction"]) == {1, -1}  # GELU: signed
+
+
+@pytest.mark.parametrize("family,mode", [("llama", "prefix"), ("llama", "example"), ("opt", "prefix")])
+def test_resume_equals_uninterrupted_in_both_directions(tmp_path, setup, family, mode):
+    """A gated model's signed state (and a ReLU model's positive one) checkpoints and resumes exactly."""
+    _, spec = setup
+    loaded = loaded_tiny(family)
+    options = IndexOptions(top_k=5, mode=mode)
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0, part_rows=5)
+    whole = build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, after_window=ctrl_c_at(3))
+    resumed = build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, resume=True)
+    assert same_bytes(whole, resumed)
+    assert resumed.manifest().sign == ("positive" if family == "opt" else "both")
+
+
+def test_unfinished_run_of_an_older_format_is_refused(tmp_path, setup):
+    """An unfinished run of format 2 (one direction, no `direction` column) is not continued by this ffkv."""
+    import json
+
+    loaded, spec = setup
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=5), batching, progress=False,
+                    after_window=ctrl_c_at(2))
+    path = tmp_path / "run" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["format_version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(FfkvError, match="unfinished run of an older ffkv \\(run format 2; this ffkv writes 3\\)"):
+        build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=5), batching, progress=False, resume=True)
 
 
 def test_other_run_in_out_dir_is_refused(tmp_path, setup):
