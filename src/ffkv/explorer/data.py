@@ -31,7 +31,7 @@ PATTERN_KEYS = "patterns_keys"
 #: Columns of patterns_keys the pages show (the rest stay in the table), in this order.
 PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
                    "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "n_triggers", "n_embedded")
-#: Trigger directions (`direction` of trigger_examples.parquet, format 2): largest positive m, most negative m.
+#: Trigger directions (`direction` of trigger_examples.parquet, format 3): largest m, most negative m.
 DIRECTIONS = {1: "largest coefficients", -1: "most negative coefficients"}
 
 
