@@ -66,15 +66,15 @@ def _brute_force(examples, coefficients, k, mode, directions=(1, -1)) -> pd.Data
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _reduce(examples, coefficients, k, mode, batch_size, signed=True) -> TopKState:
+def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu") -> TopKState:
     """The reducer fed with the coefficients of each batch, as the forward pass would; padded and special
     positions hold values that would win in either direction if they were not blocked."""
     n_layers, _, d_m = coefficients[0].shape
-    state = TopKState.empty(n_layers, d_m * (2 if signed else 1), k)
+    state = TopKState.empty(n_layers, d_m * (2 if signed else 1), k, device)
     reducer = TriggerReducer(state, mode, signed=signed)
     for start in range(0, len(examples), batch_size):
         group = examples[start: start + batch_size]
-        batch = collate(group, PAD, {SPECIAL})
+        batch = collate(group, PAD, {SPECIAL}).to(device)
         reducer.start(batch)
         b, t = batch.input_ids.shape
         for layer in range(n_layers):
@@ -84,19 +84,24 @@ def _reduce(examples, coefficients, k, mode, batch_size, signed=True) -> TopKSta
                 m = coefficients[e.example_id][layer]
                 c[row, : len(m)] = m
                 c[row, [j for j, tok in enumerate(e.token_ids) if tok == SPECIAL]] = 50.0 * (-1) ** row
-            reducer("coefficients", layer, c)
+            reducer("coefficients", layer, c.to(device))
         reducer.commit()
     return state
 
 
+#: The reducer has a CPU and a GPU path (max and min with indices); the GPU's runs where one is present.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch_size", [1, 3, 8, 40])
-def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size):
+def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size, device):
     """Integer coefficients tie everywhere: the negative direction must order the most negative first, then
     the lower example id, then (in an example, and in prefix mode) the lower position, as the positive one."""
     examples, coefficients = _world(seed=batch_size)
     expected = _brute_force(examples, coefficients, k=4, mode=mode)
-    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=batch_size)
+    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=batch_size, device=device).to("cpu")
     result = trigger_table(state, (1, -1)).to_pandas()
     pd.testing.assert_frame_equal(result[COLUMNS].astype(expected.dtypes), expected)
     # The test exercises what it claims: ties in the negative direction and negative coefficients.
