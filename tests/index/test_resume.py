@@ -224,3 +224,20 @@ def test_checkpoints_come_on_time_inside_a_window(tmp_path, setup, monkeypatch):
 def test_checkpoint_interval_must_be_finite(seconds):
     with pytest.raises(FfkvError, match="--checkpoint-seconds must be a finite number of seconds >= 0"):
         BatchOptions(checkpoint_seconds=seconds).validate()
+
+
+def test_a_writer_killed_before_its_first_manifest_leaves_a_usable_folder(tmp_path, setup):
+    """kill -9 between creating .partial/ and writing the manifest (test_kill found it) leaves the lock and
+    .partial/ only: the same command then starts the run; a folder with anything else is still refused."""
+    loaded, spec = setup
+    options, batching = IndexOptions(top_k=3), BatchOptions(batch_size=8)
+    out = tmp_path / "run"
+    (out / ".partial").mkdir(parents=True)
+    (out / ".lock").write_text("")
+    (out / ".partial" / "examples-000000.parquet").write_text("a part of a run that never wrote its manifest")
+    run = build_index(loaded, spec, out, options, batching, progress=False)
+    assert same_bytes(run, build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FfkvError, match="is not empty and holds no ffkv run"):
+        build_index(loaded, spec, tmp_path / "other", options, batching, progress=False)

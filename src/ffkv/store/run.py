@@ -197,7 +197,9 @@ class RunDir:
         if not self.exists():
             if resume:
                 raise FfkvError(f"nothing to resume in {self.path}: no run was started there")
-            if self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
+            # A writer killed before its first manifest leaves at most the lock and .partial/ (no
+            # checkpoint: those come after the manifest); the folder is then as good as empty.
+            if self.path.exists() and any(p.name not in (LOCK_NAME, self.partial.name) for p in self.path.iterdir()):
                 raise FfkvError(f"output directory {self.path} is not empty and holds no ffkv run; choose a new --out")
             return None
         manifest = self.manifest()
