@@ -117,17 +117,22 @@ class Run:
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.metric(name)
 
-    def triggers(self, layer: int, key: int) -> pd.DataFrame:
+    def triggers(self, layer: int, key: int, direction: str = "positive") -> pd.DataFrame:
         """The trigger examples of key `key` of layer `layer` (0-based), strongest first: the columns of
         trigger_examples.parquet, then ``trigger_token``, ``next_token``, ``prefix`` (the text up to and
-        including the trigger position) and ``text`` (the whole example)."""
+        including the trigger position) and ``text`` (the whole example).
+
+        Args:
+            direction: ``positive`` (the largest coefficients, the paper's trigger examples), ``negative``
+                (the most negative coefficients: runs indexed with ``--sign both``, the default for
+                gated and GELU models) or ``both`` (positive rows first, then negative).
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         layer, key = self._check(layer, key)
-        te = pd.read_parquet(self.dir.table("trigger_examples"), filters=[("layer", "=", layer), ("key", "=", key)])
-        order = (["direction"] if "direction" in te.columns else []) + ["rank"]
-        te = te.sort_values(order, ascending=[False] * (len(order) - 1) + [True], kind="stable").reset_index(drop=True)
+        te = self.dir.read_triggers(direction, filters=[("layer", "=", layer), ("key", "=", key)])
+        te = te.sort_values(["direction", "rank"], ascending=[False, True], kind="stable").reset_index(drop=True)
         ids = pa.array(sorted(set(int(i) for i in te["example_id"])), pa.int64())
         examples = pq.read_table(self.dir.table("examples"), filters=[("example_id", "in", ids)]).to_pandas() \
             .set_index("example_id")
@@ -187,7 +192,7 @@ def open_run(path: str | Path, loaded: Any = None) -> Run:
 
 
 def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k: int = 50, mode: str = "example",
-          unit: str = "sentence", max_examples: int | None = None, seed: int | None = None, max_tokens: int = 512,
+          sign: str | None = None, unit: str = "sentence", max_examples: int | None = None, seed: int | None = None, max_tokens: int = 512,
           split: str = "all", dtype: str = "float32", device: str = "cpu", batch_size: int = 32,
           resume: bool = False, progress: bool = True, **corpus_options: Any) -> Run:
     """`ffkv index` as a function: the top-k trigger examples of every key of every layer (SPEC section 3).
@@ -197,6 +202,9 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
         corpus: a path or hf:<dataset id> (read with `unit`, `max_examples`, `seed`, `max_tokens`, `split` and
             any other `CorpusSpec` option), or a `CorpusSpec`.
         out: the run directory to create (or, with `resume`, to continue).
+        top_k, mode: trigger examples kept per key (and direction); ``example`` or ``prefix`` (as `ffkv index`).
+        sign: ``positive`` or ``both`` trigger directions; None: ``both`` when the model's coefficients can
+            be negative (gated, GELU, SiLU), else ``positive`` (`ffkv.index.indexer.IndexOptions`).
     """
     from ffkv.corpus import CorpusSpec
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
@@ -206,7 +214,7 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(
         source=str(corpus), unit=unit, max_examples=max_examples, shuffle_seed=seed, max_tokens=max_tokens,
         split=split, **corpus_options)
-    build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode), BatchOptions(batch_size=batch_size),
+    build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode, sign=sign), BatchOptions(batch_size=batch_size),
                 resume=resume, progress=progress)
     return Run(out, loaded)
 

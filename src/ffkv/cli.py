@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=50, help="trigger examples per key (default 50)")
     p.add_argument("--mode", default="example", choices=("example", "prefix"),
                    help="example: one prefix per example per key (paper); prefix: every prefix competes")
+    p.add_argument("--sign", default=None, choices=("positive", "both"),
+                   help="positive: each key's largest coefficients (the paper's trigger examples); both: also its most "
+                        "negative ones, top-k of each (default: both when the model's coefficients can be negative: "
+                        "gated, GELU, SiLU; positive for ReLU)")
     p.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per forward pass; speed and memory only, never the result (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
@@ -326,7 +330,7 @@ def _index(args: argparse.Namespace) -> int:
     from ffkv.parallel import launched_by_torchrun, local_device
 
     spec = _corpus_spec(args, args.corpus)
-    options = IndexOptions(top_k=args.top_k, mode=args.mode)
+    options = IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign)
     batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                             checkpoint_seconds=args.checkpoint_seconds, tokenizer_workers=args.tokenizer_workers)
     options.validate()

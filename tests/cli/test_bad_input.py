@@ -98,7 +98,7 @@ def test_top_k_larger_than_corpus_keeps_all(tmp_path, capsys, tiny_gpt2, corpus)
     assert "ffkv: warning: --top-k 10 is larger than the 2 examples" in err
     import pandas as pd
     te = pd.read_parquet(tmp_path / "run" / "trigger_examples.parquet")
-    assert te.groupby(["layer", "key"]).size().eq(2).all()
+    assert te.groupby(["layer", "key", "direction"]).size().eq(2).all()
 
 
 @pytest.mark.parametrize("extra", [["--top-k", "0"], ["--top-k", "many"], ["--mode", "both"],

@@ -20,6 +20,7 @@ def set_triggers(run, rows):
     df = pd.DataFrame(rows, columns=["layer", "key", "rank", "example_id", "position"])
     df["coefficient"] = 1.0 - 0.01 * df["rank"]
     df["next_token_id"] = -1
+    df["direction"] = 1
     df = df[[f.name for f in schemas.TRIGGER_EXAMPLES]]
     atomic.write_parquet(run / "trigger_examples.parquet",
                          pa.Table.from_pandas(df, schema=schemas.TRIGGER_EXAMPLES, preserve_index=False))

@@ -43,7 +43,7 @@ def test_value_set_to_token_embedding_is_its_argmax(tmp_path):
         E = view.unembedding
         E.copy_(E / E.norm(dim=1, keepdim=True))
     run, loaded = make_run(tmp_path, loaded=loaded)
-    trig = pd.read_parquet(run / "trigger_examples.parquet")
+    trig = pd.read_parquet(run / "trigger_examples.parquet", filters=[("direction", "=", 1)])
     top1 = trig[trig["rank"] == 0].set_index(["layer", "key"])["next_token_id"]
     last = view.n_layers - 1
     with torch.no_grad():  # the top layer's values never change any coefficient the index recorded

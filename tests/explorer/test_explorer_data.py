@@ -31,7 +31,7 @@ def test_value_lookups_match_a_direct_projection(data, analyzed):
         assert data.top_ids[layer, key].tolist() == top.indices.tolist()
         np.testing.assert_allclose(data.top_probs[layer, key], top.values.numpy(), rtol=1e-5)
         stats = data.key_stats.loc[(layer, key)]
-        nxt = int(te[(te.layer == layer) & (te.key == key) & (te["rank"] == 0)].next_token_id.iloc[0])
+        nxt = int(te[(te.layer == layer) & (te.key == key) & (te["rank"] == 0) & (te.direction == 1)].next_token_id.iloc[0])
         assert bool(stats.agreement) == (nxt == int(top.indices[0]))
         if nxt >= 0:
             assert int(stats.next_token_rank) == int((p > p[nxt]).sum())
@@ -44,8 +44,11 @@ def test_memory_page_data(data, analyzed):
     run, loaded = analyzed
     m = data.memory(1, 7)  # layer index 1 (the page's layer 2)
     te = pd.read_parquet(run / "trigger_examples.parquet")
-    rows = te[(te.layer == 1) & (te.key == 7)].sort_values("rank")
+    rows = te[(te.layer == 1) & (te.key == 7) & (te.direction == 1)].sort_values("rank")
     assert [e["example_id"] for e in m["examples"]] == rows.example_id.tolist()
+    negative = te[(te.layer == 1) & (te.key == 7) & (te.direction == -1)].sort_values("rank")
+    assert [g["direction"] for g in m["triggers"]] == [1, -1]  # the page shows the most negative ones too
+    assert [e["example_id"] for e in m["triggers"][1]["examples"]] == negative.example_id.tolist()
     ex = pd.read_parquet(run / "examples.parquet").set_index("example_id")
     view = loaded.view
     for e, stored in zip(m["examples"], rows.coefficient):

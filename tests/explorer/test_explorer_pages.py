@@ -92,7 +92,10 @@ def test_layer_page_is_paginated(tmp_path):
 def test_memory_json_is_the_page_as_data(client, analyzed):
     run, loaded = analyzed
     exported = client.get("/memory/3/9.json?projection=final-norm").json()
-    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query("layer == 2 and key == 9").sort_values("rank")
+    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query("layer == 2 and key == 9") \
+        .sort_values(["direction", "rank"], ascending=[False, True])  # both directions, the positive first
+    assert set(te["direction"]) == {1, -1} and [e["direction"] for e in exported["trigger_examples"]] == \
+        te["direction"].tolist()
     assert exported["layer"] == 2 and exported["layer_number"] == 3 and exported["url"] == "/memory/3/9"
     assert [e["example_id"] for e in exported["trigger_examples"]] == te["example_id"].tolist()
     assert [e["coefficient"] for e in exported["trigger_examples"]] == pytest.approx(te["coefficient"].tolist())

@@ -24,10 +24,11 @@ def write_corpus(path, n=23, seed=0):
     return lines
 
 
-def brute_force(loaded, lines, k, mode):
-    """Coefficients of every prefix, each run alone and unpadded; then a full sort.
+def brute_force(loaded, lines, k, mode, directions=(1,)):
+    """Coefficients of every prefix, each run alone and unpadded; then a full sort, per direction
+    (+1: largest m first; -1: most negative m first), ties by lower example id, then position.
 
-    Returns (top-k table, table of every candidate).
+    Returns (top-k table with a direction column, table of every candidate).
     """
     view, tok = loaded.view, loaded.tokenizer
     rows = []  # (layer, key, value, example_id, position, next_token)
@@ -52,48 +53,61 @@ def brute_force(loaded, lines, k, mode):
                 for key in range(view.d_m):
                     rows.append((layer, key, float(m[layer, key]), eid, j, nxt))
     every = pd.DataFrame(rows, columns=["layer", "key", "coefficient", "example_id", "position", "next_token_id"])
-    df = every
-    if mode == "example":
-        df = df.sort_values(["layer", "key", "example_id", "coefficient", "position"],
-                            ascending=[True, True, True, False, True])
-        df = df.groupby(["layer", "key", "example_id"], sort=False).head(1)
-    df = df.sort_values(["layer", "key", "coefficient", "example_id", "position"],
-                        ascending=[True, True, False, True, True])
-    df = df.groupby(["layer", "key"], sort=False).head(k).copy()
-    df["rank"] = df.groupby(["layer", "key"]).cumcount()
-    return df.reset_index(drop=True), every
+    tops = []
+    for direction in directions:
+        df = every.assign(direction=direction, score=direction * every["coefficient"])
+        if mode == "example":  # each example's strongest prefix in this direction, the first on a tie
+            df = df.sort_values(["layer", "key", "example_id", "score", "position"],
+                                ascending=[True, True, True, False, True])
+            df = df.groupby(["layer", "key", "example_id"], sort=False).head(1)
+        df = df.sort_values(["layer", "key", "score", "example_id", "position"],
+                            ascending=[True, True, False, True, True])
+        df = df.groupby(["layer", "key"], sort=False).head(k).copy()
+        df["rank"] = df.groupby(["layer", "key"]).cumcount()
+        tops.append(df.drop(columns="score"))
+    expected = pd.concat(tops).sort_values(["layer", "key", "direction", "rank"], ascending=[True, True, False, True])
+    return expected.reset_index(drop=True), every
 
 
 TOL = 1e-5  # float32 rounding between a padded batch and a lone prefix
 
 
 def assert_same(result: pd.DataFrame, expected: pd.DataFrame, every: pd.DataFrame, mode: str):
-    """The result is the brute-force top-k, exactly up to float rounding between near-equal values."""
-    result = result.sort_values(["layer", "key", "rank"]).reset_index(drop=True)
+    """The result is the brute-force top-k of each direction, exactly up to float rounding between near-equal values."""
+    order = ["layer", "key", "direction", "rank"]
+    result = result.sort_values(order, ascending=[True, True, False, True]).reset_index(drop=True)
     ids = ["layer", "key", "example_id", "position"]
-    # Same number of entries per key, and the same values rank by rank.
+    # The same directions, the same number of entries per key, and the same values rank by rank.
     assert len(result) == len(expected)
-    np.testing.assert_array_equal(result[["layer", "key", "rank"]], expected[["layer", "key", "rank"]])
+    np.testing.assert_array_equal(result[order], expected[order])
     np.testing.assert_allclose(result["coefficient"], expected["coefficient"], atol=TOL)
     # Every entry is a real prefix with that coefficient and next token.
     looked_up = result.merge(every, on=ids, how="left", suffixes=("", "_bf"))
     np.testing.assert_allclose(looked_up["coefficient"], looked_up["coefficient_bf"], atol=TOL)
     np.testing.assert_array_equal(looked_up["next_token_id"], looked_up["next_token_id_bf"])
     if mode == "example":
-        assert not result.duplicated(["layer", "key", "example_id"]).any()
-    # Order within a key follows the stored values exactly, ties by example id then position.
-    again = result.sort_values(["layer", "key", "coefficient", "example_id", "position"],
-                               ascending=[True, True, False, True, True])
+        assert not result.duplicated(["layer", "key", "direction", "example_id"]).any()
+    # Order within a key and direction follows the stored values exactly (the most negative first in
+    # direction -1), ties by example id then position.
+    result = result.assign(score=result["direction"] * result["coefficient"])
+    again = result.sort_values(["layer", "key", "direction", "score", "example_id", "position"],
+                               ascending=[True, True, False, False, True, True])
     np.testing.assert_array_equal(again["rank"].to_numpy(), result["rank"].to_numpy())
     # Nothing clearly stronger than a key's weakest kept entry was left out. In example mode an
     # example's position is only defined up to rounding when two of its positions nearly tie (a
     # parallel block's first layer sees each token alone), so there the example must be kept.
-    weakest = result.groupby(["layer", "key"])["coefficient"].min().rename("weakest")
-    strong = expected.join(weakest, on=["layer", "key"])
-    strong = strong[strong["coefficient"] > strong["weakest"] + TOL]
-    kept = ids if mode == "prefix" else ["layer", "key", "example_id"]
+    weakest = result.groupby(["layer", "key", "direction"])["score"].min().rename("weakest")
+    strong = expected.assign(score=expected["direction"] * expected["coefficient"]).join(
+        weakest, on=["layer", "key", "direction"])
+    strong = strong[strong["score"] > strong["weakest"] + TOL]
+    kept = ["direction", *ids] if mode == "prefix" else ["layer", "key", "direction", "example_id"]
     missing = strong.merge(result[kept], on=kept, how="left", indicator=True)
     assert (missing["_merge"] == "both").all()
+
+
+#: The directions each family's index keeps by default: both where m can be negative (GELU: GPT-2, NeoX,
+#: BERT; SiLU-gated: Llama), the positive one for ReLU (OPT).
+DEFAULT_DIRECTIONS = {"gpt2": (1, -1), "gpt_neox_parallel": (1, -1), "opt": (1,), "llama": (1, -1), "bert": (1, -1)}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -102,11 +116,17 @@ def test_index_equals_brute_force(tmp_path, family, mode):
     lines = write_corpus(tmp_path / "corpus.txt")
     loaded = loaded_tiny(family, bos=(family == "llama"), eos=(family == "bert"))
     spec = CorpusSpec(source=str(tmp_path / "corpus.txt"), unit="line")
-    expected, every = brute_force(loaded, lines, k=5, mode=mode)
+    directions = DEFAULT_DIRECTIONS[family]
+    expected, every = brute_force(loaded, lines, k=5, mode=mode, directions=directions)
+    assert (expected["direction"] == -1).any() == (directions == (1, -1))
     for batch_size in (1, 4, 32):
         run = build_index(loaded, spec, tmp_path / f"run-{batch_size}", IndexOptions(top_k=5, mode=mode),
                           BatchOptions(batch_size=batch_size, window_batches=2), progress=False)
-        assert_same(pd.read_parquet(run.table("trigger_examples")), expected, every, mode)
+        assert run.manifest().sign == ("both" if directions == (1, -1) else "positive")
+        result = pd.read_parquet(run.table("trigger_examples"))
+        assert_same(result, expected, every, mode)
+        if directions == (1, -1):  # the test has negative coefficients to find
+            assert (result.loc[result["direction"] == -1, "coefficient"] < 0).any()
 
 
 def test_ties_break_by_lower_example_then_position(tmp_path):

@@ -63,6 +63,39 @@ def test_resume_equals_uninterrupted(tmp_path, setup, how):
     for a, b in zip(read(whole), read(resumed)):
         pd.testing.assert_frame_equal(a, b)
     assert not (tmp_path / "cut" / ".partial").exists()
+    assert resumed.manifest().sign == "both" and set(read(resumed)[0]["direction"]) == {1, -1}  # GELU: signed
+
+
+@pytest.mark.parametrize("family,mode", [("llama", "prefix"), ("llama", "example"), ("opt", "prefix")])
+def test_resume_equals_uninterrupted_in_both_directions(tmp_path, setup, family, mode):
+    """A gated model's signed state (and a ReLU model's positive one) checkpoints and resumes exactly."""
+    _, spec = setup
+    loaded = loaded_tiny(family)
+    options = IndexOptions(top_k=5, mode=mode)
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0, part_rows=5)
+    whole = build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, after_window=ctrl_c_at(3))
+    resumed = build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, resume=True)
+    assert same_bytes(whole, resumed)
+    assert resumed.manifest().sign == ("positive" if family == "opt" else "both")
+
+
+def test_unfinished_run_of_an_older_format_is_refused(tmp_path, setup):
+    """An unfinished run of format 2 (one direction, no `direction` column) is not continued by this ffkv."""
+    import json
+
+    loaded, spec = setup
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=5), batching, progress=False,
+                    after_window=ctrl_c_at(2))
+    path = tmp_path / "run" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["format_version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(FfkvError, match="unfinished run of an older ffkv \\(run format 2; this ffkv writes 3\\)"):
+        build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=5), batching, progress=False, resume=True)
 
 
 def test_other_run_in_out_dir_is_refused(tmp_path, setup):
@@ -191,3 +224,20 @@ def test_checkpoints_come_on_time_inside_a_window(tmp_path, setup, monkeypatch):
 def test_checkpoint_interval_must_be_finite(seconds):
     with pytest.raises(FfkvError, match="--checkpoint-seconds must be a finite number of seconds >= 0"):
         BatchOptions(checkpoint_seconds=seconds).validate()
+
+
+def test_a_writer_killed_before_its_first_manifest_leaves_a_usable_folder(tmp_path, setup):
+    """kill -9 between creating .partial/ and writing the manifest (test_kill found it) leaves the lock and
+    .partial/ only: the same command then starts the run; a folder with anything else is still refused."""
+    loaded, spec = setup
+    options, batching = IndexOptions(top_k=3), BatchOptions(batch_size=8)
+    out = tmp_path / "run"
+    (out / ".partial").mkdir(parents=True)
+    (out / ".lock").write_text("")
+    (out / ".partial" / "examples-000000.parquet").write_text("a part of a run that never wrote its manifest")
+    run = build_index(loaded, spec, out, options, batching, progress=False)
+    assert same_bytes(run, build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FfkvError, match="is not empty and holds no ffkv run"):
+        build_index(loaded, spec, tmp_path / "other", options, batching, progress=False)

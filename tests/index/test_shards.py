@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from ffkv.corpus import CorpusSpec
@@ -31,8 +32,10 @@ def same_bytes(a: Path, b: Path) -> bool:
 
 
 @pytest.mark.parametrize("mode", ["example", "prefix"])
-def test_three_shards_merge_to_single_run_bytes(tmp_path, mode):
-    loaded = loaded_tiny("gpt2")
+@pytest.mark.parametrize("family,sign", [("gpt2", "both"), ("llama", "both"), ("opt", "positive")])
+def test_three_shards_merge_to_single_run_bytes(tmp_path, mode, family, sign):
+    """Both trigger directions of GELU and gated models, and the one of ReLU models (each by default)."""
+    loaded = loaded_tiny(family)
     spec = CorpusSpec(source=str(corpus(tmp_path)), unit="line")
     options, batching = IndexOptions(top_k=6, mode=mode), BatchOptions(batch_size=4, window_batches=3)
     single = build_index(loaded, spec, tmp_path / "single", options, batching, progress=False)
@@ -41,6 +44,9 @@ def test_three_shards_merge_to_single_run_bytes(tmp_path, mode):
     merged = merge_runs([s.path for s in reversed(shards)], tmp_path / "merged")
     assert same_bytes(single.path, merged.path)
     assert merged.manifest().identity == single.manifest().identity
+    assert merged.manifest().sign == sign
+    directions = set(pq.read_table(merged.table("trigger_examples")).column("direction").to_pylist())
+    assert directions == ({1, -1} if sign == "both" else {1})
     with pytest.raises(FfkvError, match="exactly one run of each shard"):
         merge_runs([shards[0].path, shards[1].path], tmp_path / "partial")
 
@@ -85,3 +91,4 @@ def test_two_gloo_processes_equal_single_process(tmp_path):
     assert dist.returncode == 0, dist.stderr[-3000:]
     assert same_bytes(tmp_path / "single", tmp_path / "dist")
     assert not (tmp_path / ".dist.shards").exists()
+    assert set(pq.read_table(tmp_path / "dist" / "trigger_examples.parquet").column("direction").to_pylist()) == {1, -1}

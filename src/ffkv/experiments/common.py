@@ -170,31 +170,23 @@ class RunContext:
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
 
     # ----------------------------------------------------------- run tables
-    def all_triggers(self) -> pd.DataFrame:
-        """trigger_examples.parquet, every direction, sorted by (layer, key, direction (+1 first), rank); a run
-        indexed with one direction (no `direction` column) reads as direction +1."""
-        def read() -> pd.DataFrame:
-            df = pd.read_parquet(self.run.table("trigger_examples"))
-            if "direction" not in df.columns:
-                df["direction"] = np.int8(1)
-            df = df.assign(_d=-df["direction"].astype(int))
-            df = df.sort_values(["layer", "key", "_d", "rank"], kind="stable").drop(columns="_d")
-            return df.reset_index(drop=True)
-        return self.once("all_triggers", read)
-
     def triggers(self, direction: int = 1) -> pd.DataFrame:
-        """The trigger examples of one direction, sorted by (layer, key, rank): +1 (the largest coefficients,
-        the paper's) by default, -1 for the most negative ones (runs indexed with both signs). A study that
-        reads triggers sees one direction at a time, never the two mixed."""
+        """The trigger examples of one direction (`RunDir.read_triggers`), sorted by (layer, key, rank): +1
+        (the largest coefficients, the paper's) by default, -1 for the most negative ones; -1 is empty for a
+        run indexed with one direction. A study that reads triggers sees one direction at a time, never the
+        two mixed."""
         def read() -> pd.DataFrame:
-            df = self.all_triggers()
-            return df[df["direction"] == direction].reset_index(drop=True)
+            name = {1: "positive", -1: "negative"}[direction]
+            if name == "negative" and self.manifest.sign != "both":
+                return self.run.read_triggers("positive").iloc[0:0].reset_index(drop=True)
+            df = self.run.read_triggers(name)
+            return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
         return self.once(("triggers", direction), read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
         """example_id -> (token ids, text) of every example that is some key's trigger."""
         def read() -> dict[int, tuple[np.ndarray, str]]:
-            wanted = pa.array(np.unique(self.all_triggers()["example_id"].to_numpy()), pa.int64())
+            wanted = pa.array(np.unique(self.run.read_triggers("both")["example_id"].to_numpy()), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()

@@ -57,7 +57,7 @@ def build_database(run: RunDir, path: Path) -> None:
     """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts."""
     te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
     columns = pq.read_schema(run.table("trigger_examples")).names
-    # Runs indexed with both signs (format 2) hold a direction column; older runs are all +1.
+    # Runs of format 3 hold a direction column (+1, and -1 with --sign both); older runs are all +1.
     direction = "t.direction" if "direction" in columns else "CAST(1 AS TINYINT)"
     with atomic.atomic_path(path) as tmp:
         tmp.unlink()

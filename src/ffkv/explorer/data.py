@@ -35,7 +35,7 @@ PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "
 #: Memories whose per-token coefficients over their trigger examples are kept (256 x 100 examples x
 #: 128 tokens of float32: 13 MB).
 CONTEXT_CACHE = 256
-#: Trigger directions (`direction` of trigger_examples.parquet, format 2): largest positive m, most negative m.
+#: Trigger directions (`direction` of trigger_examples.parquet, format 3): largest m, most negative m.
 DIRECTIONS = {1: "largest coefficients", -1: "most negative coefficients"}
 
 

@@ -35,7 +35,7 @@ from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
 from ffkv.index.progress import IndexBar
-from ffkv.index.topk import TopKState
+from ffkv.index.topk import SIGNS, TopKState
 from ffkv.models.loading import LoadedModel
 from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
 from ffkv.store import atomic
@@ -48,16 +48,46 @@ HEARTBEAT_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class IndexOptions:
-    """Options of `build_index` that shape the result (batching never does)."""
+    """Options of `build_index` that shape the result (batching never does).
+
+    Attributes:
+        top_k: trigger examples kept per key (per direction).
+        mode: ``example`` (an example counts once per key, at its best prefix) or ``prefix``.
+        sign: ``positive`` (the largest coefficients of each key) or ``both`` (also the most negative
+            ones); None: ``both`` when the model's coefficients can be negative (gated, GELU, SiLU:
+            `MemoryView.signed`), ``positive`` for ReLU (`for_model` decides).
+    """
 
     top_k: int = 50
     mode: str = "example"
+    sign: str | None = None
 
     def validate(self) -> None:
         if not isinstance(self.top_k, int) or not 1 <= self.top_k <= 32767:
             raise FfkvError(f"--top-k must be an integer from 1 to 32767, got {self.top_k!r}")
         if self.mode not in MODES:
             raise FfkvError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.sign is not None and self.sign not in SIGNS:
+            raise FfkvError(f"--sign must be one of {', '.join(SIGNS)}, got {self.sign!r}")
+
+    def for_model(self, loaded: LoadedModel) -> "IndexOptions":
+        """The options with `sign` decided for this model; ``both`` is refused where no coefficient can
+        be negative (its negative direction would rank zeros)."""
+        self.validate()
+        signed = loaded.view.signed
+        if self.sign is None:
+            return replace(self, sign="both" if signed else "positive")
+        if self.sign == "both" and not signed:
+            raise FfkvError("--sign both: this model's coefficients are never negative (a ReLU-style activation "
+                            "and no gate), so there is no negative direction to mine; use --sign positive")
+        return self
+
+    @property
+    def directions(self) -> tuple[int, ...]:
+        """The trigger directions kept (+1, and -1 for ``both``); call on options decided by `for_model`."""
+        if self.sign is None:
+            raise ValueError("the sign is decided per model: call for_model first")
+        return SIGNS[self.sign]
 
 
 @dataclass(frozen=True)
@@ -205,7 +235,8 @@ def build_index(
         spec: the corpus. The default `max_tokens` is cut to the model's positions; a larger other value
             is an error (`ffkv.index.preflight.fit_positions`).
         out: the run directory (created; must be new, or an unfinished run with `resume`).
-        options: top-k and mode (they define the result).
+        options: top-k, mode and sign (they define the result; the sign's default is decided here,
+            `IndexOptions.for_model`, and recorded in the manifest).
         batching: batch size, grouping and checkpoint interval (speed only).
         resume: continue an unfinished run (interrupted, failed, or killed) from its last
             checkpoint; refused when the batching that cut the checkpoint changed.
@@ -223,7 +254,7 @@ def build_index(
             (the run is then marked failed).
         Interrupted: Ctrl-C; the run is marked interrupted at its last checkpoint.
     """
-    options.validate()
+    options = options.for_model(loaded)
     batching.validate()
     shard_index, n_shards = shard
     if not (isinstance(n_shards, int) and n_shards >= 1 and 0 <= shard_index < n_shards):
@@ -238,7 +269,7 @@ def build_index(
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
                         "shorter than the minimum length); check --corpus, --format and --unit")
     identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress)
-    check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k))
+    check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k * len(options.directions)))
     with run.lock("index", create=True) as holder:
         previous = run.prepare(identity, resume)
         manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
@@ -274,7 +305,8 @@ class _IndexJob:
             self.at = Checkpoint.load(self.checkpoint_path, self.device)
             self.at.check_cutting(cutting)
         else:
-            self.at = Checkpoint(TopKState.empty(view.n_layers, view.d_m, self.options.top_k, self.device), cutting)
+            rows = view.d_m * len(self.options.directions)
+            self.at = Checkpoint(TopKState.empty(view.n_layers, rows, self.options.top_k, self.device), cutting)
         self.elapsed_before = self.at.elapsed
         self.run.partial.mkdir(parents=True, exist_ok=True)
         self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
@@ -301,7 +333,7 @@ class _IndexJob:
             stream = prefetched_examples(self.spec, loaded.tokenizer, skip=at.consumed, workers=workers)
         else:
             stream = itertools.islice(iter(reader), at.consumed, None)
-        reducer = TriggerReducer(at.state, self.options.mode)
+        reducer = TriggerReducer(at.state, self.options.mode, signed=self.options.sign == "both")
         pad_multiple = batching.pad_to(self.device)
         special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
         bar = IndexBar(self.spec, initial=at.consumed, show=self.progress)
@@ -357,7 +389,7 @@ class _IndexJob:
                           f"keeping all {at.consumed} for every key", FfkvWarning, stacklevel=3)
         self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
         n_examples = self.parts.assemble(run.table("examples"))
-        write_triggers(run.table("trigger_examples"), at.state)
+        write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
         manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
         manifest.status, manifest.process, manifest.error = "complete", None, None

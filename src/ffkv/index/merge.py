@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.index.tables import parquet_batches, state_from_table, write_examples, write_triggers
+from ffkv.index.topk import SIGNS
+from ffkv.store.manifest import FORMAT_VERSION
 from ffkv.store.run import RunDir
 
 
@@ -39,7 +41,8 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     with target.lock("merge", create=True) as holder:
         # An unfinished merge (or index) of the same run is redone: the merge is deterministic.
         manifest = target.prepare(identity, resume=target.exists()) or replace(first, identity=identity)
-        manifest = replace(manifest, counts={}, timings={}, merged_from=[str(r.path) for r in runs])
+        manifest = replace(manifest, counts={}, timings={}, merged_from=[str(r.path) for r in runs],
+                           format_version=FORMAT_VERSION)  # the tables are written in this version's layout
         with target.writing(manifest, holder, "rerun `ffkv merge`"):
             _merge_tables(runs, manifests, target, manifest)
     return target
@@ -47,16 +50,17 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
 
 def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest) -> None:
     first = manifests[0]
+    directions = SIGNS[first.sign]
     state = None
     for run in runs:
         shard_state = state_from_table(pq.read_table(run.table("trigger_examples")),
-                                       first.model.n_layers, first.model.d_m, first.top_k)
+                                       first.model.n_layers, first.model.d_m, first.top_k, directions)
         if state is None:
             state = shard_state
         else:
             state.merge(shard_state, one_per_example=first.mode == "example")
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
-    write_triggers(target.table("trigger_examples"), state)
+    write_triggers(target.table("trigger_examples"), state, directions)
     manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)}
     manifest.timings = {"index_seconds": max(m.timings["index_seconds"] for m in manifests)}
     manifest.status, manifest.process, manifest.error = "complete", None, None

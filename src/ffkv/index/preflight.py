@@ -66,11 +66,15 @@ def check_output(path: Path) -> None:
                         f"({'read-only file system' if read_only else 'permission denied'}): choose another --out")
 
 
-def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, top_k: int) -> int:
+def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int) -> int:
     """A lower bound of the disk a run needs at its peak: the checkpoint, the trigger table,
-    and the examples twice (parts and the assembled table coexist for a moment)."""
+    and the examples twice (parts and the assembled table coexist for a moment).
+
+    Args:
+        per_key: trigger entries kept per key (top-k times the directions kept).
+    """
     view = loaded.view
-    entries = view.n_layers * view.d_m * top_k
+    entries = view.n_layers * view.d_m * per_key
     corpus = 0
     if not is_hf(spec) and spec.max_examples is None:  # a subset's share of the files is unknown
         corpus = sum(source.path.stat().st_size for source in source_files(spec))

@@ -41,17 +41,23 @@ class TriggerReducer:
     Candidates are merged only in `commit`, after the whole forward pass, so the
     state is always consistent with a whole number of batches (safe to checkpoint
     even when a pass is interrupted).
+
+    With `signed`, the state has 2·d_m rows per layer (`ffkv.index.topk`): each layer's
+    coefficients are reduced in both directions, the most negative ones as -m, and the two
+    sets of candidates are concatenated, so that one selection and one merge serve both.
     """
 
-    def __init__(self, state: TopKState, mode: str = "example") -> None:
+    def __init__(self, state: TopKState, mode: str = "example", signed: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.state = state
         self.mode = mode
+        self.signed = signed
+        self._directions = 2 if signed else 1
         # The one-sort merge applies while each example is one candidate per key and ids fit 32 bits.
         self._fast = mode == "example" and state.ids_fit()
         self.batch: Batch | None = None
-        self._eid = self._pos = self._next = None
+        self._eid = self._pos = self._next = self._blocked_flat = None
         self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def start(self, batch: Batch) -> None:
@@ -66,6 +72,7 @@ class TriggerReducer:
             self._eid = torch.where(batch.competes, batch.example_ids[:, None], EMPTY).reshape(-1)
             self._pos = torch.arange(t, device=batch.input_ids.device, dtype=torch.int32).repeat(b)
             self._next = batch.next_token.reshape(-1)
+            self._blocked_flat = batch.blocked[0] * t + batch.blocked[1]
         self._pending.clear()
 
     def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
@@ -75,17 +82,27 @@ class TriggerReducer:
         c = coefficients
         c[self.batch.blocked] = float("-inf")
         b, t, d_m = c.shape
+        rows = self._directions * d_m  # the state's rows of this layer: positive keys, then negative ones
+        if rows != self.state.values.shape[1]:
+            raise ValueError(f"a layer of {d_m} keys does not match a state of {self.state.values.shape[1]} rows "
+                             f"({'signed' if self.signed else 'positive'} index)")
         if self.mode == "example":
-            best, pos = self._best_positions(layer, c)                         # (B, d_m)
-            values = best.T.float()                                             # (d_m, B)
-            position = pos.T
-            example_id = self._eid[None, :].expand(d_m, b)
-            next_token = self.batch.next_token.gather(1, pos).T
+            best, pos = self._best_positions(layer, c, 1)                      # (B, d_m)
+            values, position = best.T.float(), pos.T                            # (d_m, B)
+            if self.signed:  # blocked positions must lose the minimum too: the candidates above are copies
+                c[self.batch.blocked] = float("inf")
+                best, pos = self._best_positions(layer, c, -1)                  # -min_j m and its argmin
+                values, position = torch.cat([values, best.T.float()]), torch.cat([position, pos.T])
+            example_id = self._eid[None, :].expand(rows, b)
+            next_token = self.batch.next_token.gather(1, position.T).T
         else:
             values = c.reshape(b * t, d_m).T.float()                            # (d_m, B*T), (eid, pos) order
-            position = self._pos[None, :].expand(d_m, -1)
-            example_id = self._eid[None, :].expand(d_m, -1)
-            next_token = self._next[None, :].expand(d_m, -1)
+            if self.signed:
+                values = torch.cat([values, -values])
+                values[d_m:, self._blocked_flat] = float("-inf")               # blocked prefixes never compete
+            position = self._pos[None, :].expand(rows, -1)
+            example_id = self._eid[None, :].expand(rows, -1)
+            next_token = self._next[None, :].expand(rows, -1)
         k = min(self.state.k, values.shape[1])
         if k < values.shape[1]:
             top = select_top(values, k)
@@ -93,25 +110,33 @@ class TriggerReducer:
             position, next_token = position.gather(1, top), next_token.gather(1, top)
         self._pending[layer] = (values, example_id, position, next_token)
 
-    def _best_positions(self, layer: int, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per example and key: the maximum over positions and its first position.
+    def _best_positions(self, layer: int, c: torch.Tensor, direction: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per example and key, in `direction` (+1: the maximum over positions; -1: the minimum,
+        returned negated as the state stores it) and its first position.
 
-        torch's max and argmax return the first maximal index, so ties go to the lower
-        position. On a CPU, max with indices over the middle dimension is slow, so the
-        values come from amax and positions are looked up only where a candidate can
+        torch's max, min, argmax and argmin return the first extreme index, so ties go to the
+        lower position. On a CPU, max with indices over the middle dimension is slow, so the
+        values come from amax (amin) and positions are looked up only where a candidate can
         still enter the state (its value reaches the key's current k-th value); the
         others are never kept, and their position is left at 0.
         """
+        d_m = c.shape[-1]
         if c.device.type != "cpu":
-            return c.max(dim=1)
-        best = c.amax(dim=1)
-        reach = best >= self.state.values[layer, :, -1]
+            if direction == 1:
+                return c.max(dim=1)
+            worst, pos = c.min(dim=1)
+            return -worst, pos
+        extreme = c.amax(dim=1) if direction == 1 else c.amin(dim=1)
+        best = extreme if direction == 1 else -extreme
+        kth = self.state.values[layer, :d_m, -1] if direction == 1 else self.state.values[layer, d_m:, -1]
+        reach = best >= kth
         rows, keys = reach.nonzero(as_tuple=True)
         if len(rows) > reach.numel() // 8:  # early in a run most candidates reach: one pass is cheaper
-            return best, first_position_of(c, best)
+            return best, first_position_of(c, extreme)
         pos = torch.zeros(best.shape, dtype=torch.long)
         if len(rows):
-            pos[rows, keys] = c[rows, :, keys].argmax(dim=1)
+            sub = c[rows, :, keys]
+            pos[rows, keys] = sub.argmax(dim=1) if direction == 1 else sub.argmin(dim=1)
         return best, pos
 
     def commit(self) -> None:
@@ -124,4 +149,4 @@ class TriggerReducer:
             fields = zip(*(self._pending[layer] for layer in range(n_layers)))
             self.state.merge_candidates(*(torch.stack(f) for f in fields), one_per_example=self._fast)
         self._pending.clear()
-        self.batch = self._eid = self._pos = self._next = None
+        self.batch = self._eid = self._pos = self._next = self._blocked_flat = None

@@ -2,7 +2,7 @@
 
 `examples.parquet` is always sorted by example id and cut into row groups of
 `ROW_GROUP` rows, and `trigger_examples.parquet` is always sorted by (layer, key,
-rank): so a run split into shards and merged gives the same bytes as one process.
+direction descending, rank): so a run split into shards and merged gives the same bytes as one process.
 """
 
 from __future__ import annotations
@@ -85,34 +85,57 @@ def parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
     return pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP)
 
 
-def trigger_table(state: TopKState) -> pa.Table:
-    """The state as the public trigger_examples table, sorted by (layer, key, rank)."""
+def trigger_table(state: TopKState, directions: tuple[int, ...] = (1,)) -> pa.Table:
+    """The state as the public trigger_examples table, sorted by (layer, key, direction desc, rank).
+
+    Args:
+        directions: the directions whose row blocks the state holds (`ffkv.index.topk.SIGNS`);
+            the rows of direction -1 hold -m, written back as the coefficient m.
+    """
     state = state.to("cpu")
-    filled = state.example_id != EMPTY
-    layer, key, rank = torch.nonzero(filled, as_tuple=True)
+    n_layers, rows, k = state.values.shape
+    d_m = rows // len(directions)
+    # (L, directions, d_m, k) -> (L, d_m, directions, k): a key's directions side by side, +1 first.
+    grouped = [t.view(n_layers, len(directions), d_m, k).transpose(1, 2)
+               for t in (state.values, state.example_id, state.position, state.next_token)]
+    values, example_id, position, next_token = grouped
+    sign = torch.tensor(directions, dtype=torch.float32)[None, None, :, None]
+    filled = example_id != EMPTY
+    layer, key, block, rank = torch.nonzero(filled, as_tuple=True)
     return pa.table({
         "layer": pa.array(layer.to(torch.int16).numpy()),
         "key": pa.array(key.to(torch.int32).numpy()),
+        "direction": pa.array(torch.tensor(directions, dtype=torch.int8)[block].numpy()),
         "rank": pa.array(rank.to(torch.int16).numpy()),
-        "coefficient": pa.array(state.values[filled].numpy()),
-        "example_id": pa.array(state.example_id[filled].numpy()),
-        "position": pa.array(state.position[filled].numpy()),
-        "next_token_id": pa.array(state.next_token[filled].numpy()),
+        "coefficient": pa.array((values * sign)[filled].numpy()),
+        "example_id": pa.array(example_id[filled].numpy()),
+        "position": pa.array(position[filled].numpy()),
+        "next_token_id": pa.array(next_token[filled].numpy()),
     }, schema=schemas.TRIGGER_EXAMPLES)
 
 
-def state_from_table(table: pa.Table, n_layers: int, d_m: int, k: int) -> TopKState:
+def state_from_table(table: pa.Table, n_layers: int, d_m: int, k: int,
+                     directions: tuple[int, ...] = (1,)) -> TopKState:
     """The inverse of `trigger_table`: a state holding a table's entries."""
-    state = TopKState.empty(n_layers, d_m, k)
+    state = TopKState.empty(n_layers, d_m * len(directions), k)
     column = lambda name, dtype: torch.tensor(table[name].to_numpy().astype(dtype))  # noqa: E731
-    at = (column("layer", np.int64), column("key", np.int64), column("rank", np.int64))
-    state.values[at] = column("coefficient", np.float32)
+    if "direction" in table.column_names:
+        direction = column("direction", np.int64)
+    else:  # a table of format 1 or 2: every row is of the positive direction
+        direction = torch.ones(table.num_rows, dtype=torch.int64)
+    block = torch.zeros_like(direction)
+    for i, d in enumerate(directions):
+        block[direction == d] = i
+    if not torch.isin(direction, torch.tensor(directions)).all():
+        raise ValueError(f"the table holds directions {sorted(set(direction.tolist()))}, not only {directions}")
+    at = (column("layer", np.int64), block * d_m + column("key", np.int64), column("rank", np.int64))
+    state.values[at] = column("coefficient", np.float32) * direction.float()
     state.example_id[at] = column("example_id", np.int64)
     state.position[at] = column("position", np.int32)
     state.next_token[at] = column("next_token_id", np.int32)
     return state
 
 
-def write_triggers(path: Path, state: TopKState) -> None:
+def write_triggers(path: Path, state: TopKState, directions: tuple[int, ...] = (1,)) -> None:
     """Write trigger_examples.parquet atomically."""
-    atomic.write_parquet(path, trigger_table(state))
+    atomic.write_parquet(path, trigger_table(state, directions))

@@ -3,6 +3,11 @@
 Order (SPEC section 3): higher coefficient first; ties by lower example id, then
 lower position. The state merges exactly and associatively, so shards, batches
 and resumed runs all end with the same result.
+
+A signed index (`--sign both`) keeps both directions of every key in one state of
+2·d_m rows per layer: row i holds key i's largest coefficients, row d_m + i its most
+negative ones, stored negated (-m), so that one order (higher first, then lower
+example id, then lower position) and one merge serve both directions (`SIGNS`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+#: The trigger directions an index keeps, by its `--sign` option, in the order of the state's row blocks:
+#: +1 the largest coefficients m, -1 the most negative ones.
+SIGNS = {"positive": (1,), "both": (1, -1)}
 
 #: example id of an empty slot; it loses every tie.
 EMPTY = torch.iinfo(torch.int64).max

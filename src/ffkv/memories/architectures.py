@@ -218,6 +218,25 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 )
 
 
+#: Inputs at which `signed_coefficients` evaluates a non-gated activation: every smooth activation in use
+#: (GELU and its approximations, SiLU, quick GELU, Mish, leaky ReLU, ...) is negative somewhere in it.
+_PROBE = torch.linspace(-20.0, 20.0, 8001)
+
+
+def signed_coefficients(arch: Architecture, model: nn.Module, block: nn.Module) -> bool:
+    """Whether a block's coefficients m_i can be negative: the one rule behind `ffkv index --sign`'s default.
+
+    A gated FF layer computes m = f(x·Gᵀ) ⊙ (x·Uᵀ): the up projection is signed, so m is signed
+    whatever f is. Otherwise m = f(x·Kᵀ + b_K), signed exactly when f takes a negative value; f is
+    evaluated on a grid of inputs from -20 to 20 (ReLU: never negative; GELU, SiLU: negative below 0).
+    """
+    if arch.up_proj(block) is not None:
+        return True
+    f = arch.activation(model, block)
+    with torch.no_grad():
+        return bool((f(_PROBE.to(arch.key_proj(block).weight.device)) < 0).any())
+
+
 def supported_families() -> str:
     """The supported families, as one readable line."""
     return ", ".join(a.family for a in ARCHITECTURES)

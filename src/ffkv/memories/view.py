@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import nn
 
 from ffkv.errors import FfkvError
-from ffkv.memories.architectures import Architecture, architecture_of
+from ffkv.memories.architectures import Architecture, architecture_of, signed_coefficients
 
 QUANTITIES = ("coefficients", "ff_in", "resid_mid", "ff_out", "resid_post", "head_in")
 
@@ -86,6 +86,12 @@ class MemoryView:
     def gated(self) -> bool:
         """Whether m = act(x·Gᵀ) ⊙ (x·Uᵀ) (Llama-style) rather than f(x·Kᵀ + b_K)."""
         return self.arch.up_proj(self.blocks[0]) is not None
+
+    @property
+    def signed(self) -> bool:
+        """Whether some coefficient m_i can be negative (gated FF layers, GELU, SiLU; not ReLU):
+        `ffkv.memories.architectures.signed_coefficients` of any layer."""
+        return any(signed_coefficients(self.arch, self.model, block) for block in self.blocks)
 
     @property
     def parallel(self) -> bool:

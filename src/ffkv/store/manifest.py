@@ -185,7 +185,7 @@ class Manifest:
         identity: what defines the result (`Identity`).
         model: the model's shape (`ModelInfo`).
         corpus: the corpus options (`ffkv.corpus.CorpusSpec.to_dict`).
-        index: top_k, mode, and the batching used (speed only).
+        index: top_k, mode, sign, and the batching used (speed only).
         versions: library versions (`library_versions`).
         status: running, interrupted, failed or complete (`STATUSES`).
         process: the process that writes the index, or last wrote it (None once complete).
@@ -225,6 +225,12 @@ class Manifest:
     def mode(self) -> str:
         """example (one prefix per example per key) or prefix."""
         return str(self.identity.index["mode"])
+
+    @property
+    def sign(self) -> str:
+        """Trigger directions indexed: ``positive`` (largest coefficients) or ``both`` (also the most
+        negative); runs of format 1 and 2 predate the option and are ``positive``."""
+        return str(self.identity.index.get("sign") or "positive")
 
     @property
     def complete(self) -> bool:

@@ -5,7 +5,7 @@ the rest of ffkv reads and writes a run:
 
     RUN/manifest.json                what was run, on what, with which versions; status (`Manifest`)
     RUN/examples.parquet             example_id, token_ids, text
-    RUN/trigger_examples.parquet     layer, key, rank, coefficient, example_id, position, next_token_id
+    RUN/trigger_examples.parquet     layer, key, direction, rank, coefficient, example_id, position, next_token_id
     RUN/metrics/NAME.parquet         tables of `ffkv analyze` (`read_metric`, `write_metric`)
     RUN/figures/NAME.{png,svg}       figures of `ffkv analyze`
     RUN/annotations/labels.parquet   human pattern labels (`ffkv.store.annotations`)
@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError, one_line
-from ffkv.store import atomic
+from ffkv.store import atomic, schemas
 from ffkv.store.lock import Holder, exclusive, now_iso
-from ffkv.store.manifest import Identity, Manifest, Process
+from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, Process
 
 #: The writer lock's file (`RunDir.lock`); it alone does not make a folder "not empty".
 LOCK_NAME = ".lock"
@@ -197,10 +197,16 @@ class RunDir:
         if not self.exists():
             if resume:
                 raise FfkvError(f"nothing to resume in {self.path}: no run was started there")
-            if self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
+            # A writer killed before its first manifest leaves at most the lock and .partial/ (no
+            # checkpoint: those come after the manifest); the folder is then as good as empty.
+            if self.path.exists() and any(p.name not in (LOCK_NAME, self.partial.name) for p in self.path.iterdir()):
                 raise FfkvError(f"output directory {self.path} is not empty and holds no ffkv run; choose a new --out")
             return None
         manifest = self.manifest()
+        if not manifest.complete and manifest.format_version < FORMAT_VERSION:
+            raise FfkvError(f"output directory {self.path} holds an unfinished run of an older ffkv (run format "
+                            f"{manifest.format_version}; this ffkv writes {FORMAT_VERSION}), which it cannot "
+                            "continue; choose a new --out")
         if not manifest.identity.same_result(identity):
             raise FfkvError(
                 f"output directory {self.path} holds a different run (other model, corpus or options); "
@@ -247,6 +253,40 @@ class RunDir:
         except OSError:
             return False
         return True
+
+    # ---------------------------------------------------------- trigger table
+    def read_triggers(self, direction: str = "positive", filters: list | None = None) -> pd.DataFrame:
+        """Rows of trigger_examples.parquet of one direction, in file order (layer, key, direction, rank).
+
+        Args:
+            direction: ``positive`` (a key's largest coefficients, the paper's trigger examples),
+                ``negative`` (its most negative ones, indexed with ``--sign both``) or ``both``.
+            filters: more pyarrow filters, e.g. ``[("layer", "=", 3)]``.
+
+        Returns:
+            The table's columns, `direction` included (+1 for every row of a run of format 1 or 2,
+            which predates the column).
+
+        Raises:
+            FfkvError: `direction` is unknown, or ``negative`` for a run that holds only the positive one.
+        """
+        if direction not in (*schemas.DIRECTIONS, "both"):
+            raise FfkvError(f"direction must be one of {', '.join(schemas.DIRECTIONS)} or both, got {direction!r}")
+        path = self.table("trigger_examples")
+        signed = "direction" in pq.read_schema(path).names
+        if direction == "negative" and not signed:
+            raise FfkvError(f"{self.path} holds only the positive trigger direction (indexed before ffkv kept "
+                            "both); index again to get the negative one")
+        wanted = list(filters or [])
+        if signed and direction != "both":
+            wanted.append(("direction", "=", schemas.DIRECTIONS[direction]))
+        df = pd.read_parquet(path, filters=wanted or None)
+        if not signed:
+            df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
+        elif direction == "negative" and not len(df) and self.manifest().sign != "both":
+            raise FfkvError(f"{self.path} was indexed with --sign positive: it holds no negative trigger examples; "
+                            "index again with --sign both")
+        return df
 
     # --------------------------------------------------------------- metrics
     def metric_names(self) -> list[str]:

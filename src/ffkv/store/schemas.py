@@ -14,16 +14,21 @@ EXAMPLES = pa.schema([
     ("text", pa.string()),
 ])
 
-#: RUN/trigger_examples.parquet: one row per (layer, key, rank).
+#: RUN/trigger_examples.parquet: one row per (layer, key, direction, rank).
 TRIGGER_EXAMPLES = pa.schema([
     ("layer", pa.int16()),
     ("key", pa.int32()),
+    ("direction", pa.int8()),
     ("rank", pa.int16()),
     ("coefficient", pa.float32()),
     ("example_id", pa.int64()),
     ("position", pa.int32()),
     ("next_token_id", pa.int32()),
 ])
+
+#: Values of trigger_examples' `direction`, by name: +1 the largest coefficients of a key, -1 the most negative
+#: ones (indexed with `--sign both`). Tables of format 1 and 2 have no such column: every row there is +1.
+DIRECTIONS = {"positive": 1, "negative": -1}
 
 #: RUN/annotations/labels.parquet: human pattern labels, one row per (layer, key, annotator).
 LABELS = pa.schema([
