@@ -77,11 +77,12 @@ def write_run(folder: Path, layers: int, keys: int, top_k: int, n_examples: int,
     atomic.write_parquet(run / "trigger_examples.parquet", pa.table({
         "layer": np.repeat(np.arange(layers, dtype=np.int16), keys * top_k),
         "key": np.tile(np.repeat(np.arange(keys, dtype=np.int32), top_k), layers),
+        "direction": np.ones(n, dtype=np.int8),  # one direction, as a ReLU model's run
         "rank": np.tile(np.arange(top_k, dtype=np.int16), layers * keys),
         "coefficient": coefficient, "example_id": example_id.astype(np.int64), "position": position,
         "next_token_id": tokens[offsets[example_id] + position + 1],
     }, schema=schemas.TRIGGER_EXAMPLES))
-    index = {"top_k": top_k, "mode": "example"}
+    index = {"top_k": top_k, "mode": "example", "sign": "positive"}
     manifest = Manifest(
         identity=Identity(model_id="synthetic", weights_sha256=f"synthetic-{seed}", dtype="float32",
                           corpus={"source": "synthetic"}, corpus_fingerprint="synthetic", index=index),

@@ -155,3 +155,15 @@ def test_mixed_key_control_per_layer(patterned, tmp_path):
     assert per_layer.loc[0, "semantic_control"] == 1.0
     assert per_layer.loc[1, "semantic_control"] <= 0.1
     assert np.isnan(per_layer.loc[2, "semantic_control"])  # no keys
+
+
+def test_key_shares_carry_their_wilson_interval():
+    """3 of 10 keys shallow: the 95% Wilson interval is 0.1078-0.6032 (by hand: centre (3 + 1.92) / 13.84,
+    half-width 1.96·sqrt(2.1 + 0.96) / 13.84); 0 of 10 semantic: 0-0.2775."""
+    from ffkv.experiments.patterns import shares
+
+    keys = pd.DataFrame({"layer": [0] * 10, "label": ["shallow"] * 3 + ["none"] * 7})
+    row = shares(keys, None, 1).iloc[0]
+    assert row["keys_shallow"] == pytest.approx(0.3) and row["n_keys"] == 10
+    assert (row["keys_shallow_ci_low"], row["keys_shallow_ci_high"]) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    assert (row["keys_semantic_ci_low"], row["keys_semantic_ci_high"]) == pytest.approx((0.0, 0.2775), abs=1e-4)

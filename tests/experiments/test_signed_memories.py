@@ -115,28 +115,28 @@ def test_active_counts_and_composition_by_hand(planted_run):
 
 
 def test_values_read_each_direction_apart(tmp_path):
-    """A run indexed with both signs (a `direction` column): Figure 4 of the +1 rows is unchanged, and the -1
-    rows are compared with the top token of p(-v_i), i.e. the bottom token of v_i·Eᵀ, by brute force."""
+    """A run indexed with both signs (the index's `direction` column): Figure 4 of the +1 rows does not move
+    when the -1 rows change, and the -1 rows are compared with the top token of p(-v_i), i.e. the bottom
+    token of v_i·Eᵀ, by brute force."""
     from support.experiment_runs import make_run as make
     from ffkv.memories.projection import logits
 
     run, loaded = make(tmp_path, "llama", n=60)
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    assert set(te["direction"]) == {1, -1}  # a gated model is indexed in both directions
     analyze(run, only="values", loaded=loaded, progress=False)
     before = pd.read_parquet(run / "metrics" / "values.parquet")
-    te = pd.read_parquet(run / "trigger_examples.parquet")
-    rng = np.random.default_rng(0)
-    negative = te.assign(coefficient=-te["coefficient"], next_token_id=rng.permutation(te["next_token_id"].to_numpy()))
     # Plant agreement: the most negative trigger of every even key is followed by the value's bottom token.
     view = loaded.view
     bottoms = {layer: logits(view, view.values(layer), "identity").argmin(-1).numpy() for layer in range(view.n_layers)}
-    planted = (negative["rank"] == 0) & (negative["key"] % 2 == 0)
-    negative.loc[planted, "next_token_id"] = np.array([bottoms[int(l)][int(k)] for l, k in zip(
-        negative.loc[planted, "layer"], negative.loc[planted, "key"])], dtype=negative["next_token_id"].dtype)
-    both = pd.concat([te.assign(direction=np.int8(1)), negative.assign(direction=np.int8(-1))], ignore_index=True)
-    both.to_parquet(run / "trigger_examples.parquet", index=False)
+    planted = (te["direction"] == -1) & (te["rank"] == 0) & (te["key"] % 2 == 0)
+    te.loc[planted, "next_token_id"] = np.array([bottoms[int(l)][int(k)] for l, k in zip(
+        te.loc[planted, "layer"], te.loc[planted, "key"])], dtype=te["next_token_id"].dtype)
+    te.to_parquet(run / "trigger_examples.parquet", index=False)
     analyze(run, only="values", loaded=loaded, progress=False)
     after = pd.read_parquet(run / "metrics" / "values.parquet")
-    pd.testing.assert_frame_equal(before, after)  # the +1 direction alone, as before
+    pd.testing.assert_frame_equal(before, after)  # the +1 direction alone, untouched by the -1 rows
+    negative = te[te["direction"] == -1]
     got = pd.read_parquet(run / "metrics" / "values_negative.parquet")
     view = loaded.view
     first = negative[negative["rank"] == 0]

@@ -42,7 +42,10 @@ def test_pages_trace_and_intervention(chromium, analyzed):
         assert page.locator("#run-trace").is_visible()
         # Every figure on the overview loads from the run directory.
         page.goto(url + "/")
+        for image in page.locator("figure img").all():  # the figures load lazily, as a reader scrolls to them
+            image.scroll_into_view_if_needed()
         page.wait_for_load_state("networkidle")
+        page.wait_for_function("Array.from(document.querySelectorAll('figure img')).every(i => i.complete)")
         widths = page.eval_on_selector_all("figure img", "imgs => imgs.map(i => i.complete && i.naturalWidth)")
         assert len(widths) == len(RunDir(run).figure_names()) >= 9 and all(widths)
         # A memory link from the layer page leads to its memory page.

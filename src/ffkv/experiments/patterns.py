@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar, wilson_interval
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
 from ffkv.store.annotations import LABELS, consensus, read_labels
 
@@ -339,7 +339,8 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
 
 
 def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, label_column: str = "label") -> pd.DataFrame:
-    """Per layer: share of keys (and of trigger prefixes) in each label."""
+    """Per layer: share of keys (with its 95% Wilson interval over the layer's keys) and of trigger prefixes
+    in each label."""
     out = pd.DataFrame({"layer": np.arange(n_layers)})
     k = keys.groupby("layer")[label_column].value_counts(normalize=True).unstack(fill_value=0.0)
     for label in LABELS:
@@ -349,6 +350,9 @@ def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, lab
         for label in LABELS:
             out[f"prefixes_{label}"] = p[label].reindex(out["layer"]).fillna(0.0).to_numpy() if label in p else 0.0
     out["n_keys"] = keys.groupby("layer").size().reindex(out["layer"]).fillna(0).astype(int).to_numpy()
+    for label in LABELS:  # keys are the independent units; prefixes cluster within keys, so they get none
+        low, high = wilson_interval(out[f"keys_{label}"] * out["n_keys"], out["n_keys"])
+        out[f"keys_{label}_ci_low"], out[f"keys_{label}_ci_high"] = low, high
     return out
 
 
