@@ -8,7 +8,7 @@ the contract in docs/run-directory.md). Per key of every layer:
   top-1 trigger example (`ffkv.memories.targets`), that target's rank, the log-normaliser of
   p_i (p_i(x) of any token is then one dot product), and ‖v_i‖ (`scan_values`, chunked);
 - the share of its top trigger prefixes that end in their most common last token;
-- over the positions of a seeded sample of the run's examples: how often m_i > 0, and a
+- over the positions of a seeded sample of the run's examples: how often it is active (`ffkv.memories.active`), and a
   histogram of m_i (equal-width bins between the sample's smallest and largest m_i, two
   passes over the sample, so memory never holds more than one batch of coefficients);
 - explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
@@ -19,6 +19,7 @@ Only the writing rank builds them (they are small next to the experiments' passe
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import torch
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments.common import RunContext, progress_bar
+from ffkv.memories.active import active, active_fraction
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
@@ -158,8 +160,9 @@ def sample_batches(loaded: LoadedModel, token_lists: list[list[int]], batch_size
 
 @torch.no_grad()
 def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_BINS, bar=None) -> dict[str, np.ndarray]:
-    """Per key, over every real position of `batches` (`sample_batches`): share with m_i > 0 and a
-    histogram of m_i.
+    """Per key, over every real position of `batches` (`sample_batches`): the share of positions where it is
+    active (`ffkv.memories.active`: |m_i| > tau·s_l, s_l the RMS of the layer's coefficients over the sample;
+    m_i > 0 for ReLU models) and a histogram of m_i.
 
     Returns (L, d_m) arrays ``frequency``, ``lo``, ``hi``, (L, d_m, bins) ``histogram`` (int64
     counts of m_i in `bins` equal-width bins from lo to hi; the last bin includes hi) and
@@ -169,7 +172,9 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
     L, d_m = view.n_layers, view.d_m
     lo = torch.full((L, d_m), float("inf"), dtype=torch.float64)
     hi = torch.full((L, d_m), float("-inf"), dtype=torch.float64)
-    positive = torch.zeros(L, d_m, dtype=torch.float64)
+    active_count = torch.zeros(L, d_m, dtype=torch.float64)
+    squares = torch.zeros(L, dtype=torch.float64)  # sum of m_i² over the layer: s_l of the active rule
+    tau = active_fraction(view)
     hist = torch.zeros(L, d_m * bins, dtype=torch.int64)
     state: dict = {}
 
@@ -180,13 +185,15 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
         x = coefficients(m)
         lo[layer] = torch.minimum(lo[layer], x.amin(0))
         hi[layer] = torch.maximum(hi[layer], x.amax(0))
-        positive[layer] += (x > 0).sum(0)  # "active" as m > 0 until issue 13's signed rule lands in memories/
+        squares[layer] += x.square().sum()
 
     def second_pass(quantity: str, layer: int, m: torch.Tensor) -> None:
         x = coefficients(m)
         width = (hi[layer] - lo[layer]).clamp(min=1e-30)
         index = ((x - lo[layer]) / width * bins).floor().long().clamp(0, bins - 1)
         hist[layer].scatter_add_(0, (index + torch.arange(d_m) * bins).ravel(), torch.ones(index.numel(), dtype=torch.int64))
+        s_l = math.sqrt(float(squares[layer]) / max(total * d_m, 1))
+        active_count[layer] += active(x, tau * s_l).sum(0)
 
     total = 0
     for sink in (first_pass, second_pass):
@@ -199,7 +206,7 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
                 if bar is not None:
                     bar.update(1)
     empty = total == 0
-    return {"frequency": (positive / max(total, 1)).float().numpy(),
+    return {"frequency": (active_count / max(total, 1)).float().numpy(),
             "lo": (torch.zeros_like(lo) if empty else lo).float().numpy(),
             "hi": (torch.zeros_like(hi) if empty else hi).float().numpy(),
             "histogram": hist.view(L, d_m, bins).numpy(), "positions": np.int64(total)}

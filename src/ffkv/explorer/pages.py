@@ -80,7 +80,7 @@ def figures_of(data: ExplorerData) -> list[dict]:
 
 
 LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement", "mean_confidence": "value confidence",
-                        "mean_activation_frequency": "active (m > 0)", "share_shallow": "shallow",
+                        "mean_activation_frequency": "active", "share_shallow": "shallow",
                         "share_semantic": "semantic", "share_both": "both", "share_none": "none",
                         "annotated_keys": "annotated keys"}
 
@@ -108,7 +108,7 @@ LAYER_COLUMNS = (
     ("top_tokens", "value's top tokens", "top token"),
     ("agreement", "agrees", "agreement"),
     ("confidence", "value confidence", "confidence"),
-    ("activation_frequency", "active (m > 0)", "activation frequency"),
+    ("activation_frequency", "active", "activation frequency"),
     ("human_label", "human label", "human label"),
 )
 PERCENT_COLUMNS = {"shallow_score", "confidence", "activation_frequency"}

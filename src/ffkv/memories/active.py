@@ -35,20 +35,10 @@ ACTIVE_FRACTION = 0.1
 RULE = "|m_i| > tau·s_l, s_l the RMS of the layer's coefficients at the analysed positions"
 
 
-@torch.no_grad()
 def coefficients_can_be_negative(view: MemoryView) -> bool:
-    """Whether some coefficient m_i of the model can be negative: any gated FF (act(g)·u, u signed),
-    or an activation that is negative somewhere on [-20, 20] (GELU, SiLU, ...; not ReLU)."""
-    if view.gated:
-        return True
-    probe = torch.linspace(-20.0, 20.0, 4001)
-    for layer in range(view.n_layers):
-        act = view.activation(layer)
-        weight = next((p for p in getattr(act, "parameters", lambda: iter(()))()), None)
-        x = probe.to(weight.device, weight.dtype) if weight is not None else probe
-        if bool((act(x) < 0).any()):
-            return True
-    return False
+    """Whether some coefficient m_i of the model can be negative: `MemoryView.signed`, the rule that also
+    sets `ffkv index --sign`'s default (any gated FF; an activation negative somewhere: GELU, SiLU; not ReLU)."""
+    return view.signed
 
 
 def active_fraction(view: MemoryView) -> float:

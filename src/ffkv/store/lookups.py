@@ -26,7 +26,7 @@ from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 #: Bumped when what the tables hold changes; older tables are rebuilt.
-VERSION = 2
+VERSION = 3  # 3: activation_frequency follows the signed active rule (was m > 0)
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 INFO = "info.json"
 
