@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from ffkv.errors import FfkvWarning
-from ffkv.experiments.common import MIN_N, sample_size_warnings, share_with_interval, wilson_interval
+from ffkv.experiments.common import MIN_N, sample_size_warnings, share_with_interval
+from ffkv.presentation.findings import wilson_interval
 
 
 @pytest.mark.parametrize("k,n,low,high", [

@@ -29,7 +29,7 @@ from support.experiment_runs import make_run
 from support.tiny_models import D, D_M, LAYERS, VOCAB
 from ffkv.experiments import analyze
 from ffkv.experiments.heldout import memory_predictions
-from ffkv.memories.active import ACTIVE_FRACTION, coefficients_can_be_negative
+from ffkv.memories.active import ACTIVE_FRACTION
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.store.run import RunDir
@@ -74,7 +74,7 @@ def planted_run(tmp_path_factory):
 
 
 def test_a_gated_model_has_signed_coefficients():
-    assert coefficients_can_be_negative(planted_model().view)
+    assert planted_model().view.signed
 
 
 def test_the_negative_memory_predicts_its_values_bottom_token():

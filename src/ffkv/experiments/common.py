@@ -27,7 +27,7 @@ from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, 
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
-from ffkv.presentation.findings import Z95, wilson_interval  # noqa: F401  (re-exported for the studies)
+from ffkv.presentation.findings import wilson_interval
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -77,6 +77,8 @@ class Projections:
 #: Below this many examples (or keys) a per-layer share is too uncertain to read alone: `analyze` warns and
 #: the report marks the section (its 95% interval is then wider than about ±10 points).
 MIN_N = 100
+
+
 def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
     """{name: share, name_ci_low, name_ci_high} of a boolean array (its n is the table's n column)."""
     hits = np.asarray(hits, dtype=bool)

@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar, wilson_interval
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
+from ffkv.presentation.findings import wilson_interval
 from ffkv.store.annotations import LABELS, consensus, read_labels
 
 NAME = "patterns"

@@ -67,6 +67,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
     both = pd.concat([per_layer(t, cap.final).assign(projection=name, choice=RESIDUAL_CHOICE[name])
                       for name, t in cap.residual.items()], ignore_index=True)
+    chosen = both[both["projection"] == ctx.projections.residuals].drop(columns=["projection", "choice"])
     examples = pd.DataFrame({
         "example_id": np.repeat(held.example_ids, L), "position": np.repeat(held.positions, L).astype(np.int32),
         "layer": np.tile(np.arange(L, dtype=np.int16), N),
@@ -76,7 +77,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
         "residual_agrees": (tops.resid_top == o).ravel(), "confidence": tops.confidence.ravel(),
         "category": cat.ravel(),
     })
-    return {"per_layer": per_layer(tops, cap.final), "projections": both, "examples": examples,
+    return {"per_layer": chosen.reset_index(drop=True), "projections": both, "examples": examples,
             "last_layer": last_layer_cases(ctx, tops, cap.final, cat)}
 
 

@@ -35,15 +35,10 @@ ACTIVE_FRACTION = 0.1
 RULE = "|m_i| > tau·s_l, s_l the RMS of the layer's coefficients at the analysed positions"
 
 
-def coefficients_can_be_negative(view: MemoryView) -> bool:
-    """Whether some coefficient m_i of the model can be negative: `MemoryView.signed`, the rule that also
-    sets `ffkv index --sign`'s default (any gated FF; an activation negative somewhere: GELU, SiLU; not ReLU)."""
-    return view.signed
-
-
 def active_fraction(view: MemoryView) -> float:
-    """tau of the rule for this model: 0 (m_i > 0) when no coefficient can be negative, else `ACTIVE_FRACTION`."""
-    return ACTIVE_FRACTION if coefficients_can_be_negative(view) else 0.0
+    """tau of the rule for this model: 0 (m_i > 0) when no coefficient can be negative, else `ACTIVE_FRACTION`
+    (`MemoryView.signed`, the rule that also sets `ffkv index --sign`'s default)."""
+    return ACTIVE_FRACTION if view.signed else 0.0
 
 
 def active(m: Float[torch.Tensor, "*batch d_m"], threshold: float) -> Bool[torch.Tensor, "*batch d_m"]:
@@ -51,4 +46,4 @@ def active(m: Float[torch.Tensor, "*batch d_m"], threshold: float) -> Bool[torch
     return m.abs() > threshold
 
 
-__all__ = ["ACTIVE_FRACTION", "RULE", "active", "active_fraction", "coefficients_can_be_negative"]
+__all__ = ["ACTIVE_FRACTION", "RULE", "active", "active_fraction"]
