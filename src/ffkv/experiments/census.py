@@ -1,0 +1,570 @@
+"""A census of every memory (SPEC section 9, beyond the paper): dead keys, token/n-gram detectors,
+positional keys, and what each value does to the vocabulary.
+
+Over every real position of the held-out examples (the examples of `RunContext.held_out`, all
+their tokens, not only the seeded position), per layer l and key i:
+
+- **activation frequency**: the share of positions where the key is active by the one rule of
+  `ffkv.memories.active` (|m_i| > tau·s_l, s_l the RMS of the layer's coefficients over these
+  positions; m_i > 0 for ReLU), split into positive (m_i > 0) and negative (m_i < 0) shares;
+  **dead**: never active.
+- **detector**: the token or n-gram rule "the last n tokens up to the position are g" (n in
+  `NGRAMS`) that best predicts activation, with its precision P(active | g), recall
+  P(g | active) and F1 = 2·P·R/(P + R); a detector when F1 >= `DETECTOR_F1`.
+- **positional**: the share of m_i's variance over positions explained by the position index
+  (eta², adjusted for the number of positions, i.e. epsilon² = 1 - (SS_within/(n - G)) /
+  (SS_total/(n - 1)); positions past `POSITION_GROUPS` - 1 pooled); positional when it is
+  >= `POSITIONAL_ETA2`.
+- **value type**, read with the sign the key fires with (a key active mostly with m_i < 0 writes
+  -v_i): the skew and excess kurtosis of the written vector's logits N(±v_i)·Eᵀ over the
+  vocabulary (Gurnee et al. 2024): prediction (kurtosis >= `KURTOSIS_MIN`, skew >= `SKEW_MIN`:
+  a few tokens pushed up), suppression (kurtosis >= `KURTOSIS_MIN`, skew <= -`SKEW_MIN`: a few
+  pushed down), else neither. A key that fires both ways (each sign at least `TWO_WAY_SHARE` of
+  its activations) is flagged ``two_way``; its value type is that of its more frequent sign, and
+  the other sign writes the mirror type.
+- **eraser**: a detector whose written vector, with the sign the key fires with on its rule's
+  positions, pushes the rule's last token down: that token's logit is at most `ERASER_Z` standard
+  deviations below the mean logit of the written vector (Voita et al. 2023's detector-eraser).
+- **class**: dead, else detector, else positional, else other (first that holds).
+
+Memory, streaming (three passes over the held-out sample; nothing grows with it): per layer
+d_m x (3 + `POSITION_GROUPS`) float64 sums, and per n-gram length d_m x `CANDIDATES` candidate
+rules (a Misra-Gries summary of the rules seen at the key's active positions, merged batch by
+batch: Agarwal et al. 2012, "Mergeable summaries"), whose exact counts a third pass takes. A rule
+missed by the summary has fewer than n_active/(`CANDIDATES` + 1) hits, hence F1 < 2/(`CANDIDATES`
++ 1) = 0.12: below the detector threshold, so every detector is found exactly. At the paper's
+shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(67·8 + 2·16·24) B = 85 MB, plus
+one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
+held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.batching import RowBatches, length_batches
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.memories.active import RULE, active_fraction
+from ffkv.memories.projection import chunk_size
+from ffkv.memories.projection import logits as project
+
+NAME = "census"
+#: n-gram lengths of the detector rules (1: the token at the position; 2: it and the one before).
+NGRAMS = (1, 2)
+#: Candidate rules kept per key and n-gram length (see the module docstring for why 16 is exact enough).
+CANDIDATES = 16
+#: Positions 0..POSITION_GROUPS-2 are their own group for eta²; later positions share the last one.
+POSITION_GROUPS = 64
+#: Thresholds (docs/definitions.md, calibrated on planted keys and random ones: tests/experiments/test_census.py).
+DETECTOR_F1 = 0.5
+POSITIONAL_ETA2 = 0.5
+KURTOSIS_MIN = 3.0
+SKEW_MIN = 1.0
+ERASER_Z = -3.0
+TWO_WAY_SHARE = 0.25
+#: Random directions drawn to measure, on this model's own unembedding, how often a value with no structure is
+#: classed prediction or suppression (the value type's false-positive rate, in the table's description).
+NULL_DIRECTIONS = 1000
+CLASSES = ("dead", "detector", "positional", "other")
+VALUE_TYPES = ("prediction", "suppression", "neither")
+#: Keys per (layer, category) in the table of the most typical keys.
+TYPICAL = 5
+#: Tokens of the written vector's top and bottom shown in the typical table.
+SHOWN_TOKENS = 3
+#: Padded tokens per census batch: bounds the per-batch (positions x d_m) coefficients and (d_m x rules) counts.
+BATCH_TOKENS = 2048
+
+
+def ngram_ids(tokens: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
+    """Per position (B, T), the id of the n-gram ending there (x_{j-n+1}..x_j as one int64), -1 where the
+    example has fewer than n tokens up to j. ``tokens`` holds -1 at padding."""
+    out = tokens.clone()
+    for back in range(1, n):
+        shifted = torch.full_like(tokens, -1)
+        shifted[:, back:] = tokens[:, :-back]
+        out = torch.where((out >= 0) & (shifted >= 0), shifted * vocab ** back + out, torch.full_like(out, -1))
+    return out
+
+
+def ngram_tokens(rule_id: int, n: int, vocab: int) -> list[int]:
+    """The token ids of an n-gram id of `ngram_ids`, first token first."""
+    out = []
+    for back in range(n - 1, -1, -1):
+        out.append(int(rule_id // vocab ** back) % vocab)
+    return out
+
+
+@dataclass
+class LayerState:
+    """The streaming sums of one layer (float64 sums on the host; candidate rules per n-gram length)."""
+
+    d_m: int
+    sum_m: torch.Tensor = None
+    sum_m2: torch.Tensor = None
+    group_sum: torch.Tensor = None          # (POSITION_GROUPS, d_m)
+    squares: float = 0.0                    # Σ m² over every key: s_l
+    n_positive: torch.Tensor = None
+    n_negative: torch.Tensor = None
+    ids: dict = field(default_factory=dict)      # n -> (d_m, CANDIDATES) int64 rule ids, -1 empty
+    counts: dict = field(default_factory=dict)   # n -> (d_m, CANDIDATES) float64 summary counts
+    hits: dict = field(default_factory=dict)     # n -> exact active positions where the rule holds
+    hits_positive: dict = field(default_factory=dict)  # n -> those with m_i > 0
+    support: dict = field(default_factory=dict)  # n -> positions where the rule holds
+
+    def __post_init__(self) -> None:
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.sum_m, self.sum_m2 = z(self.d_m), z(self.d_m)
+        self.group_sum = z(POSITION_GROUPS, self.d_m)
+        self.n_positive, self.n_negative = z(self.d_m), z(self.d_m)
+        for n in NGRAMS:
+            self.ids[n] = torch.full((self.d_m, CANDIDATES), -1, dtype=torch.long)
+            for name in ("counts", "hits", "hits_positive", "support"):
+                getattr(self, name)[n] = z(self.d_m, CANDIDATES)
+
+
+def _batch_counts(rules: torch.Tensor, weights: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """Distinct rule ids of a batch's positions (U,), per weight (P, d_m) the (d_m, U) sums over the positions
+    where each rule holds, and each rule's number of positions (U,)."""
+    unique, inverse = torch.unique(rules, return_inverse=True)
+    out = []
+    for w in weights:
+        counts = torch.zeros(w.shape[1], len(unique), dtype=torch.float64)
+        counts.index_add_(1, inverse, w.T.double())
+        out.append(counts)
+    return unique, out, torch.bincount(inverse, minlength=len(unique)).double()
+
+
+def _lookup(unique: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(column of each id in the sorted `unique`, whether it is there)."""
+    if not len(unique):
+        return torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+    where = torch.searchsorted(unique, ids.clamp(min=0)).clamp(max=len(unique) - 1)
+    return where, (unique[where] == ids) & (ids >= 0)
+
+
+def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
+                  batch: torch.Tensor, k: int = CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge a batch's exact counts (d_m, U) of rules `unique` into each key's Misra-Gries summary of k counters
+    (ids, counts: (d_m, k)): add the counts of rules already kept, then keep the k largest after subtracting the
+    (k+1)-th largest. A rule's summary count is never above its true count and at most n/(k+1) below it
+    (n: the key's active positions so far)."""
+    batch = batch.clone()
+    where, there = _lookup(unique, ids)
+    counts = counts + torch.where(there, batch.gather(1, where), torch.zeros_like(counts))
+    rows, slots = torch.nonzero(there, as_tuple=True)
+    batch[rows, where[rows, slots]] = 0  # counted in the kept counter (a key's kept ids are distinct)
+    all_ids = torch.cat([ids, unique[None, :].expand(ids.shape[0], -1)], dim=1)
+    all_counts = torch.cat([counts, batch], dim=1)
+    all_counts = torch.where(all_ids >= 0, all_counts, torch.zeros_like(all_counts))
+    if all_counts.shape[1] <= k:
+        pad = k - all_counts.shape[1]
+        return (torch.cat([all_ids, torch.full((ids.shape[0], pad), -1, dtype=torch.long)], 1),
+                torch.cat([all_counts, torch.zeros(ids.shape[0], pad, dtype=all_counts.dtype)], 1))
+    top, index = torch.topk(all_counts, k + 1, dim=1)
+    kept = top[:, :k] - top[:, k:k + 1]
+    new_ids = all_ids.gather(1, index[:, :k])
+    alive = kept > 0
+    return torch.where(alive, new_ids, torch.full_like(new_ids, -1)), torch.where(alive, kept, torch.zeros_like(kept))
+
+
+class CensusAccumulator:
+    """The census statistics of every layer, fed one batch of coefficients at a time, in three passes over the
+    same positions: `scale` (sums, s_l, positions), `summarise` (active counts, candidate rules), `count`
+    (exact counts of the candidates). `feed(pass, layer, m, positions, tokens)` takes the real positions of a
+    batch: m (P, d_m), their position index (P,) and their token ids as (P, T) rows ending at the position
+    (-1 before the example's start), so the n-gram of every n in `NGRAMS` can be read."""
+
+    def __init__(self, n_layers: int, d_m: int, vocab_size: int, tau: float) -> None:
+        self.layers = [LayerState(d_m) for _ in range(n_layers)]
+        self.vocab_size, self.tau, self.d_m = vocab_size, float(tau), d_m
+        self.positions = 0
+        self.group_count = torch.zeros(POSITION_GROUPS, dtype=torch.float64)
+
+    def threshold(self, layer: int) -> float:
+        """tau·s_l of the active rule, s_l the RMS of the layer's coefficients over the census positions."""
+        if self.tau == 0 or self.positions == 0:
+            return 0.0
+        return self.tau * math.sqrt(self.layers[layer].squares / (self.positions * self.d_m))
+
+    def feed(self, step: str, layer: int, m: torch.Tensor, positions: torch.Tensor,
+             rules: dict[int, torch.Tensor]) -> None:
+        """One batch of one layer. rules: n -> (P,) n-gram id per position (-1: none)."""
+        s = self.layers[layer]
+        m = m.detach().to("cpu", torch.float64)
+        if step == "scale":
+            s.squares += float(m.square().sum())
+            s.sum_m += m.sum(0)
+            s.sum_m2 += m.square().sum(0)
+            group = positions.to("cpu").clamp(max=POSITION_GROUPS - 1)
+            s.group_sum.index_add_(0, group, m)
+            if layer == 0:
+                self.positions += m.shape[0]
+                self.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
+            return
+        thr = self.threshold(layer)
+        active = m.abs() > thr
+        positive = active & (m > 0)
+        if step == "summarise":
+            s.n_positive += positive.sum(0)
+            s.n_negative += (active & (m < 0)).sum(0)
+        for n, ids in rules.items():
+            ids = ids.to("cpu")
+            valid = ids >= 0
+            unique, (hit, hit_pos), support = _batch_counts(ids[valid], [active[valid], positive[valid]])
+            if step == "summarise":
+                s.ids[n], s.counts[n] = merge_summary(s.ids[n], s.counts[n], unique, hit)
+            else:
+                where, there = _lookup(unique, s.ids[n])
+                zero = torch.zeros_like(s.hits[n])
+                s.hits[n] += torch.where(there, hit.gather(1, where), zero)
+                s.hits_positive[n] += torch.where(there, hit_pos.gather(1, where), zero)
+                s.support[n] += torch.where(there, support[where], zero)
+
+    def key_table(self, layer: int) -> pd.DataFrame:
+        """Per key of the layer: frequencies, dead, the best rule, eta² (the value columns come later)."""
+        s, N = self.layers[layer], max(self.positions, 1)
+        n_active = s.n_positive + s.n_negative
+        best = {"f1": torch.zeros(self.d_m, dtype=torch.float64), "n": torch.zeros(self.d_m, dtype=torch.long),
+                "id": torch.full((self.d_m,), -1, dtype=torch.long),
+                "precision": torch.zeros(self.d_m, dtype=torch.float64),
+                "recall": torch.zeros(self.d_m, dtype=torch.float64),
+                "support": torch.zeros(self.d_m, dtype=torch.float64),
+                "hits": torch.zeros(self.d_m, dtype=torch.float64),
+                "hits_positive": torch.zeros(self.d_m, dtype=torch.float64)}
+        for n in NGRAMS:  # shorter rules first: a longer one replaces it only with a strictly higher F1
+            hits, support = s.hits[n], s.support[n]
+            f1 = torch.where(support + n_active[:, None] > 0, 2 * hits / (support + n_active[:, None]).clamp(min=1),
+                             torch.zeros_like(hits))
+            f1 = torch.where(s.ids[n] >= 0, f1, torch.full_like(f1, -1.0))
+            value, column = f1.max(1)
+            better = value > best["f1"] + 1e-12
+            pick = lambda t: t.gather(1, column[:, None])[:, 0]  # noqa: E731
+            best["f1"] = torch.where(better, value, best["f1"])
+            best["n"] = torch.where(better, torch.full_like(best["n"], n), best["n"])
+            best["id"] = torch.where(better, pick(s.ids[n]), best["id"])
+            for name, t in (("support", support), ("hits", hits), ("hits_positive", s.hits_positive[n])):
+                best[name] = torch.where(better, pick(t), best[name])
+        best["precision"] = torch.where(best["support"] > 0, best["hits"] / best["support"].clamp(min=1),
+                                        torch.zeros_like(best["hits"]))
+        best["recall"] = torch.where(n_active > 0, best["hits"] / n_active.clamp(min=1), torch.zeros_like(n_active))
+        mean = s.sum_m / N
+        total = s.sum_m2 - s.sum_m.square() / N
+        within = total - ((s.group_sum.square() / self.group_count.clamp(min=1)[:, None]).sum(0)
+                          - s.sum_m.square() / N)
+        eta2 = position_eta2(total, within, N, int((self.group_count > 0).sum()))
+        has_rule = best["n"] > 0
+        rule_sign = torch.where(best["hits_positive"] * 2 >= best["hits"], 1, -1)
+        firing_sign = torch.where(s.n_negative > s.n_positive, -1, 1)
+        minority = torch.minimum(s.n_positive, s.n_negative)
+        return pd.DataFrame({
+            "layer": np.full(self.d_m, layer, np.int16), "key": np.arange(self.d_m, dtype=np.int32),
+            "n_positions": np.full(self.d_m, self.positions, np.int64),
+            "activation_frequency": as_numpy(n_active / N).astype(np.float32),
+            "positive_frequency": as_numpy(s.n_positive / N).astype(np.float32),
+            "negative_frequency": as_numpy(s.n_negative / N).astype(np.float32),
+            "dead": as_numpy(n_active == 0),
+            "firing_sign": as_numpy(torch.where(n_active > 0, firing_sign, 0)).astype(np.int8),
+            "two_way": as_numpy((n_active > 0) & (minority >= TWO_WAY_SHARE * n_active)),
+            "rule_n": as_numpy(best["n"]).astype(np.int8),
+            "rule_id": as_numpy(best["id"]).astype(np.int64),
+            "rule_precision": as_numpy(best["precision"]).astype(np.float32),
+            "rule_recall": as_numpy(best["recall"]).astype(np.float32),
+            "rule_f1": as_numpy(best["f1"].clamp(min=0)).astype(np.float32),
+            "rule_positions": as_numpy(best["support"]).astype(np.int64),
+            "rule_sign": as_numpy(torch.where(has_rule & (best["hits"] > 0), rule_sign, 0)).astype(np.int8),
+            "position_eta2": as_numpy(eta2).astype(np.float32),
+            "mean_coefficient": as_numpy(mean).astype(np.float32),
+        })
+
+
+def position_eta2(total: torch.Tensor, within: torch.Tensor, n: int, groups: int) -> torch.Tensor:
+    """The share of variance explained by position, corrected for the number of groups (epsilon², the adjusted
+    eta²: 1 - (SS_within/(n - G)) / (SS_total/(n - 1))), so that coefficients that ignore position score about
+    0 on a small sample too (plain eta² expects (G - 1)/(n - 1) there); clipped to [0, 1]; 0 for a constant m."""
+    if n <= groups or groups < 2:
+        return torch.zeros_like(total)
+    varying = total > 1e-12 * total.abs().max().clamp(min=1e-300)
+    eps2 = 1 - (within / (n - groups)) / (total / (n - 1)).clamp(min=1e-300)
+    return torch.where(varying, eps2.clamp(0, 1), torch.zeros_like(total))
+
+
+def value_statistics(view, layer: int, projection: str, signs: np.ndarray, rule_sign: np.ndarray,
+                     trigger: np.ndarray, shown: int = SHOWN_TOKENS) -> dict[str, np.ndarray]:
+    """Per key, of the written vector w_i = s_i·v_i (s_i = `signs`, the sign the key fires with) projected to
+    logits z = N(w_i)·Eᵀ: skew and excess kurtosis over the vocabulary and its top and bottom tokens; and the
+    standardized logit (z_t - mean z)/std z of token `trigger` (-1: none) in N(r_i·v_i)·Eᵀ, r_i = `rule_sign`:
+    what the key writes on its rule's positions. Chunked: at most `chunk_size` keys x |V| logits at a time."""
+    values = view.values(layer)
+    d_m = values.shape[0]
+    chunk = chunk_size(view.vocab_size)
+    out = {k: [] for k in ("skew", "kurtosis", "trigger_z", "top_ids", "bottom_ids")}
+    for start in range(0, d_m, chunk):
+        v = values[start:start + chunk].float()
+        sign = torch.as_tensor(signs[start:start + chunk], dtype=torch.float32, device=v.device)[:, None]
+        rsign = torch.as_tensor(rule_sign[start:start + chunk], dtype=torch.float32, device=v.device)[:, None]
+        z = project(view, sign * v, projection)
+        mean = z.mean(-1, keepdim=True)
+        centred = z - mean
+        var = centred.square().mean(-1, keepdim=True)
+        std = var.sqrt().clamp(min=1e-12)
+        out["skew"].append((centred.pow(3).mean(-1, keepdim=True) / std.pow(3))[:, 0])
+        out["kurtosis"].append((centred.pow(4).mean(-1, keepdim=True) / var.square().clamp(min=1e-24) - 3.0)[:, 0])
+        out["top_ids"].append(torch.topk(z, min(shown, z.shape[1]), -1).indices)
+        out["bottom_ids"].append(torch.topk(-z, min(shown, z.shape[1]), -1).indices)
+        t = torch.as_tensor(trigger[start:start + chunk], dtype=torch.long, device=v.device)
+        same = (rsign == sign)[:, 0]
+        zr = z if bool(same.all()) else project(view, rsign * v, projection)
+        mr, sr = zr.mean(-1), zr.std(-1, unbiased=False).clamp(min=1e-12)
+        tz = (zr.gather(1, t.clamp(min=0)[:, None])[:, 0] - mr) / sr
+        out["trigger_z"].append(torch.where(t >= 0, tz, torch.full_like(tz, float("nan"))))
+        del z, centred, zr
+    return {k: as_numpy(torch.cat(v)) for k, v in out.items()}
+
+
+def value_type(skew: np.ndarray, kurtosis: np.ndarray) -> np.ndarray:
+    """prediction / suppression / neither from the written vector's logits (thresholds of this module)."""
+    peaked = np.asarray(kurtosis) >= KURTOSIS_MIN
+    return np.where(peaked & (np.asarray(skew) >= SKEW_MIN), "prediction",
+                    np.where(peaked & (np.asarray(skew) <= -SKEW_MIN), "suppression", "neither"))
+
+
+def classify(keys: pd.DataFrame) -> pd.DataFrame:
+    """The flags and the class of each key from its statistics (in place; returns it)."""
+    keys["detector"] = ~keys["dead"] & (keys["rule_f1"] >= DETECTOR_F1)
+    keys["positional"] = ~keys["dead"] & (keys["position_eta2"] >= POSITIONAL_ETA2)
+    keys["value_type"] = value_type(keys["skew"], keys["kurtosis"])
+    keys["eraser"] = keys["detector"] & (keys["trigger_z"] <= ERASER_Z)
+    keys["class"] = np.where(keys["dead"], "dead", np.where(keys["detector"], "detector",
+                             np.where(keys["positional"], "positional", "other")))
+    return keys
+
+
+@torch.no_grad()
+def null_rates(view, projection: str, n: int = NULL_DIRECTIONS, seed: int = 0) -> dict[str, float]:
+    """Shares of n random Gaussian directions (in the value space, scaled like values are irrelevant: skew and
+    kurtosis are scale-free under the identity) classed prediction and suppression on this model's E: the value
+    type's false-positive rate here."""
+    g = torch.Generator().manual_seed(seed)
+    skews, kurts = [], []
+    chunk = chunk_size(view.vocab_size)
+    scale = float(view.values(0).float().norm(dim=1).mean()) / math.sqrt(view.d_model)
+    for start in range(0, n, chunk):
+        v = (torch.randn(min(chunk, n - start), view.d_model, generator=g) * scale).to(view.device)
+        z = project(view, v, projection)
+        c = z - z.mean(-1, keepdim=True)
+        var = c.square().mean(-1)
+        skews.append(as_numpy(c.pow(3).mean(-1) / var.pow(1.5).clamp(min=1e-36)))
+        kurts.append(as_numpy(c.pow(4).mean(-1) / var.square().clamp(min=1e-24) - 3.0))
+    kinds = value_type(np.concatenate(skews), np.concatenate(kurts))
+    return {kind: float((kinds == kind).mean()) for kind in ("prediction", "suppression")}
+
+
+def _batches(ctx: RunContext) -> RowBatches:
+    """Every held-out example, whole (no masked token), in padded batches; every rank runs every batch (the
+    census is summed over all positions and is not split under torchrun)."""
+    from ffkv.batching import BATCH_SIZE, _Row
+
+    held = ctx.held_out()
+    items = [_Row(i, np.asarray(e.token_ids, dtype=np.int64)) for i, e in enumerate(held.examples)]
+    return RowBatches(length_batches(items, BATCH_SIZE, BATCH_TOKENS), ctx.tokenizer.pad_id,
+                      tuple(sorted(ctx.special_ids)), ctx.view.device)
+
+
+@torch.no_grad()
+def accumulate(view, batches, vocab_size: int, progress: bool = False) -> CensusAccumulator:
+    """The three streaming passes over `batches` (padded `Batch`es or (rows, Batch) pairs)."""
+    acc = CensusAccumulator(view.n_layers, view.d_m, vocab_size, active_fraction(view))
+    state: dict = {}
+
+    def sink(name: str, layer: int, m: torch.Tensor) -> None:
+        acc.feed(state["step"], layer, m[state["mask"]], state["positions"], state["rules"])
+
+    steps = ("scale", "summarise", "count")
+    bar = progress_bar(progress, len(steps) * len(batches), "census", "batch")
+    try:
+        for step in steps:
+            state["step"] = step
+            with view.capture(("coefficients",), sink=sink):
+                for item in batches:
+                    batch = item[1] if isinstance(item, tuple) else item
+                    mask = batch.attention_mask.bool()
+                    tokens = torch.where(mask, batch.input_ids, torch.full_like(batch.input_ids, -1))
+                    state["mask"] = mask.to(view.device)
+                    state["positions"] = torch.nonzero(mask)[:, 1].cpu()
+                    state["rules"] = {} if step == "scale" else {
+                        n: ngram_ids(tokens.cpu(), n, vocab_size)[mask.cpu()] for n in NGRAMS}
+                    view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))
+                    bar.update(1)
+    finally:
+        bar.close()
+    return acc
+
+
+def compute(ctx: RunContext) -> dict:
+    view = ctx.view
+    V = view.vocab_size
+    batches = list(_batches(ctx))
+    acc = accumulate(view, batches, V, ctx.progress)
+    projection = ctx.projections.values
+    tables = []
+    for layer in range(view.n_layers):
+        keys = acc.key_table(layer)
+        signs = np.where(keys["firing_sign"].to_numpy() < 0, -1, 1)
+        rule_sign = np.where(keys["rule_sign"].to_numpy() < 0, -1, 1)
+        trigger = np.where(keys["rule_n"].to_numpy() > 0, keys["rule_id"].to_numpy() % V, -1)
+        stats = value_statistics(view, layer, projection, signs, rule_sign, trigger)
+        keys["skew"] = stats["skew"].astype(np.float32)
+        keys["kurtosis"] = stats["kurtosis"].astype(np.float32)
+        keys["trigger_z"] = stats["trigger_z"].astype(np.float32)
+        keys["written_top"] = [" · ".join(ctx.tokens(ids)) for ids in stats["top_ids"]]
+        keys["written_bottom"] = [" · ".join(ctx.tokens(ids)) for ids in stats["bottom_ids"]]
+        tables.append(keys)
+    keys = classify(pd.concat(tables, ignore_index=True))
+    keys["rule"] = [rule_text(ctx, int(n), int(i), V) for n, i in zip(keys["rule_n"], keys["rule_id"])]
+    order = ["layer", "key", "class", "n_positions", "activation_frequency", "positive_frequency",
+             "negative_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id", "rule_precision",
+             "rule_recall", "rule_f1", "rule_positions", "rule_sign", "detector", "position_eta2", "positional",
+             "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser", "written_top",
+             "written_bottom"]
+    keys = keys[order]
+    thresholds = [acc.threshold(layer) for layer in range(view.n_layers)]
+    return {"keys": keys, "per_layer": per_layer(keys, thresholds), "typical": typical(keys),
+            "positions": acc.positions, "n_examples": len(ctx.held_out().examples), "thresholds": thresholds}
+
+
+def rule_text(ctx: RunContext, n: int, rule_id: int, vocab: int) -> str:
+    """A rule as a reader reads it: the n-gram's tokens, joined by '·' (empty: none)."""
+    if n <= 0 or rule_id < 0:
+        return ""
+    return " · ".join(repr(t) for t in ctx.tokens(ngram_tokens(rule_id, n, vocab)))
+
+
+#: Per-layer shares: table column -> the per-key boolean it counts.
+SHARES = {"dead": lambda k: k["dead"], "detector": lambda k: k["class"] == "detector",
+          "positional": lambda k: k["class"] == "positional", "other": lambda k: k["class"] == "other",
+          "any_detector": lambda k: k["detector"], "any_positional": lambda k: k["positional"],
+          "prediction": lambda k: k["value_type"] == "prediction",
+          "suppression": lambda k: k["value_type"] == "suppression",
+          "eraser": lambda k: k["eraser"], "two_way": lambda k: k["two_way"]}
+
+
+def per_layer(keys: pd.DataFrame, thresholds: list[float]) -> pd.DataFrame:
+    """Per layer: the share of keys in each class and with each flag, n keys, 95% Wilson intervals."""
+    rows = []
+    for layer, g in keys.groupby("layer", sort=True):
+        row = {"layer": int(layer), "n_keys": int(len(g)), "n_positions": int(g["n_positions"].iloc[0])}
+        for name, rule in SHARES.items():
+            row.update(share_with_interval(rule(g).to_numpy(bool), f"share_{name}"))
+        row["mean_activation_frequency"] = float(g["activation_frequency"].mean())
+        row["active_threshold"] = float(thresholds[int(layer)])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: Typical keys: category -> (rows it is chosen from, the score, larger first?).
+TYPICAL_BY = {
+    "dead": (lambda k: k["dead"], "key", False),
+    "detector": (lambda k: k["class"] == "detector", "rule_f1", True),
+    "positional": (lambda k: k["class"] == "positional", "position_eta2", True),
+    "prediction": (lambda k: k["value_type"] == "prediction", "kurtosis", True),
+    "suppression": (lambda k: k["value_type"] == "suppression", "kurtosis", True),
+    "eraser": (lambda k: k["eraser"], "trigger_z", False),
+}
+
+
+def typical(keys: pd.DataFrame, n: int = TYPICAL) -> pd.DataFrame:
+    """Per layer and category, the n keys most typical of it (the highest score of the category; dead keys by
+    key order): the report's table and the explorer's examples."""
+    rows = []
+    for layer, g in keys.groupby("layer", sort=True):
+        for category, (chosen, score, descending) in TYPICAL_BY.items():
+            pick = g[chosen(g).to_numpy(bool)].sort_values([score, "key"], ascending=[not descending, True],
+                                                           kind="stable").head(n)
+            for rank, r in enumerate(pick.to_dict("records")):
+                rows.append({"layer": int(layer), "category": category, "rank": rank, "key": int(r["key"]),
+                             "score_name": score, "score": float(r[score]), "class": r["class"],
+                             **{c: r[c] for c in ("rule", "rule_f1", "position_eta2", "activation_frequency",
+                                                  "value_type", "written_top", "written_bottom")}})
+    columns = ["layer", "category", "rank", "key", "score_name", "score", "class", "rule", "rule_f1",
+               "position_eta2", "activation_frequency", "value_type", "written_top", "written_bottom"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
+    L = ctx.view.n_layers
+    x = table["layer"].to_numpy()
+    n_keys = int(table["n_keys"].iloc[0]) if len(table) else 0
+    fig, ax = new_figure()
+    bottom = np.zeros(len(table))
+    colors = {"dead": "#8C8C8C", "detector": COLORS["shallow"], "positional": "#DD8452", "other": "#DDDDDD"}
+    for name in CLASSES:
+        share = 100 * table[f"share_{name}"].to_numpy()
+        ax.bar(x, share, bottom=bottom, color=colors[name], label=name)
+        bottom += share
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% keys of the layer")
+    ax.set_title(f"Census of memories by class (n = {n_keys:,} keys per layer, {n_positions:,} held-out positions)")
+    layer_axis(ax, L)
+    legend_outside(ax, ncol=4)
+    save_figure(fig, ctx.run.path, NAME)
+
+    fig, ax = new_figure()
+    for shift, name, color in ((-0.27, "prediction", "#55A868"), (0.0, "suppression", "#C44E52"),
+                               (0.27, "eraser", "#8172B3")):
+        ax.bar(x + shift, 100 * table[f"share_{name}"], width=0.27, color=color, label=name)
+        interval_bars(ax, x + shift, table, f"share_{name}")
+    ax.set_ylabel("% keys of the layer")
+    ax.set_title(f"Value types, as each key fires ({ctx.projections.values} projection; n = {n_keys:,} keys per layer)")
+    layer_axis(ax, L)
+    legend_outside(ax)
+    save_figure(fig, ctx.run.path, f"{NAME}_values")
+    return [NAME, f"{NAME}_values"]
+
+
+def thresholds_text() -> dict[str, str]:
+    return {
+        "dead": "never active at any census position",
+        "detector": f"best token/n-gram rule (n in {list(NGRAMS)}) has F1 >= {DETECTOR_F1}",
+        "positional": f"adjusted eta² (epsilon²) of m_i over position >= {POSITIONAL_ETA2} (positions >= "
+                      f"{POSITION_GROUPS - 1} pooled)",
+        "prediction": f"excess kurtosis of the written vector's logits >= {KURTOSIS_MIN} and skew >= {SKEW_MIN}",
+        "suppression": f"excess kurtosis >= {KURTOSIS_MIN} and skew <= -{SKEW_MIN}",
+        "eraser": f"a detector whose written vector on its rule's positions puts the rule's last token at a "
+                  f"standardized logit <= {ERASER_Z}",
+        "two_way": f"each sign at least {TWO_WAY_SHARE:.0%} of the key's active positions",
+        "class": "dead, else detector, else positional, else other",
+    }
+
+
+def run(ctx: RunContext) -> dict:
+    result = compute(ctx)
+    tau = active_fraction(ctx.view)
+    n_keys = ctx.view.d_m
+    meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
+            "positions": f"every real position of the held-out examples: {result['positions']:,} positions of "
+                         f"{result['n_examples']:,} examples",
+            "n_examples": result["n_examples"], "n_positions": result["positions"],
+            "active": "m_i > 0 (tau = 0: no coefficient of this model can be negative)" if tau == 0 else
+            f"{RULE} (here: every census position); tau = {tau:g}",
+            "active_threshold": [float(t) for t in result["thresholds"]],
+            "thresholds": thresholds_text(),
+            "sign": "a key's value type is read from the vector it writes: -v_i when it fires mostly with m_i < 0; "
+                    "two_way keys write the mirror type with their other sign",
+            "value_type_null_rate": null_rates(ctx.view, ctx.projections.values, seed=ctx.seed),
+            "detector_bound": f"Misra-Gries summary of {CANDIDATES} candidate rules per key and n: every rule with "
+                              f"F1 >= {2 / (CANDIDATES + 1):.3f} is counted exactly",
+            "interval": "95% Wilson score interval", "eval_corpus": ctx.held_out().spec.to_dict(),
+            "warnings": sample_size_warnings(NAME, n_keys, "keys")}
+    ctx.write_table(NAME, result["keys"], **meta)
+    ctx.write_table(f"{NAME}_layers", result["per_layer"], **meta)
+    ctx.write_table(f"{NAME}_typical", result["typical"], **meta)
+    figures = draw(ctx, result["per_layer"], result["positions"])
+    ctx.record(NAME, tables=[NAME, f"{NAME}_layers", f"{NAME}_typical"], figures=figures,
+               **{k: v for k, v in meta.items() if k != "warnings"})
+    return result

@@ -1,0 +1,226 @@
+"""Suppressed memories (SPEC section 9): an active memory "knew" the gold token, yet the model got it wrong.
+
+On the held-out examples at their seeded position (the positions of SPEC sections 7-8), with g the
+gold token (the next token; the masked token for an encoder) and o the model's prediction:
+
+- a memory i of layer l **knows** g when it is active (`ffkv.memories.active`, the same s_l as
+  composition: the RMS at the analysed positions) and its own sub-update m_i·v_i, sign kept,
+  ranks g first: argmax N(m_i·v_i)·Eᵀ = g under the values projection (a negative memory's top
+  token is the bottom token of v_i·Eᵀ);
+- **suppressed rate** of a layer: the share of examples with o ≠ g where some memory of the layer
+  knows g (n = those examples, a 95% Wilson interval); the same share where o = g is given beside
+  it, as the base rate;
+- **delta_p** of a knowing memory: how much its update alone moves the gold token at its layer,
+  p(resid_mid + m_i·v_i)[g] - p(resid_mid)[g], both under the residual projection (final
+  normalization by default; docs/definitions.md says why this and not a switched-off forward pass).
+
+A separate pass of its own (coefficients, resid_mid and the LM head's input at the seeded positions),
+reduced at once: per example and layer, the number of knowing memories and, for the strongest
+(largest delta_p), its key, coefficient and delta_p.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.heldout import _final_logits, _rows, coefficient_scale, memory_predictions
+from ffkv.experiments.values import value_tokens
+from ffkv.memories.active import RULE, active, active_fraction
+from ffkv.memories.projection import logits as project
+from ffkv.parallel import gather_rows
+
+NAME = "suppressed"
+#: Rows of the examples table (the strongest knowing memory of each wrong example and layer), most delta_p first.
+N_EXAMPLES = 200
+
+
+@torch.no_grad()
+def knowing(view, layer: int, m: torch.Tensor, active_mask: torch.Tensor, gold: torch.Tensor, projection: str,
+            tops: torch.Tensor | None = None, bottoms: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, d_m) whether each active memory's signed sub-update m_i·v_i has the gold token as its top token.
+
+    Under the identity projection the top token of m_i·v_i·Eᵀ is v_i's top token (m_i > 0) or bottom token
+    (m_i < 0): `tops`, `bottoms` (d_m,); under a normalization each active sub-update is projected."""
+    if projection == "identity" and tops is not None:
+        return active_mask & torch.where(m > 0, tops[None, :] == gold[:, None], bottoms[None, :] == gold[:, None])
+    out = torch.zeros_like(active_mask)
+    for b in range(m.shape[0]):
+        keys = torch.nonzero(active_mask[b])[:, 0]
+        if len(keys):
+            out[b, keys] = memory_predictions(view, layer, m[b], keys, projection) == gold[b]
+    return out
+
+
+@torch.no_grad()
+def delta_p(view, layer: int, resid_mid: torch.Tensor, m: torch.Tensor, keys: torch.Tensor, gold: int,
+            projection: str) -> torch.Tensor:
+    """p(resid_mid + m_i·v_i)[gold] - p(resid_mid)[gold] for each memory of `keys`, one position."""
+    values = view.values(layer)
+    base = torch.softmax(project(view, resid_mid[None, :], projection), -1)[0, gold]
+    moved = resid_mid[None, :] + m[keys, None].to(values.dtype) * values[keys]
+    return torch.softmax(project(view, moved, projection), -1)[:, gold] - base
+
+
+@torch.no_grad()
+def capture(ctx: RunContext) -> dict[str, np.ndarray]:
+    """Per held-out example (rows) and layer (columns): knowing memories, the strongest one, its delta_p;
+    per example the model's prediction, its probability of gold and gold's rank."""
+    view, held = ctx.view, ctx.held_out()
+    L, N = view.n_layers, len(held.examples)
+    pv, pr = ctx.projections.values, ctx.projections.residuals
+    tau = active_fraction(view)
+    threshold = tau * coefficient_scale(ctx) if tau > 0 else np.zeros(L)
+    tokens = [value_tokens(ctx, layer) for layer in range(L)] if pv == "identity" else None
+    out = {"n_knowing": np.zeros((N, L), np.int32), "best_key": np.full((N, L), -1, np.int32),
+           "best_coefficient": np.zeros((N, L), np.float32), "best_delta_p": np.full((N, L), np.nan, np.float32),
+           "sum_delta_p": np.zeros((N, L), np.float64), "n_active": np.zeros((N, L), np.int32),
+           "final": np.zeros(N, np.int64), "gold_prob": np.zeros(N, np.float32), "gold_rank": np.zeros(N, np.int64)}
+    state: dict = {}
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        picked = t[state["rows"], state["pos"]]
+        state[(name, layer)] = picked if name == "head_in" else picked.float()
+
+    mine = ctx.batches(_rows(ctx))
+    bar = progress_bar(ctx.progress, len(mine.rows), "suppressed memories", "ex")
+    try:
+        with view.capture(("coefficients", "resid_mid", "resid_post", "head_in"), sink=sink):
+            for idx, batch in mine:
+                state.clear()
+                state["rows"] = torch.arange(len(idx), device=view.device)
+                state["pos"] = torch.as_tensor(held.positions[idx], device=view.device)
+                view.forward(batch.input_ids, batch.attention_mask, with_head=True)
+                z = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
+                gold = torch.as_tensor(held.targets[idx], device=view.device)
+                out["final"][idx] = as_numpy(z.argmax(-1))
+                out["gold_prob"][idx] = as_numpy(torch.softmax(z, -1).gather(1, gold[:, None])[:, 0])
+                out["gold_rank"][idx] = as_numpy((z > z.gather(1, gold[:, None])).sum(-1) + 1)
+                for layer in range(L):
+                    m = state[("coefficients", layer)]
+                    act = active(m, float(threshold[layer]))
+                    tops = bottoms = None
+                    if tokens is not None:
+                        tops = torch.as_tensor(tokens[layer][0], device=view.device)
+                        bottoms = torch.as_tensor(tokens[layer][1], device=view.device)
+                    know = knowing(view, layer, m, act, gold, pv, tops, bottoms)
+                    out["n_active"][idx, layer] = as_numpy(act.sum(-1))
+                    out["n_knowing"][idx, layer] = as_numpy(know.sum(-1))
+                    for b in torch.nonzero(know.any(-1))[:, 0].tolist():
+                        keys = torch.nonzero(know[b])[:, 0]
+                        dp = delta_p(view, layer, state[("resid_mid", layer)][b], m[b], keys, int(gold[b]), pr)
+                        best = int(dp.argmax())
+                        row = idx[b]
+                        out["best_key"][row, layer] = int(keys[best])
+                        out["best_coefficient"][row, layer] = float(m[b, keys[best]])
+                        out["best_delta_p"][row, layer] = float(dp[best])
+                        out["sum_delta_p"][row, layer] = float(dp.double().sum())
+                bar.update(len(idx))
+    finally:
+        bar.close()
+    out = gather_rows(out, mine.rows)
+    out["threshold"] = np.asarray(threshold, dtype=float)
+    return out
+
+
+def per_layer(cap: dict[str, np.ndarray], gold: np.ndarray) -> pd.DataFrame:
+    wrong = cap["final"] != gold
+    N, L = cap["n_knowing"].shape
+    rows = []
+    for layer in range(L):
+        knows = cap["n_knowing"][:, layer] > 0
+        n_know = cap["n_knowing"][wrong, layer]
+        total = int(n_know.sum())
+        best = cap["best_delta_p"][wrong & knows, layer]
+        rows.append({
+            "layer": layer, **share_with_interval(knows[wrong], "suppressed_rate"), "n_wrong": int(wrong.sum()),
+            **share_with_interval(knows[~wrong], "knowing_rate_correct"), "n_correct": int((~wrong).sum()),
+            "mean_knowing": float(n_know.mean()) if len(n_know) else float("nan"),
+            "n_knowing_memories": total,
+            "mean_delta_p": float(cap["sum_delta_p"][wrong, layer].sum() / total) if total else float("nan"),
+            "mean_best_delta_p": float(best.mean()) if len(best) else float("nan"),
+            "median_best_delta_p": float(np.median(best)) if len(best) else float("nan"),
+            "mean_active": float(cap["n_active"][:, layer].mean()), "active_threshold": float(cap["threshold"][layer]),
+            "n_examples": N,
+        })
+    return pd.DataFrame(rows)
+
+
+def examples(ctx: RunContext, cap: dict[str, np.ndarray], n: int = N_EXAMPLES) -> pd.DataFrame:
+    """The strongest knowing memory of each (wrong example, layer), most delta_p first, for reading."""
+    held = ctx.held_out()
+    wrong = cap["final"] != held.targets
+    rows = []
+    for i, layer in zip(*np.nonzero(wrong[:, None] & (cap["n_knowing"] > 0))):
+        e, j = held.examples[i], int(held.positions[i])
+        rows.append({"example_id": int(e.example_id), "position": j, "layer": int(layer),
+                     "key": int(cap["best_key"][i, layer]), "coefficient": float(cap["best_coefficient"][i, layer]),
+                     "delta_p": float(cap["best_delta_p"][i, layer]),
+                     "n_knowing": int(cap["n_knowing"][i, layer]),
+                     "gold_id": int(held.targets[i]), "prediction_id": int(cap["final"][i]),
+                     "gold_rank": int(cap["gold_rank"][i]), "gold_prob": float(cap["gold_prob"][i]),
+                     "ids": e.token_ids, "j": j})
+    columns = ["example_id", "position", "layer", "key", "coefficient", "delta_p", "n_knowing", "gold_id",
+               "prediction_id", "gold_rank", "gold_prob"]
+    if not rows:
+        return pd.DataFrame(columns=["prefix", "gold", "prediction", *columns])
+    table = pd.DataFrame(rows).sort_values(["delta_p", "example_id", "layer"], ascending=[False, True, True],
+                                           kind="stable").head(n).reset_index(drop=True)
+    table.insert(0, "prefix", [_decode(ctx, ids[:j + 1]) for ids, j in zip(table["ids"], table["j"])])
+    table.insert(1, "gold", ctx.tokens(table["gold_id"]))
+    table.insert(2, "prediction", ctx.tokens(table["prediction_id"]))
+    return table[["prefix", "gold", "prediction", *columns]].astype({"key": np.int32, "layer": np.int16})
+
+
+def _decode(ctx: RunContext, ids) -> str:
+    try:
+        return ctx.tokenizer.decode([int(t) for t in ids])
+    except Exception:  # noqa: BLE001
+        return "".join(ctx.tokens(ids))
+
+
+def draw(ctx: RunContext, table: pd.DataFrame) -> None:
+    L = ctx.view.n_layers
+    x = table["layer"].to_numpy()
+    fig, ax = new_figure()
+    ax.bar(x - 0.2, 100 * table["suppressed_rate"], width=0.4, color="#C44E52", label="model wrong")
+    interval_bars(ax, x - 0.2, table, "suppressed_rate")
+    ax.bar(x + 0.2, 100 * table["knowing_rate_correct"], width=0.4, color="#4C72B0", label="model right (base rate)")
+    interval_bars(ax, x + 0.2, table, "knowing_rate_correct")
+    ax.set_ylabel("% examples: an active memory's\nsub-update ranks the gold token first")
+    n_wrong = int(table["n_wrong"].iloc[0]) if len(table) else 0
+    ax.set_title(f"Suppressed memories ({ctx.projections.values} projection; n = {n_wrong:,} wrong, "
+                 f"{int(table['n_correct'].iloc[0]) if len(table) else 0:,} right examples)")
+    layer_axis(ax, L)
+    legend_outside(ax)
+    save_figure(fig, ctx.run.path, NAME)
+
+
+def run(ctx: RunContext) -> dict:
+    cap = capture(ctx)
+    held = ctx.held_out()
+    table = per_layer(cap, held.targets)
+    tau = active_fraction(ctx.view)
+    n_wrong = int((cap["final"] != held.targets).sum())
+    meta = {"projection": ctx.projections.values, "residual_projection": ctx.projections.residuals,
+            "projection_choice": ctx.projections.name,
+            "active": "m_i > 0 (tau = 0: no coefficient of this model can be negative)" if tau == 0 else
+            f"{RULE}; tau = {tau:g}", "active_threshold": [float(t) for t in cap["threshold"]],
+            "memory_prediction": "argmax of N(m_i·v_i)·Eᵀ, sign kept, values projection",
+            "suppressed": "share of held-out examples whose model prediction is not the gold token where some active "
+                          "memory of the layer ranks the gold token first (n = n_wrong)",
+            "delta_p": "p(resid_mid + m_i·v_i)[gold] - p(resid_mid)[gold] under the residual projection, at the "
+                       "memory's own layer",
+            "final_prediction": "argmax of the model's own output logits",
+            "interval": "95% Wilson score interval", "n_examples": len(held.examples), "n_wrong": n_wrong,
+            "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
+            "warnings": sample_size_warnings(NAME, n_wrong, "examples the model gets wrong")}
+    ctx.write_table(NAME, table, **meta)
+    ctx.write_table(f"{NAME}_examples", examples(ctx, cap), **meta)
+    draw(ctx, table)
+    ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME],
+               **{k: v for k, v in meta.items() if k != "warnings"})
+    return {"per_layer": table, "capture": cap}
