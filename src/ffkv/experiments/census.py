@@ -257,7 +257,7 @@ class CensusAccumulator:
         total = s.sum_m2 - s.sum_m.square() / N
         within = total - ((s.group_sum.square() / self.group_count.clamp(min=1)[:, None]).sum(0)
                           - s.sum_m.square() / N)
-        eta2 = position_eta2(total, within, N, int((self.group_count > 0).sum()))
+        eta2 = position_eta2(total, within, N, int((self.group_count > 0).sum()), s.sum_m2)
         has_rule = best["n"] > 0
         rule_sign = torch.where(best["hits_positive"] * 2 >= best["hits"], 1, -1)
         firing_sign = torch.where(s.n_negative > s.n_positive, -1, 1)
@@ -283,13 +283,15 @@ class CensusAccumulator:
         })
 
 
-def position_eta2(total: torch.Tensor, within: torch.Tensor, n: int, groups: int) -> torch.Tensor:
+def position_eta2(total: torch.Tensor, within: torch.Tensor, n: int, groups: int,
+                  square_sum: torch.Tensor) -> torch.Tensor:
     """The share of variance explained by position, corrected for the number of groups (epsilon², the adjusted
     eta²: 1 - (SS_within/(n - G)) / (SS_total/(n - 1))), so that coefficients that ignore position score about
-    0 on a small sample too (plain eta² expects (G - 1)/(n - 1) there); clipped to [0, 1]; 0 for a constant m."""
+    0 on a small sample too (plain eta² expects (G - 1)/(n - 1) there); clipped to [0, 1]; 0 for a constant m
+    (a total sum of squares below 1e-9 of Σ m², rounding)."""
     if n <= groups or groups < 2:
         return torch.zeros_like(total)
-    varying = total > 1e-12 * total.abs().max().clamp(min=1e-300)
+    varying = total > 1e-9 * square_sum
     eps2 = 1 - (within / (n - groups)) / (total / (n - 1)).clamp(min=1e-300)
     return torch.where(varying, eps2.clamp(0, 1), torch.zeros_like(total))
 

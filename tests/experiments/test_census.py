@@ -1,0 +1,262 @@
+"""The census (SPEC section 9) on hand-built models whose answer is known, and against brute force.
+
+Planted model: a small ReLU GPT-2 (width 64) whose layer 0 sees exactly wte[x] + wpe[j] (its
+attention writes nothing). Tokens are random in dimensions 0-55 (the embedding is tied: these rows
+are E too), every other token orthogonal to E[T], E[A] and E[B] (T 'a', A 'Q', B 'Z'); dimension 62 carries the
+position (+1 at positions 0-2, -1 after). Keys of layer 0, after the block's LayerNorm:
+
+    key 0: bias -10, no weights                -> never active: dead
+    key 1: reads dimension 62                   -> active at positions 0-2 whatever the token: positional
+    key 2: reads E[T]'s direction, bias -0.5    -> active exactly where the token is T: a detector,
+           value -E[T]                              whose value pushes T down: an eraser
+    key 3: value -(E[A] + E[B])                 -> suppression (two tokens, A 'Q' and B 'Z', pushed down)
+    key 4: value E[A]                           -> prediction
+
+Random values of the other layers, on the same unembedding, calibrate the thresholds: they are classed
+neither, and no random key is an eraser.
+
+The signed case reuses the gated model of test_signed_memories (constant coefficients): a key firing
+with m < 0 writes -v_i, and its value type is read from -v_i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from support.experiment_runs import make_run
+from support.helpers import loaded_tiny
+from ffkv.experiments import analyze
+from ffkv.experiments import census
+from ffkv.memories.active import active_fraction
+from ffkv.memories.projection import logits
+from ffkv.store.run import RunDir
+
+import transformers as tf
+from ffkv.memories.view import MemoryView
+from ffkv.models.loading import LoadedModel
+from support.helpers import CharTokenizer
+from support.tiny_models import VOCAB
+
+#: The planted GPT-2: residual width, token dimensions (0..TOKEN_DIMS-1), the position dimension.
+D_PLANTED, TOKEN_DIMS, POSITION_DIM = 64, 56, 62
+
+
+def planted_gpt2() -> tuple[LoadedModel, dict]:
+    config = tf.GPT2Config(n_embd=D_PLANTED, n_layer=3, n_head=2, n_inner=40, n_positions=64, vocab_size=VOCAB,
+                           bos_token_id=1, eos_token_id=2, activation_function="relu")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(config).eval()
+    tok = CharTokenizer()
+    T, A, B = tok.encode("a")[0], tok.encode("Q")[0], tok.encode("Z")[0]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight  # tied: wte is E too
+        wte.zero_()
+        wte[:, :TOKEN_DIMS] = torch.randn(VOCAB, TOKEN_DIMS, generator=g) * 0.02
+        for planted in (T, A, B):  # each orthogonal to every other token and to the all-ones vector (LN keeps it)
+            wte[planted, :TOKEN_DIMS] -= wte[planted, :TOKEN_DIMS].mean()
+            unit = wte[planted] / wte[planted].norm()
+            others = torch.arange(VOCAB) != planted
+            wte[others] -= (wte[others] @ unit)[:, None] * unit[None, :]
+        k = wte[T] / wte[T].norm()
+        wpe.zero_()
+        wpe[:3, POSITION_DIM] = 1.0
+        wpe[3:, POSITION_DIM] = -1.0
+        block = model.transformer.h[0]
+        block.attn.c_proj.weight.zero_()
+        block.attn.c_proj.bias.zero_()
+        view = MemoryView(model)
+        K, b, V = view.keys(0), view.key_bias(0), view.values(0)
+        for i in range(5):
+            K[i].zero_()
+            b[i] = 0.0
+            V[i].zero_()
+        b[0] = -10.0
+        K[1, POSITION_DIM] = 1.0
+        K[2], b[2] = k, -0.5
+        E = view.unembedding
+        V[2] = -E[T]
+        V[3] = -(E[A] + E[B])
+        V[4] = E[A]
+    model.requires_grad_(False)
+    loaded = LoadedModel(model, tok, MemoryView(model), "tiny-gpt2-planted", "float32", "cpu")
+    return loaded, {"T": T, "A": A, "B": B}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    loaded, tokens = planted_gpt2()
+    run, loaded = make_run(tmp_path_factory.mktemp("census"), "gpt2", n=160, loaded=loaded)
+    analyze(run, only="census", loaded=loaded, n_eval=60, progress=False)
+    return RunDir(run), loaded, tokens
+
+
+def test_the_planted_model_is_relu():
+    loaded, _ = planted_gpt2()
+    assert active_fraction(loaded.view) == 0.0  # active is m > 0: the paper's rule
+
+
+def test_each_planted_key_is_found_and_classed(planted):
+    run, loaded, tokens = planted
+    keys = run.read_metric("census")
+    k = keys[keys["layer"] == 0].set_index("key")
+    assert k.loc[0, "dead"] and k.loc[0, "class"] == "dead" and k.loc[0, "activation_frequency"] == 0
+    assert k.loc[1, "class"] == "positional" and k.loc[1, "position_eta2"] >= 0.9
+    assert k.loc[1, "rule_f1"] < census.DETECTOR_F1
+    # The detector: exactly the positions whose token is T.
+    assert k.loc[2, "class"] == "detector" and k.loc[2, "rule_n"] == 1 and k.loc[2, "rule_id"] == tokens["T"]
+    assert k.loc[2, "rule_precision"] == 1.0 and k.loc[2, "rule_recall"] == 1.0 and k.loc[2, "rule_f1"] == 1.0
+    assert k.loc[2, "rule"] == repr(loaded.tokenizer.token_strings([tokens["T"]])[0])
+    assert k.loc[2, "eraser"] and k.loc[2, "trigger_z"] <= census.ERASER_Z and k.loc[2, "rule_sign"] == 1
+    assert k.loc[2, "position_eta2"] < census.POSITIONAL_ETA2
+    assert k.loc[3, "value_type"] == "suppression" and k.loc[3, "skew"] <= -census.SKEW_MIN
+    assert k.loc[4, "value_type"] == "prediction" and k.loc[4, "skew"] >= census.SKEW_MIN
+    # Calibration: the random keys of the model (GPT-2's init) are none of these; only planted keys erase.
+    random_keys = keys[~((keys["layer"] == 0) & (keys["key"] < 5))]
+    assert (random_keys["value_type"] == "neither").mean() >= 0.95
+    assert not random_keys["eraser"].any()
+    # Per layer: the planted layer's counts, with n and a Wilson interval.
+    layers = run.read_metric("census_layers").set_index("layer")
+    n = int(layers.loc[0, "n_keys"])
+    assert layers.loc[0, "share_dead"] == pytest.approx((k["dead"]).sum() / n)
+    assert layers.loc[0, "share_dead_ci_low"] <= layers.loc[0, "share_dead"] <= layers.loc[0, "share_dead_ci_high"]
+    typical = run.read_metric("census_typical")
+    first = typical[(typical["layer"] == 0) & (typical["category"] == "eraser")]
+    assert first["key"].tolist()[:1] == [2]
+    meta = run.metric_description("census")
+    assert set(meta["thresholds"]) >= {"dead", "detector", "positional", "prediction", "suppression", "eraser"}
+    assert meta["value_type_null_rate"]["prediction"] <= 0.05 and meta["value_type_null_rate"]["suppression"] <= 0.05
+    assert (run.path / "figures" / "census.png").is_file() and (run.path / "figures" / "census_values.png").is_file()
+
+
+def test_a_negative_firing_key_is_read_with_its_sign(tmp_path):
+    """Gated model, constant coefficients (test_signed_memories): layer 1 key 1 fires with m = -2 and
+    v = e2 - 2·e3, so it writes -v = -e2 + 2·e3 (token 3 pushed up: a prediction), though v as stored is a
+    suppression; key 0 fires with m = +3 and v = e0 - 2·e1: a suppression."""
+    from experiments.test_signed_memories import planted_model
+
+    run, loaded = make_run(tmp_path, "llama", n=60, loaded=planted_model())
+    analyze(run, only="census", loaded=loaded, n_eval=20, progress=False)
+    k = RunDir(run).read_metric("census").set_index(["layer", "key"])
+    assert k.loc[(1, 1), "firing_sign"] == -1 and k.loc[(1, 1), "negative_frequency"] == 1.0
+    assert k.loc[(1, 1), "value_type"] == "prediction"
+    assert k.loc[(1, 0), "firing_sign"] == 1 and k.loc[(1, 0), "value_type"] == "suppression"
+    assert not k.loc[(1, 1), "two_way"]
+    # Constant coefficients: position explains nothing.
+    assert k.loc[(1, 0), "position_eta2"] == 0.0
+
+
+# ------------------------------------------------------------------ brute force
+def all_coefficients(loaded, held) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per example: token ids, and per layer (T, d_m) coefficients over every position (the brute force)."""
+    view = loaded.view
+    out = []
+    for e in held.examples:
+        ids = torch.as_tensor(np.asarray(e.token_ids), dtype=torch.long)[None]
+        with view.capture(("coefficients",)) as cap:
+            view.forward(ids, torch.ones_like(ids))
+        out.append([cap["coefficients"][l][0].double().numpy() for l in range(view.n_layers)])
+    return out
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_census_statistics_equal_brute_force(tmp_path, family):
+    run, loaded = make_run(tmp_path, family, n=80)
+    analyze(run, only="census", loaded=loaded, n_eval=40, progress=False)
+    keys = RunDir(run).read_metric("census")
+    from ffkv.experiments.common import RunContext, eval_spec, open_run
+
+    _, manifest, _ = open_run(run, loaded)
+    ctx = RunContext(RunDir(run), manifest, loaded, eval_spec=eval_spec(manifest, None, None, 40, 0), progress=False)
+    held = ctx.held_out()
+    view, V = loaded.view, loaded.view.vocab_size
+    coeffs = all_coefficients(loaded, held)
+    tau = active_fraction(view)
+    for layer in range(view.n_layers):
+        m = np.concatenate([c[layer] for c in coeffs])  # (N, d_m)
+        N, d_m = m.shape
+        pos = np.concatenate([np.arange(len(c[layer])) for c in coeffs])
+        tokens = [np.asarray(e.token_ids) for e in held.examples]
+        thr = tau * math.sqrt((m ** 2).sum() / (N * d_m)) if tau else 0.0
+        act = np.abs(m) > thr
+        got = keys[keys["layer"] == layer].set_index("key")
+        np.testing.assert_allclose(got["activation_frequency"], act.mean(0), atol=1e-6)
+        np.testing.assert_allclose(got["negative_frequency"], (act & (m < 0)).mean(0), atol=1e-6)
+        assert (got["dead"].to_numpy() == ~act.any(0)).all()
+        # Adjusted eta² by groups of position.
+        G = sorted(set(pos))
+        total = ((m - m.mean(0)) ** 2).sum(0)
+        within = sum(((m[pos == g] - m[pos == g].mean(0)) ** 2).sum(0) for g in G)
+        eps2 = np.clip(1 - (within / (N - len(G))) / (total / (N - 1)), 0, 1)
+        np.testing.assert_allclose(got["position_eta2"], eps2, atol=1e-4)
+        # Every unigram and bigram rule, exactly.
+        rules = {1: np.concatenate(tokens), 2: np.concatenate([np.r_[-1, t[:-1] * V + t[1:]] for t in tokens])}
+        for key in range(d_m):
+            a = act[:, key]
+            best, best_n, best_id = 0.0, 0, -1
+            for n in (1, 2):
+                r = rules[n]
+                for rid in np.unique(r[r >= 0]):
+                    on = r == rid
+                    f1 = 2 * (on & a).sum() / (on.sum() + a.sum())
+                    if f1 > best + 1e-12:
+                        best, best_n, best_id = f1, n, rid
+            row = got.loc[key]
+            if best >= 2 / (census.CANDIDATES + 1):  # the summary's guarantee: found exactly
+                assert row["rule_f1"] == pytest.approx(best, abs=1e-6), (layer, key)
+            on = rules[int(row["rule_n"])] == int(row["rule_id"]) if row["rule_n"] else None
+            if on is not None:  # whatever rule was reported, its numbers are exact
+                assert row["rule_precision"] == pytest.approx((on & a).sum() / on.sum(), abs=1e-6)
+                assert row["rule_recall"] == pytest.approx((on & a).sum() / max(a.sum(), 1), abs=1e-6)
+        # Skew and kurtosis of the written vector's logits.
+        sign = np.where(got["firing_sign"].to_numpy() < 0, -1.0, 1.0)
+        z = logits(view, torch.as_tensor(sign[:, None], dtype=torch.float32) * view.values(layer), "identity")
+        z = z.double().numpy()
+        c = z - z.mean(1, keepdims=True)
+        var = (c ** 2).mean(1)
+        np.testing.assert_allclose(got["skew"], (c ** 3).mean(1) / var ** 1.5, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(got["kurtosis"], (c ** 4).mean(1) / var ** 2 - 3, rtol=1e-3, atol=1e-3)
+
+
+def test_position_share_is_calibrated_on_noise_and_planted_positions():
+    """Coefficients that ignore position score about 0 (the adjusted eta² removes the small-sample bias that
+    plain eta², (G-1)/(n-1), would have), coefficients set by position score about 1."""
+    rng = np.random.default_rng(0)
+    n, d_m = 400, 500
+    pos = torch.as_tensor(rng.integers(0, 40, n))
+    acc = census.CensusAccumulator(1, d_m, 10, 0.0)
+    noise = torch.as_tensor(rng.normal(size=(n, d_m)))
+    noise[:, 0] = torch.where(pos < 3, 2.0, 0.0) + 0.1 * noise[:, 0]  # key 0: fires at positions 0-2
+    acc.feed("scale", 0, noise, pos, {})
+    eta2 = acc.key_table(0)["position_eta2"].to_numpy()
+    assert eta2[0] >= 0.9
+    assert np.quantile(eta2[1:], 0.99) < 0.2 and (eta2[1:] >= census.POSITIONAL_ETA2).sum() == 0
+
+
+def test_the_summary_keeps_every_frequent_rule():
+    """Misra-Gries merge, batch by batch, against exact counts: a rule with more than n/(k+1) hits is kept, and
+    no kept count exceeds the true count or falls more than n/(k+1) below it."""
+    rng = np.random.default_rng(0)
+    k, d_m = 4, 3
+    ids = torch.full((d_m, k), -1, dtype=torch.long)
+    counts = torch.zeros(d_m, k, dtype=torch.float64)
+    truth = np.zeros((d_m, 50))
+    for _ in range(30):
+        rules = torch.as_tensor(rng.choice(50, size=40, p=np.r_[[0.3, 0.2], np.full(48, 0.5 / 48)]))
+        active = torch.as_tensor(rng.random((40, d_m)) < [0.9, 0.5, 0.1])
+        unique, (hit,), _ = census._batch_counts(rules, [active])
+        for row in range(d_m):
+            np.add.at(truth[row], rules.numpy(), active[:, row].numpy())
+        ids, counts = census.merge_summary(ids, counts, unique, hit, k)
+    for row in range(d_m):
+        n = truth[row].sum()
+        kept = {int(i): float(c) for i, c in zip(ids[row], counts[row]) if i >= 0}
+        for rule in np.flatnonzero(truth[row] > n / (k + 1)):
+            assert int(rule) in kept
+        for rule, c in kept.items():
+            assert truth[row, rule] - n / (k + 1) - 1e-9 <= c <= truth[row, rule] + 1e-9
