@@ -107,7 +107,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def layer(request: Request):
         q = query(request)
         return html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
-                                            one(q, "sort", "key"), one(q, "order", "asc"), one(q, "page", "1"), root))
+                                            one(q, "sort", "key"), one(q, "order", "asc"), one(q, "page", "1"), root,
+                                            one(q, "census")))
 
     async def with_model(function, *args):
         """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""

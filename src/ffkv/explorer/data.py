@@ -32,6 +32,11 @@ PATTERN_KEYS = "patterns_keys"
 PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
                    "shared_suffix_text", "semantic_score", "semantic_z", "mean_pairwise_cosine", "n_triggers",
                    "n_embedded")
+#: The census of `ffkv analyze --only census` (metrics/census.parquet): its columns the pages show, renamed.
+CENSUS_KEYS = "census"
+CENSUS_COLUMNS = {"class": "census_class", "value_type": "census_value_type", "eraser": "census_eraser",
+                  "rule": "census_rule", "rule_f1": "census_rule_f1", "position_eta2": "census_position_eta2",
+                  "firing_sign": "census_firing_sign", "two_way": "census_two_way"}
 #: Memories whose per-token coefficients over their trigger examples are kept (256 x 100 examples x
 #: 128 tokens of float32: 13 MB).
 CONTEXT_CACHE = 256
@@ -68,6 +73,7 @@ class ExplorerData:
         self.top_probs = top["prob"].to_numpy().reshape(self.n_layers, self.d_m, k)
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
+        self.census = self._load_census()
         self._tokens: list[str] | None = None
         self._contexts: dict[tuple[int, int], list] = {}  # guarded by model.lock, like the forward passes
         self._token_index: dict[str, list[int]] | None = None
@@ -95,6 +101,20 @@ class ExplorerData:
         table = self.run.read_metric(PATTERN_KEYS).astype({"layer": "int64", "key": "int64"})
         keep = [c for c in PATTERN_COLUMNS if c in table.columns]
         return table[["layer", "key", *keep]].set_index(["layer", "key"]).sort_index()
+
+    def _load_census(self) -> pd.DataFrame | None:
+        """Each key's census class, value type and detector rule (`ffkv analyze --only census`), or None."""
+        if not self.run.has_metric(CENSUS_KEYS):
+            return None
+        table = self.run.read_metric(CENSUS_KEYS, columns=["layer", "key", *CENSUS_COLUMNS])
+        table = table.astype({"layer": "int64", "key": "int64"}).rename(columns=CENSUS_COLUMNS)
+        return table.set_index(["layer", "key"]).sort_index()
+
+    def census_of(self, layer: int, key: int) -> dict | None:
+        """The census row of a key (columns of `CENSUS_COLUMNS`' new names), or None before the census ran."""
+        if self.census is None or (layer, key) not in self.census.index:
+            return None
+        return {c: v.item() if hasattr(v, "item") else v for c, v in self.census.loc[(layer, key)].items()}
 
     # --------------------------------------------------------------- tokens
     def tokens(self) -> list[str]:
@@ -259,6 +279,7 @@ class ExplorerData:
             "next_tokens": [{"token_id": t, "token": self.token(t), "count": c} for t, c in next_counts.most_common(10)],
             "surface": {"token": common_last, "share": n_last / len(positive) if positive else 0.0},
             "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
+            "census": self.census_of(layer, key),
         }
 
     def layer_keys(self, layer: int) -> pd.DataFrame:
@@ -267,6 +288,8 @@ class ExplorerData:
         table["top_tokens"] = [[self.token(int(t)) for t in self.top_ids[layer, k, :3]] for k in table["key"]]
         if self.key_metrics is not None and layer in self.key_metrics.index.get_level_values(0):
             table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
+        if self.census is not None and layer in self.census.index.get_level_values(0):
+            table = table.join(self.census.xs(layer, level="layer"), on="key")
         human = self.annotations.all()
         human = human[human.layer == layer].sort_values("time").drop_duplicates("key", keep="last")
         return table.merge(human[["key", "label", "description"]].rename(

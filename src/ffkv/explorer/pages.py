@@ -109,15 +109,28 @@ LAYER_COLUMNS = (
     ("agreement", "agrees", "agreement"),
     ("confidence", "value confidence", "confidence"),
     ("activation_frequency", "active", "activation frequency"),
+    ("census_class", "census", "census"),
     ("human_label", "human label", "human label"),
 )
+#: Layer page filter `?census=`: a census class, a value type, or eraser (`ffkv.experiments.census`).
+CENSUS_FILTERS = ("dead", "detector", "positional", "other", "prediction", "suppression", "eraser")
 PERCENT_COLUMNS = {"shallow_score", "confidence", "activation_frequency"}
 
 
-def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "") -> str:
-    """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1."""
+def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "",
+               census: str | None = None) -> str:
+    """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1.
+    `census` keeps only the keys of one census class, value type, or the erasers (`CENSUS_FILTERS`)."""
     layer = data.check(layer, 0)[0]
     table = data.layer_keys(layer)
+    if census:
+        if census not in CENSUS_FILTERS:
+            raise BadRequest(f"census filter must be one of {', '.join(CENSUS_FILTERS)}, got {census[:40]!r}", 422)
+        if "census_class" not in table.columns:
+            raise BadRequest("this run has no census yet: `ffkv analyze --only census`", 404)
+        keep = table["census_eraser"].astype(bool) if census == "eraser" else \
+            (table["census_class"] == census) | (table["census_value_type"] == census)
+        table = table[keep.to_numpy(bool)]
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
     present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
@@ -147,7 +160,7 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
                 cell.update(text=str(value), cls="num", href=f"/memory/{layer_number(layer)}/{value}")
             elif name == "top_tokens":
                 cell.update(tokens=value)
-            elif name in ("label", "human_label"):
+            elif name in ("label", "human_label", "census_class"):
                 cell.update(label=None if missing else value)
             elif name == "agreement":
                 cell.update(text="yes" if value else "")
@@ -164,7 +177,8 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
     columns = [{"title": title, "sort": s, "num": name in PERCENT_COLUMNS or name.endswith("score") or name == "key"}
                for name, title, s in present]
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
-                  n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table),
+                  n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table), census=census or "",
+                  census_filters=CENSUS_FILTERS if data.census is not None else (),
                   first=(page - 1) * PAGE_SIZE + 1, last=min(page * PAGE_SIZE, len(table)))
 
 

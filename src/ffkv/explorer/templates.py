@@ -45,11 +45,12 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 <p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample where the key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md).</p>
-<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
+{% if census_filters %}<p class="small" id="census-filter">Census (<code>ffkv analyze --only census</code>; docs/definitions.md): {% if census %}<a href="{{ root }}/layer/{{ ln(layer) }}">all keys</a>{% else %}<strong>all keys</strong>{% endif %}{% for f in census_filters %} · {% if f == census %}<strong>{{ f }}</strong>{% else %}<a href="{{ root }}/layer/{{ ln(layer) }}?census={{ f }}">{{ f }}</a>{% endif %}{% endfor %}</p>{% endif %}
+<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}{% if census %}&census={{ census }}{% endif %}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.label %}<span class="label-{{ cell.label }}">{{ cell.label }}</span>{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
-{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}{% if census %}&census={{ census }}{% endif %}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{% if census %}&census={{ census }}{% endif %}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
 "tokens.html": """<span class="tokens">{% for t in e.tokens %}<span class="t{% if t.trigger %} trig{% endif %}{% if t.next %} nx{% endif %}{% if t.after %} after{% endif %}" style="{{ heat(t.shade) }}"{% if t.m is not none %} title="m = {{ fmt(t.m, 3) }}"{% endif %}>{{ show(t.text) }}</span>{% endfor %}</span>""",
@@ -65,6 +66,10 @@ Value's top tokens and agreement under the identity projection; active: share of
 <p class="small" id="pattern-scores">{% for name, v, is_token in pattern_scores %}<span class="chip">{{ name }} {% if is_token %}{{ tok(v) }}{% else %}{{ v }}{% endif %}</span>{% endfor %}</p>
 {% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>
 <p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
+{% if m.census %}<p id="census-badge"><strong>Census:</strong> <span class="chip label-{{ m.census.census_class }}">{{ m.census.census_class }}</span>
+<span class="chip">value: {{ m.census.census_value_type }}{% if m.census.census_firing_sign < 0 %} (fires with m &lt; 0: reads -v){% endif %}</span>{% if m.census.census_eraser %}<span class="chip">eraser</span>{% endif %}{% if m.census.census_two_way %}<span class="chip">fires both ways</span>{% endif %}
+{% if m.census.census_rule %}<span class="small">best rule {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
+<span class="small muted">position explains {{ pct(m.census.census_position_eta2) }} of m's variance</span></p>{% endif %}
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
 <h2>Value</h2>

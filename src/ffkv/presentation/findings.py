@@ -61,6 +61,18 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
     "refinement_last_layer": {"figure": "Table 3", "finding": (
         "Examples where the last layer changes the residual's prediction: often to a related token or a "
         "compromise, for reading.")},
+    # Beyond the paper (SPEC section 9): the references' findings, not the paper's.
+    "census": {"figure": "Voita et al. 2023", "finding": (
+        "(Not in the paper.) In OPT models over 70% of the neurons of some early layers never activate; many live "
+        "early-layer neurons detect a token or n-gram and their values remove that token from the residual "
+        "stream; some fire by position alone.")},
+    "census_values": {"figure": "Gurnee et al. 2024", "finding": (
+        "(Not in the paper.) In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
+        "layers and suppression neurons (a few tokens pushed down) take over in the last layers.")},
+    "suppressed": {"figure": "SPEC 9", "finding": (
+        "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an active "
+        "memory's own sub-update ranked the gold next token first, and how much it moved the gold token's "
+        "probability.")},
 }
 
 
@@ -166,6 +178,19 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         return (f"In this model removing the last token changes the key's coefficient by {variant('last')} on "
                 f"average over layers, the first token by {variant('first')}, a random one by "
                 f"{variant('random')}{n}.")
+    if name == "census" and {"class", "key"} <= set(t.columns):
+        def share(kind: str, g: pd.DataFrame) -> str:
+            return _share_ci(float((g["class"] == kind).mean()), len(g))
+        lo, hi = t[t["layer"] == first.layer], t[t["layer"] == last.layer]
+        return (f"In this model {share('dead', lo)} of the keys of {n_first} are dead and {share('detector', lo)} "
+                f"are token or n-gram detectors; in {n_last}: dead {share('dead', hi)}, detectors "
+                f"{share('detector', hi)} (n: keys per layer; positions: every token of the held-out sample).")
+    if name == "suppressed" and "suppressed_rate" in t:
+        top = t.loc[t["suppressed_rate"].idxmax()]
+        return (f"In this model, where the prediction is wrong, an active memory's sub-update ranks the gold token "
+                f"first in {_share_ci(first.suppressed_rate, first.n_wrong)} of examples in {n_first} and "
+                f"{_share_ci(last.suppressed_rate, last.n_wrong)} in {n_last} (highest: layer "
+                f"{layer_number(top.layer)}, {_pct(top.suppressed_rate)}).")
     if name == "patterns" and "keys_shallow" in t:
         n = "n_keys" if "n_keys" in t else None
 

@@ -1,0 +1,63 @@
+"""The census and suppressed memories on a run written by the real pipeline (index, then every experiment of
+`ffkv analyze`): the report has their sections, the explorer's memory pages a census badge and its layer pages
+a census filter, all answering 200 with what the run's own tables say."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from ffkv.explorer import create_app
+from ffkv.report import write_report
+from ffkv.store.run import RunDir
+
+
+@pytest.fixture(scope="module")
+def client(analyzed):
+    run, loaded = analyzed
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded),
+                    raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_report_has_the_census_and_suppressed_sections(analyzed):
+    run, _ = analyzed
+    page = write_report(run).read_text()
+    for section in ("census", "suppressed"):
+        assert f'id="analysis-{section}"' in page, section
+    census = page[page.index('id="analysis-census"'):page.index('id="analysis-suppressed"')]
+    assert "metrics/census_layers.parquet" in census and "metrics/census_typical.parquet" in census
+    assert "Voita et al. 2023" in census and "Measured here:" in census and "are dead" in census
+    assert census.count("<img") == 2  # the classes and the value types
+    suppressed = page[page.index('id="analysis-suppressed"'):]
+    suppressed = suppressed[:suppressed.index("</section>")]
+    assert "metrics/suppressed_examples.parquet" in suppressed and "metrics/suppressed.parquet" in suppressed
+    assert "gold token first in" in suppressed and "delta p" in suppressed
+
+
+def test_memory_pages_carry_the_census_badge(client, analyzed):
+    run, _ = analyzed
+    census = RunDir(run).read_metric("census").set_index(["layer", "key"])
+    for layer, key in [(0, 0), (1, 3), (2, 7)]:
+        r = client.get(f"/memory/{layer + 1}/{key}")
+        assert r.status_code == 200, r.text[-300:]
+        badge = re.search(r'id="census-badge"><strong>Census:</strong> <span class="chip label-(\w+)">', r.text)
+        assert badge and badge.group(1) == census.at[(layer, key), "class"]
+        assert f"value: {census.at[(layer, key), 'value_type']}" in r.text
+
+
+def test_layer_pages_filter_by_census(client, analyzed):
+    run, _ = analyzed
+    census = RunDir(run).read_metric("census")
+    r = client.get("/layer/1")
+    assert r.status_code == 200 and 'id="census-filter"' in r.text
+    for name in ("dead", "detector", "positional", "other", "prediction", "suppression", "eraser"):
+        r = client.get(f"/layer/2?census={name}&sort=key")
+        assert r.status_code == 200, (name, r.text[-300:])
+        g = census[census["layer"] == 1]
+        expected = g["eraser"] if name == "eraser" else (g["class"] == name) | (g["value_type"] == name)
+        keys = [int(k) for k in re.findall(r'href="/memory/2/(\d+)"', r.text.split('id="keys"')[1])]
+        assert sorted(set(keys)) == sorted(g.loc[expected.to_numpy(bool), "key"].astype(int).tolist()), name
+    assert client.get("/layer/2?census=nonsense").status_code == 422
