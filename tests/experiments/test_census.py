@@ -221,6 +221,14 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
         var = (c ** 2).mean(1)
         np.testing.assert_allclose(got["skew"], (c ** 3).mean(1) / var ** 1.5, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(got["kurtosis"], (c ** 4).mean(1) / var ** 2 - 3, rtol=1e-3, atol=1e-3)
+        # The rule's last token in what the key writes where the rule holds (its own sign there).
+        rsign = np.where(got["rule_sign"].to_numpy() < 0, -1.0, 1.0)
+        zr = logits(view, torch.as_tensor(rsign[:, None], dtype=torch.float32) * view.values(layer), "identity")
+        zr = zr.double().numpy()
+        has = got["rule_n"].to_numpy() > 0
+        last = got["rule_id"].to_numpy() % V
+        expected = (zr[np.arange(d_m), last] - zr.mean(1)) / zr.std(1)
+        np.testing.assert_allclose(got["trigger_z"].to_numpy()[has], expected[has], rtol=1e-3, atol=1e-3)
 
 
 def test_position_share_is_calibrated_on_noise_and_planted_positions():

@@ -321,7 +321,12 @@ def value_statistics(view, layer: int, projection: str, signs: np.ndarray, rule_
         out["bottom_ids"].append(torch.topk(-z, min(shown, z.shape[1]), -1).indices)
         t = torch.as_tensor(trigger[start:start + chunk], dtype=torch.long, device=v.device)
         same = (rsign == sign)[:, 0]
-        zr = z if bool(same.all()) else project(view, rsign * v, projection)
+        if bool(same.all()):
+            zr = z
+        elif projection == "identity":  # logits are linear in the vector there: N(-v)·Eᵀ = -(N(v)·Eᵀ)
+            zr = z * (rsign * sign)
+        else:
+            zr = project(view, rsign * v, projection)
         mr, sr = zr.mean(-1), zr.std(-1, unbiased=False).clamp(min=1e-12)
         tz = (zr.gather(1, t.clamp(min=0)[:, None])[:, 0] - mr) / sr
         out["trigger_z"].append(torch.where(t >= 0, tz, torch.full_like(tz, float("nan"))))
