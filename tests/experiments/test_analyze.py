@@ -19,6 +19,8 @@ FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "com
            "refinement", "refinement_agreement", "refinement_confidence")
 #: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py).
 STUDIES = tuple(name for name in EXPERIMENTS if name != "lookups")
+#: Studies whose NAME.parquet is not per layer (the census: one row per key), and their per-layer table.
+PER_LAYER = {"census": "census_layers"}
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
@@ -42,7 +44,8 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
     assert manifest["analyses"]["composition"]["held_out_overlaps_index"] is True  # indexed split "all"
     for name in STUDIES:
         table = pd.read_parquet(run / "metrics" / f"{name}.parquet")
-        assert list(table["layer"]) == list(range(loaded.view.n_layers))
+        layers = pd.read_parquet(run / "metrics" / f"{PER_LAYER.get(name, name)}.parquet")
+        assert list(layers["layer"]) == list(range(loaded.view.n_layers))
         assert reading(name, table)
     for name in ("composition_examples", "refinement_examples"):
         assert {"example_id", "position", "layer"} <= set(pd.read_parquet(run / "metrics" / f"{name}.parquet").columns)

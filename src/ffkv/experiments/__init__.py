@@ -6,6 +6,8 @@
     composition.py  SPEC 7, Figs. 7-8: active memories, the layer output as a composition
     refinement.py   SPEC 8, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
     heldout.py      the one forward pass over held-out examples that 7 and 8 share
+    census.py       SPEC 9: every key classed (dead, token/n-gram detector, positional; value type, eraser)
+    suppressed.py   SPEC 9: active memories that ranked the gold token first where the model was wrong
     annotation.py   a sample of keys for human labelling (SPEC 4's human workflow)
     common.py       the run context, projections, held-out examples, tables
     figures.py      PNG + SVG figures, written atomically
