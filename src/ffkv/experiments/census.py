@@ -28,12 +28,12 @@ their tokens, not only the seeded position), per layer l and key i:
 - **class**: dead, else detector, else positional, else other (first that holds).
 
 Memory, streaming (three passes over the held-out sample; nothing grows with it): per layer
-d_m x (3 + `POSITION_GROUPS`) float64 sums, and per n-gram length d_m x `CANDIDATES` candidate
+d_m x (4 + `POSITION_GROUPS`) float64 sums, and per n-gram length d_m x `CANDIDATES` candidate
 rules (a Misra-Gries summary of the rules seen at the key's active positions, merged batch by
 batch: Agarwal et al. 2012, "Mergeable summaries"), whose exact counts a third pass takes. A rule
 missed by the summary has fewer than n_active/(`CANDIDATES` + 1) hits, hence F1 < 2/(`CANDIDATES`
 + 1) = 0.12: below the detector threshold, so every detector is found exactly. At the paper's
-shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(67·8 + 2·16·24) B = 85 MB, plus
+shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(68·8 + 2·16·40) B = 120 MB, plus
 one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
 held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
 """
