@@ -221,14 +221,19 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
 
 def analyze(run: Run | str | Path, only: Sequence[str] | str | None = None, *, eval_corpus: Any = None,
             eval_split: str | None = None, n_eval: int = 4000, projection: str | None = None, seed: int = 0,
-            progress: bool = True, device: str = "cpu", dtype: str | None = None) -> Run:
+            progress: bool = True, device: str = "cpu", dtype: str | None = None,
+            options: dict[str, dict] | None = None) -> Run:
     """`ffkv analyze` as a function: the paper's experiments on a run, each a table in RUN/metrics and a
-    figure in RUN/figures, and the explorer's lookup tables (see `ffkv.experiments.analyze`). Returns the run."""
+    figure in RUN/figures, and the explorer's lookup tables (see `ffkv.experiments.analyze`). Returns the run.
+
+    `options` gives experiments their own options, e.g. ``{"membership": {"member_corpus": "train.txt",
+    "nonmember_corpus": "unseen.txt", "n": 1000}}`` (ffkv-tiny's own split is the default for it)."""
     from ffkv.experiments import analyze as run_experiments
 
     run = run if isinstance(run, Run) else Run(run)
     same_model = device == "cpu" and dtype in (None, run.manifest.model.dtype)
     loaded = run.model if same_model else None  # else analyze loads it where and how it is asked to
     run_experiments(run.path, only=only, eval_corpus=eval_corpus, eval_split=eval_split, n_eval=n_eval,
-                    projection=projection, progress=progress, loaded=loaded, device=device, dtype=dtype, seed=seed)
+                    projection=projection, progress=progress, loaded=loaded, device=device, dtype=dtype, seed=seed,
+                    options=options)
     return Run(run.path, loaded)

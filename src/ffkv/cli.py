@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(SPEC sections 4-8).")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
-                   "patterns, ablations, values, composition, refinement")
+                   "patterns, ablations, values, composition, refinement, membership")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
@@ -172,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampled keys, held-out positions and corpus samples (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
+    g = p.add_argument_group("membership (--only membership)")
+    g.add_argument("--member-corpus", default=None,
+                   help="text the model was trained on (members); with --nonmember-corpus. Default: the model's own "
+                        "known split (ffkv-tiny: its training verses); other models need both")
+    g.add_argument("--nonmember-corpus", default=None, help="text the model never saw in training (non-members)")
+    g.add_argument("--n-membership", type=_positive_int, default=1000,
+                   help="examples drawn from each split, seeded (default: %(default)s; fewer if a split holds fewer)")
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
 
@@ -244,7 +251,9 @@ def _analyze(args: argparse.Namespace) -> int:
 
     done = analyze(args.run, only=args.only, eval_corpus=args.eval_corpus, eval_split=args.eval_split,
                    n_eval=args.n_eval, projection=args.projection,
-                   progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
+                   progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed,
+                   options={"membership": {"member_corpus": args.member_corpus,
+                                           "nonmember_corpus": args.nonmember_corpus, "n": args.n_membership}})
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
         print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
     return 0

@@ -20,8 +20,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import ablations, composition, lookups, patterns, refinement, values
+from ffkv.experiments import ablations, composition, lookups, membership, patterns, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.errors import FfkvError
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
 from ffkv.store.run import RunDir
@@ -29,7 +30,7 @@ from ffkv.store.run import RunDir
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
-           "composition": composition, "refinement": refinement, "lookups": lookups}
+           "composition": composition, "refinement": refinement, "membership": membership, "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
@@ -50,6 +51,7 @@ def analyze(
     device: str = "cpu",
     dtype: str | None = None,
     seed: int = 0,
+    options: dict[str, dict] | None = None,
 ) -> dict[str, dict]:
     """Run experiments on a complete run and add their tables and figures to it.
 
@@ -72,6 +74,10 @@ def analyze(
         device, dtype: where and how to load the model when `loaded` is not given (under
             torchrun "cuda" means each rank's own GPU, cuda:LOCAL_RANK).
         seed: seeds key samples and held-out positions.
+        options: experiment name -> its own options, e.g. {"membership": {"member_corpus": A,
+            "nonmember_corpus": B, "n": 1000}}. An experiment with a ``skip_reason(ctx)`` that gives a
+            reason is skipped with a note when it was not named in `only`, and refused (the reason as the
+            error) when it was.
 
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
@@ -80,11 +86,18 @@ def analyze(
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
-    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec)
+    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
+                     options=dict(options or {}))
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock, process_group(loaded.view.device):
         for step, name in enumerate(names, 1):
+            why = getattr(MODULES[name], "skip_reason", lambda _: None)(ctx)
+            if why and only is not None:
+                raise FfkvError(why)
+            if why:  # not asked for by name: skipped, with the reason kept in the manifest
+                ctx.analyses[name] = {"skipped": why}
+                continue
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
