@@ -104,6 +104,8 @@ def test_planted_membership_gives_auc_one_and_identical_splits_give_one_half(tmp
     assert table.loc[0, "auc"] == 1.0 and table.loc[0, "auc_ci_high"] == 1.0
     assert (table["n_member"] == 20).all() and (table["n_nonmember"] == 20).all()
     examples = RunDir(run).read_metric("membership_examples")
+    assert len(examples) == 40 * loaded.view.n_layers
+    examples = examples[examples["layer"] == 0]
     assert (examples["split"] == "member").sum() == 20 and (examples["split"] == "nonmember").sum() == 20
     assert all(("q" in t) == m for t, m in zip(examples["text"], examples["member"]))
     # The same text on both sides: the same seeded draw, so each example faces itself; only those n of the n²

@@ -118,10 +118,10 @@ def compute(ctx: RunContext) -> dict:
             "n_member": int(is_member.sum()), "n_nonmember": int((~is_member).sum())}
     table = table.assign(loss_auc=auc, loss_auc_ci_low=low, loss_auc_ci_high=high)
     L = scores.top_coefficients.shape[1]
-    out = examples.drop(columns=["token_ids"]).assign(
+    base = examples.drop(columns=["token_ids"]).assign(
         n_tokens=[len(t) for t in examples["token_ids"]], mean_nll=scores.nll)
-    for layer in range(L):
-        out[f"top_coefficients_{layer}"] = scores.top_coefficients[:, layer]
+    out = base.loc[base.index.repeat(L)].reset_index(drop=True).assign(
+        layer=np.tile(np.arange(L, dtype=np.int16), len(base)), top_coefficients=scores.top_coefficients.ravel())
     return {"per_layer": table, "loss": loss, "examples": out, "origin": origin,
             "member_corpus": str(member), "nonmember_corpus": str(nonmember)}
 

@@ -28,6 +28,7 @@ EXPERIMENTS = {
     "values": "Values as distributions over the vocabulary (SPEC 6)",
     "composition": "Composition inside a layer (SPEC 7)",
     "refinement": "Refinement across layers (SPEC 8)",
+    "membership": "Membership signal: training vs held-out text (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Tables meant to be read row by row: rows shown in the report.
@@ -38,7 +39,8 @@ MAX_LAYER_ROWS = 64
 HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
               "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
-              "relative_change", "labels", "embedding", "calibration", "final_prediction")
+              "relative_change", "labels", "embedding", "calibration", "final_prediction", "statistic", "rule",
+              "splits")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).
