@@ -2,9 +2,11 @@
 suppress (Geva et al. 2022; `ffkv intervene`).
 
 Method (single linkage on shared top tokens): T_i is the set of value v_i's `TOP` tokens with the largest
-v_i·Eᵀ (identity projection, the paper's); two values are linked when |T_i ∩ T_j| >= `MIN_SHARED`; a
-concept is a connected component of that graph with at least two values. Its name is its most shared
-tokens: those in the most of its values' top sets. Layers count from 0 in code and in the tables.
+v_i·Eᵀ (identity projection, the paper's); tokens in the top sets of more than `FREQUENT` of the selection's
+values (stop words such as " the" or ",", which would chain everything into one group) are left out of
+every T_i; two values are linked when |T_i ∩ T_j| >= `MIN_SHARED`; a concept is a connected component of
+that graph with at least two values. Its name is its most shared tokens: those in the most of its values'
+top sets (frequent tokens left out). Layers count from 0 in code and in the tables.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from ffkv.models.loading import LoadedModel
 TOP = 10
 #: Shared top tokens that link two values.
 MIN_SHARED = 3
+#: Tokens in more than this share of the values' top sets (and in more than 2 of them) are not evidence of a concept.
+FREQUENT = 0.02
 #: Tokens naming a concept.
 NAME_TOKENS = 5
 #: Values whose pairwise overlaps one call computes (N² counts): beyond it, ask for fewer layers.
@@ -42,39 +46,71 @@ def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndar
     return np.concatenate(out).astype(np.int64)
 
 
-def shared_counts(tops: np.ndarray, rows: slice | np.ndarray | None = None) -> np.ndarray:
-    """|T_i ∩ T_j| for the given rows i (default all) against every j; each row of `tops` holds distinct ids."""
-    t = torch.as_tensor(tops)
-    part = t if rows is None else t[rows]
-    # (r, top, 1, 1) == (1, 1, N, top): for each token of T_i, whether T_j holds it; summed over T_i.
-    return (part[:, :, None, None] == t[None, None, :, :]).any(-1).sum(1).numpy()
+class SharedCounts:
+    """|T_i ∩ T_j| between rows of top-token sets (each row distinct ids; negative ids match nothing), as
+    products of a sparse (rows x tokens) indicator matrix: O(nnz·chunk) per chunk of rows."""
+
+    def __init__(self, tops: np.ndarray) -> None:
+        t = torch.as_tensor(np.asarray(tops, dtype=np.int64))
+        self.n = t.shape[0]
+        valid = t >= 0
+        _, column = torch.unique(t[valid], return_inverse=True)
+        row = torch.arange(self.n)[:, None].expand_as(t)[valid]
+        self.width = int(column.max()) + 1 if column.numel() else 0
+        self.row, self.column = row, column
+        self.matrix = torch.sparse_coo_tensor(torch.stack([row, column]), torch.ones(len(row)),
+                                              (self.n, self.width), check_invariants=True).coalesce()
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start, n) counts for rows start..stop-1 against every row."""
+        dense = torch.zeros(stop - start, self.width)
+        pick = (self.row >= start) & (self.row < stop)
+        dense[self.row[pick] - start, self.column[pick]] = 1.0
+        return torch.sparse.mm(self.matrix, dense.T).T.round().to(torch.int64).numpy()
 
 
-def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int = 64) -> np.ndarray:
+def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int = 1024) -> np.ndarray:
     """Connected components of the graph linking rows that share >= `min_shared` tokens: a label per row
-    (labels are the smallest row index of the component)."""
+    (labels are the smallest row index of the component; found by propagating the smallest label along
+    the edges until nothing changes)."""
     n = len(tops)
-    parent = np.arange(n)
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    counts = SharedCounts(tops) if n else None
+    sources, targets = [], []
     for start in range(0, n, chunk):
-        counts = shared_counts(tops, slice(start, min(n, start + chunk)))
-        rows, cols = np.nonzero(counts >= min_shared)
-        for a, b in zip(rows + start, cols):
-            if a < b:
-                ra, rb = find(int(a)), find(int(b))
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    return np.array([find(i) for i in range(n)], dtype=np.int64)
+        rows, cols = np.nonzero(counts.rows(start, min(n, start + chunk)) >= min_shared)
+        keep = rows + start < cols
+        sources.append(rows[keep] + start)
+        targets.append(cols[keep])
+    a = np.concatenate(sources) if sources else np.zeros(0, np.int64)
+    b = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+    labels = np.arange(n, dtype=np.int64)
+    while True:
+        before = labels.copy()
+        np.minimum.at(labels, a, labels[b])
+        np.minimum.at(labels, b, labels[a])
+        labels = labels[labels]  # jump to the label's own label
+        if np.array_equal(labels, before):
+            return labels
 
 
-def cluster(tops: np.ndarray, min_shared: int = MIN_SHARED) -> list[list[int]]:
-    """The concepts among rows of top-token sets: components of >= 2 rows, largest first (then by first row)."""
+def without_frequent(tops: np.ndarray, frequent: float = FREQUENT) -> np.ndarray:
+    """`tops` with every token that is in more than max(2, frequent·N) rows replaced by a distinct negative id
+    (a placeholder that matches nothing)."""
+    tops = np.asarray(tops, dtype=np.int64)
+    if not tops.size:
+        return tops.copy()
+    ids, counts = np.unique(tops, return_counts=True)
+    common = ids[counts > max(2, frequent * len(tops))]
+    out = tops.copy()
+    mask = np.isin(tops, common)
+    out[mask] = -1 - np.arange(int(mask.sum()))
+    return out
+
+
+def cluster(tops: np.ndarray, min_shared: int = MIN_SHARED, frequent: float = FREQUENT) -> list[list[int]]:
+    """The concepts among rows of top-token sets (frequent tokens left out, `without_frequent`): components of
+    >= 2 rows, largest first (then by first row)."""
+    tops = without_frequent(tops, frequent)
     labels = link_components(tops, min_shared)
     groups: dict[int, list[int]] = {}
     for i, label in enumerate(labels):
@@ -107,8 +143,9 @@ def concepts(loaded: LoadedModel, layers: Sequence[int] | None = None, top: int 
     where = [(layer, key) for layer in layers for key in range(view.d_m)]
     tok = loaded.tokenizer
     rows, members = [], []
+    kept = without_frequent(tops)
     for c, group in enumerate(cluster(tops, min_shared)):
-        counts = Counter(int(t) for i in group for t in tops[i])
+        counts = Counter(int(t) for i in group for t in kept[i] if t >= 0)
         named = [t for t, _ in counts.most_common(NAME_TOKENS)]
         rows.append({"concept": c, "size": len(group), "tokens": list(tok.token_strings(named)), "token_ids": named,
                      "layers": sorted({where[i][0] for i in group})})

@@ -22,12 +22,15 @@ and the paper count them, and KEY the 0-based memory index (the explorer's /memo
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from ffkv.corpus import CorpusSpec, iter_examples
@@ -37,6 +40,7 @@ from ffkv.memories.interventions import Intervention
 from ffkv.memories.projection import logits as project
 from ffkv.models.loading import LoadedModel
 from ffkv.presentation.intervals import paired_mean_interval
+from ffkv.store import atomic
 
 #: Tokens per intervened memory in the default token set.
 DEFAULT_TOP = 10
@@ -165,6 +169,21 @@ class InterventionResult:
                 "token_set_origin": self.token_set_origin, "interval": INTERVAL,
                 "n_examples": int(len(self.examples)), "corpus": self.corpus,
                 "layers": "layer counts from 0; layer_number from 1 (as the command line, explorer and report)"}
+
+    def write(self, path: str | Path) -> Path:
+        """Write the result atomically: ``.json`` (description, summary and per-example rows) or ``.parquet``
+        (the per-example rows, with the description and summary as JSON in the schema metadata, key ``ffkv``)."""
+        path = Path(path)
+        described = {**self.description(), "summary": self.summary.to_dict(orient="records")}
+        if path.suffix == ".json":
+            atomic.write_json(path, {**described, "examples": self.examples.to_dict(orient="records")})
+        elif path.suffix == ".parquet":
+            arrow = pa.Table.from_pandas(self.examples, preserve_index=False)
+            meta = {**(arrow.schema.metadata or {}), b"ffkv": json.dumps(described, default=str).encode()}
+            atomic.write_parquet(path, arrow.replace_schema_metadata(meta))
+        else:
+            raise FfkvError(f"--out must end in .json or .parquet, got {path.name!r}")
+        return path
 
     def to_text(self) -> str:
         """The summary as a readable table."""
