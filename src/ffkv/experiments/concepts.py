@@ -3,8 +3,8 @@ suppress (Geva et al. 2022; `ffkv intervene`).
 
 Method (single linkage on shared top tokens): T_i is the set of value v_i's `TOP` tokens with the largest
 v_i·Eᵀ (identity projection, the paper's); tokens in the top sets of more than `FREQUENT` of the selection's
-values (stop words such as " the" or ",", which would chain everything into one group) are left out of
-every T_i; two values are linked when |T_i ∩ T_j| >= `MIN_SHARED`; a concept is a connected component of
+values and more than `FREQUENT_FLOOR` of them (stop words such as " the" or ",", which would chain everything
+into one group) are left out of every T_i; two values are linked when |T_i ∩ T_j| >= `MIN_SHARED`; a concept is a connected component of
 that graph with at least two values. Its name is its most shared tokens: those in the most of its values'
 top sets (frequent tokens left out). Layers count from 0 in code and in the tables.
 """
@@ -26,8 +26,10 @@ from ffkv.models.loading import LoadedModel
 TOP = 10
 #: Shared top tokens that link two values.
 MIN_SHARED = 3
-#: Tokens in more than this share of the values' top sets (and in more than 2 of them) are not evidence of a concept.
+#: Tokens in more than this share of the values' top sets (and in more than `FREQUENT_FLOOR` of them) are not
+#: evidence of a concept.
 FREQUENT = 0.02
+FREQUENT_FLOOR = 10
 #: Tokens naming a concept.
 NAME_TOKENS = 5
 #: Values whose pairwise overlaps one call computes (N² counts): beyond it, ask for fewer layers.
@@ -94,13 +96,13 @@ def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int =
 
 
 def without_frequent(tops: np.ndarray, frequent: float = FREQUENT) -> np.ndarray:
-    """`tops` with every token that is in more than max(2, frequent·N) rows replaced by a distinct negative id
+    """`tops` with every token that is in more than max(`FREQUENT_FLOOR`, frequent·N) rows replaced by a distinct negative id
     (a placeholder that matches nothing)."""
     tops = np.asarray(tops, dtype=np.int64)
     if not tops.size:
         return tops.copy()
     ids, counts = np.unique(tops, return_counts=True)
-    common = ids[counts > max(2, frequent * len(tops))]
+    common = ids[counts > max(FREQUENT_FLOOR, frequent * len(tops))]
     out = tops.copy()
     mask = np.isin(tops, common)
     out[mask] = -1 - np.arange(int(mask.sum()))
