@@ -92,7 +92,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
             top = t.float().abs().topk(k, dim=-1).values.mean(-1)  # (B, T)
             w = state["competes"]
             state[(name, layer)] = (top * w).sum(-1) / w.sum(-1).clamp(min=1)
-        else:
+        elif name == "head_in" or layer == L - 1:  # resid_post: only the last layer's, for models without a head module
             state[(name, layer)] = t
 
     special = sorted(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
@@ -106,17 +106,17 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 state.clear()
                 state["competes"] = batch.competes.float()
                 view.forward(batch.input_ids, batch.attention_mask, with_head=True)
-                z = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
-                logp = torch.log_softmax(z.float(), dim=-1)[:, :-1]  # (B, T-1, V): predicts token t+1
-                nxt = batch.input_ids[:, 1:]
-                ok = batch.attention_mask[:, 1:].bool()
-                token_nll = -logp.gather(-1, nxt[..., None])[..., 0]
-                n = ok.sum(-1)
-                nll[idx] = as_numpy((token_nll * ok).sum(-1).double() / n.clamp(min=1))
-                count[idx] = as_numpy(n)
-                if len(S):
-                    p = logp[..., S].exp().sum(-1)
-                    mass[idx] = as_numpy((p * ok).sum(-1).double() / n.clamp(min=1))
+                head_in = state.get(("head_in", -1))
+                for row, i in enumerate(idx):  # one example's (T, |V|) logits at a time: bounded memory
+                    n = int(batch.attention_mask[row].sum())
+                    z = _final_logits(view, None if head_in is None else head_in[row, :n - 1],
+                                      state[("resid_post", L - 1)][row, :n - 1])
+                    logp = torch.log_softmax(z.float(), dim=-1)  # (n-1, V): position t predicts token t+1
+                    nxt = batch.input_ids[row, 1:n]
+                    nll[i] = float(-logp.gather(-1, nxt[:, None]).double().mean())
+                    count[i] = n - 1
+                    if len(S):
+                        mass[i] = float(logp[:, S].exp().sum(-1).double().mean())
                 if stat is not None:
                     for layer in range(L):
                         stat[idx, layer] = as_numpy(state[("coefficients", layer)])
