@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from ffkv import cli
 from ffkv.errors import FfkvError
 from ffkv.experiments import analyze
 from ffkv.experiments.scoring import score_examples
 from ffkv.presentation.findings import Z95
 from ffkv.presentation.intervals import auc_interval, paired_mean_interval
 from ffkv.store.run import RunDir
+from ffkv.models import loading
+from support import tiny_cli
 from support.experiment_runs import make_run
 
 
@@ -120,10 +123,15 @@ def test_planted_membership_gives_auc_one_and_identical_splits_give_one_half(tmp
     assert (RunDir(run).figures_dir / "membership.png").is_file()
 
 
-def test_unknown_training_split_is_refused_when_asked_and_skipped_otherwise(tmp_path):
+def test_unknown_training_split_is_refused_when_asked_and_skipped_otherwise(tmp_path, monkeypatch, capsys):
     run, loaded = make_run(tmp_path / "r", n=20)
     with pytest.raises(FfkvError, match="--member-corpus"):
-        analyze(run, only="membership", loaded=loaded, progress=False)
+        analyze(run, only="values,membership", loaded=loaded, progress=False)
+    assert not RunDir(run).has_metric("values")  # refused before anything ran
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    assert cli.main(["analyze", str(run), "--only", "membership", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "ffkv: error: membership: ffkv does not know" in err and "--nonmember-corpus" in err
     with pytest.raises(FfkvError, match="both"):
         analyze(run, only="membership", loaded=loaded, progress=False,
                 options={"membership": {"member_corpus": str(Path(run).parent / "corpus.txt")}})

@@ -88,15 +88,15 @@ def analyze(
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      options=dict(options or {}))
+    skipped = {name: why for name in names if (why := getattr(MODULES[name], "skip_reason", lambda _: None)(ctx))}
+    if skipped and only is not None:  # asked for by name: refused before anything runs
+        raise FfkvError(next(iter(skipped.values())))
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock, process_group(loaded.view.device):
         for step, name in enumerate(names, 1):
-            why = getattr(MODULES[name], "skip_reason", lambda _: None)(ctx)
-            if why and only is not None:
-                raise FfkvError(why)
-            if why:  # not asked for by name: skipped, with the reason kept in the manifest
-                ctx.analyses[name] = {"skipped": why}
+            if name in skipped:  # not asked for by name: skipped, with the reason kept in the manifest
+                ctx.analyses[name] = {"skipped": skipped[name]}
                 continue
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
