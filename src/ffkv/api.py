@@ -8,6 +8,8 @@
     run.metric("values")                      # any metrics table by name (run.metrics lists them)
     run.memory(2, 17)                         # renders inline as the explorer's memory page
     run.trace("And God said", off=[(5, 3)])   # renders inline: the trace, with memory 5:3 switched off
+    run.concepts([5])                         # (concepts, members): values grouped by shared top tokens
+    ffkv.intervene(run, set={(5, 55): 5.0}, tokens=" three, five")  # change in perplexity and p(S) over held-out text
 
 In code, layers are 0-based, as in the run's Parquet tables (docs/run-directory.md); what the
 views render counts layers from 1, as the paper, the report and the explorer do.
