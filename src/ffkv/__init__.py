@@ -10,11 +10,11 @@ See `ffkv.api`. Imports are lazy: ``import ffkv`` loads neither torch nor the we
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "open_run", "index", "analyze", "embedded_corpus", "Run"]
+__all__ = ["__version__", "open_run", "index", "analyze", "intervene", "embedded_corpus", "Run"]
 
 
 def __getattr__(name: str):
-    if name in ("open_run", "index", "analyze", "embedded_corpus", "Run"):
+    if name in ("open_run", "index", "analyze", "intervene", "embedded_corpus", "Run"):
         # Loaded on first use, by name: the modules that read `ffkv.__version__` (store, report) must not
         # depend on the API above them (the import layering of pyproject.toml).
         import importlib

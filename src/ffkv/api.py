@@ -8,6 +8,8 @@
     run.metric("values")                      # any metrics table by name (run.metrics lists them)
     run.memory(2, 17)                         # renders inline as the explorer's memory page
     run.trace("And God said", off=[(5, 3)])   # renders inline: the trace, with memory 5:3 switched off
+    run.concepts([5])                         # (concepts, members): values grouped by shared top tokens
+    ffkv.intervene(run, set={(5, 55): 5.0}, tokens=" three, five")  # change in perplexity and p(S) over held-out text
 
 In code, layers are 0-based, as in the run's Parquet tables (docs/run-directory.md); what the
 views render counts layers from 1, as the paper, the report and the explorer do.
@@ -23,7 +25,7 @@ import pandas as pd
 from ffkv.errors import FfkvError
 from ffkv.store.run import RunDir
 
-__all__ = ["Run", "open_run", "index", "analyze", "embedded_corpus"]
+__all__ = ["Run", "open_run", "index", "analyze", "intervene", "embedded_corpus"]
 
 
 def embedded_corpus(split: str = "all") -> Path:
@@ -186,6 +188,50 @@ class Run:
         return run_trace(self._explorer(), prompt, position, target, edits, generate)
 
 
+    def concepts(self, layers: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Values grouped by shared top tokens (`ffkv.experiments.concepts.concepts`; layers 0-based, default
+        all): (concepts, members), so a concept's memories can be promoted or suppressed with `intervene`."""
+        from ffkv.experiments.concepts import concepts
+
+        return concepts(self.model, layers)
+
+
+def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | None = None,
+              off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
+              eval_corpus: Any = None, eval_split: str | None = None, n_eval: int = 1000,
+              tokens: str | Sequence[str | int] | None = None, seed: int = 0, out: str | Path | None = None,
+              progress: bool = False):
+    """`ffkv intervene` as a function: rewrite memories at every position and measure, over held-out examples,
+    the change in perplexity and in the probability mass of a token set, with n and 95% intervals
+    (`ffkv.experiments.corpus_interventions`).
+
+    Args:
+        set, off, scale: {(layer, key): value}, [(layer, key)], {(layer, key): factor}; layers 0-based, as in
+            code and the run's tables (the command line counts them from 1).
+        eval_corpus, eval_split, n_eval, seed: the evaluation examples, as `analyze` reads them (default: the
+            run's own corpus, held-out split; a seeded subset of n_eval).
+        tokens: the token set S (strings that are single tokens, or ids); None: the memories' own top tokens.
+        out: also write the result atomically to this .json or .parquet file.
+
+    Returns:
+        An `InterventionResult` (``summary`` and ``examples`` DataFrames, ``to_text()``).
+    """
+    from ffkv.experiments.common import eval_spec
+    from ffkv.experiments.corpus_interventions import evaluate_corpus, token_ids
+    from ffkv.memories import Intervention
+
+    run = run if isinstance(run, Run) else Run(run)
+    edits = [Intervention(*run._check(int(lay), int(k)), "set", float(v)) for (lay, k), v in dict(set or {}).items()]
+    edits += [Intervention(*run._check(int(lay), int(k)), "off") for lay, k in off]
+    edits += [Intervention.scaled(*run._check(int(lay), int(k)), float(f)) for (lay, k), f in dict(scale or {}).items()]
+    spec = eval_spec(run.manifest, eval_corpus, eval_split, n_eval, seed)
+    chosen = token_ids(run.model, tokens) if tokens is not None else None
+    result = evaluate_corpus(run.model, spec, edits, chosen, progress=progress)
+    if out is not None:
+        result.write(out)
+    return result
+
+
 def open_run(path: str | Path, loaded: Any = None) -> Run:
     """A complete run directory, opened for reading (`Run`); the model loads when a view needs it."""
     return Run(path, loaded)
@@ -221,14 +267,19 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
 
 def analyze(run: Run | str | Path, only: Sequence[str] | str | None = None, *, eval_corpus: Any = None,
             eval_split: str | None = None, n_eval: int = 4000, projection: str | None = None, seed: int = 0,
-            progress: bool = True, device: str = "cpu", dtype: str | None = None) -> Run:
+            progress: bool = True, device: str = "cpu", dtype: str | None = None,
+            options: dict[str, dict] | None = None) -> Run:
     """`ffkv analyze` as a function: the paper's experiments on a run, each a table in RUN/metrics and a
-    figure in RUN/figures, and the explorer's lookup tables (see `ffkv.experiments.analyze`). Returns the run."""
+    figure in RUN/figures, and the explorer's lookup tables (see `ffkv.experiments.analyze`). Returns the run.
+
+    `options` gives experiments their own options, e.g. ``{"membership": {"member_corpus": "train.txt",
+    "nonmember_corpus": "unseen.txt", "n": 1000}}`` (ffkv-tiny's own split is the default for it)."""
     from ffkv.experiments import analyze as run_experiments
 
     run = run if isinstance(run, Run) else Run(run)
     same_model = device == "cpu" and dtype in (None, run.manifest.model.dtype)
     loaded = run.model if same_model else None  # else analyze loads it where and how it is asked to
     run_experiments(run.path, only=only, eval_corpus=eval_corpus, eval_split=eval_split, n_eval=n_eval,
-                    projection=projection, progress=progress, loaded=loaded, device=device, dtype=dtype, seed=seed)
+                    projection=projection, progress=progress, loaded=loaded, device=device, dtype=dtype, seed=seed,
+                    options=options)
     return Run(run.path, loaded)

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
                    "patterns, ablations, values, composition, refinement; beyond the paper (SPEC 9): census, "
-                   "suppressed")
+                   "suppressed, membership")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
@@ -173,8 +173,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampled keys, held-out positions and corpus samples (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
+    g = p.add_argument_group("membership (--only membership)")
+    g.add_argument("--member-corpus", default=None,
+                   help="text the model was trained on (members); with --nonmember-corpus. Default: the model's own "
+                        "known split (ffkv-tiny: its training verses); other models need both")
+    g.add_argument("--nonmember-corpus", default=None, help="text the model never saw in training (non-members)")
+    g.add_argument("--n-membership", type=_positive_int, default=1000,
+                   help="examples drawn from each split, seeded (default: %(default)s; fewer if a split holds fewer)")
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
+
+    p = sub.add_parser("intervene", help="switch memories off, scale or set them, and measure the change on a corpus",
+                       description="Rewrite memory coefficients at every position and report, over held-out "
+                                   "examples, the change in perplexity and in the probability mass of a token set, "
+                                   "with n and 95% intervals (paired per-example differences, mean ± 1.96·s/√n). "
+                                   "Memories are LAYER:KEY with LAYER counted from 1, as the explorer and the report "
+                                   "show them, and KEY the 0-based memory index (the explorer's /memory/LAYER/KEY).")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--set", dest="set_", action="append", default=[], metavar="L:K=VALUE",
+                   help="set memory K of layer L (from 1) to the coefficient VALUE at every position (repeatable)")
+    p.add_argument("--off", action="append", default=[], metavar="L:K", help="switch memory L:K off, m = 0 (repeatable)")
+    p.add_argument("--scale", action="append", default=[], metavar="L:K=F", help="multiply m of memory L:K by F (repeatable)")
+    p.add_argument("--eval-corpus", default=None,
+                   help="the evaluation text (default: the run's corpus, held-out split), read with the run's unit")
+    p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
+                   help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
+    p.add_argument("--n-eval", type=_positive_int, default=1000, help="evaluation examples, a seeded subset (default: %(default)s)")
+    p.add_argument("--tokens", default=None,
+                   help='the token set S, comma-separated single tokens (e.g. " Lord, God") or ids; default: the '
+                        "intervened values' own top 10 tokens each")
+    p.add_argument("--out", default=None, help="also write the result atomically to FILE.json or FILE.parquet")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the evaluation subset (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
                        description="SPEC section 4's human workflow: export top prefixes of sampled keys to CSV, "
@@ -245,9 +276,33 @@ def _analyze(args: argparse.Namespace) -> int:
 
     done = analyze(args.run, only=args.only, eval_corpus=args.eval_corpus, eval_split=args.eval_split,
                    n_eval=args.n_eval, projection=args.projection,
-                   progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed)
+                   progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed,
+                   options={"membership": {"member_corpus": args.member_corpus,
+                                           "nonmember_corpus": args.nonmember_corpus, "n": args.n_membership}})
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
         print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
+    return 0
+
+
+@command("intervene")
+def _intervene(args: argparse.Namespace) -> int:
+    from ffkv.api import Run, intervene
+    from ffkv.experiments.corpus_interventions import parse_interventions
+
+    run = Run(args.run)
+    edits = parse_interventions(args.set_, args.off, args.scale, n_layers=run.n_layers, d_m=run.d_m)
+    if args.device != "cpu":
+        from ffkv.models import load_model
+
+        run = Run(args.run, load_model(run.manifest.model.id, dtype=run.manifest.model.dtype, device=args.device))
+    result = intervene(run, set={(e.layer, e.key): e.value for e in edits if e.op == "set"},
+                       off=[(e.layer, e.key) for e in edits if e.op == "off"],
+                       scale={(e.layer, e.key): e.value for e in edits if e.op == "scale"},
+                       eval_corpus=args.eval_corpus, eval_split=args.eval_split, n_eval=args.n_eval,
+                       tokens=args.tokens, seed=args.seed, out=args.out, progress=not args.no_progress)
+    print(result.to_text())
+    if args.out:
+        print(f"written: {args.out}")
     return 0
 
 

@@ -18,7 +18,8 @@ from ffkv.store.run import RunDir
 FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
            "refinement", "refinement_agreement", "refinement_confidence")
 #: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py).
-STUDIES = tuple(name for name in EXPERIMENTS if name != "lookups")
+#: membership needs the model's training split: skipped here (noted in the manifest), tested in test_membership.py.
+STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "membership"))
 #: Studies whose NAME.parquet is not per layer (the census: one row per key), and their per-layer table.
 PER_LAYER = {"census": "census_layers"}
 
@@ -35,6 +36,7 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
     assert not list(run.rglob("*.tmp"))  # atomic writes leave no temporary files
     manifest = json.loads((run / "manifest.json").read_text())
     assert set(manifest["analyses"]) == set(EXPERIMENTS)
+    assert "skipped" in manifest["analyses"]["membership"]
     assert manifest["analyses"]["refinement"]["projections"] == {"choice": "default", "values_and_sub_updates": "identity",
                                                                    "residuals": "final-norm"}
     # The fidelity table: one row per measured finding, each with its rule and verdict.

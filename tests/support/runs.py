@@ -49,10 +49,15 @@ def index_run(folder: Path, family: str = "gpt2", top_k: int = 5):
 
 
 def analyzed_run(folder: Path, family: str = "gpt2", top_k: int = 5):
-    """`index_run`, then every experiment of `ffkv analyze` (held out: the same lines); (run, loaded)."""
+    """`index_run`, then every experiment of `ffkv analyze` (held out: the same lines; membership: the corpus
+    as members, other lines as non-members; an encoder skips it); (run, loaded)."""
     run, loaded = index_run(folder, family, top_k)
-    analyze(run, only=list(EXPERIMENTS), eval_corpus=str(folder / "corpus.txt"), n_eval=N_LINES, progress=False,
-            loaded=loaded)
+    unseen = folder / "unseen.txt"
+    unseen.write_text("\n".join(f"{line} again" for line in reversed(corpus_lines())) + "\n")
+    only = [name for name in EXPERIMENTS if not (name == "membership" and loaded.view.encoder)]
+    analyze(run, only=only, eval_corpus=str(folder / "corpus.txt"), n_eval=N_LINES, progress=False,
+            loaded=loaded, options={"membership": {"member_corpus": str(folder / "corpus.txt"),
+                                                   "nonmember_corpus": str(unseen)}})
     return run, loaded
 
 

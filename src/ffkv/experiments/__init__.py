@@ -5,6 +5,8 @@
     values.py       SPEC 6, Figs. 4-5, Table 2: values as distributions over the vocabulary
     composition.py  SPEC 7, Figs. 7-8: active memories, the layer output as a composition
     refinement.py   SPEC 8, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
+    membership.py   SPEC 9: do coefficients separate training from held-out text (ROC AUC per layer)
+    scoring.py      one forward pass that scores an example: loss, token-set mass, coefficient statistics
     heldout.py      the one forward pass over held-out examples that 7 and 8 share
     census.py       SPEC 9: every key classed (dead, token/n-gram detector, positional; value type, eraser)
     suppressed.py   SPEC 9: active memories that ranked the gold token first where the model was wrong

@@ -20,8 +20,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import ablations, census, composition, lookups, patterns, refinement, suppressed, values
+from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, refinement, suppressed,
+                               values)
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.errors import FfkvError
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
 from ffkv.store.run import RunDir
@@ -31,7 +33,7 @@ from ffkv.store.run import RunDir
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
            "composition": composition, "refinement": refinement,
            # Beyond the paper (SPEC section 9).
-           "census": census, "suppressed": suppressed,
+           "census": census, "suppressed": suppressed, "membership": membership,
            "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
@@ -53,6 +55,7 @@ def analyze(
     device: str = "cpu",
     dtype: str | None = None,
     seed: int = 0,
+    options: dict[str, dict] | None = None,
 ) -> dict[str, dict]:
     """Run experiments on a complete run and add their tables and figures to it.
 
@@ -75,6 +78,10 @@ def analyze(
         device, dtype: where and how to load the model when `loaded` is not given (under
             torchrun "cuda" means each rank's own GPU, cuda:LOCAL_RANK).
         seed: seeds key samples and held-out positions.
+        options: experiment name -> its own options, e.g. {"membership": {"member_corpus": A,
+            "nonmember_corpus": B, "n": 1000}}. An experiment with a ``skip_reason(ctx)`` that gives a
+            reason is skipped with a note when it was not named in `only`, and refused (the reason as the
+            error) when it was.
 
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
@@ -83,11 +90,18 @@ def analyze(
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
-    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec)
+    ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
+                     options=dict(options or {}))
+    skipped = {name: why for name in names if (why := getattr(MODULES[name], "skip_reason", lambda _: None)(ctx))}
+    if skipped and only is not None:  # asked for by name: refused before anything runs
+        raise FfkvError(next(iter(skipped.values())))
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock, process_group(loaded.view.device):
         for step, name in enumerate(names, 1):
+            if name in skipped:  # not asked for by name: skipped, with the reason kept in the manifest
+                ctx.analyses[name] = {"skipped": skipped[name]}
+                continue
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)

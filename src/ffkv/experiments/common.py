@@ -140,6 +140,8 @@ class RunContext:
     progress: bool = True
     seed: int = 0
     eval_spec: CorpusSpec | None = None
+    #: experiment name -> its own options (e.g. membership's corpora), from `analyze(options=...)`.
+    options: dict = field(default_factory=dict)
     analyses: dict = field(default_factory=dict)
     _shared: dict = field(default_factory=dict, repr=False)
 

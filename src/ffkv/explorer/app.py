@@ -8,6 +8,7 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
     /memory/LAYER/KEY.json?projection=      the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
     /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
+    /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.experiments.concepts`)
     /trace?prompt=&position=&target=&off=L:K&scale=L:K:S&generate=N
                                             (GET, or POST from the form): trace, intervene, generate
     /files/PATH                             figures, metrics and the report of the run (nothing outside it)
@@ -140,6 +141,9 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         q = query(request)
         return html(await run_in_threadpool(pages.search_page, data, one(q, "token"), one(q, "q"), root))
 
+    async def concepts(request: Request):
+        return html(await with_model(pages.concepts_page, data, one(query(request), "layer"), root))
+
     def run_trace(params: dict[str, list[str]]) -> str:
         from ffkv.explorer.notebook import run_trace as traced
 
@@ -212,6 +216,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         Route("/memory/{layer}/{key}", memory),
         Route("/memory/{layer}/{key}/annotate", annotate, methods=["POST"]),
         Route("/search", search),
+        Route("/concepts", concepts),
         Route("/trace", trace_get, methods=["GET"]),
         Route("/trace", trace_post, methods=["POST"]),
         Route("/files/{path:path}", files),

@@ -367,3 +367,36 @@ def trace_page(data: ExplorerData, prompt: str | None, base: TraceResult | None,
                   threshold_pp=f"{100 * CHANGE_THRESHOLD:g}", can_generate=not data.encoder,
                   max_new=MAX_NEW_TOKENS, n_generate=n_generate)
 
+
+
+# ------------------------------------------------------------------------ concepts
+#: Concepts shown on the page (largest first); all of them are in `ffkv.experiments.concepts.concepts`.
+CONCEPTS_SHOWN = 100
+#: "all layers" is offered while the run has at most this many values (the page compares every pair).
+CONCEPTS_ALL_LIMIT = 16384
+
+
+def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") -> str:
+    """Values clustered by shared top tokens (`ffkv.experiments.concepts`), for one layer (from 1) or all."""
+    from ffkv.experiments import concepts as method
+    from ffkv.explorer.validation import integer
+
+    all_ok = data.n_layers * data.d_m <= CONCEPTS_ALL_LIMIT
+    if layer == "all":
+        if not all_ok:
+            raise BadRequest(f"this run has {data.n_layers * data.d_m:,} values, more than {CONCEPTS_ALL_LIMIT:,} "
+                             "to cluster at once; pick one layer", 422)
+        layers = list(range(data.n_layers))
+    else:
+        layers = [integer(layer if layer not in (None, "") else data.n_layers, "layer", 1, data.n_layers, 422) - 1]
+    found, members = method.concepts(data.loaded, layers)
+    shown = []
+    for row in found.head(CONCEPTS_SHOWN).itertuples():
+        mem = members[members["concept"] == row.concept]
+        shown.append({"concept": row.concept, "size": row.size, "tokens": row.tokens,
+                      "layers": [layer_number(x) for x in row.layers],
+                      "memories": [{"layer": int(m.layer), "key": int(m.key), "top": list(m.top_tokens)}
+                                   for m in mem.itertuples()]})
+    return render("concepts.html", **_common(data, root), concepts=shown, n_concepts=len(found),
+                  layer=("all" if layer == "all" else layer_number(layers[0])), all_ok=all_ok,
+                  top=method.TOP, min_shared=method.MIN_SHARED, run_path=str(data.run.path))

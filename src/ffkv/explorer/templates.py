@@ -11,7 +11,7 @@ TEMPLATES = {
 <link rel="icon" href="data:,"><title>{% block title %}ffkv explorer{% endblock %} · {{ run_name }}</title>
 <style>{{ css }}</style></head>
 <body><header class="top"><a href="{{ root }}/">ffkv · {{ run_name }}</a><a href="{{ root }}/search">Search</a>
-<a href="{{ root }}/trace">Trace</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}
+<a href="{{ root }}/trace">Trace</a><a href="{{ root }}/concepts">Concepts</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}
 <span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}</span></header>
 <main>{% block main %}{% endblock %}</main></body></html>""",
 
@@ -127,6 +127,22 @@ The trigger position is boxed, the next token underlined.</p>
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
 <td>{% for mem in h.memories[:shown] %}{% include "chip.html" %}{% endfor %}
 {% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{% include "chip.html" %}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+{% endblock %}""",
+
+"concepts.html": """{% extends "base.html" %}{% block title %}concepts{% endblock %}
+{% block main %}<h1>Concepts{% if layer == "all" %} · all layers{% else %} · layer {{ layer }}{% endif %}</h1>
+<form method="get" action="{{ root }}/concepts" id="concepts-layer"><p>Layer
+<select name="layer">{% for i in range(n_layers) %}<option value="{{ ln(i) }}"{% if layer == ln(i) %} selected{% endif %}>{{ ln(i) }}</option>{% endfor %}{% if all_ok %}<option value="all"{% if layer == "all" %} selected{% endif %}>all layers</option>{% endif %}</select>
+<button type="submit">Cluster</button></p></form>
+<p class="note" id="method">Each value's top {{ top }} tokens of v·Eᵀ (identity projection, as in the paper); two values are linked
+when they share at least {{ min_shared }} of them, and a concept is a connected group of at least two values (single linkage), named
+by the tokens most of its values share. {{ n_concepts }} concept{{ "s" if n_concepts != 1 }}{% if n_concepts > concepts|length %}, the largest {{ concepts|length }} shown{% endif %}.
+Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv intervene RUN --set L:K=VALUE ...</code>, suppress it with <code>--off L:K ...</code>.</p>
+{% if not concepts %}<p class="muted" id="no-concepts">No two values of this selection share {{ min_shared }} top tokens.</p>{% endif %}
+<table id="concepts"><tr><th class="num">concept</th><th class="num">values</th><th>shared top tokens</th><th>memories</th><th>suppress it</th></tr>
+{% for c in concepts %}<tr><td class="num">{{ c.concept }}</td><td class="num">{{ c.size }}</td><td>{% for t in c.tokens %}{{ tok(t) }} {% endfor %}</td>
+<td>{% for m in c.memories %}<a class="chip" href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}" title="{{ m.top|join(' ') }}">{{ ln(m.layer) }}:{{ m.key }}</a>{% endfor %}</td>
+<td><code class="small">ffkv intervene {{ run_name }}{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %} --eval-corpus C</code></td></tr>{% endfor %}</table>
 {% endblock %}""",
 
 "chip.html": """<a class="chip" href="{{ root }}/memory/{{ ln(mem.layer) }}/{{ mem.key }}" title="rank {{ mem.rank + 1 }} of this memory's trigger examples">{{ ln(mem.layer) }}:{{ mem.key }} <span class="small muted">m={{ fmt(mem.coefficient, 2) }}</span></a>""",

@@ -58,6 +58,10 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
         "bottom layers; the share rises quickly from layer 10.")},
     "refinement_confidence": {"figure": "Figure 10", "finding": (
         "The probability the residual gives to the final prediction rises through the layers.")},
+    "membership": {"figure": "Section 8", "finding": (
+        "(Beyond the paper, which names it as future work.) Memories that store training text should fire "
+        "differently on training examples than on unseen ones: a membership signal, compared here with the "
+        "standard loss-based baseline on the same examples.")},
     "refinement_last_layer": {"figure": "Table 3", "finding": (
         "Examples where the last layer changes the residual's prediction: often to a related token or a "
         "compromise, for reading.")},
@@ -144,6 +148,13 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
     t = table.sort_values("layer").reset_index(drop=True)
     first, last = t.iloc[0], t.iloc[-1]
     n_first, n_last = f"layer {layer_number(first.layer)}", f"layer {layer_number(last.layer)}"
+    if name == "membership" and "auc" in t and "loss_auc" in t:
+        best = t.loc[(t["auc"] - 0.5).abs().idxmax()]
+        n = f"n = {int(first.n_member):,} training + {int(first.n_nonmember):,} held-out examples"
+        return (f"In this model the coefficient statistic's ROC AUC is furthest from 0.5 in layer "
+                f"{layer_number(best.layer)}: {best.auc:.3f} (95% DeLong CI {best.auc_ci_low:.3f}-"
+                f"{best.auc_ci_high:.3f}); the loss baseline's AUC is {first.loss_auc:.3f} "
+                f"({first.loss_auc_ci_low:.3f}-{first.loss_auc_ci_high:.3f}); {n}.")
     if name == "values" and "agreement_rate" in t:
         n = "n_keys_with_target" if "n_keys_with_target" in t else "n_keys" if "n_keys" in t else None
         return (f"In this model the agreement rate goes from {_share_ci(first.agreement_rate, first[n] if n else None)} "

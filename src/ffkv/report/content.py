@@ -30,6 +30,7 @@ EXPERIMENTS = {
     "refinement": "Refinement across layers (SPEC 8)",
     "census": "Census of memories: dead, token detectors, positional, value types (SPEC 9)",
     "suppressed": "Suppressed memories: an active memory knew the gold token (SPEC 9)",
+    "membership": "Membership signal: training vs held-out text (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Tables meant to be read row by row: rows shown in the report.
@@ -42,7 +43,8 @@ HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_
               "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
               "relative_change", "labels", "embedding", "calibration", "final_prediction",
-              "positions", "thresholds", "sign", "value_type_null_rate", "suppressed", "delta_p")
+              "positions", "thresholds", "sign", "value_type_null_rate", "suppressed", "delta_p", "statistic", "rule",
+              "splits")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).

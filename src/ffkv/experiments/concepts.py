@@ -1,0 +1,158 @@
+"""Concepts: values grouped by their top tokens, so that a user can pick a concept's values to promote or
+suppress (Geva et al. 2022; `ffkv intervene`).
+
+Method (single linkage on shared top tokens): T_i is the set of value v_i's `TOP` tokens with the largest
+v_i·Eᵀ (identity projection, the paper's); tokens in the top sets of more than `FREQUENT` of the selection's
+values and more than `FREQUENT_FLOOR` of them (stop words such as " the" or ",", which would chain everything
+into one group) are left out of every T_i; two values are linked when |T_i ∩ T_j| >= `MIN_SHARED`; a concept is a connected component of
+that graph with at least two values. Its name is its most shared tokens: those in the most of its values'
+top sets (frequent tokens left out). Layers count from 0 in code and in the tables.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.errors import FfkvError
+from ffkv.memories.projection import logits as project
+from ffkv.models.loading import LoadedModel
+
+#: Top tokens per value.
+TOP = 10
+#: Shared top tokens that link two values.
+MIN_SHARED = 3
+#: Tokens in more than this share of the values' top sets (and in more than `FREQUENT_FLOOR` of them) are not
+#: evidence of a concept.
+FREQUENT = 0.02
+FREQUENT_FLOOR = 10
+#: Tokens naming a concept.
+NAME_TOKENS = 5
+#: Values whose pairwise overlaps one call computes (N² counts): beyond it, ask for fewer layers.
+MAX_VALUES = 65536
+
+
+@torch.no_grad()
+def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndarray:
+    """(d_m, top) token ids: each value's top tokens of v_i·Eᵀ (identity projection), best first."""
+    view = loaded.view
+    out = []
+    values = view.values(layer)
+    for start in range(0, view.d_m, 256):
+        z = project(view, values[start:start + 256], "identity")
+        out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
+    return np.concatenate(out).astype(np.int64)
+
+
+class SharedCounts:
+    """|T_i ∩ T_j| between rows of top-token sets (each row distinct ids; negative ids match nothing), as
+    products of a sparse (rows x tokens) indicator matrix: O(nnz·chunk) per chunk of rows."""
+
+    def __init__(self, tops: np.ndarray) -> None:
+        t = torch.as_tensor(np.asarray(tops, dtype=np.int64))
+        self.n = t.shape[0]
+        valid = t >= 0
+        _, column = torch.unique(t[valid], return_inverse=True)
+        row = torch.arange(self.n)[:, None].expand_as(t)[valid]
+        self.width = int(column.max()) + 1 if column.numel() else 0
+        self.row, self.column = row, column
+        self.matrix = torch.sparse_coo_tensor(torch.stack([row, column]), torch.ones(len(row)),
+                                              (self.n, self.width), check_invariants=True).coalesce()
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start, n) counts for rows start..stop-1 against every row."""
+        dense = torch.zeros(stop - start, self.width)
+        pick = (self.row >= start) & (self.row < stop)
+        dense[self.row[pick] - start, self.column[pick]] = 1.0
+        return torch.sparse.mm(self.matrix, dense.T).T.round().to(torch.int64).numpy()
+
+
+def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int = 1024) -> np.ndarray:
+    """Connected components of the graph linking rows that share >= `min_shared` tokens: a label per row
+    (labels are the smallest row index of the component; found by propagating the smallest label along
+    the edges until nothing changes)."""
+    n = len(tops)
+    counts = SharedCounts(tops) if n else None
+    sources, targets = [], []
+    for start in range(0, n, chunk):
+        rows, cols = np.nonzero(counts.rows(start, min(n, start + chunk)) >= min_shared)
+        keep = rows + start < cols
+        sources.append(rows[keep] + start)
+        targets.append(cols[keep])
+    a = np.concatenate(sources) if sources else np.zeros(0, np.int64)
+    b = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+    labels = np.arange(n, dtype=np.int64)
+    while True:
+        before = labels.copy()
+        np.minimum.at(labels, a, labels[b])
+        np.minimum.at(labels, b, labels[a])
+        labels = labels[labels]  # jump to the label's own label
+        if np.array_equal(labels, before):
+            return labels
+
+
+def without_frequent(tops: np.ndarray, frequent: float = FREQUENT) -> np.ndarray:
+    """`tops` with every token that is in more than max(`FREQUENT_FLOOR`, frequent·N) rows replaced by a distinct negative id
+    (a placeholder that matches nothing)."""
+    tops = np.asarray(tops, dtype=np.int64)
+    if not tops.size:
+        return tops.copy()
+    ids, counts = np.unique(tops, return_counts=True)
+    common = ids[counts > max(FREQUENT_FLOOR, frequent * len(tops))]
+    out = tops.copy()
+    mask = np.isin(tops, common)
+    out[mask] = -1 - np.arange(int(mask.sum()))
+    return out
+
+
+def cluster(tops: np.ndarray, min_shared: int = MIN_SHARED, frequent: float = FREQUENT) -> list[list[int]]:
+    """The concepts among rows of top-token sets (frequent tokens left out, `without_frequent`): components of
+    >= 2 rows, largest first (then by first row)."""
+    tops = without_frequent(tops, frequent)
+    labels = link_components(tops, min_shared)
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(int(label), []).append(i)
+    found = [g for g in groups.values() if len(g) >= 2]
+    return sorted(found, key=lambda g: (-len(g), g[0]))
+
+
+def concepts(loaded: LoadedModel, layers: Sequence[int] | None = None, top: int = TOP,
+             min_shared: int = MIN_SHARED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The concepts among the values of `layers` (0-based; default all), clustered together across layers.
+
+    Returns:
+        (concepts, members): concepts has one row per concept (``concept`` from 0, largest first; ``size``;
+        ``tokens``: its most shared tokens as strings; ``token_ids``; ``layers``: the layers it spans);
+        members one row per value in a concept (``concept``, ``layer``, ``key``, ``top_tokens``).
+    """
+    view = loaded.view
+    layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
+    for layer in layers:
+        if not 0 <= layer < view.n_layers:
+            raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{view.n_layers - 1} (0-based)")
+    if not 2 <= top <= 100 or not 1 <= min_shared <= top:
+        raise FfkvError(f"need 2 <= top <= 100 and 1 <= min_shared <= top, got top={top}, min_shared={min_shared}")
+    if len(layers) * view.d_m > MAX_VALUES:
+        raise FfkvError(f"{len(layers) * view.d_m:,} values are more than {MAX_VALUES:,} to compare pairwise; "
+                        "ask for fewer layers")
+    tops = np.concatenate([value_top_tokens(loaded, layer, top) for layer in layers]) if layers else \
+        np.zeros((0, top), np.int64)
+    where = [(layer, key) for layer in layers for key in range(view.d_m)]
+    tok = loaded.tokenizer
+    rows, members = [], []
+    kept = without_frequent(tops)
+    for c, group in enumerate(cluster(tops, min_shared)):
+        counts = Counter(int(t) for i in group for t in kept[i] if t >= 0)
+        named = [t for t, _ in counts.most_common(NAME_TOKENS)]
+        rows.append({"concept": c, "size": len(group), "tokens": list(tok.token_strings(named)), "token_ids": named,
+                     "layers": sorted({where[i][0] for i in group})})
+        for i in group:
+            members.append({"concept": c, "layer": where[i][0], "key": where[i][1],
+                            "top_tokens": list(tok.token_strings([int(t) for t in tops[i]]))})
+    return (pd.DataFrame(rows, columns=["concept", "size", "tokens", "token_ids", "layers"]),
+            pd.DataFrame(members, columns=["concept", "layer", "key", "top_tokens"]))

@@ -1,0 +1,251 @@
+"""Interventions over a corpus (SPEC section 9; Geva et al. 2022): switch memories off, scale them or set
+their coefficient at every position, and measure what changes on held-out text.
+
+Each evaluation example runs twice, as it is and with the memories rewritten (`ffkv.memories.intervene`,
+which rewrites m_i at every position; leaving it restores the model exactly). Per example
+(`ffkv.experiments.scoring`): the mean token NLL and the mean probability p(S) the final distribution
+gives to a token set S. Reported, with n (examples) and 95% intervals of the paired per-example
+differences (mean ± 1.96·s/√n, `ffkv.presentation.intervals.paired_mean_interval`):
+
+- perplexity: exp of the token-weighted mean NLL, before and after (the change in mean NLL per example
+  carries the interval);
+- mass: the mean over examples of p(S), before and after, and the mean per-example change.
+
+S is the user's token set, or by default the union of the intervened memories' own top tokens: the
+`DEFAULT_TOP` tokens with the largest v_i·Eᵀ (identity projection, the paper's), or the smallest for a
+memory set to a negative value (it then writes -v_i).
+
+On the command line memories are written LAYER:KEY with LAYER counted from 1, as the explorer, the report
+and the paper count them, and KEY the 0-based memory index (the explorer's /memory/LAYER/KEY); in code,
+`Intervention` layers count from 0, as the run's tables do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from ffkv.corpus import CorpusSpec, iter_examples
+from ffkv.errors import FfkvError
+from ffkv.experiments.scoring import Scores, perplexity, score_examples
+from ffkv.memories.interventions import Intervention
+from ffkv.memories.projection import logits as project
+from ffkv.models.loading import LoadedModel
+from ffkv.presentation.intervals import paired_mean_interval
+from ffkv.store import atomic
+
+#: Tokens per intervened memory in the default token set.
+DEFAULT_TOP = 10
+INTERVAL = "95% interval of the mean paired per-example difference, mean ± 1.96·s/√n (normal approximation)"
+
+
+def _memory(text: str, n_layers: int, d_m: int, what: str) -> tuple[int, int]:
+    """'L:K' (L from 1) -> (layer from 0, key)."""
+    parts = text.strip().split(":")
+    if len(parts) != 2:
+        raise FfkvError(f"{what}: a memory is written LAYER:KEY (layers from 1, keys from 0), e.g. 3:17; got {text!r}")
+    try:
+        layer, key = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise FfkvError(f"{what}: LAYER and KEY must be integers, got {text!r}") from None
+    if not 1 <= layer <= n_layers:
+        raise FfkvError(f"{what}: layer {layer} does not exist: this model has layers 1..{n_layers} (counted from 1)")
+    if not 0 <= key < d_m:
+        raise FfkvError(f"{what}: key {key} does not exist: each layer has keys 0..{d_m - 1}")
+    return layer - 1, key
+
+
+def _assignment(text: str, n_layers: int, d_m: int, what: str) -> tuple[int, int, float]:
+    """'L:K=VALUE' -> (layer from 0, key, value)."""
+    head, eq, value = text.partition("=")
+    if not eq:
+        raise FfkvError(f"{what}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=5.0; got {text!r}")
+    layer, key = _memory(head, n_layers, d_m, what)
+    try:
+        number = float(value)
+    except ValueError:
+        raise FfkvError(f"{what}: VALUE must be a number, got {value!r} in {text!r}") from None
+    if not math.isfinite(number):
+        raise FfkvError(f"{what}: VALUE must be finite, got {value!r}")
+    return layer, key, number
+
+
+def parse_interventions(set_: Sequence[str] = (), off: Sequence[str] = (), scale: Sequence[str] = (), *,
+                        n_layers: int, d_m: int) -> list[Intervention]:
+    """The command line's --set L:K=VALUE, --off L:K and --scale L:K=FACTOR (layers from 1) as `Intervention`s
+    (layers from 0). A memory named twice is refused."""
+    out: list[Intervention] = []
+    for text in set_:
+        layer, key, value = _assignment(text, n_layers, d_m, "--set")
+        out.append(Intervention(layer, key, "set", value))
+    for text in off:
+        layer, key = _memory(text, n_layers, d_m, "--off")
+        out.append(Intervention(layer, key, "off"))
+    for text in scale:
+        layer, key, value = _assignment(text, n_layers, d_m, "--scale")
+        out.append(Intervention.scaled(layer, key, value))
+    seen: set[tuple[int, int]] = set()
+    for edit in out:
+        if (edit.layer, edit.key) in seen:
+            raise FfkvError(f"memory {edit.layer + 1}:{edit.key} is named twice; give one intervention per memory")
+        seen.add((edit.layer, edit.key))
+    if not out:
+        raise FfkvError("no intervention given: use --set L:K=VALUE, --off L:K or --scale L:K=FACTOR")
+    return out
+
+
+@torch.no_grad()
+def own_top_tokens(loaded: LoadedModel, interventions: Sequence[Intervention], n: int = DEFAULT_TOP) -> list[int]:
+    """The union of each intervened memory's own top n tokens of v_i·Eᵀ (identity projection); the bottom n
+    for a memory set to a negative value, which writes -v_i."""
+    view = loaded.view
+    tokens: set[int] = set()
+    for edit in interventions:
+        z = project(view, view.values(edit.layer)[edit.key], "identity")
+        sign = -1.0 if edit.op == "set" and edit.value < 0 else 1.0
+        tokens.update(int(i) for i in torch.topk(sign * z, min(n, z.numel())).indices)
+    return sorted(tokens)
+
+
+def token_ids(loaded: LoadedModel, tokens: str | Sequence[str | int]) -> list[int]:
+    """Token ids of a comma-separated string or a list: each item an int id, or a string that the
+    tokenizer encodes to exactly one token (as it reads in text, e.g. with its leading space)."""
+    items = [t for t in (tokens.split(",") if isinstance(tokens, str) else tokens)]
+    out = []
+    special = set(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    for item in items:
+        if isinstance(item, (int, np.integer)):
+            out.append(int(item))
+            continue
+        if item == "":
+            continue
+        ids = [i for i in loaded.tokenizer.encode(item) if int(i) not in special]
+        if len(ids) != 1:
+            shown = loaded.tokenizer.token_strings(ids) if ids else []
+            raise FfkvError(f"token {item!r} is not one token of this model's vocabulary (it encodes to {shown}); "
+                            "give single tokens, or token ids")
+        out.append(int(ids[0]))
+    if not out:
+        raise FfkvError("--tokens names no token")
+    bad = [i for i in out if not 0 <= i < loaded.view.vocab_size]
+    if bad:
+        raise FfkvError(f"token id {bad[0]} does not exist: ids are 0..{loaded.view.vocab_size - 1}")
+    return sorted(set(out))
+
+
+@dataclass
+class InterventionResult:
+    """What an intervention changes over a corpus.
+
+    Attributes:
+        summary: one row per measure (perplexity, mean NLL, token-set mass): before, after, change, the
+            change's 95% interval, n.
+        examples: per example: example_id, n_predicted, nll / mass before and after.
+        interventions: what was rewritten (layers from 0).
+        token_set: the ids of S; token_strings: their strings; token_set_origin: "given" or "own top tokens".
+    """
+
+    summary: pd.DataFrame
+    examples: pd.DataFrame
+    interventions: list[Intervention]
+    token_set: list[int]
+    token_strings: list[str]
+    token_set_origin: str
+    corpus: dict = field(default_factory=dict)
+
+    def description(self) -> dict:
+        """The JSON description written beside the result (and in the Parquet metadata)."""
+        return {"interventions": [{"layer": e.layer, "layer_number": e.layer + 1, "key": e.key, "op": e.op,
+                                   "value": e.value} for e in self.interventions],
+                "token_set": self.token_set, "token_strings": self.token_strings,
+                "token_set_origin": self.token_set_origin, "interval": INTERVAL,
+                "n_examples": int(len(self.examples)), "corpus": self.corpus,
+                "layers": "layer counts from 0; layer_number from 1 (as the command line, explorer and report)"}
+
+    def write(self, path: str | Path) -> Path:
+        """Write the result atomically: ``.json`` (description, summary and per-example rows) or ``.parquet``
+        (the per-example rows, with the description and summary as JSON in the schema metadata, key ``ffkv``)."""
+        path = Path(path)
+        described = {**self.description(), "summary": self.summary.to_dict(orient="records")}
+        if path.suffix == ".json":
+            atomic.write_json(path, {**described, "examples": self.examples.to_dict(orient="records")})
+        elif path.suffix == ".parquet":
+            arrow = pa.Table.from_pandas(self.examples, preserve_index=False)
+            meta = {**(arrow.schema.metadata or {}), b"ffkv": json.dumps(described, default=str).encode()}
+            atomic.write_parquet(path, arrow.replace_schema_metadata(meta))
+        else:
+            raise FfkvError(f"--out must end in .json or .parquet, got {path.name!r}")
+        return path
+
+    def to_text(self) -> str:
+        """The summary as a readable table."""
+        edits = ", ".join(f"{e.layer + 1}:{e.key} {e.op}{'' if e.op == 'off' else ' ' + format(e.value, 'g')}"
+                          for e in self.interventions)
+        shown = ", ".join(repr(s) for s in self.token_strings[:20]) + (" ..." if len(self.token_strings) > 20 else "")
+        lines = [f"interventions (layers from 1): {edits}",
+                 f"token set S ({self.token_set_origin}, {len(self.token_set)} tokens): {shown}",
+                 f"n = {len(self.examples):,} examples; intervals: {INTERVAL}", ""]
+        header = f"{'measure':<28}{'before':>12}{'after':>12}{'change':>12}   95% interval of the change"
+        lines.append(header)
+        for row in self.summary.itertuples():
+            interval = "" if math.isnan(row.ci_low) else f"[{row.ci_low:+.5g}, {row.ci_high:+.5g}]"
+            lines.append(f"{row.measure:<28}{row.before:>12.5g}{row.after:>12.5g}{row.change:>+12.5g}   {interval}")
+        return "\n".join(lines)
+
+
+def evaluate(loaded: LoadedModel, examples: Sequence[np.ndarray], interventions: Sequence[Intervention],
+             token_set: Sequence[int] | None = None, example_ids: Sequence[int] | None = None,
+             progress: bool = False, corpus: dict | None = None) -> InterventionResult:
+    """The change an intervention makes on examples (token id arrays): perplexity and p(S), paired per example.
+
+    Args:
+        interventions: memories rewritten at every position (layers from 0).
+        token_set: S as token ids; None: the intervened memories' own top tokens (`own_top_tokens`).
+    """
+    edits = list(interventions)
+    if not edits:
+        raise FfkvError("no intervention given")
+    origin = "given" if token_set is not None else f"the intervened memories' own top {DEFAULT_TOP} tokens"
+    S = sorted(set(int(t) for t in token_set)) if token_set is not None else own_top_tokens(loaded, edits)
+    before = score_examples(loaded, examples, token_set=S, progress=progress, desc="baseline")
+    after = score_examples(loaded, examples, token_set=S, interventions=edits, progress=progress, desc="intervened")
+    return _result(loaded, before, after, edits, S, origin, example_ids, corpus or {})
+
+
+def _result(loaded, before: Scores, after: Scores, edits, S, origin, example_ids, corpus) -> InterventionResult:
+    n = len(before.nll)
+    ids = np.arange(n) if example_ids is None else np.asarray(example_ids, dtype=np.int64)
+    rows = []
+    d_nll = paired_mean_interval(after.nll - before.nll)
+    rows.append({"measure": "perplexity", "before": perplexity(before), "after": perplexity(after),
+                 "change": perplexity(after) - perplexity(before), "ci_low": float("nan"), "ci_high": float("nan"),
+                 "n": n})
+    rows.append({"measure": "mean NLL per example (nats)", "before": float(before.nll.mean()),
+                 "after": float(after.nll.mean()), "change": d_nll[0], "ci_low": d_nll[1], "ci_high": d_nll[2],
+                 "n": n})
+    d_mass = paired_mean_interval(after.mass - before.mass)
+    rows.append({"measure": "token-set mass p(S)", "before": float(before.mass.mean()),
+                 "after": float(after.mass.mean()), "change": d_mass[0], "ci_low": d_mass[1], "ci_high": d_mass[2],
+                 "n": n})
+    examples = pd.DataFrame({"example_id": ids, "n_predicted": before.n_predicted, "nll_before": before.nll,
+                             "nll_after": after.nll, "mass_before": before.mass, "mass_after": after.mass})
+    return InterventionResult(pd.DataFrame(rows), examples, list(edits), list(S),
+                              list(loaded.tokenizer.token_strings(list(S))), origin, corpus)
+
+
+def evaluate_corpus(loaded: LoadedModel, spec: CorpusSpec, interventions: Sequence[Intervention],
+                    token_set: Sequence[int] | None = None, progress: bool = False) -> InterventionResult:
+    """`evaluate` on a corpus's examples (those with at least two tokens)."""
+    examples = [e for e in iter_examples(spec, loaded.tokenizer) if len(e.token_ids) >= 2]
+    if not examples:
+        raise FfkvError(f"no examples with two or more tokens in {spec.source} (split {spec.split!r})")
+    return evaluate(loaded, [np.asarray(e.token_ids, np.int64) for e in examples], interventions, token_set,
+                    [e.example_id for e in examples], progress, spec.to_dict())

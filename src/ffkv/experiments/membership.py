@@ -1,0 +1,166 @@
+"""Membership signal (SPEC section 9; paper Section 8): do memories fire differently on training text?
+
+Equal numbers of member examples (from the model's training split) and non-member examples (held out
+from training) are drawn, each a seeded uniform subset of its corpus (`ffkv.experiments.common.eval_spec`,
+read with the run's unit options). Each example goes through the model once (`ffkv.experiments.scoring`):
+
+- per layer, the coefficient statistic: the mean over the example's non-special positions of the mean
+  of the `TOP_K` largest |m_i| (magnitudes: the signed rule of `ffkv.memories.active`);
+- the loss baseline: the example's mean token NLL (members are expected to score lower; its AUC is read
+  with the score -NLL).
+
+Per layer, the ROC AUC of the statistic separating members from non-members (AUC > 0.5: members have
+larger top coefficients; < 0.5: smaller; 0.5: no signal), with its DeLong 95% interval; the same for
+the loss baseline. Which split each example came from is written to ``membership_examples``.
+
+Splits: ffkv-tiny (embedded) knows its own (`ffkv.models.default_corpus`: every 20th verse held out), so
+they are the default for it. For any other model both corpora must be named (``member_corpus`` and
+``nonmember_corpus``; ``ffkv analyze --only membership --member-corpus A --nonmember-corpus B``): ffkv
+cannot know what a model was trained on, and refuses rather than guess. Run as part of every experiment
+(no ``--only``) on a model with no known split and no corpora given, the experiment is skipped with a
+note (`skip_reason`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ffkv.corpus import iter_examples
+from ffkv.errors import FfkvError
+from ffkv.experiments.common import RunContext, eval_spec, sample_size_warnings
+from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.scoring import TOP_K, score_examples
+from ffkv.presentation.intervals import auc_interval
+
+NAME = "membership"
+#: Examples drawn from each split by default (fewer when a split holds fewer usable examples).
+N_PER_SPLIT = 1000
+#: Models whose training split ffkv knows: model id -> (member split, non-member split) of the embedded corpus.
+KNOWN_SPLITS = {"ffkv-tiny": ("train", "heldout")}
+INTERVAL = "95% DeLong interval of the ROC AUC (AUC ± 1.96·SE, clipped to [0, 1])"
+
+
+def _options(ctx: RunContext) -> dict:
+    return dict(ctx.options.get(NAME, {})) if hasattr(ctx, "options") else {}
+
+
+def skip_reason(ctx: RunContext) -> str | None:
+    """Why the experiment cannot run on this run with these options (None when it can)."""
+    opts = _options(ctx)
+    if ctx.view.encoder:
+        return "membership scores next-token loss: it needs a causal LM (this model is an encoder)"
+    member, nonmember = opts.get("member_corpus"), opts.get("nonmember_corpus")
+    if (member is None) != (nonmember is None):
+        return "membership needs both --member-corpus and --nonmember-corpus (one was given)"
+    if member is None and ctx.loaded.model_id not in KNOWN_SPLITS:
+        return (f"membership: ffkv does not know which text {ctx.loaded.model_id!r} was trained on; name both "
+                "splits with --member-corpus (training text) and --nonmember-corpus (text never trained on)")
+    return None
+
+
+def corpora(ctx: RunContext) -> tuple[object, object, str]:
+    """(member source, non-member source, where they came from) for this run."""
+    why = skip_reason(ctx)
+    if why:
+        raise FfkvError(why)
+    opts = _options(ctx)
+    if opts.get("member_corpus") is not None:
+        return opts["member_corpus"], opts["nonmember_corpus"], "given by the user"
+    from ffkv.models.default_corpus import default_corpus_path
+
+    member, nonmember = KNOWN_SPLITS[ctx.loaded.model_id]
+    return (str(default_corpus_path(member)), str(default_corpus_path(nonmember)),
+            f"{ctx.loaded.model_id}'s own training split (embedded corpus: every 20th verse held out)")
+
+
+def draw_examples(ctx: RunContext, member, nonmember, n: int) -> pd.DataFrame:
+    """Equal numbers of member and non-member examples (seeded subsets; examples of < 2 tokens left out)."""
+    found = {}
+    for label, source in (("member", member), ("nonmember", nonmember)):
+        spec = eval_spec(ctx.manifest, source, None, n, ctx.seed)
+        found[label] = [(e.example_id, np.asarray(e.token_ids, np.int64), e.text, spec.source)
+                        for e in iter_examples(spec, ctx.tokenizer) if len(e.token_ids) >= 2]
+    k = min(len(v) for v in found.values())
+    if k < 2:
+        raise FfkvError(f"membership needs at least 2 examples of each split; found {len(found['member'])} members "
+                        f"and {len(found['nonmember'])} non-members")
+    rng = np.random.default_rng(ctx.seed)
+    kept = {label: [v[i] for i in np.sort(rng.choice(len(v), size=k, replace=False))] for label, v in found.items()}
+    rows = [{"split": label, "member": label == "member", "source": src, "example_id": int(eid), "token_ids": ids,
+             "text": text} for label in ("member", "nonmember") for eid, ids, text, src in kept[label]]
+    return pd.DataFrame(rows)
+
+
+def per_layer_auc(stat: np.ndarray, member: np.ndarray) -> pd.DataFrame:
+    """Per layer: the AUC of the statistic (members as positives) with its DeLong interval."""
+    rows = []
+    for layer in range(stat.shape[1]):
+        auc, low, high = auc_interval(stat[member, layer], stat[~member, layer])
+        rows.append({"layer": layer, "auc": auc, "auc_ci_low": low, "auc_ci_high": high,
+                     "mean_member": float(stat[member, layer].mean()),
+                     "mean_nonmember": float(stat[~member, layer].mean()),
+                     "n_member": int(member.sum()), "n_nonmember": int((~member).sum())})
+    return pd.DataFrame(rows)
+
+
+def compute(ctx: RunContext) -> dict:
+    opts = _options(ctx)
+    member, nonmember, origin = corpora(ctx)
+    examples = draw_examples(ctx, member, nonmember, int(opts.get("n", N_PER_SPLIT)))
+    scores = score_examples(ctx.loaded, list(examples["token_ids"]), coefficients=True, progress=ctx.progress,
+                            desc="membership")
+    is_member = examples["member"].to_numpy(bool)
+    table = per_layer_auc(scores.top_coefficients, is_member)
+    auc, low, high = auc_interval(-scores.nll[is_member], -scores.nll[~is_member])
+    loss = {"auc": auc, "auc_ci_low": low, "auc_ci_high": high,
+            "mean_member": float(scores.nll[is_member].mean()), "mean_nonmember": float(scores.nll[~is_member].mean()),
+            "n_member": int(is_member.sum()), "n_nonmember": int((~is_member).sum())}
+    table = table.assign(loss_auc=auc, loss_auc_ci_low=low, loss_auc_ci_high=high)
+    L = scores.top_coefficients.shape[1]
+    base = examples.drop(columns=["token_ids"]).assign(
+        n_tokens=[len(t) for t in examples["token_ids"]], mean_nll=scores.nll)
+    out = base.loc[base.index.repeat(L)].reset_index(drop=True).assign(
+        layer=np.tile(np.arange(L, dtype=np.int16), len(base)), top_coefficients=scores.top_coefficients.ravel())
+    return {"per_layer": table, "loss": loss, "examples": out, "origin": origin,
+            "member_corpus": str(member), "nonmember_corpus": str(nonmember)}
+
+
+def draw(ctx: RunContext, table: pd.DataFrame, loss: dict) -> None:
+    x = table["layer"].to_numpy()
+    auc = table["auc"].to_numpy()
+    fig, ax = new_figure()
+    ax.errorbar(x, auc, yerr=[auc - table["auc_ci_low"].to_numpy(), table["auc_ci_high"].to_numpy() - auc],
+                fmt="o-", color=COLORS["shallow"], ecolor="black", elinewidth=0.8, capsize=2,
+                label=f"mean top-{TOP_K} |m| per position")
+    ax.axhline(loss["auc"], color=COLORS["last"], linestyle="--",
+               label=f"loss baseline (-NLL): {loss['auc']:.3f} [{loss['auc_ci_low']:.3f}, {loss['auc_ci_high']:.3f}]")
+    ax.axhspan(loss["auc_ci_low"], loss["auc_ci_high"], color=COLORS["last"], alpha=0.12)
+    ax.axhline(0.5, color=COLORS["chance"], linestyle=":", label="no signal (0.5)")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("ROC AUC, training vs held-out")
+    ax.set_title(f"Membership signal per layer (95% DeLong intervals)\n"
+                 f"n = {loss['n_member']:,} training + {loss['n_nonmember']:,} held-out examples")
+    layer_axis(ax, ctx.view.n_layers)
+    legend_outside(ax)
+    save_figure(fig, ctx.run.path, NAME)
+
+
+def run(ctx: RunContext) -> dict:
+    result = compute(ctx)
+    loss = result["loss"]
+    n = loss["n_member"] + loss["n_nonmember"]
+    meta = {"n_examples": n, "n_member": loss["n_member"], "n_nonmember": loss["n_nonmember"],
+            "interval": INTERVAL,
+            "statistic": f"per example and layer: mean over non-special positions of the mean of the {TOP_K} "
+                         "largest |m_i| (signed coefficients read by magnitude)",
+            "rule": "AUC of the statistic with members as positives (> 0.5: larger on training text); the loss "
+                    "baseline is the AUC of -mean token NLL",
+            "loss_baseline": loss, "splits": result["origin"], "member_corpus": result["member_corpus"],
+            "nonmember_corpus": result["nonmember_corpus"], "seed": ctx.seed,
+            "warnings": sample_size_warnings(NAME, n)}
+    ctx.write_table(NAME, result["per_layer"], **meta)
+    ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
+    draw(ctx, result["per_layer"], loss)
+    ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME], **meta)
+    return result

@@ -1,0 +1,128 @@
+"""One forward pass per example that scores it: loss, the mass of a token set, per-layer coefficient statistics.
+
+Shared by `membership` (coefficient statistics and the loss baseline) and `interventions` (perplexity and
+token-set mass with and without memories rewritten). Each example is a whole token sequence; a causal LM
+predicts token t+1 from x_1..x_{t+1} at every position t that has a next token (special tokens such as
+</s> included, as in training). Per example:
+
+- ``nll``: the mean token negative log-likelihood over those predictions (natural log); ``n_predicted``
+  how many there were (perplexity over a set of examples is exp(Σ nll·n / Σ n)).
+- ``mass``: the mean, over the same positions, of p(S), the probability the model's final distribution
+  gives to the token set S (when S is given).
+- ``top_coefficients``: per layer, the mean over the example's non-special positions of the mean of the
+  `top_k` largest |m_i| at the position (|m_i|: the signed rule of `ffkv.memories.active` reads
+  magnitudes, so a gated or GELU model's negative coefficients count as much as positive ones).
+
+The final distribution is the model's own LM head applied to its captured input (bias included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ffkv.errors import FfkvError
+from ffkv.experiments.common import as_numpy, progress_bar
+from ffkv.experiments.heldout import _final_logits
+from ffkv.memories.interventions import Intervention, intervene
+from ffkv.models.loading import LoadedModel
+from ffkv.parallel import gather_rows
+
+#: Coefficients averaged per position for the ``top_coefficients`` statistic.
+TOP_K = 16
+
+
+@dataclass
+class Scores:
+    """Per example (rows, in input order): see the module's docstring.
+
+    nll: (N,) mean token NLL; n_predicted: (N,) predictions it averages; mass: (N,) mean p(S), NaN without S;
+    top_coefficients: (N, L) per-layer statistic, None when not asked for.
+    """
+
+    nll: np.ndarray
+    n_predicted: np.ndarray
+    mass: np.ndarray
+    top_coefficients: np.ndarray | None
+
+
+def perplexity(scores: Scores) -> float:
+    """exp of the token-weighted mean NLL over every prediction of the examples."""
+    n = scores.n_predicted.astype(np.float64)
+    return float(np.exp((scores.nll * n).sum() / n.sum()))
+
+
+@torch.no_grad()
+def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, token_set: Iterable[int] = (),
+                   coefficients: bool = False, top_k: int = TOP_K,
+                   interventions: Sequence[Intervention] = (), progress: bool = False,
+                   desc: str = "scoring") -> Scores:
+    """Score each example in one forward pass (batched by length; under torchrun each rank its share).
+
+    Args:
+        token_lists: the examples' token ids (each with at least two tokens to have a prediction).
+        token_set: the token ids of S for ``mass`` (empty: ``mass`` is NaN).
+        coefficients: also compute the per-layer ``top_coefficients`` statistic.
+        interventions: memories rewritten at every position during the pass (`ffkv.memories.intervene`).
+    """
+    from ffkv.batching import row_batches
+
+    view = loaded.view
+    if view.encoder:
+        raise FfkvError("scoring by next-token loss needs a causal LM; this model is an encoder (masked LM)")
+    N, L = len(token_lists), view.n_layers
+    short = [i for i, t in enumerate(token_lists) if len(t) < 2]
+    if short:
+        raise FfkvError(f"example {short[0]} has fewer than 2 tokens: nothing to predict")
+    S = torch.as_tensor(sorted({int(t) for t in token_set}), dtype=torch.long, device=view.device)
+    if len(S) and (int(S.min()) < 0 or int(S.max()) >= view.vocab_size):
+        raise FfkvError(f"token ids must lie in 0..{view.vocab_size - 1}")
+    k = min(top_k, view.d_m)
+    nll = np.zeros(N, np.float64)
+    count = np.zeros(N, np.int64)
+    mass = np.full(N, np.nan, np.float64)
+    stat = np.zeros((N, L), np.float64) if coefficients else None
+    state: dict = {}
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        if name == "coefficients":
+            top = t.float().abs().topk(k, dim=-1).values.mean(-1)  # (B, T)
+            w = state["competes"]
+            state[(name, layer)] = (top * w).sum(-1) / w.sum(-1).clamp(min=1)
+        elif name == "head_in" or layer == L - 1:  # resid_post: only the last layer's, for models without a head module
+            state[(name, layer)] = t
+
+    special = sorted(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    mine = row_batches([(i, np.asarray(t, dtype=np.int64)) for i, t in enumerate(token_lists)],
+                       loaded.tokenizer.pad_id, special, view.device)
+    quantities = ("coefficients", "head_in", "resid_post") if coefficients else ("head_in", "resid_post")
+    bar = progress_bar(progress, len(mine.rows), desc, "ex")
+    try:
+        with intervene(view, interventions), view.capture(quantities, sink=sink):
+            for idx, batch in mine:
+                state.clear()
+                state["competes"] = batch.competes.float()
+                view.forward(batch.input_ids, batch.attention_mask, with_head=True)
+                head_in = state.get(("head_in", -1))
+                for row, i in enumerate(idx):  # one example's (T, |V|) logits at a time: bounded memory
+                    n = int(batch.attention_mask[row].sum())
+                    z = _final_logits(view, None if head_in is None else head_in[row, :n - 1],
+                                      state[("resid_post", L - 1)][row, :n - 1])
+                    logp = torch.log_softmax(z.float(), dim=-1)  # (n-1, V): position t predicts token t+1
+                    nxt = batch.input_ids[row, 1:n]
+                    nll[i] = float(-logp.gather(-1, nxt[:, None]).double().mean())
+                    count[i] = n - 1
+                    if len(S):
+                        mass[i] = float(logp[:, S].exp().sum(-1).double().mean())
+                if stat is not None:
+                    for layer in range(L):
+                        stat[idx, layer] = as_numpy(state[("coefficients", layer)])
+                bar.update(len(idx))
+    finally:
+        bar.close()
+    arrays = {"nll": nll, "count": count, "mass": mass, **({"stat": stat} if stat is not None else {})}
+    arrays = gather_rows(arrays, mine.rows)
+    return Scores(arrays["nll"], arrays["count"], arrays["mass"], arrays.get("stat"))

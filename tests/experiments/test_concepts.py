@@ -1,0 +1,91 @@
+"""Concepts: the clusters against brute force (top tokens by explicit products, overlaps by Python sets,
+components by breadth-first search) on hand-built values, and the explorer's page on a run built by the
+real pipeline."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from ffkv.errors import FfkvError
+from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts
+from ffkv.explorer import create_app
+from support.helpers import loaded_tiny
+
+
+def brute_clusters(tops: list[list[int]], min_shared: int, frequent: float) -> list[list[int]]:
+    n = len(tops)
+    count: dict[int, int] = {}
+    for row in tops:
+        for t in row:
+            count[t] = count.get(t, 0) + 1
+    common = {t for t, c in count.items() if c > max(FREQUENT_FLOOR, frequent * n)}
+    sets = [set(row) - common for row in tops]
+    seen, groups = set(), []
+    for i in range(n):
+        if i in seen:
+            continue
+        group, queue = [], deque([i])
+        seen.add(i)
+        while queue:
+            a = queue.popleft()
+            group.append(a)
+            for b in range(n):
+                if b not in seen and len(sets[a] & sets[b]) >= min_shared:
+                    seen.add(b)
+                    queue.append(b)
+        if len(group) >= 2:
+            groups.append(sorted(group))
+    return sorted(groups, key=lambda g: (-len(g), g[0]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cluster_matches_brute_force_on_random_top_sets(seed):
+    rng = np.random.default_rng(seed)
+    tops = np.array([rng.choice(40, size=6, replace=False) for _ in range(120)])
+    for min_shared in (2, 3):
+        assert cluster(tops, min_shared, frequent=0.2) == brute_clusters(tops.tolist(), min_shared, 0.2)
+
+
+def test_concepts_of_hand_built_values_match_brute_force():
+    loaded = loaded_tiny("gpt2")
+    view = loaded.view
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        u, w = torch.randn(view.d_model, generator=g), torch.randn(view.d_model, generator=g)
+        for key in (0, 1, 2):   # three values along u, two along w: two concepts that must be found
+            view.values(1)[key] = 10 * u + 0.01 * torch.randn(view.d_model, generator=g)
+        for key in (7, 9):
+            view.values(1)[key] = 10 * w + 0.01 * torch.randn(view.d_model, generator=g)
+    found, members = concepts(loaded, [1])
+    groups = [sorted(members[members["concept"] == c]["key"].tolist()) for c in found["concept"]]
+    with torch.no_grad():
+        tops = [torch.topk(view.values(1)[k] @ view.unembedding.T, TOP).indices.tolist() for k in range(view.d_m)]
+    assert groups == brute_clusters(tops, MIN_SHARED, FREQUENT)
+    assert any({0, 1, 2} <= set(g) for g in groups) and any({7, 9} <= set(g) for g in groups)
+    assert (found["size"] == [len(g) for g in groups]).all() and (members["layer"] == 1).all()
+    with pytest.raises(FfkvError, match="layer 9 does not exist"):
+        concepts(loaded, [9])
+
+
+def test_concepts_page_answers_on_a_real_run(analyzed):
+    run, loaded = analyzed
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded),
+                    raise_server_exceptions=False) as client:
+        page = client.get("/concepts?layer=2")
+        assert page.status_code == 200 and 'id="method"' in page.text
+        found, members = concepts(loaded, [1])  # layer 2 on the page counts from 1
+        first = members[members["concept"] == 0]
+        links = set(re.findall(r'href="/memory/(\d+)/(\d+)"', page.text))
+        assert {("2", str(k)) for k in first["key"]} <= links
+        assert f"{len(found)} concept" in page.text
+        assert client.get("/concepts").status_code == 200  # the last layer by default
+        assert client.get("/concepts?layer=all").status_code == 200
+        for bad in ("0", "99", "x"):
+            assert client.get(f"/concepts?layer={bad}").status_code == 422
+        assert client.post("/concepts").status_code in (403, 405)

@@ -1,0 +1,140 @@
+"""Interventions over a corpus: the change in token-set mass against a hand computation on a model where
+setting a memory must raise a known token; off and on again restores the baseline exactly; bad input is
+refused clearly (library and command line); the written result reads back."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ffkv import cli
+from ffkv.errors import FfkvError
+from ffkv.experiments.corpus_interventions import evaluate, own_top_tokens, parse_interventions, token_ids
+from ffkv.experiments.scoring import score_examples
+from ffkv.memories import Intervention
+from ffkv.models import loading
+from support import tiny_cli
+from support.experiment_runs import make_run
+from support.helpers import loaded_tiny
+from support.runs import sharpen
+
+TEXTS = ("the cat sat on the mat", "a dog ran far away", "red quick of x", "on a mat")
+
+
+def _examples(loaded):
+    return [np.array(loaded.tokenizer.encode(t), dtype=np.int64) for t in TEXTS]
+
+
+def _planted():
+    """A tiny GPT-2 whose last layer's memory 5 writes a large multiple of E[t], t the token with the largest
+    embedding norm: set to a positive coefficient at every position it must raise p(t)."""
+    loaded = sharpen(loaded_tiny("gpt2"))
+    view = loaded.view
+    last = view.n_layers - 1
+    with torch.no_grad():
+        target = int(view.unembedding.norm(dim=1).argmax())
+        view.values(last)[5] = view.unembedding[target] / view.unembedding[target].norm()
+    return loaded, last, target
+
+
+@torch.no_grad()
+def _hand_mass(loaded, ids: np.ndarray, layer: int, key: int, value: float, tokens: list[int]) -> tuple[float, float]:
+    """Mean p(S) over the predicting positions, before and with m_key := value, computed from the last layer's
+    residual: the rewrite adds (value - m)·v_key to it, and nothing but the final norm and the head follows."""
+    view = loaded.view
+    with view.capture(("coefficients", "resid_post")) as cap:
+        view.forward(torch.as_tensor(ids)[None])
+    resid = cap["resid_post"][layer][0]
+    m = cap["coefficients"][layer][0][:, key]
+    edited = resid + (value - m)[:, None] * view.values(layer)[key]
+    out = []
+    for h in (resid, edited):
+        p = torch.softmax(view.final_logits(view.final_norm(h)).double(), -1)[:-1]  # positions that predict
+        out.append(float(p[:, tokens].sum(-1).mean()))
+    return out[0], out[1]
+
+
+def test_setting_a_memory_raises_its_token_as_computed_by_hand():
+    loaded, last, target = _planted()
+    examples = _examples(loaded)
+    result = evaluate(loaded, examples, [Intervention(last, 5, "set", 200.0)], token_set=[target])
+    hand = np.array([_hand_mass(loaded, ids, last, 5, 200.0, [target]) for ids in examples])
+    got = result.examples
+    np.testing.assert_allclose(got["mass_before"], hand[:, 0], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(got["mass_after"], hand[:, 1], rtol=1e-4, atol=1e-7)
+    row = result.summary.set_index("measure").loc["token-set mass p(S)"]
+    assert row["change"] == pytest.approx((hand[:, 1] - hand[:, 0]).mean(), rel=1e-4)
+    assert row["after"] > 0.9 > row["before"]  # the planted token now dominates
+    d = hand[:, 1] - hand[:, 0]
+    half = 1.959963984540054 * d.std(ddof=1) / np.sqrt(len(d))
+    assert (row["ci_low"], row["ci_high"]) == (pytest.approx(d.mean() - half, rel=1e-3),
+                                                pytest.approx(d.mean() + half, rel=1e-3))
+    assert row["n"] == len(TEXTS)
+    # The default token set is the memory's own top tokens: the planted token is its top one.
+    assert own_top_tokens(loaded, [Intervention(last, 5, "set", 200.0)], n=1) == [target]
+    # Perplexity is exp of the token-weighted mean NLL.
+    n = got["n_predicted"].to_numpy()
+    ppl = result.summary.set_index("measure").loc["perplexity"]
+    assert ppl["before"] == pytest.approx(np.exp((got["nll_before"] * n).sum() / n.sum()))
+
+
+def test_switching_a_memory_off_and_on_again_restores_the_baseline_exactly():
+    loaded, last, target = _planted()
+    examples = _examples(loaded)
+    base = score_examples(loaded, examples, token_set=[target])
+    off = score_examples(loaded, examples, token_set=[target], interventions=[Intervention(last, 5, "off")])
+    again = score_examples(loaded, examples, token_set=[target])
+    assert not np.array_equal(off.mass, base.mass)
+    assert np.array_equal(again.nll, base.nll) and np.array_equal(again.mass, base.mass)
+    # Scaling by 1 and setting to the coefficient's own value change nothing either.
+    same = score_examples(loaded, examples, token_set=[target], interventions=[Intervention(last, 5, "scale", 1.0)])
+    assert np.array_equal(same.nll, base.nll)
+
+
+def test_bad_interventions_are_refused_clearly():
+    shape = {"n_layers": 3, "d_m": 10}
+    assert parse_interventions(["1:2=5"], ["3:0"], ["2:9=0.5"], **shape) == [
+        Intervention(0, 2, "set", 5.0), Intervention(2, 0, "off"), Intervention(1, 9, "scale", 0.5)]
+    for args, message in ((dict(set_=["1-2=5"]), "LAYER:KEY"), (dict(set_=["1:2"]), "LAYER:KEY=VALUE"),
+                          (dict(set_=["1:2=abc"]), "must be a number"), (dict(set_=["1:2=nan"]), "finite"),
+                          (dict(off=["0:1"]), "layer 0 does not exist"), (dict(off=["4:1"]), "layers 1..3"),
+                          (dict(off=["1:10"]), "keys 0..9"), (dict(off=["a:b"]), "integers"),
+                          (dict(off=["1:1"], scale=["1:1=2"]), "named twice"), ({}, "no intervention")):
+        with pytest.raises(FfkvError, match=message):
+            parse_interventions(**args, **shape)
+    loaded = loaded_tiny("gpt2")
+    assert token_ids(loaded, "a,b") == sorted(loaded.tokenizer.encode("a") + loaded.tokenizer.encode("b"))
+    with pytest.raises(FfkvError, match="not one token"):
+        token_ids(loaded, "ab")
+    with pytest.raises(FfkvError, match="does not exist"):
+        token_ids(loaded, [10 ** 6])
+
+
+def test_the_command_line_prints_the_table_and_writes_the_result(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    run, _ = make_run(tmp_path / "r", n=30)
+    corpus = tmp_path / "r" / "corpus.txt"
+    out = tmp_path / "result.json"
+    code = cli.main(["intervene", str(run), "--set", "2:3=4", "--off", "1:0", "--eval-corpus", str(corpus),
+                     "--n-eval", "10", "--tokens", "a,b", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "token-set mass p(S)" in printed and "n = 10 examples" in printed and "2:3 set 4" in printed
+    saved = json.loads(out.read_text())
+    assert saved["n_examples"] == 10 and len(saved["examples"]) == 10
+    assert {(e["layer"], e["layer_number"], e["key"], e["op"]) for e in saved["interventions"]} == {
+        (1, 2, 3, "set"), (0, 1, 0, "off")}
+    parquet = tmp_path / "result.parquet"
+    assert cli.main(["intervene", str(run), "--scale", "1:0=2", "--eval-corpus", str(corpus), "--n-eval", "5",
+                     "--out", str(parquet), "--no-progress"]) == 0
+    assert len(pd.read_parquet(parquet)) == 5
+    capsys.readouterr()
+    for argv, message in ((["--set", "1:3"], "LAYER:KEY=VALUE"), (["--off", "9:0"], "layers 1..3"),
+                          ([], "no intervention"), (["--off", "1:0", "--out", str(tmp_path / "x.csv")], ".json or .parquet")):
+        code = cli.main(["intervene", str(run), "--eval-corpus", str(corpus), "--n-eval", "3", "--no-progress", *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
