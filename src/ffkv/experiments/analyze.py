@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import ablations, composition, lookups, patterns, refinement, values
+from ffkv.experiments import ablations, composition, lookups, patterns, pruning, refinement, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
@@ -29,13 +29,15 @@ from ffkv.store.run import RunDir
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
-           "composition": composition, "refinement": refinement, "lookups": lookups}
+           "composition": composition, "refinement": refinement,
+           "pruning": pruning,  # beyond the paper (SPEC 9); after any census, which its census criterion reads
+           "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
-HELD_OUT = ("composition", "refinement")
+HELD_OUT = ("composition", "refinement", "pruning")
 
 
 def analyze(

@@ -28,17 +28,20 @@ EXPERIMENTS = {
     "values": "Values as distributions over the vocabulary (SPEC 6)",
     "composition": "Composition inside a layer (SPEC 7)",
     "refinement": "Refinement across layers (SPEC 8)",
+    "pruning": "Pruning memories: held-out perplexity against the share of keys removed (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Tables meant to be read row by row: rows shown in the report.
-READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12}
+READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
+                "pruning_summary": 10}
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).
 MAX_LAYER_ROWS = 64
 #: Description fields that say how a table was computed, shown with each section (others are in the file).
 HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
               "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
-              "relative_change", "labels", "embedding", "calibration", "final_prediction")
+              "relative_change", "labels", "embedding", "calibration", "final_prediction",
+              "n_tokens", "removal", "perplexity", "census")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).
