@@ -61,6 +61,10 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
     "refinement_last_layer": {"figure": "Table 3", "finding": (
         "Examples where the last layer changes the residual's prediction: often to a related token or a "
         "compromise, for reading.")},
+    "pruning": {"figure": "Beyond the paper (SPEC 9)", "finding": (
+        "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every layer's "
+        "keys is removed, one curve per criterion; the seeded random removal is the baseline a criterion must "
+        "beat.")},
 }
 
 
