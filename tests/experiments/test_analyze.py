@@ -17,8 +17,9 @@ from ffkv.store.run import RunDir
 
 FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
            "refinement", "refinement_agreement", "refinement_confidence")
-#: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py).
-STUDIES = tuple(name for name in EXPERIMENTS if name != "lookups")
+#: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py;
+#: "pruning", beyond the paper, is not per layer: tests/experiments/test_pruning.py).
+STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "pruning"))
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])

@@ -258,3 +258,13 @@ def test_prune_refuses_bad_input(tiny_run, tmp_path):
     with pytest.raises(FfkvError, match="--only census"):
         prune(run, "census", 0.1, tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_an_encoder_gets_no_curve_and_says_why(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "bert", n=20, top_k=3)
+    done = analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    assert "masked-LM encoder" in done["pruning"]["skipped"]
+    assert not RunDir(run).has_metric("pruning")

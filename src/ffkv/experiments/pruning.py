@@ -408,6 +408,7 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
     out = Path(out)
     if out.exists():
         raise FfkvError(f"--out {str(out)!r} exists; give a new folder (ffkv prune never overwrites)")
+    census = read_census(RunDir(run_dir)) if criterion == "census" else None  # before loading the model
     run, manifest, given = open_run(run_dir, loaded, device)
     if loaded is not None:
         given = copy.copy(given)
@@ -417,7 +418,6 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
     intermediate_size_field(view.model)  # refuses unsupported families before any pass
     if getattr(given.tokenizer, "hf", None) is None:
         raise FfkvError("ffkv prune saves the model's Hugging Face tokenizer beside it; this model has none")
-    census = read_census(run) if criterion == "census" else None
     sample = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
     stats = key_statistics(given, token_lists=sample if criterion in NEEDS_SAMPLE else None)
     orders = removal_orders(criterion, view, stats, census, seed)
