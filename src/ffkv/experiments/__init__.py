@@ -6,6 +6,7 @@
     composition.py  SPEC 7, Figs. 7-8: active memories, the layer output as a composition
     refinement.py   SPEC 8, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
     heldout.py      the one forward pass over held-out examples that 7 and 8 share
+    pruning.py      SPEC 9 (beyond the paper): held-out perplexity against the share of keys removed; `ffkv prune`
     annotation.py   a sample of keys for human labelling (SPEC 4's human workflow)
     common.py       the run context, projections, held-out examples, tables
     figures.py      PNG + SVG figures, written atomically

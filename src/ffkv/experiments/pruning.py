@@ -68,8 +68,9 @@ SHARES = tuple(round(0.1 * i, 1) for i in range(10))
 SUMMARY_SHARES = (0.1, 0.3, 0.5)
 #: Census classes in the order they are removed (see the module docstring); other classes go after "dead".
 CENSUS_CLASS_ORDER = ("dead", "positional", "token_detector", "suppression", "prediction")
-#: Positions of one head call when reading log-probabilities (memory only, never the result).
-HEAD_CHUNK = 2048
+#: Logits held at once when reading log-probabilities: positions per head call = this over |V| (memory only,
+#: never the result; 2**25 float32 logits are 128 MiB).
+HEAD_ELEMENTS = 2**25
 
 
 def check_criterion(criterion: str) -> str:
@@ -264,12 +265,13 @@ def perplexity(view: MemoryView, batches: RowBatches, n_rows: int, removed: Remo
             hidden = source[:, :-1][valid]
             target = batch.input_ids[:, 1:][valid]
             row_nll = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
-            for s in range(0, len(target), HEAD_CHUNK):
-                h = hidden[s:s + HEAD_CHUNK]
+            chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
+            for s in range(0, len(target), chunk):
+                h = hidden[s:s + chunk]
                 logits = _final_logits(view, h if head is not None else None, h)
-                logp = torch.log_softmax(logits.double(), dim=-1)
-                picked = -logp.gather(1, target[s:s + HEAD_CHUNK, None])[:, 0]
-                row_nll.index_add_(0, where[s:s + HEAD_CHUNK, 0], picked)
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                picked = -logp.gather(1, target[s:s + chunk, None])[:, 0].double()
+                row_nll.index_add_(0, where[s:s + chunk, 0], picked)
             nll[idx] = as_numpy(row_nll)
             count[idx] = as_numpy(valid.sum(1))
     full = gather_rows({"nll": nll, "count": count}, batches.rows)
