@@ -268,3 +268,21 @@ def test_an_encoder_gets_no_curve_and_says_why(tmp_path):
     done = analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
     assert "masked-LM encoder" in done["pruning"]["skipped"]
     assert not RunDir(run).has_metric("pruning")
+
+
+def test_heldout_rows_take_a_seeded_choice_up_to_the_token_cap():
+    lists = [[1] * n for n in (5, 1, 9, 3, 7, 2, 4, 8)]
+    assert [len(t) for _, t in pruning.heldout_rows(lists)] == [5, 9, 3, 7, 2, 4, 8]
+    rows = pruning.heldout_rows(lists, max_tokens=12, seed=3)
+    # Brute force: visit the two-token-or-longer examples in default_rng(3)'s order, stop before passing 12.
+    usable = [t for t in lists if len(t) >= 2]
+    chosen, total = [], 0
+    for i in np.random.default_rng(3).permutation(len(usable)):
+        if chosen and total + len(usable[i]) - 1 > 12:
+            break
+        chosen.append(i)
+        total += len(usable[i]) - 1
+    assert [len(t) for _, t in rows] == [len(usable[i]) for i in sorted(chosen)]
+    assert [r for r, _ in rows] == list(range(len(rows)))
+    assert sum(len(t) - 1 for _, t in rows) <= 12
+    assert len(pruning.heldout_rows([[1] * 50], max_tokens=3)) == 1  # at least one example

@@ -24,8 +24,9 @@ Hugging Face config holds). Ties go to the lower key index. The criteria (docs/d
 The statistics (activation frequency, mean |m_i|) come from the run's own indexed examples
 (`ffkv.experiments.lookups.corpus_sample`), never from the held-out examples whose perplexity is measured,
 so no criterion is chosen on the test set. Perplexity is exp of the mean next-token negative
-log-likelihood over every position of every held-out example (token-weighted: each predicted token counts
-once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked`).
+log-likelihood over every position of the held-out examples read (token-weighted: each predicted token counts
+once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked`). The curve reads at most
+`MAX_TOKENS` predicted tokens: held-out examples in a seeded random order until the next would pass it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ NEEDS_SAMPLE = ("activation_frequency", "contribution", "census")
 SHARES = tuple(round(0.1 * i, 1) for i in range(10))
 #: Shares the report's table shows.
 SUMMARY_SHARES = (0.1, 0.3, 0.5)
+#: Most predicted tokens the curve reads: held-out examples are taken in a seeded random order until the next
+#: would pass this (55 masked passes of the whole held-out set would dominate `ffkv analyze`; the criteria are
+#: compared on the same tokens, so their differences are paired). n_tokens is in the table.
+MAX_TOKENS = 4096
 #: Census classes in the order they are removed (see the module docstring); other classes go after "dead".
 CENSUS_CLASS_ORDER = ("dead", "positional", "token_detector", "suppression", "prediction")
 #: Logits held at once when reading log-probabilities: positions per head call = this over |V| (memory only,
@@ -278,9 +283,23 @@ def perplexity(view: MemoryView, batches: RowBatches, n_rows: int, removed: Remo
     return Perplexity(float(full["nll"].sum()), int(full["count"].sum()))
 
 
-def heldout_rows(token_lists: Sequence[Sequence[int]]) -> list[tuple[int, np.ndarray]]:
-    """(row, token ids) of every example with at least one next token, rows numbered 0..n-1."""
+def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = None,
+                 seed: int = 0) -> list[tuple[int, np.ndarray]]:
+    """(row, token ids) of the examples with at least one next token, rows numbered 0..n-1.
+
+    With `max_tokens`, the examples are visited in a seeded random order (numpy default_rng(seed)) and kept
+    while their predicted tokens (length - 1 each) add up to at most `max_tokens` (always at least one);
+    the kept ones stay in their original order.
+    """
     kept = [np.asarray(t, dtype=np.int64) for t in token_lists if len(t) >= 2]
+    if max_tokens is not None:
+        chosen, total = [], 0
+        for i in np.random.default_rng(seed).permutation(len(kept)):
+            if chosen and total + len(kept[i]) - 1 > max_tokens:
+                break
+            chosen.append(int(i))
+            total += len(kept[i]) - 1
+        kept = [kept[i] for i in sorted(chosen)]
     return list(enumerate(kept))
 
 
@@ -305,7 +324,7 @@ def run(ctx: RunContext) -> dict:
     criteria = [c for c in CRITERIA if c != "census" or census is not None]
     stats = key_statistics(ctx.loaded, ctx.run, ctx.seed)
     held = ctx.held_out()
-    rows = heldout_rows([e.token_ids for e in held.examples])
+    rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
     if not rows:
         raise FfkvError("no held-out example has two tokens or more: nothing to measure perplexity on")
     batches = ctx.batches(rows)
@@ -334,8 +353,10 @@ def run(ctx: RunContext) -> dict:
     description = {
         "n_examples": len(rows), "n_tokens": base.n_tokens, "d_m": view.d_m, "criteria": criteria,
         "removal": "the same number of keys from every layer: the nearest integer to share·d_m, at least one kept",
-        "perplexity": "exp of the mean next-token NLL over every position of the held-out examples (token-weighted), "
-                      "removed memories masked (m_i = 0 at every position)",
+        "perplexity": "exp of the mean next-token NLL over every position of the held-out examples read "
+                      f"(token-weighted; a seeded random choice of them, at most {MAX_TOKENS} tokens), removed "
+                      "memories masked (m_i = 0 at every position)",
+        "n_heldout_examples": len(held.examples),
         "statistics": {"source": "a seeded sample of the run's indexed examples (not the held-out ones)",
                        "examples": stats.examples, "positions": stats.positions, "active": RULE, "seed": ctx.seed},
         "census": "used" if census is not None else "metrics/census.parquet absent: run `ffkv analyze RUN --only census`",
