@@ -383,12 +383,13 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 def draw(run: RunDir, table: pd.DataFrame, n_tokens: int) -> list[Path]:
     """figures/pruning: perplexity against the share of each layer's keys removed, one curve per criterion."""
-    from ffkv.experiments.figures import legend_outside, new_figure, save_figure
+    from ffkv.experiments.figures import COLORS, legend_outside, new_figure, save_figure
 
     fig, ax = new_figure(5.5, 3.8)
     for criterion, rows in table.groupby("criterion", sort=False):
+        baseline = {"color": COLORS["random"], "linestyle": "--"} if criterion == "random" else {}
         ax.plot(100 * rows["share_removed"], rows["perplexity"], marker="o", markersize=3,
-                label=criterion.replace("_", " "))
+                label=criterion.replace("_", " "), **baseline)
     ax.set_yscale("log")
     ax.set_xlabel("keys removed from every layer (%)")
     ax.set_ylabel("held-out perplexity (log scale)")
@@ -457,8 +458,11 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        given.model.save_pretrained(tmp)
-        given.tokenizer.hf.save_pretrained(tmp)
+        from ffkv.models.tiny_lm import quiet_transformers
+
+        with quiet_transformers():  # transformers' own bars; the CLI prints one line
+            given.model.save_pretrained(tmp)
+            given.tokenizer.hf.save_pretrained(tmp)
         (tmp / "ffkv_pruning.json").write_text(json.dumps({
             "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
             "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
