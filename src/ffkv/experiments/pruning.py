@@ -364,8 +364,9 @@ def run(ctx: RunContext) -> dict:
     ctx.write_table(NAME, table, **description)
     ctx.write_table(f"{NAME}_summary", summary, **description)
     figures = draw(ctx.run, table, base.n_tokens) if is_writer() else []
+    # `analyze` adds n_examples, the held-out examples available; the curve read n_examples_read of them.
     info = {"tables": [NAME, f"{NAME}_summary"], "figures": [str(p.name) for p in figures], "criteria": criteria,
-            "n_examples": len(rows), "n_tokens": base.n_tokens}
+            "n_examples_read": len(rows), "n_tokens": base.n_tokens}
     ctx.record(NAME, **info)
     return info
 
