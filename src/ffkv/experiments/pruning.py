@@ -56,6 +56,7 @@ from ffkv.memories.pruning import Removed, intermediate_size_field, masked, remo
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import gather_rows, is_writer
+from ffkv.store import atomic
 from ffkv.store.run import RunDir
 
 NAME = "pruning"
@@ -464,6 +465,8 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
         with quiet_transformers():  # transformers' own bars; the CLI prints one line
             given.model.save_pretrained(tmp)
             given.tokenizer.hf.save_pretrained(tmp)
+        for written in tmp.iterdir():
+            atomic.make_readable(written)  # some writers make 0600 files; a model folder is meant to be shared
         (tmp / "ffkv_pruning.json").write_text(json.dumps({
             "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
             "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
