@@ -286,3 +286,32 @@ def test_heldout_rows_take_a_seeded_choice_up_to_the_token_cap():
     assert [r for r, _ in rows] == list(range(len(rows)))
     assert sum(len(t) - 1 for _, t in rows) <= 12
     assert len(pruning.heldout_rows([[1] * 50], max_tokens=3)) == 1  # at least one example
+
+
+def test_an_unreadable_census_leaves_that_criterion_out_with_a_warning(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "gpt2", n=20, top_k=3)
+    RunDir(run).write_metric("census", pd.DataFrame({"layer": [0], "key": [0], "kind": ["dead"]}), {})
+    analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    table = RunDir(run).read_metric("pruning")
+    assert "census" not in set(table["criterion"]) and len(table) == 5 * 10
+    assert "census criterion was left out" in RunDir(run).metric_description("pruning")["warnings"][0]
+
+
+def test_the_curve_has_a_census_criterion_when_the_census_exists(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "gpt2", n=20, top_k=3)
+    L, d_m = loaded.view.n_layers, loaded.view.d_m
+    RunDir(run).write_metric("census", pd.DataFrame({
+        "layer": np.repeat(np.arange(L), d_m), "key": np.tile(np.arange(d_m), L),
+        "class": (["dead"] * 4 + ["prediction"] * (d_m - 4)) * L}), {})
+    analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    table = RunDir(run).read_metric("pruning")
+    assert list(dict.fromkeys(table["criterion"])) == list(pruning.CRITERIA)
+    census = table[table["criterion"] == "census"].set_index("share")
+    assert census.loc[0.1, "n_removed"] == 4  # 10% of 40: exactly the four dead keys
+    assert RunDir(run).metric_description("pruning")["census"] == "used"

@@ -321,7 +321,13 @@ def run(ctx: RunContext) -> dict:
         info = {"skipped": "perplexity is a causal LM's; this model is a masked-LM encoder"}
         ctx.record(NAME, **info)
         return info
-    census = ctx.run.read_metric("census", columns=["layer", "key", "class"]) if ctx.run.has_metric("census") else None
+    census, census_note, warnings = None, "metrics/census.parquet absent: run `ffkv analyze RUN --only census`", []
+    if ctx.run.has_metric("census"):
+        try:
+            census, census_note = read_census(ctx.run), "used"
+        except Exception as exc:  # noqa: BLE001 - another experiment's table: the other criteria still run
+            census_note = f"metrics/census.parquet not read as one (layer, key, class) row per key: {exc}"
+            warnings.append(f"pruning: the census criterion was left out ({census_note})")
     criteria = [c for c in CRITERIA if c != "census" or census is not None]
     stats = key_statistics(ctx.loaded, ctx.run, ctx.seed)
     held = ctx.held_out()
@@ -360,7 +366,7 @@ def run(ctx: RunContext) -> dict:
         "n_heldout_examples": len(held.examples),
         "statistics": {"source": "a seeded sample of the run's indexed examples (not the held-out ones)",
                        "examples": stats.examples, "positions": stats.positions, "active": RULE, "seed": ctx.seed},
-        "census": "used" if census is not None else "metrics/census.parquet absent: run `ffkv analyze RUN --only census`",
+        "census": census_note, "warnings": warnings,
     }
     ctx.write_table(NAME, table, **description)
     ctx.write_table(f"{NAME}_summary", summary, **description)
