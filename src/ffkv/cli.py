@@ -29,6 +29,16 @@ def command(name: str):
     return wrap
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -157,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
                    "patterns, ablations, values, composition, refinement; beyond the paper (SPEC 9): census, "
-                   "suppressed, membership")
+                   "suppressed, membership, pruning; lookups")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
@@ -206,6 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the evaluation subset (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p = sub.add_parser("prune", help="write a smaller model without the keys a criterion removes (SPEC 9)",
+                       description="Remove the same share of keys from every FF layer of the run's model, chosen by "
+                                   "a criterion (docs/definitions.md), and write the smaller model in its original "
+                                   "format with its tokenizer; it is loaded back and checked to give the masked "
+                                   "model's logits before --out appears.")
+    p.add_argument("run", help="a complete run directory (its manifest names the model)")
+    p.add_argument("--criterion", required=True,
+                   help="activation_frequency, value_norm, contribution, redundancy, census (needs `ffkv analyze "
+                        "RUN --only census`) or random")
+    p.add_argument("--share", required=True, type=_share, help="share of each layer's keys to remove, in [0, 1)")
+    p.add_argument("--out", required=True, help="the model folder to create (must not exist)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the corpus sample and the random criterion, as `ffkv analyze --seed` (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
 
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
                        description="SPEC section 4's human workflow: export top prefixes of sampled keys to CSV, "
@@ -303,6 +327,13 @@ def _intervene(args: argparse.Namespace) -> int:
     print(result.to_text())
     if args.out:
         print(f"written: {args.out}")
+@command("prune")
+def _prune(args: argparse.Namespace) -> int:
+    from ffkv.experiments.pruning import prune
+
+    out = prune(args.run, args.criterion, args.share, args.out, seed=args.seed, device=args.device)
+    print(f"pruned model written to {out} ({args.criterion}, {args.share:.0%} of each layer's keys removed; "
+          "see ffkv_pruning.json there)")
     return 0
 
 

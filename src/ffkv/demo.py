@@ -42,8 +42,8 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
         spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=DEMO_VERSES,
                           shuffle_seed=DEMO_SEED)
         build_index(loaded, spec, out, IndexOptions(top_k=DEMO_TOP_K), resume=run.exists(), progress=progress)
-    print("[2/3] analyze: patterns, ablations, values, composition, refinement, membership; the explorer's lookup "
-          "tables", flush=True)
+    print("[2/3] analyze: patterns, ablations, values, composition, refinement; beyond the paper: census, suppressed, "
+          "membership, pruning; the explorer's lookup tables", flush=True)
     heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
     analyze(out, eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
             options={"membership": {"n": n_eval}})  # ffkv-tiny's own split: n_eval training + n_eval held-out verses

@@ -18,8 +18,9 @@ from ffkv.store.run import RunDir
 FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
            "refinement", "refinement_agreement", "refinement_confidence")
 #: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py).
-#: membership needs the model's training split: skipped here (noted in the manifest), tested in test_membership.py.
-STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "membership"))
+#: membership needs the model's training split: skipped here (noted in the manifest), tested in test_membership.py;
+#: "pruning", beyond the paper, is not per layer: tests/experiments/test_pruning.py.
+STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "membership", "pruning"))
 #: Studies whose NAME.parquet is not per layer (the census: one row per key), and their per-layer table.
 PER_LAYER = {"census": "census_layers"}
 

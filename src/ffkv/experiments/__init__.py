@@ -10,6 +10,7 @@
     heldout.py      the one forward pass over held-out examples that 7 and 8 share
     census.py       SPEC 9: every key classed (dead, token/n-gram detector, positional; value type, eraser)
     suppressed.py   SPEC 9: active memories that ranked the gold token first where the model was wrong
+    pruning.py      SPEC 9 (beyond the paper): held-out perplexity against the share of keys removed; `ffkv prune`
     annotation.py   a sample of keys for human labelling (SPEC 4's human workflow)
     common.py       the run context, projections, held-out examples, tables
     figures.py      PNG + SVG figures, written atomically

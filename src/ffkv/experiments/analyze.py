@@ -20,8 +20,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, refinement, suppressed,
-                               values)
+from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, pruning, refinement,
+                               suppressed, values)
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.errors import FfkvError
 from ffkv.parallel import is_writer, local_device, process_group
@@ -32,15 +32,15 @@ from ffkv.store.run import RunDir
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
            "composition": composition, "refinement": refinement,
-           # Beyond the paper (SPEC section 9).
-           "census": census, "suppressed": suppressed, "membership": membership,
+           # Beyond the paper (SPEC section 9); pruning after the census, which its census criterion reads.
+           "census": census, "suppressed": suppressed, "membership": membership, "pruning": pruning,
            "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
-HELD_OUT = ("composition", "refinement", "census", "suppressed")
+HELD_OUT = ("composition", "refinement", "census", "suppressed", "pruning")
 
 
 def analyze(

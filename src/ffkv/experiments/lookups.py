@@ -164,15 +164,16 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
     active (`ffkv.memories.active`: |m_i| > tau·s_l, s_l the RMS of the layer's coefficients over the sample;
     m_i > 0 for ReLU models) and a histogram of m_i.
 
-    Returns (L, d_m) arrays ``frequency``, ``lo``, ``hi``, (L, d_m, bins) ``histogram`` (int64
-    counts of m_i in `bins` equal-width bins from lo to hi; the last bin includes hi) and
-    ``positions``, the number of positions counted.
+    Returns (L, d_m) arrays ``frequency``, ``mean_abs`` (the mean of |m_i| over the positions), ``lo``, ``hi``,
+    (L, d_m, bins) ``histogram`` (int64 counts of m_i in `bins` equal-width bins from lo to hi; the last bin
+    includes hi) and ``positions``, the number of positions counted.
     """
     view = loaded.view
     L, d_m = view.n_layers, view.d_m
     lo = torch.full((L, d_m), float("inf"), dtype=torch.float64)
     hi = torch.full((L, d_m), float("-inf"), dtype=torch.float64)
     active_count = torch.zeros(L, d_m, dtype=torch.float64)
+    abs_sum = torch.zeros(L, d_m, dtype=torch.float64)
     squares = torch.zeros(L, dtype=torch.float64)  # sum of m_i² over the layer: s_l of the active rule
     tau = active_fraction(view)
     hist = torch.zeros(L, d_m * bins, dtype=torch.int64)
@@ -194,6 +195,7 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
         hist[layer].scatter_add_(0, (index + torch.arange(d_m) * bins).ravel(), torch.ones(index.numel(), dtype=torch.int64))
         s_l = math.sqrt(float(squares[layer]) / max(total * d_m, 1))
         active_count[layer] += active(x, tau * s_l).sum(0)
+        abs_sum[layer] += x.abs().sum(0)
 
     total = 0
     for sink in (first_pass, second_pass):
@@ -207,6 +209,7 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
                     bar.update(1)
     empty = total == 0
     return {"frequency": (active_count / max(total, 1)).float().numpy(),
+            "mean_abs": (abs_sum / max(total, 1)).numpy(),
             "lo": (torch.zeros_like(lo) if empty else lo).float().numpy(),
             "hi": (torch.zeros_like(hi) if empty else hi).float().numpy(),
             "histogram": hist.view(L, d_m, bins).numpy(), "positions": np.int64(total)}

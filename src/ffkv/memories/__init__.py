@@ -5,6 +5,7 @@
     projection.py     p(h) = softmax(N(h)·Eᵀ); the chunked projection of a layer's values
     targets.py        the trigger target: the token a key's value should predict
     interventions.py  switch memories off, scale or set their coefficients
+    pruning.py        remove memories: masked (m_i = 0) or cut out of the weights (a smaller model)
 """
 
 from ffkv.memories.architectures import ARCHITECTURES, Architecture, architecture_of, supported_families

@@ -1,0 +1,522 @@
+"""Pruning memories (SPEC section 9): held-out perplexity against the share of keys removed, per criterion,
+and `prune`, which writes the smaller model (`ffkv prune RUN --criterion C --share S --out MODEL_DIR`).
+
+Which keys go. Every criterion orders the keys of each layer, first removed first; a share s removes the
+first n = `ffkv.memories.pruning.removal_count`(d_m, s) keys of that order **in every layer** (the same
+count per layer: every layer's FF stays alive, and the written model keeps the one intermediate size a
+Hugging Face config holds). Ties go to the lower key index. The criteria (docs/definitions.md):
+
+- ``activation_frequency``: least often active first: the share of positions where |m_i| > tau·s_l
+  (`ffkv.memories.active`, the explorer's activation frequency, computed by the same function,
+  `ffkv.experiments.lookups.activation_stats`, on the same seeded sample of the run's examples);
+- ``value_norm``: smallest ‖v_i‖ first;
+- ``contribution``: smallest mean |m_i|·‖v_i‖ first (the mean of |m_i| over the same sample's positions),
+  the mean norm of the memory's sub-update m_i·v_i;
+- ``redundancy``: greedy by value cosine: while keys remain, the kept key whose value has the highest
+  cosine to another kept key's value is removed (of the two in that pair, the one with the smaller ‖v_i‖;
+  then the lower index); cosines are recomputed among the kept keys after every removal;
+- ``census``: by the class of RUN/metrics/census.parquet (`ffkv analyze --only census`): dead first, then
+  classes not listed in `CENSUS_CLASS_ORDER`, then positional, token detectors, suppression and prediction
+  memories (memories whose values write a coherent token set are kept longest); within a class, smallest
+  mean |contribution| first;
+- ``random``: a seeded permutation per layer (numpy's default_rng([seed, layer])), the baseline.
+
+The statistics (activation frequency, mean |m_i|) come from the run's own indexed examples
+(`ffkv.experiments.lookups.corpus_sample`), never from the held-out examples whose perplexity is measured,
+so no criterion is chosen on the test set. Perplexity is exp of the mean next-token negative
+log-likelihood over every position of the held-out examples read (token-weighted: each predicted token counts
+once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked`). The curve reads at most
+`MAX_TOKENS` predicted tokens: held-out examples in a seeded random order until the next would pass it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from ffkv.batching import RowBatches, row_batches
+from ffkv.errors import FfkvError
+from ffkv.experiments.common import RunContext, as_numpy, open_run, progress_bar
+from ffkv.experiments.heldout import _final_logits
+from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
+from ffkv.memories.active import RULE
+from ffkv.memories.pruning import Removed, intermediate_size_field, masked, removal_count, shrink_model
+from ffkv.memories.view import MemoryView
+from ffkv.models.loading import LoadedModel
+from ffkv.parallel import gather_rows, is_writer
+from ffkv.store import atomic
+from ffkv.store.run import RunDir
+
+NAME = "pruning"
+#: The criteria, in the order of the table and the figure's legend.
+CRITERIA = ("activation_frequency", "value_norm", "contribution", "redundancy", "census", "random")
+#: Criteria that read the statistics of the corpus sample (the others read the weights alone, or the census).
+NEEDS_SAMPLE = ("activation_frequency", "contribution", "census")
+#: Shares of each layer's keys removed along the curve.
+SHARES = tuple(round(0.1 * i, 1) for i in range(10))
+#: Shares the report's table shows.
+SUMMARY_SHARES = (0.1, 0.3, 0.5)
+#: Most predicted tokens the curve reads: held-out examples are taken in a seeded random order until the next
+#: would pass this (55 masked passes of the whole held-out set would dominate `ffkv analyze`; the criteria are
+#: compared on the same tokens, so their differences are paired). n_tokens is in the table.
+MAX_TOKENS = 4096
+#: Census classes in the order they are removed (see the module docstring); other classes go after "dead".
+CENSUS_CLASS_ORDER = ("dead", "positional", "token_detector", "suppression", "prediction")
+#: Logits held at once when reading log-probabilities: positions per head call = this over |V| (memory only,
+#: never the result; 2**25 float32 logits are 128 MiB).
+HEAD_ELEMENTS = 2**25
+
+
+def check_criterion(criterion: str) -> str:
+    """The criterion, or a clear error naming the known ones."""
+    if criterion not in CRITERIA:
+        raise FfkvError(f"unknown pruning criterion {criterion!r}; choose from {', '.join(CRITERIA)}")
+    return criterion
+
+
+@dataclass(frozen=True)
+class KeyStatistics:
+    """What the criteria read, per layer (rows) and key (columns).
+
+    Attributes:
+        value_norm: ‖v_i‖ (L, d_m).
+        frequency: share of the sample's positions where the key is active (`ffkv.memories.active`), or None
+            when no sample was read.
+        mean_abs: mean |m_i| over the same positions, or None.
+        positions, examples: the sample's size (0 without a sample).
+    """
+
+    value_norm: np.ndarray
+    frequency: np.ndarray | None = None
+    mean_abs: np.ndarray | None = None
+    positions: int = 0
+    examples: int = 0
+
+    @property
+    def contribution(self) -> np.ndarray:
+        """Mean |m_i|·‖v_i‖ (L, d_m): the mean norm of each memory's sub-update."""
+        if self.mean_abs is None:
+            raise FfkvError("the contribution criterion needs coefficient statistics from a corpus sample")
+        return self.mean_abs * self.value_norm
+
+
+def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0,
+                   token_lists: Sequence[Sequence[int]] | None = None, bar=None) -> KeyStatistics:
+    """‖v_i‖ of every key and, from a corpus sample, each key's activation frequency and mean |m_i|.
+
+    Args:
+        run: the run whose examples are sampled (`corpus_sample`: SAMPLE_EXAMPLES examples of at most
+            SAMPLE_MAX_TOKENS tokens, seeded, as the explorer's activation frequency).
+        token_lists: the sample itself instead of `run` (None and no run: weights only).
+    """
+    view = loaded.view
+    norms = np.stack([view.values(layer).float().norm(dim=1).cpu().numpy() for layer in range(view.n_layers)])
+    if token_lists is None and run is not None:
+        token_lists = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
+    if token_lists is None:
+        return KeyStatistics(norms.astype(np.float64))
+    act = activation_stats(loaded, sample_batches(loaded, [list(t) for t in token_lists]), bar=bar)
+    return KeyStatistics(norms.astype(np.float64), act["frequency"].astype(np.float64), act["mean_abs"],
+                         int(act["positions"]), len(token_lists))
+
+
+def ascending(scores: np.ndarray) -> np.ndarray:
+    """Key indices from the smallest score to the largest, ties to the lower index."""
+    return np.argsort(np.asarray(scores), kind="stable")
+
+
+@torch.no_grad()
+def redundancy_order(values: Float[torch.Tensor, "d_m d"]) -> np.ndarray:
+    """The greedy redundancy order of one layer's values (module docstring): every key, first removed first.
+
+    Cosines are computed once in float64 (made exactly symmetric); each step removes, among the kept keys,
+    the one whose highest cosine to another kept key is largest (ties: smaller ‖v_i‖, then lower index),
+    and recomputes only the keys whose nearest kept neighbour it was.
+    """
+    v = values.detach().to("cpu", torch.float64)
+    n = v.shape[0]
+    norms = v.norm(dim=1)
+    unit = v / norms.clamp(min=1e-30)[:, None]
+    sim = unit @ unit.T
+    sim = (sim + sim.T) / 2
+    sim.fill_diagonal_(-math.inf)
+    best, nearest = sim.max(dim=1)
+    kept = torch.ones(n, dtype=torch.bool)
+    order = []
+    index = torch.arange(n)
+    for _ in range(n - 1):
+        top = best.max()
+        tied = torch.nonzero(kept & (best == top))[:, 0]
+        if len(tied) > 1:  # smaller norm first, then lower index
+            tied = tied[np.lexsort((as_numpy(tied), as_numpy(norms[tied])))]
+        i = int(tied[0])
+        order.append(i)
+        kept[i] = False
+        best[i] = -math.inf
+        sim[:, i] = -math.inf
+        stale = kept & (nearest == i)
+        if stale.any():
+            rows = index[stale]
+            best[rows], nearest[rows] = sim[rows].max(dim=1)
+    order.extend(int(i) for i in torch.nonzero(kept)[:, 0])
+    return np.asarray(order, dtype=np.int64)
+
+
+def read_census(run: RunDir) -> pd.DataFrame:
+    """RUN/metrics/census.parquet's (layer, key, class) columns, or a clear error saying how to make it."""
+    if not run.has_metric("census"):
+        raise FfkvError(f"the census criterion needs {run.metric_path('census')}; run "
+                        f"`ffkv analyze {run.path} --only census` first")
+    table = run.read_metric("census", columns=["layer", "key", "class"])
+    if table.duplicated(["layer", "key"]).any():
+        raise FfkvError("metrics/census.parquet holds more than one row for some key; expected one class per key")
+    return table
+
+
+def census_order(census: pd.DataFrame, layer: int, d_m: int, contribution: np.ndarray) -> np.ndarray:
+    """One layer's keys by census class (`CENSUS_CLASS_ORDER`, unlisted classes right after dead), then by
+    smallest mean |contribution|, then by key index."""
+    rows = census[census["layer"] == layer]
+    classes = np.full(d_m, None, dtype=object)
+    keys = rows["key"].to_numpy(np.int64)
+    if len(keys) != d_m or set(keys.tolist()) != set(range(d_m)):
+        raise FfkvError(f"metrics/census.parquet does not cover the {d_m} keys of layer {layer}; rerun "
+                        "`ffkv analyze RUN --only census` with this run's model")
+    classes[keys] = rows["class"].to_numpy(object)
+    rank = np.array([0 if c == "dead" else CENSUS_CLASS_ORDER.index(c) + 1 if c in CENSUS_CLASS_ORDER else 1
+                     for c in classes])
+    return np.lexsort((np.arange(d_m), contribution, rank)).astype(np.int64)
+
+
+def removal_orders(criterion: str, view: MemoryView, stats: KeyStatistics, census: pd.DataFrame | None = None,
+                   seed: int = 0) -> list[np.ndarray]:
+    """Per layer, every key in the order the criterion removes them (module docstring)."""
+    check_criterion(criterion)
+    if criterion in NEEDS_SAMPLE and stats.mean_abs is None:
+        raise FfkvError(f"the {criterion} criterion needs statistics from a corpus sample (key_statistics with a run)")
+    orders = []
+    for layer in range(view.n_layers):
+        if criterion == "activation_frequency":
+            order = ascending(stats.frequency[layer])
+        elif criterion == "value_norm":
+            order = ascending(stats.value_norm[layer])
+        elif criterion == "contribution":
+            order = ascending(stats.contribution[layer])
+        elif criterion == "redundancy":
+            order = redundancy_order(view.values(layer))
+        elif criterion == "census":
+            if census is None:
+                raise FfkvError("the census criterion needs RUN/metrics/census.parquet (`ffkv analyze RUN --only census`)")
+            order = census_order(census, layer, view.d_m, stats.contribution[layer])
+        else:
+            order = np.random.default_rng([seed, layer]).permutation(view.d_m)
+        orders.append(np.asarray(order, dtype=np.int64))
+    return orders
+
+
+def keys_to_remove(orders: Sequence[np.ndarray], share: float) -> dict[int, np.ndarray]:
+    """The first `removal_count`(d_m, share) keys of each layer's order, sorted."""
+    return {layer: np.sort(order[:removal_count(len(order), share)]) for layer, order in enumerate(orders)}
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    """Held-out perplexity: exp(nll / n_tokens), nll the summed next-token negative log-likelihood."""
+
+    nll: float
+    n_tokens: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.n_tokens) if self.n_tokens else float("nan")
+
+
+@torch.no_grad()
+def perplexity(view: MemoryView, batches: RowBatches, n_rows: int, removed: Removed | None = None) -> Perplexity:
+    """Token-weighted perplexity of the (masked) model on every position of the rows of `batches`.
+
+    Each row's token j+1 is predicted from its tokens 0..j, for every j with a next token; the
+    log-probabilities are the model's own head's (bias included). Under torchrun each rank runs its
+    batches and the per-row sums are gathered.
+    """
+    L = view.n_layers
+    nll = np.zeros(n_rows, dtype=np.float64)
+    count = np.zeros(n_rows, dtype=np.int64)
+    state: dict = {}
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        state[(name, layer)] = t
+
+    with masked(view, removed or {}), view.capture(("head_in", "resid_post"), layers=[L - 1], sink=sink):
+        for idx, batch in batches:
+            state.clear()
+            view.forward(batch.input_ids, batch.attention_mask, with_head=True)
+            head = state.get(("head_in", -1))
+            mask = batch.attention_mask.bool()
+            valid = mask[:, 1:] & mask[:, :-1]
+            where = torch.nonzero(valid)
+            source = head if head is not None else state[("resid_post", L - 1)]
+            hidden = source[:, :-1][valid]
+            target = batch.input_ids[:, 1:][valid]
+            row_nll = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
+            chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
+            for s in range(0, len(target), chunk):
+                h = hidden[s:s + chunk]
+                logits = _final_logits(view, h if head is not None else None, h)
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                picked = -logp.gather(1, target[s:s + chunk, None])[:, 0].double()
+                row_nll.index_add_(0, where[s:s + chunk, 0], picked)
+            nll[idx] = as_numpy(row_nll)
+            count[idx] = as_numpy(valid.sum(1))
+    full = gather_rows({"nll": nll, "count": count}, batches.rows)
+    return Perplexity(float(full["nll"].sum()), int(full["count"].sum()))
+
+
+def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = None,
+                 seed: int = 0) -> list[tuple[int, np.ndarray]]:
+    """(row, token ids) of the examples with at least one next token, rows numbered 0..n-1.
+
+    With `max_tokens`, the examples are visited in a seeded random order (numpy default_rng(seed)) and kept
+    while their predicted tokens (length - 1 each) add up to at most `max_tokens` (always at least one);
+    the kept ones stay in their original order.
+    """
+    kept = [np.asarray(t, dtype=np.int64) for t in token_lists if len(t) >= 2]
+    if max_tokens is not None:
+        chosen, total = [], 0
+        for i in np.random.default_rng(seed).permutation(len(kept)):
+            if chosen and total + len(kept[i]) - 1 > max_tokens:
+                break
+            chosen.append(int(i))
+            total += len(kept[i]) - 1
+        kept = [kept[i] for i in sorted(chosen)]
+    return list(enumerate(kept))
+
+
+def heldout_perplexity(loaded: LoadedModel, token_lists: Sequence[Sequence[int]],
+                       removed: Removed | None = None) -> Perplexity:
+    """`perplexity` of a list of examples' token ids (every position), the removed memories masked."""
+    rows = heldout_rows(token_lists)
+    special = getattr(loaded.tokenizer, "special_ids", ()) or ()
+    batches = row_batches(rows, loaded.tokenizer.pad_id, special, loaded.view.device)
+    return perplexity(loaded.view, batches, len(rows), removed)
+
+
+# ----------------------------------------------------------------------- the experiment
+def run(ctx: RunContext) -> dict:
+    """`ffkv analyze`'s step: metrics/pruning.parquet, metrics/pruning_summary.parquet, figures/pruning."""
+    view = ctx.view
+    if view.encoder:
+        info = {"skipped": "perplexity is a causal LM's; this model is a masked-LM encoder"}
+        ctx.record(NAME, **info)
+        return info
+    census, census_note, warnings = None, "metrics/census.parquet absent: run `ffkv analyze RUN --only census`", []
+    if ctx.run.has_metric("census"):
+        try:
+            census, census_note = read_census(ctx.run), "used"
+        except Exception as exc:  # noqa: BLE001 - another experiment's table: the other criteria still run
+            census_note = f"metrics/census.parquet not read as one (layer, key, class) row per key: {exc}"
+            warnings.append(f"pruning: the census criterion was left out ({census_note})")
+    criteria = [c for c in CRITERIA if c != "census" or census is not None]
+    stats = key_statistics(ctx.loaded, ctx.run, ctx.seed)
+    held = ctx.held_out()
+    rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
+    if not rows:
+        raise FfkvError("no held-out example has two tokens or more: nothing to measure perplexity on")
+    batches = ctx.batches(rows)
+    n_passes = 1 + len(criteria) * (len(SHARES) - 1)
+    bar = progress_bar(ctx.progress, n_passes, "pruning curves", "pass")
+    try:
+        base = perplexity(view, batches, len(rows))
+        bar.update(1)
+        records = []
+        for criterion in criteria:
+            orders = removal_orders(criterion, view, stats, census, ctx.seed)
+            for share in SHARES:
+                removed = keys_to_remove(orders, share)
+                result = base if share == 0 else perplexity(view, batches, len(rows), removed)
+                if share:
+                    bar.update(1)
+                n = removal_count(view.d_m, share)
+                records.append({"criterion": criterion, "share": share, "n_removed": n,
+                                "share_removed": n / view.d_m, "perplexity": result.perplexity,
+                                "nll": result.nll / result.n_tokens, "n_tokens": result.n_tokens,
+                                "n_examples": len(rows)})
+    finally:
+        bar.close()
+    table = pd.DataFrame(records)
+    summary = summarize(table)
+    description = {
+        "n_examples": len(rows), "n_tokens": base.n_tokens, "d_m": view.d_m, "criteria": criteria,
+        "removal": "the same number of keys from every layer: the nearest integer to share·d_m, at least one kept",
+        "perplexity": "exp of the mean next-token NLL over every position of the held-out examples read "
+                      f"(token-weighted; a seeded random choice of them, at most {MAX_TOKENS} tokens), removed "
+                      "memories masked (m_i = 0 at every position)",
+        "n_heldout_examples": len(held.examples),
+        "statistics": {"source": "a seeded sample of the run's indexed examples (not the held-out ones)",
+                       "examples": stats.examples, "positions": stats.positions, "active": RULE, "seed": ctx.seed},
+        "census": census_note, "warnings": warnings,
+    }
+    ctx.write_table(NAME, table, **description)
+    ctx.write_table(f"{NAME}_summary", summary, **description)
+    figures = draw(ctx.run, table, base.n_tokens) if is_writer() else []
+    # `analyze` adds n_examples, the held-out examples available; the curve read n_examples_read of them.
+    info = {"tables": [NAME, f"{NAME}_summary"], "figures": [str(p.name) for p in figures], "criteria": criteria,
+            "n_examples_read": len(rows), "n_tokens": base.n_tokens}
+    ctx.record(NAME, **info)
+    return info
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per criterion: perplexity with nothing removed and at `SUMMARY_SHARES`, and n_tokens."""
+    out = []
+    for criterion, rows in table.groupby("criterion", sort=False):
+        at = dict(zip(rows["share"].round(2), rows["perplexity"]))
+        out.append({"criterion": criterion, "perplexity_0": at.get(0.0, float("nan")),
+                    **{f"perplexity_{int(round(s * 100))}": at.get(round(s, 2), float("nan")) for s in SUMMARY_SHARES},
+                    "n_tokens": int(rows["n_tokens"].iloc[0])})
+    return pd.DataFrame(out)
+
+
+def draw(run: RunDir, table: pd.DataFrame, n_tokens: int) -> list[Path]:
+    """figures/pruning: perplexity against the share of each layer's keys removed, one curve per criterion."""
+    from ffkv.experiments.figures import COLORS, legend_outside, new_figure, save_figure
+
+    fig, ax = new_figure(5.5, 3.8)
+    for criterion, rows in table.groupby("criterion", sort=False):
+        baseline = {"color": COLORS["random"], "linestyle": "--"} if criterion == "random" else {}
+        ax.plot(100 * rows["share_removed"], rows["perplexity"], marker="o", markersize=3,
+                label=criterion.replace("_", " "), **baseline)
+    ax.set_yscale("log")
+    ax.set_xlabel("keys removed from every layer (%)")
+    ax.set_ylabel("held-out perplexity (log scale)")
+    ax.set_title(f"Pruning memories (n = {n_tokens:,} held-out tokens)", fontsize=9)
+    legend_outside(ax)
+    return save_figure(fig, run.path, NAME)
+
+
+# ----------------------------------------------------------------------- ffkv prune
+#: Most examples of the corpus sample the written model is checked on.
+VERIFY_EXAMPLES = 4
+#: Largest |pruned - masked| logit difference accepted, relative to the largest |logit|, per dtype.
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, seed: int = 0,
+          loaded: LoadedModel | None = None, device: str = "cpu") -> Path:
+    """Write a smaller model without the keys `criterion` removes at `share`: `ffkv prune`.
+
+    The run's model loses the same number of keys in every layer (`removal_count`); the result is written in
+    its original format (`save_pretrained`, with its tokenizer and ``ffkv_pruning.json``: criterion, share,
+    the removed keys of every layer) into a temporary folder beside `out`, loaded back with
+    `ffkv.models.load_model`, checked to give the masked model's logits on a few of the run's examples, and
+    only then renamed to `out`.
+
+    Args:
+        run_dir: a complete run (its manifest names the model).
+        criterion: one of `CRITERIA`.
+        share: share of each layer's keys to remove, 0 <= share < 1.
+        out: a folder that does not exist yet.
+        seed: the corpus sample's and the random criterion's seed (as `ffkv analyze --seed`).
+        loaded: the run's model, already loaded (it is copied, never changed).
+    """
+    check_criterion(criterion)
+    removal_count(2, share)  # validates the share before any work
+    out = Path(out)
+    if out.exists():
+        raise FfkvError(f"--out {str(out)!r} exists; give a new folder (ffkv prune never overwrites)")
+    census = read_census(RunDir(run_dir)) if criterion == "census" else None  # before loading the model
+    run, manifest, given = open_run(run_dir, loaded, device)
+    if loaded is not None:
+        given = copy.copy(given)
+        given.model = copy.deepcopy(given.model)
+        given.view = MemoryView(given.model)
+    view = given.view
+    intermediate_size_field(view.model)  # refuses unsupported families before any pass
+    if getattr(given.tokenizer, "hf", None) is None:
+        raise FfkvError("ffkv prune saves the model's Hugging Face tokenizer beside it; this model has none")
+    sample = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
+    stats = key_statistics(given, token_lists=sample if criterion in NEEDS_SAMPLE else None)
+    orders = removal_orders(criterion, view, stats, census, seed)
+    removed = keys_to_remove(orders, share)
+
+    probe = sample_batches(given, sample[:VERIFY_EXAMPLES], batch_size=VERIFY_EXAMPLES)
+    probe = probe[0] if probe else None
+    if probe is not None:
+        ids, mask = probe.input_ids.to(view.device), probe.attention_mask.to(view.device)
+        with torch.no_grad(), masked(view, removed):
+            expected = _logits(given.model, ids, mask)
+    d_before = view.d_m
+    d_after = shrink_model(view, removed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        from ffkv.models.tiny_lm import quiet_transformers
+
+        with quiet_transformers():  # transformers' own bars; the CLI prints one line
+            given.model.save_pretrained(tmp)
+            given.tokenizer.hf.save_pretrained(tmp)
+        for written in tmp.iterdir():
+            atomic.make_readable(written)  # some writers make 0600 files; a model folder is meant to be shared
+        (tmp / "ffkv_pruning.json").write_text(json.dumps({
+            "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
+            "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
+            "statistics_sample": {"examples": stats.examples, "positions": stats.positions},
+            "removed": {str(layer): keys.tolist() for layer, keys in removed.items()},
+        }, indent=1) + "\n")
+        if probe is not None:
+            _verify(tmp, given, ids, mask, expected, d_after)
+        if out.exists():
+            raise FfkvError(f"--out {str(out)!r} appeared while pruning; nothing was written")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _verify(folder: Path, given: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor,
+            d_m: int) -> None:
+    """The written model, loaded back, has d_m memories per layer and the masked model's logits."""
+    from ffkv.models import load_model
+
+    back = load_model(str(folder), dtype=given.dtype, device=given.device)
+    if back.view.d_m != d_m:
+        raise FfkvError(f"the written model has {back.view.d_m} memories per layer, expected {d_m}")
+    with torch.no_grad():
+        got = _logits(back.model, ids, mask)
+    real = mask.bool()
+    scale = float(expected[real].abs().max()) if real.any() else 1.0
+    worst = float((got[real] - expected[real]).abs().max()) if real.any() else 0.0
+    if worst > TOLERANCE.get(back.model.dtype, 1e-4) * max(scale, 1.0):
+        raise FfkvError(f"the pruned model's logits differ from the masked model's by {worst:.3g} "
+                        f"(largest logit {scale:.3g}); nothing was written")
+
+
+def summary_line(table: pd.DataFrame) -> str:
+    """One readable line per criterion: perplexity at 0 and at the summary shares."""
+    lines = []
+    for _, row in summarize(table).iterrows():
+        cells = ", ".join(f"{int(round(s * 100))}%: {row[f'perplexity_{int(round(s * 100))}']:.2f}" for s in SUMMARY_SHARES)
+        lines.append(f"{row['criterion']}: 0%: {row['perplexity_0']:.2f}, {cells} (n = {int(row['n_tokens']):,} tokens)")
+    return "\n".join(lines)
+
+
+__all__ = ["CENSUS_CLASS_ORDER", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
+           "check_criterion", "heldout_perplexity", "key_statistics", "keys_to_remove", "perplexity", "prune",
+           "read_census", "redundancy_order", "removal_orders", "run", "summarize", "summary_line"]

@@ -1,0 +1,317 @@
+"""Pruning (SPEC 9): perplexity against a brute-force computation, each criterion's keys against a brute-force
+choice on hand-built values, and `prune` end to end on a run of ffkv-tiny."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.nn import functional as F
+
+from ffkv.corpus import CorpusSpec
+from ffkv.errors import FfkvError
+from ffkv.experiments import pruning
+from ffkv.experiments.pruning import (CENSUS_CLASS_ORDER, KeyStatistics, heldout_perplexity, key_statistics,
+                                      keys_to_remove, prune, redundancy_order, removal_orders)
+from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.memories.active import ACTIVE_FRACTION
+from ffkv.memories.pruning import masked
+from ffkv.models import load_model
+from ffkv.store.run import RunDir
+from support.helpers import loaded_tiny
+from support.runs import sharpen
+
+TOKEN_LISTS = [[5, 9, 14, 3, 77, 20, 8], [1, 40], [33], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [50, 51, 52]]
+
+
+def zero_values(loaded, removed):
+    """An independent copy of the model with the removed memories' values set to 0 (FF = Σ m_i·v_i + b_V)."""
+    other = copy.deepcopy(loaded.model)
+    view = type(loaded.view)(other)
+    with torch.no_grad():
+        for layer, keys in removed.items():
+            view.values(layer)[list(keys)] = 0
+    return other
+
+
+def brute_force_perplexity(model, token_lists):
+    """One example at a time, the model's own forward and cross-entropy: (perplexity, n tokens)."""
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for t in token_lists:
+            if len(t) < 2:
+                continue
+            ids = torch.tensor([t])
+            logits = model(input_ids=ids).logits[0].double()
+            nll += float(F.cross_entropy(logits[:-1], ids[0, 1:], reduction="sum"))
+            n += len(t) - 1
+    return math.exp(nll / n), n
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_perplexity_equals_a_brute_force_computation(family):
+    loaded = sharpen(loaded_tiny(family))
+    removed = {layer: np.arange(layer, 40, 3) for layer in range(loaded.view.n_layers)}
+    for chosen in ({}, removed):
+        got = heldout_perplexity(loaded, TOKEN_LISTS, chosen)
+        expected, n = brute_force_perplexity(zero_values(loaded, chosen), TOKEN_LISTS)
+        assert got.n_tokens == n == 6 + 1 + 10 + 2  # the one-token example predicts nothing
+        assert got.perplexity == pytest.approx(expected, rel=1e-6)
+    # The removal moves the result far beyond float error: the comparison above can fail.
+    assert abs(heldout_perplexity(loaded, TOKEN_LISTS, removed).nll - heldout_perplexity(loaded, TOKEN_LISTS).nll) > 1e-4
+
+
+def test_activation_frequency_and_mean_abs_equal_a_brute_force_computation():
+    """The signed active rule |m_i| > tau·s_l, s_l the RMS of the layer's coefficients over every position."""
+    loaded = loaded_tiny("gpt2")  # GELU: signed, tau = ACTIVE_FRACTION
+    stats = key_statistics(loaded, token_lists=TOKEN_LISTS)
+    view = loaded.view
+    with view.capture(("coefficients",)) as cap:
+        per_example = []
+        for t in TOKEN_LISTS:
+            view.forward(torch.tensor([t]))
+            per_example.append({l: cap["coefficients"][l][0].double() for l in range(view.n_layers)})
+    assert stats.positions == sum(len(t) for t in TOKEN_LISTS)
+    for layer in range(view.n_layers):
+        m = torch.cat([e[layer] for e in per_example])
+        s_l = float(m.pow(2).mean().sqrt())
+        expected_freq = (m.abs() > ACTIVE_FRACTION * s_l).double().mean(0).numpy()
+        np.testing.assert_allclose(stats.frequency[layer], expected_freq, rtol=1e-6)
+        np.testing.assert_allclose(stats.mean_abs[layer], m.abs().mean(0).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(stats.value_norm[layer], view.values(layer).norm(dim=1).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(stats.contribution[layer], m.abs().mean(0).numpy() * stats.value_norm[layer],
+                                   rtol=1e-6)
+
+
+def hand_view(values_per_layer):
+    """A tiny GPT-2 whose values are set by hand (layers x 40 x 16)."""
+    loaded = loaded_tiny("gpt2")
+    with torch.no_grad():
+        for layer, v in enumerate(values_per_layer):
+            loaded.view.values(layer).copy_(torch.as_tensor(v, dtype=torch.float32))
+    return loaded.view
+
+
+def brute_force_redundancy(v: np.ndarray) -> list[int]:
+    """The stated rule, recomputed from scratch at every step."""
+    v = v.astype(np.float64)
+    norms = np.linalg.norm(v, axis=1)
+    kept = list(range(len(v)))
+    order = []
+    while len(kept) > 1:
+        scores = []
+        for i in kept:
+            best = max(float(v[i] @ v[j]) / (norms[i] * norms[j]) for j in kept if j != i)
+            scores.append((-round(best, 12), norms[i], i))
+        i = min(scores)[2]
+        order.append(i)
+        kept.remove(i)
+    return order + kept
+
+
+def test_redundancy_order_is_the_greedy_rule():
+    e = np.eye(16)
+    v = np.zeros((40, 16))
+    v[:] = np.random.default_rng(0).normal(size=(40, 16))
+    v[3] = 2 * e[0]
+    v[17] = 0.5 * e[0]     # same direction as key 3, smaller: removed first
+    v[25] = e[1] + 0.05 * e[2]
+    v[8] = e[1]            # cos with 25 just below 1, smaller norm than 25: removed second
+    order = redundancy_order(torch.as_tensor(v))
+    assert order[:2].tolist() == [17, 8]
+    assert order.tolist() == brute_force_redundancy(v)
+    assert sorted(order.tolist()) == list(range(40))
+    rand = np.random.default_rng(5).normal(size=(30, 6))
+    assert redundancy_order(torch.as_tensor(rand)).tolist() == brute_force_redundancy(rand)
+
+
+def test_each_criterion_chooses_the_keys_a_brute_force_sort_chooses():
+    rng = np.random.default_rng(1)
+    values = [rng.normal(size=(40, 16)) * rng.uniform(0.1, 3, size=(40, 1)) for _ in range(3)]
+    view = hand_view(values)
+    frequency = rng.integers(0, 5, size=(3, 40)) / 4.0  # many ties: broken by the lower key index
+    mean_abs = rng.uniform(0, 1, size=(3, 40))
+    norms = np.stack([np.linalg.norm(v, axis=1) for v in values])
+    stats = KeyStatistics(norms, frequency, mean_abs, positions=100, examples=4)
+    share = 0.3  # 12 keys of 40
+    for criterion, score in (("activation_frequency", frequency), ("value_norm", norms),
+                             ("contribution", mean_abs * norms)):
+        removed = keys_to_remove(removal_orders(criterion, view, stats), share)
+        for layer in range(3):
+            expected = sorted(sorted(range(40), key=lambda k: (score[layer][k], k))[:12])
+            assert removed[layer].tolist() == expected, criterion
+    removed = keys_to_remove(removal_orders("redundancy", view, stats), share)
+    for layer in range(3):
+        assert removed[layer].tolist() == sorted(brute_force_redundancy(values[layer].astype(np.float32))[:12])
+    first = keys_to_remove(removal_orders("random", view, stats, seed=4), share)
+    again = keys_to_remove(removal_orders("random", view, stats, seed=4), share)
+    other = keys_to_remove(removal_orders("random", view, stats, seed=5), share)
+    assert all(len(first[l]) == 12 and first[l].tolist() == again[l].tolist() for l in range(3))
+    assert any(first[l].tolist() != other[l].tolist() for l in range(3))
+    assert first[0].tolist() == sorted(np.random.default_rng([4, 0]).permutation(40)[:12].tolist())
+
+
+def test_census_criterion_removes_dead_keys_first_then_by_class():
+    view = hand_view([np.ones((40, 16))] * 3)
+    classes = ["prediction"] * 40
+    for k in (7, 30):
+        classes[k] = "dead"
+    for k in (2, 11, 12):
+        classes[k] = "positional"
+    classes[20] = "something_new"  # an unlisted class goes right after the dead ones
+    for k in (0, 1, 5):
+        classes[k] = "token_detector"
+    classes[39] = "suppression"
+    census = pd.DataFrame({"layer": np.repeat(np.arange(3), 40), "key": np.tile(np.arange(40), 3),
+                           "class": classes * 3})
+    contribution = np.tile(np.arange(40)[::-1].astype(float), (3, 1))  # higher key: smaller contribution
+    stats = KeyStatistics(np.ones((3, 40)), np.zeros((3, 40)), contribution, positions=1, examples=1)
+    order = removal_orders("census", view, stats, census)[1]
+    # dead (30 before 7: smaller contribution), unlisted, positional, token detectors, suppression, prediction
+    assert order[:10].tolist() == [30, 7, 20, 12, 11, 2, 5, 1, 0, 39]
+    assert order[10:].tolist() == sorted(set(range(40)) - set(order[:10].tolist()), reverse=True)
+    assert CENSUS_CLASS_ORDER[0] == "dead"
+    with pytest.raises(FfkvError, match="does not cover"):
+        removal_orders("census", view, stats, census[census["key"] != 3])
+
+
+def test_unknown_criterion_and_missing_census_are_clear_errors(tmp_path):
+    with pytest.raises(FfkvError, match="unknown pruning criterion 'sparsity'.*activation_frequency"):
+        pruning.check_criterion("sparsity")
+    with pytest.raises(FfkvError, match="ffkv analyze .* --only census"):
+        pruning.read_census(RunDir(tmp_path))
+
+
+# --------------------------------------------------------------------------- ffkv prune, end to end
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """ffkv-tiny indexed on 40 verses of its embedded corpus by the real pipeline."""
+    import ffkv
+
+    folder = tmp_path_factory.mktemp("prune_run")
+    lines = ffkv.embedded_corpus("train").read_text().splitlines()[:40]
+    (folder / "corpus.txt").write_text("\n".join(lines) + "\n")
+    loaded = load_model("ffkv-tiny")
+    build_index(loaded, CorpusSpec(source=str(folder / "corpus.txt"), unit="line"), folder / "run",
+                IndexOptions(top_k=3), progress=False)
+    return folder / "run", loaded
+
+
+@pytest.mark.parametrize("criterion", ["contribution", "redundancy", "census"])
+def test_prune_writes_a_smaller_model_with_the_masked_logits(tiny_run, tmp_path, criterion):
+    run, loaded = tiny_run
+    view = loaded.view
+    if criterion == "census":
+        dead = set(range(0, view.d_m, 9))
+        census = pd.DataFrame({"layer": np.repeat(np.arange(view.n_layers), view.d_m),
+                               "key": np.tile(np.arange(view.d_m), view.n_layers),
+                               "class": ["dead" if k in dead else "prediction" for k in range(view.d_m)] * view.n_layers})
+        copy_run = tmp_path / "run"
+        import shutil
+        shutil.copytree(run, copy_run)
+        RunDir(copy_run).write_metric("census", census, {})
+        run = copy_run
+    out = prune(run, criterion, 0.3, tmp_path / "pruned")
+    info = json.loads((out / "ffkv_pruning.json").read_text())
+    n = int(np.floor(0.3 * view.d_m + 0.5))
+    assert info["d_m_after"] == view.d_m - n and info["criterion"] == criterion
+    removed = {int(layer): keys for layer, keys in info["removed"].items()}
+    assert all(len(keys) == n for keys in removed.values())
+    if criterion == "census":
+        assert all(dead <= set(keys) for keys in removed.values())  # the dead keys go first
+    back = load_model(str(out))
+    assert back.view.d_m == view.d_m - n
+    ids = torch.tensor([loaded.tokenizer.encode("In the beginning God created the heaven and the earth.")])
+    with torch.no_grad(), masked(view, removed):
+        expected = loaded.model(input_ids=ids).logits
+    with torch.no_grad():
+        got = back.model(input_ids=ids).logits
+        original = loaded.model(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, original, atol=1e-3)
+    assert back.tokenizer.encode("And God said") == loaded.tokenizer.encode("And God said")
+    assert not list(tmp_path.glob(".pruned.*"))  # no temporary folder is left
+
+
+def test_prune_at_share_zero_gives_the_original_logits_exactly(tiny_run, tmp_path):
+    run, loaded = tiny_run
+    back = load_model(str(prune(run, "random", 0.0, tmp_path / "same")))
+    ids = torch.tensor([loaded.tokenizer.encode("And God said, Let there be light")])
+    with torch.no_grad():
+        assert torch.equal(back.model(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
+
+
+def test_prune_refuses_bad_input(tiny_run, tmp_path):
+    run, _ = tiny_run
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(FfkvError, match="exists"):
+        prune(run, "random", 0.1, tmp_path / "exists")
+    with pytest.raises(FfkvError, match="unknown pruning criterion"):
+        prune(run, "magnitude", 0.1, tmp_path / "a")
+    with pytest.raises(FfkvError, match=r"\[0, 1\)"):
+        prune(run, "random", 1.0, tmp_path / "b")
+    with pytest.raises(FfkvError, match="--only census"):
+        prune(run, "census", 0.1, tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_an_encoder_gets_no_curve_and_says_why(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "bert", n=20, top_k=3)
+    done = analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    assert "masked-LM encoder" in done["pruning"]["skipped"]
+    assert not RunDir(run).has_metric("pruning")
+
+
+def test_heldout_rows_take_a_seeded_choice_up_to_the_token_cap():
+    lists = [[1] * n for n in (5, 1, 9, 3, 7, 2, 4, 8)]
+    assert [len(t) for _, t in pruning.heldout_rows(lists)] == [5, 9, 3, 7, 2, 4, 8]
+    rows = pruning.heldout_rows(lists, max_tokens=12, seed=3)
+    # Brute force: visit the two-token-or-longer examples in default_rng(3)'s order, stop before passing 12.
+    usable = [t for t in lists if len(t) >= 2]
+    chosen, total = [], 0
+    for i in np.random.default_rng(3).permutation(len(usable)):
+        if chosen and total + len(usable[i]) - 1 > 12:
+            break
+        chosen.append(i)
+        total += len(usable[i]) - 1
+    assert [len(t) for _, t in rows] == [len(usable[i]) for i in sorted(chosen)]
+    assert [r for r, _ in rows] == list(range(len(rows)))
+    assert sum(len(t) - 1 for _, t in rows) <= 12
+    assert len(pruning.heldout_rows([[1] * 50], max_tokens=3)) == 1  # at least one example
+
+
+def test_an_unreadable_census_leaves_that_criterion_out_with_a_warning(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "gpt2", n=20, top_k=3)
+    RunDir(run).write_metric("census", pd.DataFrame({"layer": [0], "key": [0], "kind": ["dead"]}), {})
+    analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    table = RunDir(run).read_metric("pruning")
+    assert "census" not in set(table["criterion"]) and len(table) == 5 * 10
+    assert "census criterion was left out" in RunDir(run).metric_description("pruning")["warnings"][0]
+
+
+def test_the_curve_has_a_census_criterion_when_the_census_exists(tmp_path):
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "gpt2", n=20, top_k=3)
+    L, d_m = loaded.view.n_layers, loaded.view.d_m
+    RunDir(run).write_metric("census", pd.DataFrame({
+        "layer": np.repeat(np.arange(L), d_m), "key": np.tile(np.arange(d_m), L),
+        "class": (["dead"] * 4 + ["prediction"] * (d_m - 4)) * L}), {})
+    analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    table = RunDir(run).read_metric("pruning")
+    assert list(dict.fromkeys(table["criterion"])) == list(pruning.CRITERIA)
+    census = table[table["criterion"] == "census"].set_index("share")
+    assert census.loc[0.1, "n_removed"] == 4  # 10% of 40: exactly the four dead keys
+    assert RunDir(run).metric_description("pruning")["census"] == "used"
