@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from ffkv.experiments import ablations, composition, lookups, patterns, refinement, values
+from ffkv.experiments import ablations, composition, lookups, patterns, refinement, translators, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
@@ -29,13 +29,17 @@ from ffkv.store.run import RunDir
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
+           # before the held-out pass that composition and refinement share, so that it reads the translators too
+           "translators": translators,
            "composition": composition, "refinement": refinement, "lookups": lookups}
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
+#: Run only when named in `only` (they fit parameters: minutes on a GPU at the paper's shape).
+OPTIONAL = ("translators",)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
-HELD_OUT = ("composition", "refinement")
+HELD_OUT = ("composition", "refinement", "translators")
 
 
 def analyze(
@@ -55,7 +59,7 @@ def analyze(
 
     Args:
         run_dir: a run directory written by `ffkv index`.
-        only: experiment names (or "a,b") to run; default all of `EXPERIMENTS`.
+        only: experiment names (or "a,b") to run; default all of `EXPERIMENTS` but the `OPTIONAL` ones.
         eval_corpus: the held-out examples: None for the run's own corpus (split "heldout"),
             a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
@@ -76,7 +80,7 @@ def analyze(
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
     """
-    names = check_only(only, EXPERIMENTS)
+    names = check_only(only, EXPERIMENTS) if only is not None else [n for n in EXPERIMENTS if n not in OPTIONAL]
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None

@@ -28,6 +28,7 @@ EXPERIMENTS = {
     "values": "Values as distributions over the vocabulary (SPEC 6)",
     "composition": "Composition inside a layer (SPEC 7)",
     "refinement": "Refinement across layers (SPEC 8)",
+    "translators": "Projection spaces: fitted per-layer translators (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Tables meant to be read row by row: rows shown in the report.
