@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(SPEC sections 4-8).")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
-                   "patterns, ablations, values, composition, refinement")
+                   "patterns, ablations, values, composition, refinement; and, only when named, translators "
+                   "(fits a per-layer translator, the tuned lens)")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),

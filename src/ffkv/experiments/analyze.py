@@ -32,9 +32,10 @@ MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
            # before the held-out pass that composition and refinement share, so that it reads the translators too
            "translators": translators,
            "composition": composition, "refinement": refinement, "lookups": lookups}
-EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 #: Run only when named in `only` (they fit parameters: minutes on a GPU at the paper's shape).
 OPTIONAL = ("translators",)
+#: What `analyze` runs by default: every experiment but the `OPTIONAL` ones.
+EXPERIMENTS: tuple[str, ...] = tuple(name for name in MODULES if name not in OPTIONAL)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
@@ -59,7 +60,8 @@ def analyze(
 
     Args:
         run_dir: a run directory written by `ffkv index`.
-        only: experiment names (or "a,b") to run; default all of `EXPERIMENTS` but the `OPTIONAL` ones.
+        only: experiment names (or "a,b") to run; default `EXPERIMENTS` (every one but the `OPTIONAL`
+            ones, which run only when named: ``only="translators"``).
         eval_corpus: the held-out examples: None for the run's own corpus (split "heldout"),
             a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
@@ -80,7 +82,7 @@ def analyze(
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
     """
-    names = check_only(only, EXPERIMENTS) if only is not None else [n for n in EXPERIMENTS if n not in OPTIONAL]
+    names = check_only(only, tuple(MODULES)) if only is not None else list(EXPERIMENTS)
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
