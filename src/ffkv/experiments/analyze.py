@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from ffkv.experiments import ablations, composition, lookups, patterns, refinement, translators, values
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.experiments.encoders import applicability_table, applies, skipped_reason
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
 from ffkv.store.run import RunDir
@@ -94,12 +95,19 @@ def analyze(
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
+            if not applies(name, loaded.view.encoder):  # stated in metrics/encoder_applicability, nothing computed
+                ctx.record(name, skipped=skipped_reason(name))
+                continue
             MODULES[name].run(ctx)
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
+        if loaded.view.encoder:
+            ctx.write_table("encoder_applicability", applicability_table(),
+                            note="which of the paper's figures apply to a masked-LM encoder, and why "
+                                 "(ffkv.experiments.encoders)")
         if spec is not None:
             held = ctx.held_out()
             indexed = manifest.identity.corpus
-            for name in set(names) & set(HELD_OUT):
+            for name in set(names) & set(HELD_OUT) & {n for n in names if applies(n, loaded.view.encoder)}:
                 ctx.analyses[name]["held_out_overlaps_index"] = (
                     spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
                 ctx.analyses[name]["n_examples"] = len(held.examples)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import active as active_memories
@@ -113,6 +114,9 @@ def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
     """(row, token ids) of every held-out example; an encoder's analysed token is masked."""
     held = ctx.held_out()
     mask_id = mask_token_id(ctx.tokenizer) if ctx.view.encoder else None
+    if ctx.view.encoder and mask_id is None:  # unmasked, the encoder would see the token it is asked to predict
+        raise FfkvError("this encoder's tokenizer has no mask token: the held-out figures (6-11) predict the "
+                        "masked token and cannot be computed")
     rows = []
     for i, (e, j) in enumerate(zip(held.examples, held.positions)):
         ids = np.asarray(e.token_ids, dtype=np.int64).copy()

@@ -231,7 +231,10 @@ def run(ctx: RunContext) -> dict:
     df = side_by_side(tables)
     findings = findings_by_projection(tables)
     n = len(ctx.held_out().examples)
-    meta = {"projection": "identity, final-norm and translator (side by side)",
+    changed = findings[findings["changes_under_translator"]]
+    meta = {"changes_under_translator": "; ".join(
+                f"{r.figure}: {r.finding} (reproduces under translator: {r.reproduces_translator})"
+                for r in changed.itertuples()) or "none of the findings of Figures 4, 9-11 changes its verdict","projection": "identity, final-norm and translator (side by side)",
             "translator": "N(A_l h + b_l) for residual vectors, N(A_l u) for values, sub-updates and FF outputs; "
                           "A_l, b_l fitted on resid_mid[l] (RUN/translators/translators.npz)",
             "final_prediction": "the model's LM head (bias included)", "n_examples": n,
