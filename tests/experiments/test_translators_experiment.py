@@ -4,6 +4,8 @@ projections side by side from the experiments' own code, the translators saved w
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ from support.experiment_runs import make_run
 from ffkv.experiments import analyze
 from ffkv.experiments.common import RunContext, eval_spec, open_run
 from ffkv.memories.translators import Translators
+from ffkv.report import write_report
 from ffkv.store.run import RunDir
 
 
@@ -81,6 +84,16 @@ def test_translators_experiment(tmp_path, family):
         assert (run / "figures" / f"translators_kl.{fmt}").stat().st_size > 0
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["analyses"]["translators"]["file"] == "translators/translators.npz"
+    html = write_report(run).read_text()
+    assert "Projection spaces: fitted per-layer translators" in html and "changes under translator" in html
+    # Every table and column is documented (docs/run-directory.md), as tests/store/test_docs.py checks for the rest.
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "run-directory.md").read_text()
+    sections = re.split(r"^### metrics/(\w+)\.parquet\s*$", docs, flags=re.M)
+    documented = {name: body.split("\n## ")[0] for name, body in zip(sections[1::2], sections[2::2])}
+    for name in ("translators", "translators_spaces", "translators_findings") + (
+            ("encoder_applicability",) if family == "bert" else ()):
+        for column in r.read_metric(name).columns:
+            assert f"`{column}`" in documented[name], (name, column)
 
 
 def test_translators_are_not_run_by_default(tmp_path):
