@@ -17,6 +17,8 @@ RUN/translators/translators.npz, then on the held-out examples:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -29,7 +31,7 @@ from ffkv.experiments.figures import legend_outside, layer_axis, new_figure, sav
 from ffkv.experiments.heldout import capture_eval
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, chunk_size, unembed_logits
 from ffkv.memories.projection import logits as project
-from ffkv.memories.translators import EPOCHS, LEARNING_RATE, Translators, fit_translators, kl_rows, mean_interval
+from ffkv.memories.translators import EPOCHS, LEARNING_RATE, MIN_STEPS, Translators, fit_translators, kl_rows, mean_interval
 from ffkv.parallel import is_writer
 from ffkv.presentation.findings import fidelity
 from ffkv.store.atomic import write_json
@@ -85,7 +87,9 @@ def fit(ctx: RunContext) -> Translators:
     rows, example_ids = _train_rows(ctx)
     chunk = chunk_size(view.vocab_size, FIT_CHUNK_BYTES)
     n_tokens = sum(len(t) for _, t in rows)
-    bar = progress_bar(ctx.progress, EPOCHS * n_tokens, "translators: fit", "tok")
+    n_batches = len(row_batches(rows, ctx.tokenizer.pad_id, ctx.special_ids, view.device, every_rank=True).groups)
+    epochs = max(EPOCHS, math.ceil(MIN_STEPS / max(n_batches, 1)))
+    bar = progress_bar(ctx.progress, epochs * n_tokens, "translators: fit", "tok")
 
     def stream():
         for _, _, resid, head_in in _stream(ctx, rows, every_rank=True):
@@ -93,7 +97,7 @@ def fit(ctx: RunContext) -> Translators:
 
     try:
         fitted = fit_translators(stream, lambda x: unembed_logits(view, x.to(view.unembedding.dtype), True),
-                                 view.n_layers, view.d_model, chunk, EPOCHS, LEARNING_RATE, view.device,
+                                 view.n_layers, view.d_model, chunk, epochs, LEARNING_RATE, view.device,
                                  progress=bar.update)
     finally:
         bar.close()

@@ -34,9 +34,11 @@ from jaxtyping import Float
 from ffkv.errors import FfkvError
 from ffkv.store.atomic import write_with
 
-#: Default optimisation settings (`fit_translators`).
+#: Default optimisation settings (`fit_translators`): at least `EPOCHS` passes and at least `MIN_STEPS` optimizer
+#: steps (a small training set is passed over more often), Adam at `LEARNING_RATE`.
 EPOCHS = 4
-LEARNING_RATE = 1e-3
+MIN_STEPS = 100
+LEARNING_RATE = 1e-2
 
 
 @dataclass
