@@ -155,13 +155,15 @@ class RowBatches:
 
 def row_batches(rows: Sequence[tuple[int, np.ndarray]], pad_id: int, special_ids: Iterable[int],
                 device: torch.device | str, batch_size: int = BATCH_SIZE,
-                max_batch_tokens: int | None = MAX_BATCH_TOKENS) -> RowBatches:
-    """The padded batches of (row index, token ids) pairs, grouped by length, that this rank runs.
+                max_batch_tokens: int | None = MAX_BATCH_TOKENS, every_rank: bool = False) -> RowBatches:
+    """The padded batches of (row index, token ids) pairs, grouped by length, that this rank runs
+    (all of them when `every_rank`: a computation that each rank must run whole, such as a fit).
 
     All rows are cut into the batches one process would run, then each rank keeps its
     share (`owned`), so every row goes through the same padded batch in any world size.
     The row index stands in for the example id, so `collate` keeps rows in index order.
     """
     items = [_Row(i, np.asarray(t)) for i, t in rows]
-    return RowBatches(owned(length_batches(items, batch_size, max_batch_tokens)), pad_id,
+    groups = length_batches(items, batch_size, max_batch_tokens)
+    return RowBatches(groups if every_rank else owned(groups), pad_id,
                       tuple(sorted(int(i) for i in special_ids)), device)

@@ -167,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
                    "patterns, ablations, values, composition, refinement; beyond the paper (SPEC 9): census, "
-                   "suppressed, membership, pruning; lookups")
+                   "suppressed, membership, pruning; lookups; and, only when named, translators (fits a per-layer "
+                   "translator, the tuned lens)")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),

@@ -31,6 +31,8 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
     done = analyze(run, loaded=loaded, n_eval=20, progress=False)
     assert list(done) == list(EXPERIMENTS)
     for name in FIGURES:
+        if family == "bert" and name == "ablations":  # does not carry over to an encoder (test_encoders.py)
+            continue
         for fmt in ("png", "svg"):
             assert (run / "figures" / f"{name}.{fmt}").stat().st_size > 0
         assert name in PAPER_FINDINGS
@@ -46,13 +48,15 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
     assert table["rule"].str.len().min() > 20 and table["reproduces"].dtype == bool
     assert manifest["analyses"]["composition"]["held_out_overlaps_index"] is True  # indexed split "all"
     for name in STUDIES:
+        if family == "bert" and name == "ablations":
+            continue
         table = pd.read_parquet(run / "metrics" / f"{name}.parquet")
         layers = pd.read_parquet(run / "metrics" / f"{PER_LAYER.get(name, name)}.parquet")
         assert list(layers["layer"]) == list(range(loaded.view.n_layers))
         assert reading(name, table)
     for name in ("composition_examples", "refinement_examples"):
         assert {"example_id", "position", "layer"} <= set(pd.read_parquet(run / "metrics" / f"{name}.parquet").columns)
-    for name in ("patterns_keys", "values_keys", "ablations_prefixes"):
+    for name in ("patterns_keys", "values_keys") + (("ablations_prefixes",) if family != "bert" else ()):
         assert {"layer", "key"} <= set(pd.read_parquet(run / "metrics" / f"{name}.parquet").columns)
 
 

@@ -265,7 +265,9 @@ def test_an_encoder_gets_no_curve_and_says_why(tmp_path):
     from support.experiment_runs import make_run
 
     run, loaded = make_run(tmp_path, "bert", n=20, top_k=3)
-    done = analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    with pytest.raises(FfkvError, match="masked-LM encoder"):  # named: refused before anything runs
+        analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
+    done = analyze(run, only=None, loaded=loaded, n_eval=5, progress=False)  # every experiment: skipped, said why
     assert "masked-LM encoder" in done["pruning"]["skipped"]
     assert not RunDir(run).has_metric("pruning")
 

@@ -10,13 +10,15 @@ from support.tiny_models import VOCAB, tiny_model
 
 
 class CharTokenizer:
-    """One id per character (ids 4..VOCAB-1), optionally a BOS id 1 first; pad id 0."""
+    """One id per character (ids 4..VOCAB-1), optionally a BOS id 1 first; pad id 0; mask id 3 (what an encoder's
+    held-out position is replaced with)."""
 
     def __init__(self, bos: bool = False, eos: bool = False) -> None:
         self.bos, self.eos = bos, eos
 
     vocab_size = VOCAB
     pad_id = 0
+    mask_id = 3
     special_ids = frozenset({1, 2})
 
     def encode(self, text: str) -> list[int]:
@@ -27,7 +29,7 @@ class CharTokenizer:
         return "".join(self.token_strings(ids))
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [{0: "<pad>", 1: "<s>", 2: "</s>"}.get(int(i), chr(int(i) - 4 + 32)) for i in ids]
+        return [{0: "<pad>", 1: "<s>", 2: "</s>", 3: "<mask>"}.get(int(i), chr(int(i) - 4 + 32)) for i in ids]
 
 
 def loaded_tiny(family: str, seed: int = 0, **tokenizer_options) -> LoadedModel:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, pruning, refinement,
-                               suppressed, values)
+                               suppressed, translators, values)
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.experiments.encoders import applicability_table, applies, skipped_reason
 from ffkv.errors import FfkvError
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
@@ -31,16 +32,21 @@ from ffkv.store.run import RunDir
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
 #: built here so that `ffkv serve` answers at once).
 MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
+           # before the held-out pass that composition and refinement share, so that it reads the translators too
+           "translators": translators,
            "composition": composition, "refinement": refinement,
            # Beyond the paper (SPEC section 9); pruning after the census, which its census criterion reads.
            "census": census, "suppressed": suppressed, "membership": membership, "pruning": pruning,
            "lookups": lookups}
-EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
+#: Run only when named in `only` (they fit parameters: minutes on a GPU at the paper's shape).
+OPTIONAL = ("translators",)
+#: What `analyze` runs by default: every experiment but the `OPTIONAL` ones.
+EXPERIMENTS: tuple[str, ...] = tuple(name for name in MODULES if name not in OPTIONAL)
 #: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
-HELD_OUT = ("composition", "refinement", "census", "suppressed", "pruning")
+HELD_OUT = ("composition", "refinement", "census", "suppressed", "pruning", "translators")
 
 
 def analyze(
@@ -61,7 +67,8 @@ def analyze(
 
     Args:
         run_dir: a run directory written by `ffkv index`.
-        only: experiment names (or "a,b") to run; default all of `EXPERIMENTS`.
+        only: experiment names (or "a,b") to run; default `EXPERIMENTS` (every one but the `OPTIONAL`
+            ones, which run only when named: ``only="translators"``).
         eval_corpus: the held-out examples: None for the run's own corpus (split "heldout"),
             a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
@@ -86,13 +93,13 @@ def analyze(
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
     """
-    names = check_only(only, EXPERIMENTS)
+    names = check_only(only, tuple(MODULES)) if only is not None else list(EXPERIMENTS)
     projections = Projections.choose(projection)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      options=dict(options or {}))
-    skipped = {name: why for name in names if (why := getattr(MODULES[name], "skip_reason", lambda _: None)(ctx))}
+    skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
     if skipped and only is not None:  # asked for by name: refused before anything runs
         raise FfkvError(next(iter(skipped.values())))
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
@@ -107,10 +114,14 @@ def analyze(
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
             MODULES[name].run(ctx)
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
+        if loaded.view.encoder:
+            ctx.write_table("encoder_applicability", applicability_table(),
+                            note="which of the paper's figures apply to a masked-LM encoder, and why "
+                                 "(ffkv.experiments.encoders)")
         if spec is not None:
             held = ctx.held_out()
             indexed = manifest.identity.corpus
-            for name in set(names) & set(HELD_OUT):
+            for name in set(names) & set(HELD_OUT) - set(skipped):
                 ctx.analyses[name]["held_out_overlaps_index"] = (
                     spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
                 ctx.analyses[name]["n_examples"] = len(held.examples)
@@ -122,6 +133,15 @@ def analyze(
                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             run.update_manifest(analyses=current)
     return ctx.analyses
+
+
+def skip_reason(name: str, ctx: RunContext) -> str | None:
+    """Why experiment `name` cannot run on this run (None when it can): it does not apply to a masked-LM encoder
+    (`ffkv.experiments.encoders`), or the module's own ``skip_reason(ctx)`` (e.g. membership without a known
+    training split). The one rule `analyze` skips (not named) or refuses (named in `only`) by."""
+    if not applies(name, ctx.view.encoder):
+        return skipped_reason(name)
+    return getattr(MODULES[name], "skip_reason", lambda _: None)(ctx)
 
 
 def write_fidelity(run: RunDir) -> None:

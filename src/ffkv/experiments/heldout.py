@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import active as active_memories
 from ffkv.memories.active import active_fraction
-from ffkv.memories.projection import PROJECTIONS
+from ffkv.memories.projection import PROJECTIONS, TRANSLATOR
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
 
@@ -53,7 +54,8 @@ class EvalCapture:
     ff_matches: whether some active memory's signed sub-update m_i·v_i has the same top token.
     post_top_values / post_matches: the released code's variant, resid_post under the
         values projection, and whether an active memory's signed top token equals it.
-    residual: projection name ("identity", "final-norm") -> Figures 9-11's r, f, y, confidence.
+    residual: projection name ("identity", "final-norm", and "translator" when the view has fitted
+        translators) -> Figures 9-11's r, f, y, confidence.
     final: o, the model's prediction (N,).
     tau, threshold: the rule's fraction, and tau·s_l per layer (L,).
     """
@@ -112,6 +114,9 @@ def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
     """(row, token ids) of every held-out example; an encoder's analysed token is masked."""
     held = ctx.held_out()
     mask_id = mask_token_id(ctx.tokenizer) if ctx.view.encoder else None
+    if ctx.view.encoder and mask_id is None:  # unmasked, the encoder would see the token it is asked to predict
+        raise FfkvError("this encoder's tokenizer has no mask token: the held-out figures (6-11) predict the "
+                        "masked token and cannot be computed")
     rows = []
     for i, (e, j) in enumerate(zip(held.examples, held.positions)):
         ids = np.asarray(e.token_ids, dtype=np.int64).copy()
@@ -172,7 +177,9 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
     out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
         ("n_active", np.int32), ("n_positive", np.int32), ("n_negative", np.int32), ("ff_top", np.int64),
         ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool))}
-    for name in PROJECTIONS:  # Figures 9-11 under each residual projection
+    # Figures 9-11 under each residual projection, and under the fitted translators when the view has them
+    residual_projections = (*PROJECTIONS, TRANSLATOR) if view.translators is not None else PROJECTIONS
+    for name in residual_projections:
         for k, dt in (("resid_top", np.int64), ("ff_top", np.int64), ("post_top", np.int64),
                       ("confidence", np.float32)):
             out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
@@ -215,14 +222,14 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                     values = {"n_active": active.sum(-1), "n_positive": positive.sum(-1),
                               "n_negative": negative.sum(-1), "ff_top": ff, "ff_matches": same_ff,
                               "post_top_values": post_v, "post_matches": same_post}
-                    for name in PROJECTIONS:
-                        z_mid = project(view, state[("resid_mid", layer)], name)
+                    for name in residual_projections:
+                        z_mid = project(view, state[("resid_mid", layer)], name, layer=layer)
                         values[f"{name}/resid_top"] = z_mid.argmax(-1)
                         values[f"{name}/confidence"] = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
                         values[f"{name}/ff_top"] = ff if name == pv else \
-                            project(view, state[("ff_out", layer)], name).argmax(-1)
+                            project(view, state[("ff_out", layer)], name, layer=layer, update=True).argmax(-1)
                         values[f"{name}/post_top"] = post_v if name == pv else \
-                            project(view, state[("resid_post", layer)], name).argmax(-1)
+                            project(view, state[("resid_post", layer)], name, layer=layer).argmax(-1)
                     for name, value in values.items():
                         out[name][idx, layer] = as_numpy(value)
                 bar.update(len(idx))
@@ -230,5 +237,5 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
         bar.close()
     out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
     residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence")))
-                for name in PROJECTIONS}
+                for name in residual_projections}
     return EvalCapture(**out, residual=residual, tau=tau, threshold=np.asarray(threshold, dtype=float))

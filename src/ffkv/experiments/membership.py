@@ -48,8 +48,6 @@ def _options(ctx: RunContext) -> dict:
 def skip_reason(ctx: RunContext) -> str | None:
     """Why the experiment cannot run on this run with these options (None when it can)."""
     opts = _options(ctx)
-    if ctx.view.encoder:
-        return "membership scores next-token loss: it needs a causal LM (this model is an encoder)"
     member, nonmember = opts.get("member_corpus"), opts.get("nonmember_corpus")
     if (member is None) != (nonmember is None):
         return "membership needs both --member-corpus and --nonmember-corpus (one was given)"

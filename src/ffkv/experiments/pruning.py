@@ -317,10 +317,6 @@ def heldout_perplexity(loaded: LoadedModel, token_lists: Sequence[Sequence[int]]
 def run(ctx: RunContext) -> dict:
     """`ffkv analyze`'s step: metrics/pruning.parquet, metrics/pruning_summary.parquet, figures/pruning."""
     view = ctx.view
-    if view.encoder:
-        info = {"skipped": "perplexity is a causal LM's; this model is a masked-LM encoder"}
-        ctx.record(NAME, **info)
-        return info
     census, census_note, warnings = None, "metrics/census.parquet absent: run `ffkv analyze RUN --only census`", []
     if ctx.run.has_metric("census"):
         try:

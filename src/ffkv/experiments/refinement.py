@@ -66,7 +66,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     o = cap.final[:, None]
     cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
     both = pd.concat([per_layer(t, cap.final).assign(projection=name, choice=RESIDUAL_CHOICE[name])
-                      for name, t in cap.residual.items()], ignore_index=True)
+                      for name, t in cap.residual.items() if name in RESIDUAL_CHOICE], ignore_index=True)
     chosen = both[both["projection"] == ctx.projections.residuals].drop(columns=["projection", "choice"])
     examples = pd.DataFrame({
         "example_id": np.repeat(held.example_ids, L), "position": np.repeat(held.positions, L).astype(np.int32),

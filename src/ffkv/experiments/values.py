@@ -35,11 +35,13 @@ def value_tokens(ctx: RunContext, layer: int) -> tuple[np.ndarray, np.ndarray]:
     return ctx.once(("value_tokens", layer), compute)
 
 
-def compute(ctx: RunContext, direction: int = 1) -> dict[str, pd.DataFrame]:
+def compute(ctx: RunContext, direction: int = 1, projection: str | None = None) -> dict[str, pd.DataFrame]:
     """Figures 4-5 (and Table 2 for direction +1) for the trigger examples of one direction: +1 compares
     p_i = p(v_i) with the key's top trigger (largest m_i), -1 compares p(-v_i), what a negative coefficient
-    writes, with the key's most negative trigger."""
+    writes, with the key's most negative trigger. `projection` overrides the values projection (the
+    translators experiment reads Figures 4-5 under each projection)."""
     view = ctx.view
+    projection = projection or ctx.projections.values
     L, d_m, V = view.n_layers, view.d_m, view.vocab_size
     trig = ctx.trigger_targets(direction)
     first = trig[trig["rank"] == 0]
@@ -49,7 +51,7 @@ def compute(ctx: RunContext, direction: int = 1) -> dict[str, pd.DataFrame]:
     stats: dict[str, np.ndarray] = {}
     bar = progress_bar(ctx.progress, len(mine), "values", "layer")
     for layer in mine:
-        for name, v in scan_values(view, layer, ctx.projections.values, targets[layer], sign=direction).items():
+        for name, v in scan_values(view, layer, projection, targets[layer], sign=direction).items():
             if name not in stats:
                 stats[name] = np.zeros((L, *v.shape), v.dtype)
             stats[name][layer] = v
@@ -59,7 +61,7 @@ def compute(ctx: RunContext, direction: int = 1) -> dict[str, pd.DataFrame]:
     keys = []
     for layer in range(L):
         s = {name: v[layer] for name, v in stats.items()}
-        if direction == 1:
+        if direction == 1 and projection == ctx.projections.values:
             ctx.once(("value_tokens", layer), lambda: (s["top_token_id"].astype(np.int64),
                                                        s["bottom_token_id"].astype(np.int64)))
         keys.append(pd.DataFrame({

@@ -2,7 +2,11 @@
 
 N is the identity (the paper's choice, and the default for values and memory
 sub-updates) or the model's final normalization (the default for residual-stream
-vectors, the "logit lens"). Every result records which one it used.
+vectors, the "logit lens"). Every result records which one it used. A third projection,
+"translator", inserts a fitted per-layer affine map before N (the tuned lens,
+`ffkv.memories.translators`): N(A_l·h + b_l) for a residual-stream vector of layer l,
+N(A_l·u) for an update written into it (a value, a sub-update, the FF output); with
+A_l = I, b_l = 0 it is the final-norm projection. It needs the view's fitted translators.
 
 `scan_values` is the one chunked projection of a layer's values: every per-value
 statistic of ffkv (the values experiment, the explorer's lookup tables) comes from it.
@@ -24,6 +28,8 @@ from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
 
 PROJECTIONS = ("identity", "final-norm")
+#: The fitted per-layer projection (needs `MemoryView.translators`); not one of the residual choices above.
+TRANSLATOR = "translator"
 #: Defaults of SPEC section 1: values and sub-updates as in the paper, residuals through N.
 DEFAULT_FOR_VALUES = "identity"
 DEFAULT_FOR_RESIDUALS = "final-norm"
@@ -33,22 +39,39 @@ TOP_TOKENS = 10
 
 def check_projection(name: str) -> str:
     """Validate a projection name."""
-    if name not in PROJECTIONS:
+    if name not in PROJECTIONS and name != TRANSLATOR:
         raise FfkvError(f"unknown projection {name!r}; choose from {', '.join(PROJECTIONS)}")
     return name
 
 
 @torch.no_grad()
 def logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
-           projection: str) -> Float[torch.Tensor, "*batch vocab"]:
+           projection: str, layer: int | None = None, update: bool = False) -> Float[torch.Tensor, "*batch vocab"]:
     """Vocabulary logits of vectors h: N(h)·Eᵀ, float32.
 
     As in SPEC section 1, the LM head's bias (GPT-J, BERT) is not added: it is the
     same for every vector and would pull every distribution towards frequent tokens.
     Heads that are not one matrix (fairseq's adaptive softmax) are called as they are.
+
+    Args:
+        layer, update: for the "translator" projection only: the layer whose translator maps h, and
+            whether h is an update (value, sub-update, FF output: A_l·h, no bias) rather than a
+            residual-stream vector (A_l·h + b_l).
     """
     check_projection(projection)
-    if projection == "final-norm":
+    if projection == TRANSLATOR:
+        if view.translators is None or layer is None:
+            raise FfkvError("the translator projection needs fitted translators (`ffkv analyze --only translators`)"
+                            " and a layer")
+        h = view.translators.apply(layer, h, bias=not update)
+    return unembed_logits(view, h, normalize=projection != "identity")
+
+
+def unembed_logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
+                   normalize: bool) -> Float[torch.Tensor, "*batch vocab"]:
+    """N(h)·Eᵀ (N the final normalization when `normalize`, else the identity), float32, head bias left out;
+    differentiable in h (the translators are fitted through it)."""
+    if normalize:
         h = view.final_norm(h)
     head = view.arch.unembed(view.model)
     h = h.to(view.unembedding.dtype)
@@ -89,7 +112,7 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
                                  "target_prob", "top_token_ids", "top_probs")}
     for start in range(0, d_m, chunk):
         z = logits(view, values[start:start + chunk] if sign > 0 else -values[start:start + chunk],
-                   projection)  # (n, |V|) float32
+                   projection, layer=layer, update=True)  # (n, |V|) float32
         lse = torch.logsumexp(z, dim=-1)
         top_logits, top_ids = torch.topk(z, min(top, z.shape[1]), dim=-1)
         t = targets_t[start:start + chunk]

@@ -65,6 +65,9 @@ class MemoryView:
         self.blocks = list(self.arch.blocks(model))
         self._shape: tuple[int, int] | None = None
         self._running = False  # inside `forward`: the head hook fires only there
+        #: Fitted per-layer translators (`ffkv.memories.translators.Translators`) read by the "translator"
+        #: projection; None until fitted or loaded from a run (the translators experiment sets them).
+        self.translators = None
 
     # ------------------------------------------------------------------ shape
     @property

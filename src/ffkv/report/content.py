@@ -32,6 +32,8 @@ EXPERIMENTS = {
     "suppressed": "Suppressed memories: an active memory knew the gold token (SPEC 9)",
     "membership": "Membership signal: training vs held-out text (SPEC 9)",
     "pruning": "Pruning memories: held-out perplexity against the share of keys removed (SPEC 9)",
+    "translators": "Projection spaces: fitted per-layer translators (SPEC 9)",
+    "encoder_applicability": "Which figures apply to this masked-LM encoder, and why (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Tables meant to be read row by row: rows shown in the report.
@@ -39,13 +41,16 @@ READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "compositio
                 "census_typical": 30, "suppressed_examples": 12, "pruning_summary": 10}
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).
 MAX_LAYER_ROWS = 64
+#: Tables meant to be read row by row: rows shown in the report.
+READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
+                "translators": 3 * MAX_LAYER_ROWS, "translators_findings": 16, "encoder_applicability": 10}
 #: Description fields that say how a table was computed, shown with each section (others are in the file).
 HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
               "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
               "relative_change", "labels", "embedding", "calibration", "final_prediction",
               "positions", "thresholds", "sign", "value_type_null_rate", "suppressed", "delta_p", "statistic", "rule",
-              "splits", "n_tokens", "removal", "perplexity", "census")
+              "splits", "n_tokens", "removal", "perplexity", "census", "translator", "changes_under_translator")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).
