@@ -328,6 +328,9 @@ def _intervene(args: argparse.Namespace) -> int:
     print(result.to_text())
     if args.out:
         print(f"written: {args.out}")
+    return 0
+
+
 @command("prune")
 def _prune(args: argparse.Namespace) -> int:
     from ffkv.experiments.pruning import prune

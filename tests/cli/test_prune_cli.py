@@ -28,8 +28,13 @@ def tiny_gpt2(monkeypatch):
     monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
 
 
-def test_prune_bad_input(analyzed, tmp_path, capsys, tiny_gpt2):
-    run_dir, _ = analyzed
+def test_prune_bad_input(analyzed, tmp_path, tmp_path_factory, capsys, tiny_gpt2):
+    import shutil
+
+    source, _ = analyzed
+    run_dir = tmp_path_factory.mktemp("without-census") / "run"  # a copy without the census table, for the census criterion's refusal
+    shutil.copytree(source, run_dir)
+    (run_dir / "metrics" / "census.parquet").unlink()
     (tmp_path / "exists").mkdir()
     for argv, expected in (
         (["--criterion", "sparsity", "--share", "0.1", "--out", str(tmp_path / "a")], "unknown pruning criterion"),

@@ -19,10 +19,10 @@ def test_pruning_tables_and_report_section(analyzed):
     run, loaded = analyzed
     rd = RunDir(run)
     table = rd.read_metric("pruning")
-    # census.parquet is absent from this run: every other criterion, each at every share.
+    # analyze runs the census before pruning: every criterion, the census one included, each at every share.
     assert list(dict.fromkeys(table["criterion"])) == ["activation_frequency", "value_norm", "contribution",
-                                                       "redundancy", "random"]
-    assert (table.groupby("criterion")["share"].apply(list) == [list(SHARES)] * 5).all()
+                                                       "redundancy", "census", "random"]
+    assert (table.groupby("criterion")["share"].apply(list) == [list(SHARES)] * 6).all()
     assert (table["n_removed"] == np.floor(table["share"] * loaded.view.d_m + 0.5)).all()
     # Share 0: the model's own perplexity over every position of the held-out lines, by brute force.
     nll, n = 0.0, 0

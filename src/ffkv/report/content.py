@@ -36,13 +36,11 @@ EXPERIMENTS = {
     "encoder_applicability": "Which figures apply to this masked-LM encoder, and why (SPEC 9)",
 }
 ORDER = tuple(EXPERIMENTS)
-#: Tables meant to be read row by row: rows shown in the report.
-READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
-                "census_typical": 30, "suppressed_examples": 12, "pruning_summary": 10}
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).
 MAX_LAYER_ROWS = 64
 #: Tables meant to be read row by row: rows shown in the report.
 READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
+                "census_typical": 30, "suppressed_examples": 12, "pruning_summary": 10,
                 "translators": 3 * MAX_LAYER_ROWS, "translators_findings": 16, "encoder_applicability": 10}
 #: Description fields that say how a table was computed, shown with each section (others are in the file).
 HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
