@@ -6,13 +6,12 @@ Three ways, each indexed over the same corpus and compared with the eager index,
           hooks) left eager;
   block   each block compiled (`nn.Module.compile`), the hooks inside the compiled region.
 
-    python benchmarks/compile_capture.py [--shape tiny|gpt2-small] [--layers 2] [--sentences 64] [--backend inductor]
+    python benchmarks/compile_capture.py [--device cuda] [--dtype bfloat16] [--shape gpt2-small|paper] [--layers 2] [--sentences 64] [--backend inductor]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,13 +19,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from common import REPO, corpus_file, gpt2_shaped
+from common import corpus_file, gpt2_shaped
 
-sys.path.insert(0, str(REPO / "tests"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--shape", default="gpt2-small")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=64)
@@ -46,11 +46,11 @@ def main() -> None:
         run = build_index(loaded, spec, out, options, batching, progress=False)
         return time.perf_counter() - start, pd.read_parquet(run.table("trigger_examples"))
 
-    eager_s, eager = index(gpt2_shaped(shape=args.shape, layers=args.layers), "eager")
-    eager_again_s, _ = index(gpt2_shaped(shape=args.shape, layers=args.layers), "eager2")
+    eager_s, eager = index(gpt2_shaped(args.device, args.dtype, args.shape, args.layers), "eager")
+    eager_again_s, _ = index(gpt2_shaped(args.device, args.dtype, args.shape, args.layers), "eager2")
     print(f"eager: {len(eager):,} trigger rows, {eager_s:.2f} s (again {eager_again_s:.2f} s)", flush=True)
     for way in args.ways.split(","):
-        loaded = gpt2_shaped(shape=args.shape, layers=args.layers)
+        loaded = gpt2_shaped(args.device, args.dtype, args.shape, args.layers)
         base = loaded.view.arch.base(loaded.model)
         if way == "whole":
             base.compile(backend=args.backend)
