@@ -98,13 +98,13 @@ def prepare(work: Path, n_lines: int) -> tuple[Path, Path]:
 
 
 def run(cmd: list[str]) -> tuple[float, str]:
-    """Wall seconds of a process, and its output (it must succeed)."""
+    """Wall seconds of a process, and its standard output (it must succeed)."""
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed:\n{done.stdout}\n{done.stderr}")
-    return seconds, (done.stdout + done.stderr).strip()
+    return seconds, (done.stdout.strip() or done.stderr.strip())
 
 
 def main() -> None:
