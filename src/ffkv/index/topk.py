@@ -148,6 +148,8 @@ class TopKState:
         # blocks of keys that stay in cache sort faster than the whole model at once.
         reach = new[0].max(dim=-1).values >= state[0][:, -1]
         for rows in reach.nonzero().squeeze(1).split(_CPU_BLOCK_ROWS):
+            if not len(rows):  # no key can change (split gives one empty block)
+                continue
             first, last = int(rows[0]), int(rows[-1])
             if last - first + 1 == len(rows):  # every key of the block reaches (a filling state): views, not copies
                 rows = slice(first, last + 1)
