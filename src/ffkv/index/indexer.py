@@ -16,7 +16,6 @@ most `part_rows` buffered examples.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import shutil
@@ -388,18 +387,9 @@ class _IndexJob:
         if at.consumed < self.options.top_k:
             warnings.warn(f"--top-k {self.options.top_k} is larger than the {at.consumed} examples in the corpus; "
                           f"keeping all {at.consumed} for every key", FfkvWarning, stacklevel=3)
-        self.parts.flush()
-        at.elapsed = self.elapsed_before + time.time() - self.started
-        try:
-            n_examples = self.parts.assemble(run.table("examples"))
-            write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
-        except BaseException:
-            # Saved only when the writes fail (not before them: the state is tens of MB to write and sync), so
-            # that the resume has nothing left to index; if even that fails, the resume starts from the last
-            # checkpoint and ends with the same result. Both tables are written atomically.
-            with contextlib.suppress(Exception):
-                self.checkpoint(manifest)
-            raise
+        self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
+        n_examples = self.parts.assemble(run.table("examples"))
+        write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
         manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
         manifest.status, manifest.process, manifest.error = "complete", None, None
