@@ -10,11 +10,13 @@ GPT-2 tokenizer) and real WikiText-103 sentences:
 
     python benchmarks/analysis_overhead.py [--device cuda] [--n-eval 256] [--sentences 512]
     python benchmarks/analysis_overhead.py --paper-memory   # values' peak memory at the paper's scale
+    python benchmarks/analysis_overhead.py --paper-memory --values-shape llama-8b --values-keys 1046
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import tempfile
@@ -25,16 +27,26 @@ import torch
 from common import corpus_file, gpt2_shaped, timed
 
 
-def paper_memory(chunk_bytes: int) -> None:
-    """Peak working memory of one layer's value scan for the paper's shape (d_m 4,096, d 1,024, |V| 267,744).
+#: name -> (d_m, d, |V|, layers) for the values step's memory: the paper's model and Llama-3.1-8B.
+VALUE_SHAPES = {"paper": (4096, 1024, 267_744, 16), "llama-8b": (14_336, 4096, 128_256, 32)}
+
+
+def paper_memory(chunk_bytes: int, shape: str = "paper", keys: int | None = None) -> None:
+    """Peak working memory of one layer's value scan for the paper's shape (d_m 4,096, d 1,024, |V| 267,744)
+    or Llama-3.1-8B's (d_m 14,336, d 4,096, |V| 128,256).
 
     Every layer is scanned the same way one after the other, so one layer's peak is the whole step's.
+    `keys` scans only that many keys of the layer (the memory bound is per chunk; the time is then
+    extrapolated to every key of every layer, once per direction).
     """
+    import time
+
     import numpy as np
 
     from ffkv.memories import projection
 
-    d_m, d, vocab = 4096, 1024, 267_744
+    d_m, d, vocab, n_layers = VALUE_SHAPES[shape]
+    scanned = keys or d_m
 
     class Head(torch.nn.Linear):
         pass
@@ -48,7 +60,7 @@ def paper_memory(chunk_bytes: int) -> None:
             self.model = torch.nn.Module()
             self.model.head = Head(d, vocab, bias=False)
             self.arch = Arch()
-            self._values = torch.randn(d_m, d) / 32
+            self._values = torch.randn(scanned, d) / 32
 
         def values(self, layer):
             return self._values
@@ -62,13 +74,17 @@ def paper_memory(chunk_bytes: int) -> None:
     view = View()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is KiB on Linux)
     chunk = projection.chunk_size(vocab, chunk_bytes)
-    projection.scan_values(view, 0, "identity", np.zeros(d_m, dtype=np.int64), chunk=chunk)
+    start = time.perf_counter()
+    projection.scan_values(view, 0, "identity", np.zeros(scanned, dtype=np.int64), chunk=chunk)
+    seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    weights = (vocab * d + d_m * d) * 4 / 2**30
-    print(f"paper shape: d_m={d_m} d={d} |V|={vocab:,}; chunk = {chunk} keys ({chunk_bytes / 2**20:.0f} MiB of logits)")
+    weights = (vocab * d + scanned * d) * 4 / 2**30
+    print(f"{shape} shape: d_m={d_m:,} d={d:,} |V|={vocab:,}; chunk = {chunk} keys ({chunk_bytes / 2**20:.0f} MiB of logits)")
+    print(f"scanned {scanned:,} keys in {seconds:.1f} s (load average {os.getloadavg()[0]:.1f}): every key of the "
+          f"{n_layers} layers, once per direction, would take {seconds * d_m / scanned * n_layers * 2 / 3600:.2f} h here")
     print(f"process peak RSS before the scan {before:.2f} GiB (E and V: {weights:.2f} GiB), after {after:.2f} GiB; "
           f"working memory of the scan {after - before:.2f} GiB (bound 4 x chunk = {4 * chunk_bytes / 2**30:.2f} GiB); "
-          f"all L x d_m x |V| logits at once would be {16 * d_m * vocab * 4 / 2**30:.0f} GiB")
+          f"all L x d_m x |V| logits at once would be {n_layers * d_m * vocab * 4 / 2**30:.0f} GiB")
 
 
 def main() -> None:
@@ -81,9 +97,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--paper-memory", action="store_true", help="measure the values step's memory at the paper's scale")
     parser.add_argument("--chunk-mib", type=int, default=256)
+    parser.add_argument("--values-shape", choices=tuple(VALUE_SHAPES), default="paper",
+                        help="with --paper-memory: the paper's model or Llama-3.1-8B's shape")
+    parser.add_argument("--values-keys", type=int, default=None,
+                        help="with --paper-memory: scan only this many keys of the layer (time extrapolated)")
     args = parser.parse_args()
     if args.paper_memory:
-        paper_memory(args.chunk_mib * 2**20)
+        paper_memory(args.chunk_mib * 2**20, args.values_shape, args.values_keys)
         return
 
     from ffkv.corpus import CorpusSpec

@@ -21,8 +21,11 @@ def shared_data() -> Path | None:
 
 
 #: name -> (layers, d, heads, d_m): GPT-2 small (124M parameters) and the paper's model
-#: (Baevski & Auli 2019: 16 layers, d=1024, d_m=4096; GPT-2's vocabulary stands in for its 267k words).
-SHAPES = {"gpt2-small": (12, 768, 12, 3072), "paper": (16, 1024, 16, 4096)}
+#: (Baevski & Auli 2019: 16 layers, d=1024, d_m=4096; GPT-2's vocabulary stands in for its 267k words),
+#: both GPT-2 blocks (GELU); and Llama-3.1-8B (gated SiLU, 8 key-value heads, 128,256-token vocabulary).
+SHAPES = {"gpt2-small": (12, 768, 12, 3072), "paper": (16, 1024, 16, 4096), "llama-8b": (32, 4096, 32, 14336)}
+#: Llama-3.1-8B's vocabulary and key-value heads (grouped-query attention).
+LLAMA_VOCAB, LLAMA_KV_HEADS = 128_256, 8
 
 
 def gpt2_shaped(device: str = "cpu", dtype: str = "float32", shape: str = "gpt2-small", layers: int | None = None):
@@ -38,14 +41,30 @@ def gpt2_shaped(device: str = "cpu", dtype: str = "float32", shape: str = "gpt2-
 
     n_layer, d, heads, d_m = SHAPES[shape]
     torch.manual_seed(0)
-    config = tf.GPT2Config(n_layer=layers or n_layer, n_embd=d, n_head=heads, n_inner=d_m, vocab_size=50257)
-    model = tf.GPT2LMHeadModel(config).eval().to(device=device, dtype=DTYPES[dtype])
+    if shape == "llama-8b":
+        # Built directly on the device in its dtype: 8B parameters never pass through float32 on the host.
+        config = tf.LlamaConfig(num_hidden_layers=layers or n_layer, hidden_size=d, num_attention_heads=heads,
+                                num_key_value_heads=LLAMA_KV_HEADS, intermediate_size=d_m, vocab_size=LLAMA_VOCAB,
+                                max_position_embeddings=8192, hidden_act="silu", tie_word_embeddings=False)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(DTYPES[dtype])
+        try:
+            with torch.device(device):
+                model = tf.LlamaForCausalLM(config).eval()
+        finally:
+            torch.set_default_dtype(default)
+    else:
+        config = tf.GPT2Config(n_layer=layers or n_layer, n_embd=d, n_head=heads, n_inner=d_m, vocab_size=50257)
+        model = tf.GPT2LMHeadModel(config).eval().to(device=device, dtype=DTYPES[dtype])
     model.requires_grad_(False)
     data = shared_data()
     if data is None or not (data / "tokenizers" / "gpt2").is_dir():
         raise SystemExit("benchmark needs ../shared/data/tokenizers/gpt2 (or FFKV_SHARED_DATA)")
-    tokenizer = HFTokenizer(tf.AutoTokenizer.from_pretrained(str(data / "tokenizers" / "gpt2")))
-    return LoadedModel(model, tokenizer, MemoryView(model), f"{shape}-shaped-random", dtype, device)
+    # Llama's own tokenizer is not on disk here: GPT-2's (ids < 50,257) stands in; the cost of a token is the same.
+    tokenizer = HFTokenizer(tf.AutoTokenizer.from_pretrained(str(data / "tokenizers" / "gpt2")),
+                            vocab_size=config.vocab_size)
+    name = f"{shape}-shaped-random" + (f"-{layers}-layers" if layers else "")
+    return LoadedModel(model, tokenizer, MemoryView(model), name, dtype, device)
 
 
 def corpus_file(n_lines: int, repeats: int = 1) -> Path:

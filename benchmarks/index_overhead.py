@@ -4,8 +4,15 @@ Both run in this process, alternating, on a GPT-2-small- or paper-shaped model a
 real WikiText-103 sentences; the index time includes reading and tokenizing the
 corpus, the reductions, the top-k merges and writing every table. Goal: ratio <= 1.10.
 
-    python benchmarks/index_overhead.py [--device cuda] [--dtype bfloat16] [--shape paper]
-        [--sentences 512] [--corpus-repeats 1] [--sign positive|both]
+    python benchmarks/index_overhead.py [--device cuda] [--dtype bfloat16] [--shape paper|llama-8b]
+        [--layers N] [--top-k 50] [--sentences 512] [--corpus-repeats 1] [--sign positive|both]
+
+`--shape llama-8b` is Llama-3.1-8B's shape (32 layers, d=4,096, d_m=14,336, gated SiLU, 128,256-token
+vocabulary) with random weights built on the device; `--layers 2` shrinks it to smoke-run on a CPU.
+The (L, directions x d_m, k) state's memory is printed before anything runs, peak GPU memory
+(torch.cuda.max_memory_allocated) after, and the time of a 95M-token job (the largest published
+exact run: all of Llama-3.1-8B's neurons over about 95M tokens in about 64 hours on 2 A100s) at the
+measured throughput.
 
 `--sign` chooses the trigger directions (GPT-2's GELU makes `both` the index's default); the
 cost of the negative direction is the ratio of the two runs' index/forward ratios.
@@ -29,6 +36,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="gpt2-small")
+    parser.add_argument("--layers", type=int, default=None, help="override the shape's depth (e.g. 2 on a CPU)")
+    parser.add_argument("--top-k", type=int, default=50, help="trigger examples per key and direction")
+    parser.add_argument("--unit", default="sentence", choices=("sentence", "line"),
+                        help="an example is a sentence, or a whole WikiText paragraph line (cut by --max-tokens)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="tokens per example at most")
+    parser.add_argument("--job-tokens", type=float, default=95e6, help="tokens of the job to project (default 95M)")
     parser.add_argument("--sentences", type=int, default=384)
     parser.add_argument("--corpus-repeats", type=int, default=1, help="the sentences this many times over")
     parser.add_argument("--tokenizer-workers", type=int, default=None)
@@ -48,9 +61,16 @@ def main() -> None:
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState
 
-    loaded = gpt2_shaped(args.device, args.dtype, args.shape)
-    spec = CorpusSpec(source=str(corpus_file(args.sentences, args.corpus_repeats)), unit="sentence",
-                      max_examples=args.sentences * args.corpus_repeats)
+    n_layers = args.layers or SHAPES[args.shape][0]
+    d_m = SHAPES[args.shape][3]
+    directions = 2 if args.sign == "both" else 1
+    state_bytes = n_layers * directions * d_m * args.top_k * (4 + 8 + 4 + 4)  # value, example id, position, next token
+    print(f"top-k state: {n_layers} layers x {directions} x {d_m:,} keys x top-{args.top_k} x 20 bytes = "
+          f"{state_bytes / 2**30:.2f} GiB (the full {SHAPES[args.shape][0]}-layer shape: "
+          f"{state_bytes / n_layers * SHAPES[args.shape][0] / 2**30:.2f} GiB)", flush=True)
+    loaded = gpt2_shaped(args.device, args.dtype, args.shape, args.layers)
+    spec = CorpusSpec(source=str(corpus_file(args.sentences, args.corpus_repeats)), unit=args.unit,
+                      max_examples=args.sentences * args.corpus_repeats, max_tokens=args.max_tokens)
     batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                             tokenizer_workers=args.tokenizer_workers)
     # The same batches the indexer forms: same windows, same length grouping. Tokenized without
@@ -73,7 +93,7 @@ def main() -> None:
         (alternating which goes first), with the state carried through the corpus as in a run."""
         view = loaded.view
         rows = view.d_m * (2 if args.sign == "both" else 1)
-        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, 50, view.device), args.mode,
+        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, args.top_k, view.device), args.mode,
                                  signed=args.sign == "both")
 
         def plain_pass(b):
@@ -93,21 +113,37 @@ def main() -> None:
 
     def index():
         out = Path(tempfile.mkdtemp()) / "run"
-        build_index(loaded, spec, out, IndexOptions(top_k=50, mode=args.mode, sign=args.sign), batching, progress=False)
+        build_index(loaded, spec, out, IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign), batching,
+                    progress=False)
         shutil.rmtree(out.parent)
 
+    cuda = torch.device(args.device).type == "cuda"
     forward()  # warm-up
     hash_seconds = timed(loaded._hash_weights)  # a fixed cost per run, paid once per loaded model
-    t_forward, t_index = [], []
+    t_forward, t_index, peak = [], [], {"forward": 0, "index": 0}
     for _ in range(args.repeats):
-        t_forward.append(timed(forward))
-        t_index.append(timed(index))
+        for name, fn, times in (("forward", forward, t_forward), ("index", index, t_index)):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times.append(timed(fn))
+            if cuda:
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated())
     f, i = min(t_forward), min(t_index)
     print(f"device={args.device} dtype={args.dtype} shape={args.shape} examples={len(examples)} tokens={n_tokens} "
           f"batches={len(batches)} mode={args.mode} sign={args.sign} tokenizer_workers={batching.workers(torch.device(args.device), spec)}")
     print(f"plain forward: {f:.2f} s ({n_tokens / f:,.0f} tok/s)   ffkv index: {i:.2f} s ({n_tokens / i:,.0f} tok/s)")
     print(f"ratio index/forward = {i / f:.3f}   (goal <= 1.10; the weights hash, {hash_seconds:.2f} s "
           "once per loaded model, is in the first repeat only)")
+    if cuda:
+        print(f"peak GPU memory (torch.cuda.max_memory_allocated): forward {peak['forward'] / 2**30:.2f} GiB, "
+              f"index {peak['index'] / 2**30:.2f} GiB")
+    hours = lambda seconds: seconds * args.job_tokens / n_tokens / 3600  # noqa: E731
+    print(f"{args.job_tokens / 1e6:,.0f}M-token job at these rates: forward {hours(f):.2f} h, ffkv index "
+          f"{hours(i):.2f} h (goal <= 2 h on one H100; reference: about 64 h on 2 A100s)")
+    if n_layers != SHAPES[args.shape][0]:
+        scale = SHAPES[args.shape][0] / n_layers
+        print(f"  the full {SHAPES[args.shape][0]} layers, extrapolated linearly in depth (blocks only): "
+              f"forward {hours(f) * scale:.2f} h, index {hours(i) * scale:.2f} h")
     if args.per_batch:
         plain, reduce = per_batch()
         print(f"per batch, back to back: forward {plain:.2f} s, forward with reduction and merge {reduce:.2f} s: "

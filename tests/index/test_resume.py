@@ -241,3 +241,33 @@ def test_a_writer_killed_before_its_first_manifest_leaves_a_usable_folder(tmp_pa
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(FfkvError, match="is not empty and holds no ffkv run"):
         build_index(loaded, spec, tmp_path / "other", options, batching, progress=False)
+
+
+@pytest.mark.parametrize("checkpoint_seconds", [0, 3600])  # checkpoints along the way, or none before the end
+def test_failed_table_write_resumes_with_nothing_left_to_index(tmp_path, setup, monkeypatch, checkpoint_seconds):
+    """A table write that fails at the end saves the finished state then; the resume only writes the tables,
+    and its tables equal an uninterrupted run's."""
+    import ffkv.index.indexer as indexer
+
+    loaded, spec = setup
+    options = IndexOptions(top_k=5)
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=checkpoint_seconds, part_rows=5)
+    whole = build_index(loaded, spec, tmp_path / "whole", options, batching, progress=False)
+    write = indexer.write_triggers
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(indexer, "write_triggers", full_disk)
+    with pytest.raises(FfkvError):
+        build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False)
+    cut = RunDir(tmp_path / "cut")
+    assert cut.manifest().status == "failed" and not cut.table("trigger_examples").exists()
+    saved = Checkpoint.load(cut.partial / "checkpoint.pt", "cpu")
+    assert saved.consumed == 60  # every example of the corpus: nothing left to index
+    monkeypatch.setattr(indexer, "write_triggers", write)
+    resumed = build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, resume=True)
+    assert resumed.manifest().status == "complete"
+    assert resumed.manifest().counts == whole.manifest().counts
+    for a, b in zip(read(whole), read(resumed)):
+        pd.testing.assert_frame_equal(a, b)

@@ -63,3 +63,33 @@ def test_all_layers_merge_like_a_brute_force_sort_of_everything_seen():
         assert state.example_id[layer, key].tolist() == [b[1] for b in best]
         assert state.position[layer, key].tolist() == [b[2] for b in best]
         assert state.next_token[layer, key].tolist() == [b[3] for b in best]
+
+
+def test_cpu_merge_of_ranges_and_scattered_keys_equals_brute_force(monkeypatch):
+    """On a CPU, blocks of keys that all reach the k-th value merge through views (a range), other blocks
+    through their indices; both keep per key the k best of everything seen, ties included."""
+    from ffkv.index import topk
+
+    monkeypatch.setattr(topk, "_CPU_BLOCK_ROWS", 4)
+    kinds = []
+    merge_rows = topk._merge_rows
+    monkeypatch.setattr(topk, "_merge_rows", lambda state, new, rows, fast: (
+        kinds.append(type(rows).__name__), merge_rows(state, new, rows, fast))[1])
+    g = torch.Generator().manual_seed(2)
+    n_layers, d_m, k = 2, 12, 3
+    state = TopKState.empty(n_layers, d_m, k)
+    seen: dict[tuple[int, int], list] = {}
+    for step in range(10):
+        batch = [_random_candidates(g, d_m, 4, first_id=100 * step) for _ in range(n_layers)]
+        state.merge_candidates(*(torch.stack(f) for f in zip(*batch)), one_per_example=step % 2 == 1)
+        for layer, (v, e, p, t) in enumerate(batch):
+            for key in range(d_m):
+                seen.setdefault((layer, key), []).extend(
+                    zip((-v[key]).tolist(), e[key].tolist(), p[key].tolist(), t[key].tolist()))
+    assert "slice" in kinds and "Tensor" in kinds  # both paths ran
+    for (layer, key), entries in seen.items():
+        best = sorted(entries)[:k]
+        assert state.values[layer, key].tolist() == [-b[0] for b in best]
+        assert state.example_id[layer, key].tolist() == [b[1] for b in best]
+        assert state.position[layer, key].tolist() == [b[2] for b in best]
+        assert state.next_token[layer, key].tolist() == [b[3] for b in best]

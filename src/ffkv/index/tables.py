@@ -101,16 +101,26 @@ def trigger_table(state: TopKState, directions: tuple[int, ...] = (1,)) -> pa.Ta
     values, example_id, position, next_token = grouped
     sign = torch.tensor(directions, dtype=torch.float32)[None, None, :, None]
     filled = example_id != EMPTY
-    layer, key, block, rank = torch.nonzero(filled, as_tuple=True)
+    shape = filled.shape
+    if bool(filled.all()):  # the usual end of a run: every slot filled, in row-major order (nonzero's order)
+        grid = lambda n, dim, dtype: torch.arange(n, dtype=dtype).view(  # noqa: E731
+            [n if d == dim else 1 for d in range(4)]).expand(shape).reshape(-1)
+        layer, key, rank = grid(n_layers, 0, torch.int16), grid(d_m, 1, torch.int32), grid(k, 3, torch.int16)
+        direction = torch.tensor(directions, dtype=torch.int8).view(1, 1, -1, 1).expand(shape).reshape(-1)
+        pick = lambda t: t.reshape(-1)  # noqa: E731
+    else:
+        layer, key, block, rank = torch.nonzero(filled, as_tuple=True)
+        direction = torch.tensor(directions, dtype=torch.int8)[block]
+        pick = lambda t: t[filled]  # noqa: E731
     return pa.table({
         "layer": pa.array(layer.to(torch.int16).numpy()),
         "key": pa.array(key.to(torch.int32).numpy()),
-        "direction": pa.array(torch.tensor(directions, dtype=torch.int8)[block].numpy()),
+        "direction": pa.array(direction.numpy()),
         "rank": pa.array(rank.to(torch.int16).numpy()),
-        "coefficient": pa.array((values * sign)[filled].numpy()),
-        "example_id": pa.array(example_id[filled].numpy()),
-        "position": pa.array(position[filled].numpy()),
-        "next_token_id": pa.array(next_token[filled].numpy()),
+        "coefficient": pa.array(pick(values * sign).numpy()),
+        "example_id": pa.array(pick(example_id).numpy()),
+        "position": pa.array(pick(position).numpy()),
+        "next_token_id": pa.array(pick(next_token).numpy()),
     }, schema=schemas.TRIGGER_EXAMPLES)
 
 

@@ -68,10 +68,10 @@ def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Ten
 _CPU_BLOCK_ROWS = 2048
 
 
-def _merge_rows(state: list[torch.Tensor], new: list[torch.Tensor], rows: torch.Tensor | None,
+def _merge_rows(state: list[torch.Tensor], new: list[torch.Tensor], rows: torch.Tensor | slice | None,
                 one_per_example: bool) -> None:
     """Merge candidate rows `new` (values, ids, positions, next tokens) into the (rows, k) `state`
-    views, at `rows` (None: every row), keeping the best k of each row."""
+    views, at `rows` (indices or a range; None: every row), keeping the best k of each row."""
     k = state[0].shape[-1]
     own = state if rows is None else [t[rows] for t in state]
     v, e, p, t = (torch.cat([a, b], dim=-1) for a, b in zip(own, new))
@@ -148,6 +148,11 @@ class TopKState:
         # blocks of keys that stay in cache sort faster than the whole model at once.
         reach = new[0].max(dim=-1).values >= state[0][:, -1]
         for rows in reach.nonzero().squeeze(1).split(_CPU_BLOCK_ROWS):
+            if not len(rows):  # no key can change (split gives one empty block)
+                continue
+            first, last = int(rows[0]), int(rows[-1])
+            if last - first + 1 == len(rows):  # every key of the block reaches (a filling state): views, not copies
+                rows = slice(first, last + 1)
             _merge_rows(state, [t[rows] for t in new], rows, one_per_example)
 
     def merge(self, other: "TopKState", one_per_example: bool = False) -> None:

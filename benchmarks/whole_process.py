@@ -1,0 +1,164 @@
+"""`ffkv index` as a user runs it, against a plain Hugging Face forward script, both as whole processes.
+
+Each side is a fresh Python process over the same short lines (one example per line) of
+WikiText-103, with the same batching (windows of batch_size x 16 examples, each cut into
+length-sorted batches of at most `--batch-size` examples and `--max-batch-tokens` tokens)
+and the same model: a GPT-2-small-shaped model with random weights saved once to a local
+folder (`--work`), loaded from there by both. The wall time of each process includes start-up
+and imports, loading the model, reading and tokenizing the lines; for ffkv also hashing the
+weights, fingerprinting the corpus, the reductions and merges, and writing every table.
+
+The plain script runs the model's blocks (`model.transformer`, no LM head, which the index does
+not run either) on right-padded batches without an attention mask, as the index does for a
+causal model: both compute the same thing, so the ratio is ffkv's whole overhead.
+
+The two processes alternate (which goes first alternates too), `--repeats` times; the ratio
+of each back-to-back pair, their median and spread, and the load average before each run are
+printed. Goal: ratio <= 1.10.
+
+    python benchmarks/whole_process.py [--lines 1500] [--repeats 3] [--work /tmp/ffkv-whole-process]
+        [--profile PATH]   # also write a cProfile of one ffkv process to PATH
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, SHAPES, shared_data
+
+#: The plain forward script (a user's own): same lines, same batching, blocks only, no mask.
+PLAIN = r'''
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model_dir, corpus, batch_size, max_batch_tokens, max_tokens = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+lines = [l.strip() for l in open(corpus, encoding="utf-8") if l.strip()]
+ids = [x[:max_tokens] for x in tokenizer(lines)["input_ids"]]
+window = batch_size * 16
+n_tokens = 0
+with torch.no_grad():
+    for start in range(0, len(ids), window):
+        batch = []
+        for x in sorted(ids[start:start + window], key=len):
+            if len(batch) == batch_size or (batch and len(x) * (len(batch) + 1) > max_batch_tokens):
+                t = max(map(len, batch))
+                model.transformer(input_ids=torch.tensor([b + [0] * (t - len(b)) for b in batch]))
+                n_tokens += sum(map(len, batch))
+                batch = []
+            batch.append(x)
+        t = max(map(len, batch))
+        model.transformer(input_ids=torch.tensor([b + [0] * (t - len(b)) for b in batch]))
+        n_tokens += sum(map(len, batch))
+print(f"plain: {len(ids)} examples, {n_tokens} tokens")
+'''
+
+
+def prepare(work: Path, n_lines: int) -> tuple[Path, Path]:
+    """The saved random model folder and the corpus of short lines (built once, reused)."""
+    import torch
+    import transformers as tf
+
+    model_dir, corpus = work / "gpt2-small-random", work / f"lines-{n_lines}.txt"
+    if not (model_dir / "config.json").exists():
+        data = shared_data()
+        if data is None or not (data / "tokenizers" / "gpt2").is_dir():
+            raise SystemExit("benchmark needs ../shared/data/tokenizers/gpt2 (or FFKV_SHARED_DATA)")
+        n_layer, d, heads, d_m = SHAPES["gpt2-small"]
+        torch.manual_seed(0)
+        config = tf.GPT2Config(n_layer=n_layer, n_embd=d, n_head=heads, n_inner=d_m, vocab_size=50257)
+        tmp = work / "model.tmp"
+        tf.GPT2LMHeadModel(config).eval().save_pretrained(tmp)
+        tf.AutoTokenizer.from_pretrained(str(data / "tokenizers" / "gpt2")).save_pretrained(tmp)
+        tmp.rename(model_dir)
+    if not corpus.exists():
+        from ffkv.corpus.sentences import split_sentences
+        from ffkv.corpus.wikitext import detokenize
+
+        lines: list[str] = []
+        src = shared_data() / "wikitext-103" / "wiki.valid.raw"
+        for raw in src.read_text(encoding="utf-8").splitlines():
+            raw = raw.strip()
+            if raw and not raw.startswith("="):
+                lines += [s for s in split_sentences(detokenize(raw)) if len(s.split()) >= 4]
+            if len(lines) >= n_lines:
+                break
+        corpus.write_text("\n".join(lines[:n_lines]) + "\n", encoding="utf-8")
+    return model_dir, corpus
+
+
+def run(cmd: list[str]) -> tuple[float, str]:
+    """Wall seconds of a process, and its standard output (it must succeed)."""
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{cmd[:3]} failed:\n{done.stdout}\n{done.stderr}")
+    return seconds, (done.stdout.strip() or done.stderr.strip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--max-tokens", type=int, default=512, help="tokens per example at most (ffkv's default)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ffkv-whole-process")
+    parser.add_argument("--ffkv", default=str(Path(sys.executable).with_name("ffkv")), help="the ffkv command")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="only profile one ffkv process with cProfile into this file (no timing)")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    model_dir, corpus = prepare(args.work, args.lines)
+    plain_py = args.work / "plain_forward.py"
+    plain_py.write_text(PLAIN)
+    plain = [sys.executable, str(plain_py), str(model_dir), str(corpus), str(args.batch_size),
+             str(args.max_batch_tokens), str(args.max_tokens)]
+    out = args.work / "run"
+
+    def index_cmd(prefix: list[str]) -> list[str]:
+        shutil.rmtree(out, ignore_errors=True)
+        return prefix + ["index", "--model", str(model_dir), "--corpus", str(corpus), "--unit", "line",
+                         "--out", str(out), "--batch-size", str(args.batch_size),
+                         "--max-batch-tokens", str(args.max_batch_tokens), "--no-progress"]
+
+    if args.profile is not None:
+        seconds, text = run(index_cmd([sys.executable, "-m", "cProfile", "-o", str(args.profile),
+                                       "-m", "ffkv.cli"]))
+        print(f"profiled ffkv index: {seconds:.2f} s -> {args.profile}\n{text}")
+        return
+    t_plain, t_index, pairs = [], [], []
+    for r in range(args.repeats):
+        order = ("plain", "index") if r % 2 == 0 else ("index", "plain")
+        seconds = {}
+        for side in order:
+            load = os.getloadavg()[0]
+            seconds[side], text = run(plain if side == "plain" else index_cmd([args.ffkv]))
+            print(f"repeat {r + 1} {side:5s}: {seconds[side]:6.2f} s  (load average {load:.2f})  {text.splitlines()[-1]}",
+                  flush=True)
+        t_plain.append(seconds["plain"])
+        t_index.append(seconds["index"])
+        pairs.append(seconds["index"] / seconds["plain"])
+    print(f"lines={args.lines} repeats={args.repeats} batch_size={args.batch_size} cpus={os.cpu_count()} "
+          f"torch threads default")
+    print(f"plain forward process: median {statistics.median(t_plain):.2f} s (min {min(t_plain):.2f}, "
+          f"max {max(t_plain):.2f});  ffkv index process: median {statistics.median(t_index):.2f} s "
+          f"(min {min(t_index):.2f}, max {max(t_index):.2f})")
+    print(f"ratio per pair: {', '.join(f'{p:.3f}' for p in pairs)};  median {statistics.median(pairs):.3f} "
+          f"(spread {min(pairs):.3f}-{max(pairs):.3f});  ratio of minima {min(t_index) / min(t_plain):.3f}  "
+          "(goal <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()
