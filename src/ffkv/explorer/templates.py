@@ -142,7 +142,7 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <table id="concepts"><tr><th class="num">concept</th><th class="num">values</th><th>shared top tokens</th><th>memories</th><th>suppress it</th></tr>
 {% for c in concepts %}<tr><td class="num">{{ c.concept }}</td><td class="num">{{ c.size }}</td><td>{% for t in c.tokens %}{{ tok(t) }} {% endfor %}</td>
 <td>{% for m in c.memories %}<a class="chip" href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}" title="{{ m.top|join(' ') }}">{{ ln(m.layer) }}:{{ m.key }}</a>{% endfor %}</td>
-<td><code class="small">ffkv intervene {{ run_name }}{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %} --eval-corpus C</code></td></tr>{% endfor %}</table>
+<td><code class="small">ffkv intervene RUN{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %}</code></td></tr>{% endfor %}</table>
 {% endblock %}""",
 
 "chip.html": """<a class="chip" href="{{ root }}/memory/{{ ln(mem.layer) }}/{{ mem.key }}" title="rank {{ mem.rank + 1 }} of this memory's trigger examples">{{ ln(mem.layer) }}:{{ mem.key }} <span class="small muted">m={{ fmt(mem.coefficient, 2) }}</span></a>""",
