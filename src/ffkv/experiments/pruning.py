@@ -46,16 +46,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from ffkv.batching import RowBatches, row_batches
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, open_run, progress_bar
-from ffkv.experiments.heldout import _final_logits
+from ffkv.experiments.scoring import score_examples
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
 from ffkv.memories.active import RULE
-from ffkv.memories.pruning import Removed, intermediate_size_field, masked, removal_count, shrink_model
+from ffkv.memories.pruning import Removed, intermediate_size_field, masked, removal_count, removal_edits, shrink_model
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
-from ffkv.parallel import gather_rows, is_writer
+from ffkv.parallel import is_writer
 from ffkv.store import atomic
 from ffkv.store.run import RunDir
 
@@ -74,9 +73,6 @@ SUMMARY_SHARES = (0.1, 0.3, 0.5)
 MAX_TOKENS = 4096
 #: Census classes in the order they are removed (see the module docstring); other classes go after "dead".
 CENSUS_CLASS_ORDER = ("dead", "positional", "token_detector", "suppression", "prediction")
-#: Logits held at once when reading log-probabilities: positions per head call = this over |V| (memory only,
-#: never the result; 2**25 float32 logits are 128 MiB).
-HEAD_ELEMENTS = 2**25
 
 
 def check_criterion(criterion: str) -> str:
@@ -243,45 +239,17 @@ class Perplexity:
         return math.exp(self.nll / self.n_tokens) if self.n_tokens else float("nan")
 
 
-@torch.no_grad()
-def perplexity(view: MemoryView, batches: RowBatches, n_rows: int, removed: Removed | None = None) -> Perplexity:
-    """Token-weighted perplexity of the (masked) model on every position of the rows of `batches`.
+def perplexity(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], removed: Removed | None = None) -> Perplexity:
+    """Token-weighted perplexity of the (masked) model on every position of `rows` (`heldout_rows`).
 
-    Each row's token j+1 is predicted from its tokens 0..j, for every j with a next token; the
-    log-probabilities are the model's own head's (bias included). Under torchrun each rank runs its
-    batches and the per-row sums are gathered.
+    Each row's token j+1 is predicted from its tokens 0..j, for every j with a next token, by the one scoring
+    pass of `ffkv.experiments.scoring` (the model's own head, bias included; under torchrun each rank runs its
+    batches and the per-row sums are gathered).
     """
-    L = view.n_layers
-    nll = np.zeros(n_rows, dtype=np.float64)
-    count = np.zeros(n_rows, dtype=np.int64)
-    state: dict = {}
-
-    def sink(name: str, layer: int, t: torch.Tensor) -> None:
-        state[(name, layer)] = t
-
-    with masked(view, removed or {}), view.capture(("head_in", "resid_post"), layers=[L - 1], sink=sink):
-        for idx, batch in batches:
-            state.clear()
-            view.forward(batch.input_ids, batch.attention_mask, with_head=True)
-            head = state.get(("head_in", -1))
-            mask = batch.attention_mask.bool()
-            valid = mask[:, 1:] & mask[:, :-1]
-            where = torch.nonzero(valid)
-            source = head if head is not None else state[("resid_post", L - 1)]
-            hidden = source[:, :-1][valid]
-            target = batch.input_ids[:, 1:][valid]
-            row_nll = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
-            chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
-            for s in range(0, len(target), chunk):
-                h = hidden[s:s + chunk]
-                logits = _final_logits(view, h if head is not None else None, h)
-                logp = torch.log_softmax(logits.float(), dim=-1)
-                picked = -logp.gather(1, target[s:s + chunk, None])[:, 0].double()
-                row_nll.index_add_(0, where[s:s + chunk, 0], picked)
-            nll[idx] = as_numpy(row_nll)
-            count[idx] = as_numpy(valid.sum(1))
-    full = gather_rows({"nll": nll, "count": count}, batches.rows)
-    return Perplexity(float(full["nll"].sum()), int(full["count"].sum()))
+    scores = score_examples(loaded, [ids for _, ids in rows],
+                            interventions=removal_edits(loaded.view, removed or {}))
+    n = scores.n_predicted.astype(np.float64)
+    return Perplexity(float((scores.nll * n).sum()), int(n.sum()))
 
 
 def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = None,
@@ -307,10 +275,7 @@ def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = 
 def heldout_perplexity(loaded: LoadedModel, token_lists: Sequence[Sequence[int]],
                        removed: Removed | None = None) -> Perplexity:
     """`perplexity` of a list of examples' token ids (every position), the removed memories masked."""
-    rows = heldout_rows(token_lists)
-    special = getattr(loaded.tokenizer, "special_ids", ()) or ()
-    batches = row_batches(rows, loaded.tokenizer.pad_id, special, loaded.view.device)
-    return perplexity(loaded.view, batches, len(rows), removed)
+    return perplexity(loaded, heldout_rows(token_lists), removed)
 
 
 # ----------------------------------------------------------------------- the experiment
@@ -330,18 +295,17 @@ def run(ctx: RunContext) -> dict:
     rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
     if not rows:
         raise FfkvError("no held-out example has two tokens or more: nothing to measure perplexity on")
-    batches = ctx.batches(rows)
     n_passes = 1 + len(criteria) * (len(SHARES) - 1)
     bar = progress_bar(ctx.progress, n_passes, "pruning curves", "pass")
     try:
-        base = perplexity(view, batches, len(rows))
+        base = perplexity(ctx.loaded, rows)
         bar.update(1)
         records = []
         for criterion in criteria:
             orders = removal_orders(criterion, view, stats, census, ctx.seed)
             for share in SHARES:
                 removed = keys_to_remove(orders, share)
-                result = base if share == 0 else perplexity(view, batches, len(rows), removed)
+                result = base if share == 0 else perplexity(ctx.loaded, rows, removed)
                 if share:
                     bar.update(1)
                 n = removal_count(view.d_m, share)

@@ -33,6 +33,8 @@ from ffkv.parallel import gather_rows
 
 #: Coefficients averaged per position for the ``top_coefficients`` statistic.
 TOP_K = 16
+#: Positions x vocabulary logits made at once (2**25 floats: 128 MB in float32), whatever |V| and the batch.
+HEAD_ELEMENTS = 2**25
 
 
 @dataclass
@@ -107,16 +109,25 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 state["competes"] = batch.competes.float()
                 view.forward(batch.input_ids, batch.attention_mask, with_head=True)
                 head_in = state.get(("head_in", -1))
-                for row, i in enumerate(idx):  # one example's (T, |V|) logits at a time: bounded memory
-                    n = int(batch.attention_mask[row].sum())
-                    z = _final_logits(view, None if head_in is None else head_in[row, :n - 1],
-                                      state[("resid_post", L - 1)][row, :n - 1])
-                    logp = torch.log_softmax(z.float(), dim=-1)  # (n-1, V): position t predicts token t+1
-                    nxt = batch.input_ids[row, 1:n]
-                    nll[i] = float(-logp.gather(-1, nxt[:, None]).double().mean())
-                    count[i] = n - 1
+                real = batch.attention_mask.bool()
+                valid = real[:, 1:] & real[:, :-1]  # position t has a next token t+1
+                where = torch.nonzero(valid)[:, 0]
+                hidden = (head_in if head_in is not None else state[("resid_post", L - 1)])[:, :-1][valid]
+                target = batch.input_ids[:, 1:][valid]
+                row_nll = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
+                row_mass = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
+                chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
+                for s in range(0, len(target), chunk):  # (positions x |V|) logits a chunk at a time: bounded memory
+                    h = hidden[s:s + chunk]
+                    logp = torch.log_softmax(_final_logits(view, h if head_in is not None else None, h).float(), dim=-1)
+                    row_nll.index_add_(0, where[s:s + chunk], -logp.gather(1, target[s:s + chunk, None])[:, 0].double())
                     if len(S):
-                        mass[i] = float(logp[:, S].exp().sum(-1).double().mean())
+                        row_mass.index_add_(0, where[s:s + chunk], logp[:, S].exp().sum(-1).double())
+                n = valid.sum(1)
+                nll[idx] = as_numpy(row_nll / n)
+                count[idx] = as_numpy(n)
+                if len(S):
+                    mass[idx] = as_numpy(row_mass / n)
                 if stat is not None:
                     for layer in range(L):
                         stat[idx, layer] = as_numpy(state[("coefficients", layer)])

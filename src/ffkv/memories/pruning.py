@@ -65,9 +65,13 @@ def _check_removed(view: MemoryView, removed: Removed) -> dict[int, np.ndarray]:
 @contextmanager
 def masked(view: MemoryView, removed: Removed) -> Iterator[None]:
     """Within the block, the removed memories' coefficients are 0 at every position (the masked model)."""
-    edits = [Intervention(layer, int(k), "off") for layer, keys in _check_removed(view, removed).items() for k in keys]
-    with intervene(view, edits):
+    with intervene(view, removal_edits(view, removed)):
         yield
+
+
+def removal_edits(view: MemoryView, removed: Removed) -> list[Intervention]:
+    """The removed memories as interventions that switch them off (m_i = 0 at every position)."""
+    return [Intervention(layer, int(k), "off") for layer, keys in _check_removed(view, removed).items() for k in keys]
 
 
 def kept_keys(view: MemoryView, removed: Removed) -> dict[int, Int[torch.Tensor, "kept"]]:
