@@ -51,6 +51,7 @@ from ffkv.batching import RowBatches, length_batches
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
 from ffkv.memories.active import RULE, active_fraction
+from ffkv.memories.active import active as active_memories
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
 
@@ -208,7 +209,7 @@ class CensusAccumulator:
                 self.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
             return
         thr = self.threshold(layer)
-        active = m.abs() > thr
+        active = active_memories(m, thr)
         positive = active & (m > 0)
         if step == "summarise":
             s.n_positive += positive.sum(0)
