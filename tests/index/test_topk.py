@@ -53,16 +53,8 @@ def test_all_layers_merge_like_a_brute_force_sort_of_everything_seen():
     for step in range(6):
         batch = [_random_candidates(g, d_m, 5, first_id=100 * ((step * 5) % 6)) for _ in range(n_layers)]
         state.merge_candidates(*(torch.stack(f) for f in zip(*batch)), one_per_example=step % 2 == 0)
-        for layer, (v, e, p, t) in enumerate(batch):
-            for key in range(d_m):
-                seen.setdefault((layer, key), []).extend(
-                    zip((-v[key]).tolist(), e[key].tolist(), p[key].tolist(), t[key].tolist()))
-    for (layer, key), entries in seen.items():
-        best = sorted(entries)[:k]
-        assert state.values[layer, key].tolist() == [-b[0] for b in best]
-        assert state.example_id[layer, key].tolist() == [b[1] for b in best]
-        assert state.position[layer, key].tolist() == [b[2] for b in best]
-        assert state.next_token[layer, key].tolist() == [b[3] for b in best]
+        _record(seen, batch, d_m)
+    _assert_k_best(state, seen, k)
 
 
 def test_cpu_merge_of_ranges_and_scattered_keys_equals_brute_force(monkeypatch):
@@ -82,11 +74,21 @@ def test_cpu_merge_of_ranges_and_scattered_keys_equals_brute_force(monkeypatch):
     for step in range(10):
         batch = [_random_candidates(g, d_m, 4, first_id=100 * step) for _ in range(n_layers)]
         state.merge_candidates(*(torch.stack(f) for f in zip(*batch)), one_per_example=step % 2 == 1)
-        for layer, (v, e, p, t) in enumerate(batch):
-            for key in range(d_m):
-                seen.setdefault((layer, key), []).extend(
-                    zip((-v[key]).tolist(), e[key].tolist(), p[key].tolist(), t[key].tolist()))
+        _record(seen, batch, d_m)
     assert "slice" in kinds and "Tensor" in kinds  # both paths ran
+    _assert_k_best(state, seen, k)
+
+
+def _record(seen: dict, batch: list, d_m: int) -> None:
+    """Add a batch's candidates to the brute force: per (layer, key), (-value, example, position, next token)."""
+    for layer, (v, e, p, t) in enumerate(batch):
+        for key in range(d_m):
+            seen.setdefault((layer, key), []).extend(
+                zip((-v[key]).tolist(), e[key].tolist(), p[key].tolist(), t[key].tolist()))
+
+
+def _assert_k_best(state, seen: dict, k: int) -> None:
+    """The state holds, per key, the k best of everything seen, in the tie-break order (value, example, position)."""
     for (layer, key), entries in seen.items():
         best = sorted(entries)[:k]
         assert state.values[layer, key].tolist() == [-b[0] for b in best]
