@@ -217,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the evaluation subset (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
     p = sub.add_parser("prune", help="write a smaller model without the keys a criterion removes (SPEC 9)",
                        description="Remove the same share of keys from every FF layer of the run's model, chosen by "
                                    "a criterion (docs/definitions.md), and write the smaller model in its original "
