@@ -68,6 +68,7 @@ def main() -> None:
             for l, c in enumerate(layers):
                 reducer("coefficients", l, c.clone())  # the reducer works in place; keep the inputs
             reducer.commit()
+        reducer.flush()
 
     def clone_all():
         for layers in captured:

@@ -66,12 +66,12 @@ def _brute_force(examples, coefficients, k, mode, directions=(1, -1)) -> pd.Data
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu") -> TopKState:
+def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu", buffer_columns=None) -> TopKState:
     """The reducer fed with the coefficients of each batch, as the forward pass would; padded and special
     positions hold values that would win in either direction if they were not blocked."""
     n_layers, _, d_m = coefficients[0].shape
     state = TopKState.empty(n_layers, d_m * (2 if signed else 1), k, device)
-    reducer = TriggerReducer(state, mode, signed=signed)
+    reducer = TriggerReducer(state, mode, signed=signed, buffer_columns=buffer_columns)
     for start in range(0, len(examples), batch_size):
         group = examples[start: start + batch_size]
         batch = collate(group, PAD, {SPECIAL}).to(device)
@@ -86,6 +86,7 @@ def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cp
                 c[row, [j for j, tok in enumerate(e.token_ids) if tok == SPECIAL]] = 50.0 * (-1) ** row
             reducer("coefficients", layer, c.to(device))
         reducer.commit()
+    reducer.flush()
     return state
 
 
@@ -110,6 +111,19 @@ def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size, dev
     # The table reads back into the same state (what `ffkv merge` does with each shard's table).
     again = state_from_table(trigger_table(state, (1, -1)), 2, 6, 4, (1, -1))
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), state.state_dict().values()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("buffer_columns", [0, 3, 4, 9, 10**6])
+def test_merging_several_batches_at_once_equals_brute_force(mode, buffer_columns):
+    """The CPU merges the candidates of several batches at once: whether it merges after every batch
+    (0), after a few (a buffer of 3 to 9 columns against batches of 3 examples, k = 4, some filled exactly,
+    some not), or only in the final flush, the state equals the brute force."""
+    examples, coefficients = _world(seed=11)
+    expected = _brute_force(examples, coefficients, k=4, mode=mode)
+    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=3, buffer_columns=buffer_columns)
+    result = trigger_table(state, (1, -1)).to_pandas()
+    pd.testing.assert_frame_equal(result[COLUMNS].astype(expected.dtypes), expected)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -10,8 +10,9 @@ refuses (`ffkv.index.checkpoint`). Before anything is written, `ffkv.index.prefl
 checks what would make the run fail later. While it works the process holds the run's
 lock and the manifest says `running` with its pid, host and heartbeat; it ends
 `complete`, `interrupted` (Ctrl-C, at a checkpoint) or `failed` (with the error).
-Peak memory: one layer's activations for one batch, the (L, d_m, k) state, and at
-most `part_rows` buffered examples.
+Peak memory: one layer's activations for one batch, the (L, d_m, k) state, the
+candidates not yet merged (on a CPU, 2·k plus one batch's, at most 3·k per key, so at
+most three times the state: `TriggerReducer`), and at most `part_rows` buffered examples.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ def run_forward(loaded: LoadedModel, batch: Batch) -> None:
 
 def index_batch(loaded: LoadedModel, reducer: TriggerReducer, batch: Batch) -> None:
     """One batch of the index: the forward pass, reduced inside it by `reducer` (a capture
-    sink that must be open on the model's coefficients), then merged into its state."""
+    sink that must be open on the model's coefficients), then committed (`reducer.flush`
+    merges what the reducer still buffers into its state)."""
     reducer.start(batch)
     run_forward(loaded, batch)
     reducer.commit()
@@ -308,6 +310,7 @@ class _IndexJob:
             rows = view.d_m * len(self.options.directions)
             self.at = Checkpoint(TopKState.empty(view.n_layers, rows, self.options.top_k, self.device), cutting)
         self.elapsed_before = self.at.elapsed
+        self.reducer = TriggerReducer(self.at.state, self.options.mode, signed=self.options.sign == "both")
         self.run.partial.mkdir(parents=True, exist_ok=True)
         self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
 
@@ -317,6 +320,7 @@ class _IndexJob:
         return "interrupted before the first checkpoint; rerun the same command with --resume to start it again"
 
     def checkpoint(self, manifest: Manifest) -> None:
+        self.reducer.flush()  # the state then holds every batch indexed so far
         self.parts.flush()
         self.at.n_parts = self.parts.n_parts
         self.at.elapsed = self.elapsed_before + time.time() - self.started
@@ -333,7 +337,7 @@ class _IndexJob:
             stream = prefetched_examples(self.spec, loaded.tokenizer, skip=at.consumed, workers=workers)
         else:
             stream = itertools.islice(iter(reader), at.consumed, None)
-        reducer = TriggerReducer(at.state, self.options.mode, signed=self.options.sign == "both")
+        reducer = self.reducer
         pad_multiple = batching.pad_to(self.device)
         special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
         bar = IndexBar(self.spec, initial=at.consumed, show=self.progress)

@@ -35,30 +35,88 @@ def first_position_of(c: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
     return (t - last.long()).clamp_(max=t - 1)  # NaN never equals: clamp keeps it in range
 
 
+class CandidateBuffer:
+    """Candidates of accepted batches, one (L, rows, width) tensor per state field, merged
+    into the state when `columns` per key have gathered (or on `merge`).
+
+    Each layer's candidates are written once into their place, so neither a stack of the
+    layers nor a concatenation of the batches is made before the merge.
+    """
+
+    #: values, example ids, positions, next tokens (as `TopKState.merge_candidates` takes them).
+    DTYPES = (torch.float32, torch.int64, torch.int32, torch.int32)
+
+    def __init__(self, state: TopKState, columns: int) -> None:
+        self.state, self.columns = state, columns
+        self.fields: list[torch.Tensor] = []
+        self.filled = 0  # columns of accepted batches
+
+    def reserve(self, n: int, one_per_example: bool) -> None:
+        """Make room for a batch of n candidates per key (merging what is held if needed)."""
+        width = self.fields[0].shape[-1] if self.fields else 0
+        if self.filled + n > width:
+            self.merge(one_per_example)
+        if n > width:  # a batch then always fits while fewer than `columns` are held
+            shape = (*self.state.values.shape[:2], self.columns + n)
+            self.fields = [torch.empty(shape, dtype=d, device=self.state.values.device) for d in self.DTYPES]
+
+    def write(self, layer: int, rows: slice, candidates: tuple[torch.Tensor, ...]) -> None:
+        """Place (len(rows), n) candidates of `layer` after the accepted columns."""
+        n = candidates[0].shape[-1]
+        for target, source in zip(self.fields, candidates):
+            target[layer, rows, self.filled: self.filled + n].copy_(source)
+
+    def accept(self, n: int, one_per_example: bool) -> None:
+        """The n columns just written hold a whole batch; merge once `columns` have gathered."""
+        self.filled += n
+        if self.filled >= self.columns:
+            self.merge(one_per_example)
+
+    def merge(self, one_per_example: bool) -> None:
+        """Merge every accepted column into the state."""
+        if self.filled:
+            self.state.merge_candidates(*(f[..., : self.filled] for f in self.fields),
+                                        one_per_example=one_per_example)
+        self.filled = 0
+
+
 class TriggerReducer:
     """Collects per-batch candidates from coefficient captures, then merges them into a state.
 
-    Candidates are merged only in `commit`, after the whole forward pass, so the
-    state is always consistent with a whole number of batches (safe to checkpoint
-    even when a pass is interrupted).
+    A batch's candidates are accepted only in `commit`, after the whole forward pass, and
+    reach the state in a merge, so the state is always consistent with a whole number of
+    batches (safe to checkpoint even when a pass is interrupted). On a CPU, the candidates
+    of a few batches are merged at once (`buffer_columns` per key): merging k + m·n
+    candidates once costs far less than m merges of k + n, and the merge is exact and
+    associative, so the result is the same. Call `flush` before reading or saving the state.
 
     With `signed`, the state has 2·d_m rows per layer (`ffkv.index.topk`): each layer's
-    coefficients are reduced in both directions, the most negative ones as -m, and the two
-    sets of candidates are concatenated, so that one selection and one merge serve both.
+    coefficients are reduced in both directions, the most negative ones as -m, into the
+    two row blocks of the layer, so that one selection and one merge serve both.
     """
 
-    def __init__(self, state: TopKState, mode: str = "example", signed: bool = False) -> None:
+    def __init__(self, state: TopKState, mode: str = "example", signed: bool = False,
+                 buffer_columns: int | None = None) -> None:
+        """Args:
+            buffer_columns: candidates per key gathered before a merge; None: 2·k on a CPU, a
+                merge per batch on other devices, where a merge is a few launches for the whole
+                model and its temporaries, not its sort, would grow.
+        """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.state = state
         self.mode = mode
         self.signed = signed
         self._directions = 2 if signed else 1
+        if buffer_columns is None:
+            buffer_columns = 2 * state.k if state.values.device.type == "cpu" else 0
+        self._buffer = CandidateBuffer(state, buffer_columns)
         # The one-sort merge applies while each example is one candidate per key and ids fit 32 bits.
         self._fast = mode == "example" and state.ids_fit()
         self.batch: Batch | None = None
         self._eid = self._pos = self._next = self._blocked_flat = None
-        self._pending: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._n = 0  # candidates per key of the current batch
+        self._reduced: set[int] = set()
 
     def start(self, batch: Batch) -> None:
         """Announce the batch whose coefficients the next forward pass produces."""
@@ -73,42 +131,41 @@ class TriggerReducer:
             self._pos = torch.arange(t, device=batch.input_ids.device, dtype=torch.int32).repeat(b)
             self._next = batch.next_token.reshape(-1)
             self._blocked_flat = batch.blocked[0] * t + batch.blocked[1]
-        self._pending.clear()
+        self._n = min(self.state.k, b if self.mode == "example" else b * t)
+        self._buffer.reserve(self._n, self._fast)
+        self._reduced.clear()
 
     def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
-        """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key."""
+        """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key
+        and direction."""
         # In place, in the model's dtype: the model is done with this tensor, and max is exact in any dtype.
         # Only the few blocked positions are written (padding and special tokens), not a full masked copy.
         c = coefficients
-        c[self.batch.blocked] = float("-inf")
         b, t, d_m = c.shape
-        rows = self._directions * d_m  # the state's rows of this layer: positive keys, then negative ones
-        if rows != self.state.values.shape[1]:
+        if self._directions * d_m != self.state.values.shape[1]:
             raise ValueError(f"a layer of {d_m} keys does not match a state of {self.state.values.shape[1]} rows "
                              f"({'signed' if self.signed else 'positive'} index)")
-        if self.mode == "example":
-            best, pos = self._best_positions(layer, c, 1)                      # (B, d_m)
-            values, position = best.T.float(), pos.T                            # (d_m, B)
-            if self.signed:  # blocked positions must lose the minimum too: the candidates above are copies
-                c[self.batch.blocked] = float("inf")
-                best, pos = self._best_positions(layer, c, -1)                  # -min_j m and its argmin
-                values, position = torch.cat([values, best.T.float()]), torch.cat([position, pos.T])
-            example_id = self._eid[None, :].expand(rows, b)
-            next_token = self.batch.next_token.gather(1, position.T).T
-        else:
-            values = c.reshape(b * t, d_m).T.float()                            # (d_m, B*T), (eid, pos) order
-            if self.signed:
-                values = torch.cat([values, -values])
-                values[d_m:, self._blocked_flat] = float("-inf")               # blocked prefixes never compete
-            position = self._pos[None, :].expand(rows, -1)
-            example_id = self._eid[None, :].expand(rows, -1)
-            next_token = self._next[None, :].expand(rows, -1)
-        k = min(self.state.k, values.shape[1])
-        if k < values.shape[1]:
-            top = select_top(values, k)
-            values, example_id = values.gather(1, top), example_id.gather(1, top)
-            position, next_token = position.gather(1, top), next_token.gather(1, top)
-        self._pending[layer] = (values, example_id, position, next_token)
+        for block, direction in enumerate((1, -1)[: self._directions]):
+            # Blocked positions must lose in this direction: +inf never wins a minimum.
+            c[self.batch.blocked] = float("-inf") if direction == 1 else float("inf")
+            if self.mode == "example":
+                best, pos = self._best_positions(layer, c, direction)          # (B, d_m)
+                values, position = best.T, pos.T                                # (d_m, B)
+                example_id = self._eid[None, :].expand(d_m, b)
+                next_token = self.batch.next_token.gather(1, pos).T
+            else:
+                values = c.reshape(b * t, d_m).T.float()                        # (d_m, B*T), (eid, pos) order
+                values = values if direction == 1 else -values
+                position = self._pos[None, :].expand(d_m, -1)
+                example_id = self._eid[None, :].expand(d_m, -1)
+                next_token = self._next[None, :].expand(d_m, -1)
+            if self._n < values.shape[1]:
+                top = select_top(values, self._n)
+                values, example_id = values.gather(1, top), example_id.gather(1, top)
+                position, next_token = position.gather(1, top), next_token.gather(1, top)
+            self._buffer.write(layer, slice(block * d_m, (block + 1) * d_m),
+                               (values, example_id, position, next_token))
+        self._reduced.add(layer)
 
     def _best_positions(self, layer: int, c: torch.Tensor, direction: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per example and key, in `direction` (+1: the maximum over positions; -1: the minimum,
@@ -140,13 +197,17 @@ class TriggerReducer:
         return best, pos
 
     def commit(self) -> None:
-        """Merge the finished batch's candidates, every layer at once, into the state."""
-        if self._pending:
-            n_layers = self.state.values.shape[0]
-            if sorted(self._pending) != list(range(n_layers)):
-                raise RuntimeError(f"the forward pass reduced layers {sorted(self._pending)}, "
+        """Accept the finished batch's candidates, every layer at once; they reach the state in
+        this call or, on a CPU, in a later one that merges several batches (or in `flush`)."""
+        n_layers = self.state.values.shape[0]
+        if self._reduced:
+            if sorted(self._reduced) != list(range(n_layers)):
+                raise RuntimeError(f"the forward pass reduced layers {sorted(self._reduced)}, "
                                    f"not all {n_layers}")
-            fields = zip(*(self._pending[layer] for layer in range(n_layers)))
-            self.state.merge_candidates(*(torch.stack(f) for f in fields), one_per_example=self._fast)
-        self._pending.clear()
+            self._buffer.accept(self._n, self._fast)
+        self._reduced.clear()
         self.batch = self._eid = self._pos = self._next = self._blocked_flat = None
+
+    def flush(self) -> None:
+        """Merge every accepted batch's candidates into the state."""
+        self._buffer.merge(self._fast)
