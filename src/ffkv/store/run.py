@@ -22,9 +22,8 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -32,6 +31,9 @@ from ffkv.errors import FfkvError, one_line
 from ffkv.store import atomic, schemas
 from ffkv.store.lock import Holder, exclusive, now_iso
 from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, Process
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: `ffkv index` never needs it
+    import pandas as pd
 
 #: The writer lock's file (`RunDir.lock`); it alone does not make a folder "not empty".
 LOCK_NAME = ".lock"
@@ -280,6 +282,8 @@ class RunDir:
         wanted = list(filters or [])
         if signed and direction != "both":
             wanted.append(("direction", "=", schemas.DIRECTIONS[direction]))
+        import pandas as pd
+
         df = pd.read_parquet(path, filters=wanted or None)
         if not signed:
             df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
@@ -301,6 +305,8 @@ class RunDir:
         path = self.metric_path(name)
         if not path.is_file():
             raise FfkvError(f"{self.path} has no metrics table {name!r}; run `ffkv analyze {self.path}` first")
+        import pandas as pd
+
         return pd.read_parquet(path, columns=columns)
 
     def metric_description(self, name: str) -> dict[str, Any]:
