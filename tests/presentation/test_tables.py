@@ -43,3 +43,12 @@ def test_control_characters_of_a_token_are_visible():
     assert visible("\x00") == "<0x00>" and visible("\x1f") == "<0x1F>" and visible("\x7f") == "<0x7F>"
     assert visible(" a\n\tb") == " a↵⇥b" and visible(None) == ""
     assert str(token_html("\x00<")) == '<span class="tok">&lt;0x00&gt;&lt;</span>'
+
+
+def test_control_characters_inside_text_cells_are_visible():
+    """A census row's written tokens (" · "-joined text) and a list of prefixes hold token text too: a DEL or NUL
+    byte there would be drawn as an empty box by the report's font, so every text cell shows it as its byte."""
+    table = pd.DataFrame({"written_top": ["a · \x7f · b"], "prefixes": [["x\x00", "y\n"]]})
+    (row,) = table_view(table).rows
+    assert [c.text for c in row] == ["a · <0x7F> · b", "x<0x00> · y↵"]
+    assert "&lt;0x7F&gt;" in table_html(table_view(table)) and "\x7f" not in table_html(table_view(table))

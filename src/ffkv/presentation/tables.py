@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from ffkv.presentation.style import layer_number, number, percent, token_html
+from ffkv.presentation.style import layer_number, number, percent, token_html, visible
 
 #: Column names whose values are shares in [0, 1], shown as percentages.
 SHARE_WORDS = ("rate", "share", "agreement", "agrees", "confidence", "kept", "override", "composition",
@@ -70,7 +70,7 @@ def _cell(name: str, value, token: Callable[[int], str] | None, token_columns: s
     if name == "layer":
         return Cell(str(layer_number(int(value))), "num")
     if isinstance(value, (list, tuple, np.ndarray)):
-        return Cell(" · ".join(str(x) for x in value), "")
+        return Cell(" · ".join(visible(str(x)) for x in value), "")
     if isinstance(value, (bool, np.bool_)):
         return Cell("yes" if value else "no", "yes" if value else "no")
     if name.endswith("rank") and isinstance(value, (int, np.integer)) and value < 0:
@@ -83,7 +83,7 @@ def _cell(name: str, value, token: Callable[[int], str] | None, token_columns: s
         if is_share(name) and not isinstance(value, (int, np.integer)) and -1.0001 <= float(value) <= 1.0001:
             return Cell(percent(value), "num")
         return Cell(number(value), "num")
-    return Cell(str(value), "")
+    return Cell(visible(str(value)), "")  # token text inside (a rule, a value's top tokens): no invisible bytes
 
 
 def token_id_columns(table: pd.DataFrame) -> dict[str, str]:
