@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -66,14 +67,24 @@ def _brute_force(examples, coefficients, k, mode, directions=(1, -1)) -> pd.Data
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _cuts(n: int, sizes) -> list[tuple[int, int]]:
+    """Consecutive (start, end) batches of n examples, of the given sizes in turn."""
+    cuts, start = [], 0
+    while start < n:
+        cuts.append((start, min(n, start + next(sizes))))
+        start = cuts[-1][1]
+    return cuts
+
+
 def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu", buffer_columns=None) -> TopKState:
     """The reducer fed with the coefficients of each batch, as the forward pass would; padded and special
     positions hold values that would win in either direction if they were not blocked."""
     n_layers, _, d_m = coefficients[0].shape
     state = TopKState.empty(n_layers, d_m * (2 if signed else 1), k, device)
     reducer = TriggerReducer(state, mode, signed=signed, buffer_columns=buffer_columns)
-    for start in range(0, len(examples), batch_size):
-        group = examples[start: start + batch_size]
+    sizes = itertools.cycle(batch_size if isinstance(batch_size, (list, tuple)) else [batch_size])
+    for start, end in _cuts(len(examples), sizes):
+        group = examples[start:end]
         batch = collate(group, PAD, {SPECIAL}).to(device)
         reducer.start(batch)
         b, t = batch.input_ids.shape
@@ -124,6 +135,20 @@ def test_merging_several_batches_at_once_equals_brute_force(mode, buffer_columns
     state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=3, buffer_columns=buffer_columns)
     result = trigger_table(state, (1, -1)).to_pandas()
     pd.testing.assert_frame_equal(result[COLUMNS].astype(expected.dtypes), expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("buffer_columns", [0, 3, 6])
+def test_buffer_grows_when_a_wider_batch_comes(mode, buffer_columns):
+    """Batches of 1, 5, 2 and 9 examples against k = 4: a batch's candidates per key (min(k, batch) in example
+    mode) outgrow the buffer made for the first one, which is merged and made anew; the state still equals
+    the brute force."""
+    examples, coefficients = _world(seed=5)
+    expected = _brute_force(examples, coefficients, k=4, mode=mode)
+    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=[1, 5, 2, 9],
+                    buffer_columns=buffer_columns)
+    pd.testing.assert_frame_equal(trigger_table(state, (1, -1)).to_pandas()[COLUMNS].astype(expected.dtypes),
+                                  expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
