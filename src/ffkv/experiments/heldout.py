@@ -16,6 +16,7 @@ predicts, head bias included. Only (examples x layers) integers and floats are k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -126,6 +127,35 @@ def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
     return rows
 
 
+def analysed_positions(ctx: RunContext, mine, quantities: tuple[str, ...], label: str,
+                       with_head: bool = False) -> Iterator[tuple[np.ndarray, dict]]:
+    """Run the held-out batches `mine` (`ctx.batches(_rows(ctx))`) with `quantities` captured at each
+    example's analysed position: yields (rows of the batch, {(quantity, layer): (B, ...) tensor}) per
+    batch, with a progress bar. Tensors are float32, except ``head_in``, kept in the model's dtype so
+    that the head is applied to it as the model would (`_final_logits`). The dict is reused by the next
+    batch: read it before asking for one."""
+    view, held = ctx.view, ctx.held_out()
+    state: dict = {}
+    at: dict = {}
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        picked = t[at["rows"], at["pos"]]
+        state[(name, layer)] = picked if name == "head_in" else picked.float()
+
+    bar = progress_bar(ctx.progress, len(mine.rows), label, "ex")
+    try:
+        with view.capture(quantities, sink=sink):
+            for idx, batch in mine:
+                state.clear()
+                at["rows"] = torch.arange(len(idx), device=view.device)
+                at["pos"] = torch.as_tensor(held.positions[idx], device=view.device)
+                view.forward(batch.input_ids, batch.attention_mask, with_head=with_head)
+                yield idx, state
+                bar.update(len(idx))
+    finally:
+        bar.close()
+
+
 @torch.no_grad()
 def coefficient_scale(ctx: RunContext) -> np.ndarray:
     """s_l of the active rule: per layer, the RMS of the coefficients of every memory at the held-out
@@ -134,25 +164,10 @@ def coefficient_scale(ctx: RunContext) -> np.ndarray:
         view, held = ctx.view, ctx.held_out()
         L, N = view.n_layers, len(held.examples)
         squares = np.zeros((N, L), dtype=np.float64)
-        state: dict = {}
-
-        def sink(name: str, layer: int, t: torch.Tensor) -> None:
-            state[layer] = t[state["rows"], state["pos"]].double().pow(2).sum(-1)
-
         mine = ctx.batches(_rows(ctx))
-        bar = progress_bar(ctx.progress, len(mine.rows), "coefficient scale", "ex")
-        try:
-            with view.capture(("coefficients",), sink=sink):
-                for idx, batch in mine:
-                    state.clear()
-                    state["rows"] = torch.arange(len(idx), device=view.device)
-                    state["pos"] = torch.as_tensor(held.positions[idx], device=view.device)
-                    view.forward(batch.input_ids, batch.attention_mask)
-                    for layer in range(L):
-                        squares[idx, layer] = as_numpy(state[layer])
-                    bar.update(len(idx))
-        finally:
-            bar.close()
+        for idx, got in analysed_positions(ctx, mine, ("coefficients",), "coefficient scale"):
+            for layer in range(L):
+                squares[idx, layer] = as_numpy(got[("coefficients", layer)].double().pow(2).sum(-1))
         squares = gather_rows(squares, mine.rows)
         return np.sqrt(squares.sum(0) / (N * view.d_m))
     return ctx.once("coefficient_scale", compute)
@@ -185,56 +200,40 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
             out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
     final = np.zeros(N, dtype=np.int64)
 
-    state: dict = {}
-
-    def sink(name: str, layer: int, t: torch.Tensor) -> None:
-        # head_in keeps the model's dtype: the head is applied to it as the model would.
-        picked = t[state["rows"], state["pos"]]
-        state[(name, layer)] = picked if name == "head_in" else picked.float()
-
     mine = ctx.batches(_rows(ctx))
-    bar = progress_bar(ctx.progress, len(mine.rows), "held-out pass", "ex")
-    try:
-        with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"), sink=sink):
-            for idx, batch in mine:
-                state.clear()
-                state["rows"] = torch.arange(len(idx), device=device)
-                state["pos"] = torch.as_tensor(held.positions[idx], device=device)
-                view.forward(batch.input_ids, batch.attention_mask, with_head=True)  # ends at the head
-                o = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
-                final[idx] = as_numpy(o)
-                for layer in range(L):
-                    m = state[("coefficients", layer)]
-                    active = active_memories(m, float(threshold[layer]))
-                    positive, negative = active & (m > 0), active & (m < 0)
-                    ff = project(view, state[("ff_out", layer)], pv).argmax(-1)
-                    post_v = project(view, state[("resid_post", layer)], pv).argmax(-1)
-                    if pv == "identity":
-                        # argmax of m_i·v_i·Eᵀ is v_i's top token when m_i > 0 and its bottom token when
-                        # m_i < 0: the logits scaled by m_i.
-                        def hit(t: torch.Tensor) -> torch.Tensor:
-                            return (((tops[layer][None, :] == t[:, None]) & positive)
-                                    | ((bottoms[layer][None, :] == t[:, None]) & negative)).any(-1)
-                        same_ff, same_post = hit(ff), hit(post_v)
-                    else:
-                        # A normalization is not scale-free (epsilon, bias, dense layers): project each one.
-                        same_ff, same_post = _matches_exact(view, layer, m, active, pv, ff, post_v)
-                    values = {"n_active": active.sum(-1), "n_positive": positive.sum(-1),
-                              "n_negative": negative.sum(-1), "ff_top": ff, "ff_matches": same_ff,
-                              "post_top_values": post_v, "post_matches": same_post}
-                    for name in residual_projections:
-                        z_mid = project(view, state[("resid_mid", layer)], name, layer=layer)
-                        values[f"{name}/resid_top"] = z_mid.argmax(-1)
-                        values[f"{name}/confidence"] = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
-                        values[f"{name}/ff_top"] = ff if name == pv else \
-                            project(view, state[("ff_out", layer)], name, layer=layer, update=True).argmax(-1)
-                        values[f"{name}/post_top"] = post_v if name == pv else \
-                            project(view, state[("resid_post", layer)], name, layer=layer).argmax(-1)
-                    for name, value in values.items():
-                        out[name][idx, layer] = as_numpy(value)
-                bar.update(len(idx))
-    finally:
-        bar.close()
+    for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"),
+                                         "held-out pass", with_head=True):  # the pass ends at the head
+        o = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
+        final[idx] = as_numpy(o)
+        for layer in range(L):
+            m = state[("coefficients", layer)]
+            active = active_memories(m, float(threshold[layer]))
+            positive, negative = active & (m > 0), active & (m < 0)
+            ff = project(view, state[("ff_out", layer)], pv).argmax(-1)
+            post_v = project(view, state[("resid_post", layer)], pv).argmax(-1)
+            if pv == "identity":
+                # argmax of m_i·v_i·Eᵀ is v_i's top token when m_i > 0 and its bottom token when
+                # m_i < 0: the logits scaled by m_i.
+                def hit(t: torch.Tensor) -> torch.Tensor:
+                    return (((tops[layer][None, :] == t[:, None]) & positive)
+                            | ((bottoms[layer][None, :] == t[:, None]) & negative)).any(-1)
+                same_ff, same_post = hit(ff), hit(post_v)
+            else:
+                # A normalization is not scale-free (epsilon, bias, dense layers): project each one.
+                same_ff, same_post = _matches_exact(view, layer, m, active, pv, ff, post_v)
+            values = {"n_active": active.sum(-1), "n_positive": positive.sum(-1),
+                      "n_negative": negative.sum(-1), "ff_top": ff, "ff_matches": same_ff,
+                      "post_top_values": post_v, "post_matches": same_post}
+            for name in residual_projections:
+                z_mid = project(view, state[("resid_mid", layer)], name, layer=layer)
+                values[f"{name}/resid_top"] = z_mid.argmax(-1)
+                values[f"{name}/confidence"] = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
+                values[f"{name}/ff_top"] = ff if name == pv else \
+                    project(view, state[("ff_out", layer)], name, layer=layer, update=True).argmax(-1)
+                values[f"{name}/post_top"] = post_v if name == pv else \
+                    project(view, state[("resid_post", layer)], name, layer=layer).argmax(-1)
+            for name, value in values.items():
+                out[name][idx, layer] = as_numpy(value)
     out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
     residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence")))
                 for name in residual_projections}

@@ -25,9 +25,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.heldout import _final_logits, _rows, coefficient_scale, memory_predictions
+from ffkv.experiments.heldout import (_final_logits, _rows, analysed_positions, coefficient_scale,
+                                      memory_predictions)
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
 from ffkv.memories.projection import logits as project
@@ -79,48 +80,33 @@ def capture(ctx: RunContext) -> dict[str, np.ndarray]:
            "best_coefficient": np.zeros((N, L), np.float32), "best_delta_p": np.full((N, L), np.nan, np.float32),
            "sum_delta_p": np.zeros((N, L), np.float64), "n_active": np.zeros((N, L), np.int32),
            "final": np.zeros(N, np.int64), "gold_prob": np.zeros(N, np.float32), "gold_rank": np.zeros(N, np.int64)}
-    state: dict = {}
-
-    def sink(name: str, layer: int, t: torch.Tensor) -> None:
-        picked = t[state["rows"], state["pos"]]
-        state[(name, layer)] = picked if name == "head_in" else picked.float()
-
     mine = ctx.batches(_rows(ctx))
-    bar = progress_bar(ctx.progress, len(mine.rows), "suppressed memories", "ex")
-    try:
-        with view.capture(("coefficients", "resid_mid", "resid_post", "head_in"), sink=sink):
-            for idx, batch in mine:
-                state.clear()
-                state["rows"] = torch.arange(len(idx), device=view.device)
-                state["pos"] = torch.as_tensor(held.positions[idx], device=view.device)
-                view.forward(batch.input_ids, batch.attention_mask, with_head=True)
-                z = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
-                gold = torch.as_tensor(held.targets[idx], device=view.device)
-                out["final"][idx] = as_numpy(z.argmax(-1))
-                out["gold_prob"][idx] = as_numpy(torch.softmax(z, -1).gather(1, gold[:, None])[:, 0])
-                out["gold_rank"][idx] = as_numpy((z > z.gather(1, gold[:, None])).sum(-1) + 1)
-                for layer in range(L):
-                    m = state[("coefficients", layer)]
-                    act = active(m, float(threshold[layer]))
-                    tops = bottoms = None
-                    if tokens is not None:
-                        tops = torch.as_tensor(tokens[layer][0], device=view.device)
-                        bottoms = torch.as_tensor(tokens[layer][1], device=view.device)
-                    know = knowing(view, layer, m, act, gold, pv, tops, bottoms)
-                    out["n_active"][idx, layer] = as_numpy(act.sum(-1))
-                    out["n_knowing"][idx, layer] = as_numpy(know.sum(-1))
-                    for b in torch.nonzero(know.any(-1))[:, 0].tolist():
-                        keys = torch.nonzero(know[b])[:, 0]
-                        dp = delta_p(view, layer, state[("resid_mid", layer)][b], m[b], keys, int(gold[b]), pr)
-                        best = int(dp.argmax())
-                        row = idx[b]
-                        out["best_key"][row, layer] = int(keys[best])
-                        out["best_coefficient"][row, layer] = float(m[b, keys[best]])
-                        out["best_delta_p"][row, layer] = float(dp[best])
-                        out["sum_delta_p"][row, layer] = float(dp.double().sum())
-                bar.update(len(idx))
-    finally:
-        bar.close()
+    for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "resid_post", "head_in"),
+                                         "suppressed memories", with_head=True):
+        z = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
+        gold = torch.as_tensor(held.targets[idx], device=view.device)
+        out["final"][idx] = as_numpy(z.argmax(-1))
+        out["gold_prob"][idx] = as_numpy(torch.softmax(z, -1).gather(1, gold[:, None])[:, 0])
+        out["gold_rank"][idx] = as_numpy((z > z.gather(1, gold[:, None])).sum(-1) + 1)
+        for layer in range(L):
+            m = state[("coefficients", layer)]
+            act = active(m, float(threshold[layer]))
+            tops = bottoms = None
+            if tokens is not None:
+                tops = torch.as_tensor(tokens[layer][0], device=view.device)
+                bottoms = torch.as_tensor(tokens[layer][1], device=view.device)
+            know = knowing(view, layer, m, act, gold, pv, tops, bottoms)
+            out["n_active"][idx, layer] = as_numpy(act.sum(-1))
+            out["n_knowing"][idx, layer] = as_numpy(know.sum(-1))
+            for b in torch.nonzero(know.any(-1))[:, 0].tolist():
+                keys = torch.nonzero(know[b])[:, 0]
+                dp = delta_p(view, layer, state[("resid_mid", layer)][b], m[b], keys, int(gold[b]), pr)
+                best = int(dp.argmax())
+                row = idx[b]
+                out["best_key"][row, layer] = int(keys[best])
+                out["best_coefficient"][row, layer] = float(m[b, keys[best]])
+                out["best_delta_p"][row, layer] = float(dp[best])
+                out["sum_delta_p"][row, layer] = float(dp.double().sum())
     out = gather_rows(out, mine.rows)
     out["threshold"] = np.asarray(threshold, dtype=float)
     return out
