@@ -57,7 +57,7 @@ def main() -> None:
 
     from ffkv.corpus import CorpusReader, CorpusSpec
     from ffkv.batching import collate, length_batches, windows
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, run_forward
+    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture, run_forward
     from ffkv.index.reducer import TriggerReducer
     from ffkv.index.topk import TopKState
 
@@ -100,7 +100,7 @@ def main() -> None:
             run_forward(loaded, b)
 
         def reduced_pass(b):
-            with view.capture(("coefficients",), sink=reducer):
+            with index_capture(loaded, reducer):
                 index_batch(loaded, reducer, b)
 
         plain = reduce = 0.0

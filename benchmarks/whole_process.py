@@ -13,8 +13,8 @@ not run either) on right-padded batches without an attention mask, as the index 
 causal model: both compute the same thing, so the ratio is ffkv's whole overhead.
 
 The two processes alternate (which goes first alternates too), `--repeats` times; the ratio
-of each back-to-back pair, their median and spread, and the load average before each run are
-printed. Goal: ratio <= 1.10.
+of each back-to-back pair, their median and spread, the ratio of their CPU times (user + system),
+and the load average before each run are printed. Goal: ratio <= 1.10.
 
     python benchmarks/whole_process.py [--lines 1500] [--repeats 3] [--work /tmp/ffkv-whole-process]
         [--profile PATH]   # also write a cProfile of one ffkv process to PATH
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -97,14 +98,17 @@ def prepare(work: Path, n_lines: int) -> tuple[Path, Path]:
     return model_dir, corpus
 
 
-def run(cmd: list[str]) -> tuple[float, str]:
-    """Wall seconds of a process, and its standard output (it must succeed)."""
+def run(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds of a process, its CPU seconds (user + system), and its standard output (it must succeed)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed:\n{done.stdout}\n{done.stderr}")
-    return seconds, (done.stdout.strip() or done.stderr.strip())
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, (done.stdout.strip() or done.stderr.strip())
 
 
 def main() -> None:
@@ -134,22 +138,23 @@ def main() -> None:
                          "--max-batch-tokens", str(args.max_batch_tokens), "--no-progress"]
 
     if args.profile is not None:
-        seconds, text = run(index_cmd([sys.executable, "-m", "cProfile", "-o", str(args.profile),
-                                       "-m", "ffkv.cli"]))
+        seconds, _, text = run(index_cmd([sys.executable, "-m", "cProfile", "-o", str(args.profile),
+                                          "-m", "ffkv.cli"]))
         print(f"profiled ffkv index: {seconds:.2f} s -> {args.profile}\n{text}")
         return
-    t_plain, t_index, pairs = [], [], []
+    t_plain, t_index, pairs, cpu_pairs = [], [], [], []
     for r in range(args.repeats):
         order = ("plain", "index") if r % 2 == 0 else ("index", "plain")
-        seconds = {}
+        seconds, cpu = {}, {}
         for side in order:
             load = os.getloadavg()[0]
-            seconds[side], text = run(plain if side == "plain" else index_cmd([args.ffkv]))
-            print(f"repeat {r + 1} {side:5s}: {seconds[side]:6.2f} s  (load average {load:.2f})  {text.splitlines()[-1]}",
-                  flush=True)
+            seconds[side], cpu[side], text = run(plain if side == "plain" else index_cmd([args.ffkv]))
+            print(f"repeat {r + 1} {side:5s}: {seconds[side]:6.2f} s, CPU {cpu[side]:6.1f} s  (load average "
+                  f"{load:.2f})  {text.splitlines()[-1]}", flush=True)
         t_plain.append(seconds["plain"])
         t_index.append(seconds["index"])
         pairs.append(seconds["index"] / seconds["plain"])
+        cpu_pairs.append(cpu["index"] / cpu["plain"])
     print(f"lines={args.lines} repeats={args.repeats} batch_size={args.batch_size} cpus={os.cpu_count()} "
           f"torch threads default")
     print(f"plain forward process: median {statistics.median(t_plain):.2f} s (min {min(t_plain):.2f}, "
@@ -158,6 +163,8 @@ def main() -> None:
     print(f"ratio per pair: {', '.join(f'{p:.3f}' for p in pairs)};  median {statistics.median(pairs):.3f} "
           f"(spread {min(pairs):.3f}-{max(pairs):.3f});  ratio of minima {min(t_index) / min(t_plain):.3f}  "
           "(goal <= 1.10)")
+    print(f"CPU time (user + system) ratio per pair: {', '.join(f'{p:.3f}' for p in cpu_pairs)};  median "
+          f"{statistics.median(cpu_pairs):.3f}")
 
 
 if __name__ == "__main__":

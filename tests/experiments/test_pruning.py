@@ -317,3 +317,13 @@ def test_the_curve_has_a_census_criterion_when_the_census_exists(tmp_path):
     census = table[table["criterion"] == "census"].set_index("share")
     assert census.loc[0.1, "n_removed"] == 4  # 10% of 40: exactly the four dead keys
     assert RunDir(run).metric_description("pruning")["census"] == "used"
+
+
+@pytest.mark.parametrize("block", [1, 7, 64])  # one row, uneven blocks, one block for the whole matrix
+def test_cosines_are_symmetrized_in_place_as_the_whole_mean(block, monkeypatch):
+    monkeypatch.setattr(pruning, "_SYMMETRIZE_ROWS", block)
+    sim = torch.as_tensor(np.random.default_rng(1).normal(size=(30, 30)))
+    expected = (sim + sim.T) / 2
+    assert torch.equal(pruning._symmetrized(sim.clone()), expected)
+    rand = np.random.default_rng(5).normal(size=(30, 6))
+    assert redundancy_order(torch.as_tensor(rand)).tolist() == brute_force_redundancy(rand)

@@ -24,6 +24,18 @@ def test_first_position_equals_max_indices_with_ties_and_blocked_rows(dtype, chu
     assert torch.equal(c.amax(dim=1), best)
 
 
+@pytest.mark.parametrize("t", [255, 256])  # the widest sequence counted in bytes, and the first one past it
+def test_first_position_at_the_width_of_a_byte(t):
+    g = torch.Generator().manual_seed(1)
+    c = torch.randint(0, 2, (3, t, 5), generator=g).float()
+    c[0, :, 0] = 0.0
+    c[0, t - 1, 0] = 1.0  # the last position, where T - t is 1
+    c[1, :, 1] = 1.0      # every position ties: the first (T - t = T) wins
+    best, expected = c.max(dim=1)
+    assert torch.equal(first_position_of(c, best), expected)
+    assert first_position_of(c, best)[0, 0] == t - 1 and first_position_of(c, best)[1, 1] == 0
+
+
 def test_first_position_on_long_sequences():
     c = torch.zeros(1, 40_000, 2)
     c[0, 39_999, 0] = 1.0

@@ -11,7 +11,7 @@ import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import CorpusReader, CorpusSpec
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch
+from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture
 from ffkv.index.reducer import TriggerReducer
 from ffkv.index.topk import TopKState
 from ffkv.memories.view import MemoryView
@@ -61,7 +61,7 @@ def test_index_loop_never_waits_for_the_gpu(corpus):
     batches = [collate(group, loaded.tokenizer.pad_id, (), 32).to("cuda") for group in length_batches(examples, 8, None)]
     state = TopKState.empty(view.n_layers, 2 * view.d_m, 5, "cuda")
     reducer = TriggerReducer(state, "example", signed=True)
-    with view.capture(("coefficients",), sink=reducer):
+    with index_capture(loaded, reducer):
         index_batch(loaded, reducer, batches[0])  # first use: allocations and kernel loading
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

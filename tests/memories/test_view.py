@@ -97,6 +97,28 @@ def test_only_requested_layers_and_early_stop():
             pass
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_early_stop_skips_the_last_down_projection_and_keeps_every_coefficient(family):
+    view = MemoryView(tiny_model(family))
+    ids, mask = _batch()
+    last = view.n_layers - 1
+    with view.capture(("coefficients",)) as full:
+        view.forward(ids, mask)
+    ran = []
+    hook = view.arch.down_proj(view.blocks[last]).register_forward_hook(lambda *a: ran.append(last))
+    with view.capture(("coefficients",), stop_early=True) as early:
+        view.forward(ids, mask)
+    assert ran == []  # the index never reads the last layer's down-projection, so it does not run
+    assert set(early["coefficients"]) == set(range(view.n_layers))
+    for layer in range(view.n_layers):
+        assert torch.equal(early["coefficients"][layer], full["coefficients"][layer])
+    with view.capture(("coefficients", "ff_out"), stop_early=True) as out:
+        view.forward(ids, mask)
+    hook.remove()
+    assert ran == [last]  # ff_out needs it
+    assert torch.equal(out["coefficients"][last], full["coefficients"][last]) and last in out["ff_out"]
+
+
 def test_sink_receives_instead_of_storing():
     view = MemoryView(tiny_model("llama"))
     got = []

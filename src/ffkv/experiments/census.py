@@ -398,7 +398,7 @@ def accumulate(view, batches, vocab_size: int, progress: bool = False) -> Census
     try:
         for step in steps:
             state["step"] = step
-            with view.capture(("coefficients",), sink=sink):
+            with view.capture(("coefficients",), sink=sink, stop_early=True):
                 for item in batches:
                     batch = item[1] if isinstance(item, tuple) else item
                     mask = batch.attention_mask.bool()

@@ -199,7 +199,7 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
 
     total = 0
     for sink in (first_pass, second_pass):
-        with view.capture(("coefficients",), sink=sink):
+        with view.capture(("coefficients",), sink=sink, stop_early=True):
             for batch in batches:
                 state["mask"] = batch.attention_mask.bool().to(view.device)
                 view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))

@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
@@ -210,6 +210,12 @@ def run_forward(loaded: LoadedModel, batch: Batch) -> None:
     loaded.view.forward(batch.input_ids, model_mask(loaded, batch))
 
 
+def index_capture(loaded: LoadedModel, reducer: TriggerReducer) -> ContextManager:
+    """The capture that the index's forward passes run in: every layer's coefficients go to
+    `reducer`, and each pass ends there (the last layer's down-projection is never read)."""
+    return loaded.view.capture(("coefficients",), sink=reducer, stop_early=True)
+
+
 def index_batch(loaded: LoadedModel, reducer: TriggerReducer, batch: Batch) -> None:
     """One batch of the index: the forward pass, reduced inside it by `reducer` (a capture
     sink that must be open on the model's coefficients), then committed (`reducer.flush`
@@ -347,7 +353,7 @@ class _IndexJob:
             return time.time() - last >= every
 
         mine: list = []  # examples of this shard's batches in the current window
-        with loaded.view.capture(("coefficients",), sink=reducer), deferred_interrupt() as interrupted:
+        with index_capture(loaded, reducer), deferred_interrupt() as interrupted:
             for chunk in windows(stream, batching.batch_size * batching.window_batches):
                 groups = length_batches(chunk, batching.batch_size, batching.max_batch_tokens)
                 for g, group in enumerate(groups):

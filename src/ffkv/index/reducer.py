@@ -28,10 +28,18 @@ def first_position_of(c: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
     Examples are compared a few at a time, so that the temporaries stay in cache.
     """
     b, t, d_m = c.shape
-    reverse = torch.arange(t, 0, -1, dtype=torch.int16 if t < 2**15 else torch.int32, device=c.device)[None, :, None]
+    # The narrowest type that holds T - t; below 256 positions a byte, where the product with the
+    # comparison's bytes (viewed as uint8) is a quarter cheaper than with int16.
+    small = t < 2**8
+    dtype = torch.uint8 if small else torch.int16 if t < 2**15 else torch.int32
+    reverse = torch.arange(t, 0, -1, dtype=dtype, device=c.device)[None, :, None]
     rows = max(1, _CHUNK_ELEMENTS // (t * d_m))
-    last = torch.cat([((c[i: i + rows] == best[i: i + rows, None, :]) * reverse).amax(dim=1)
-                      for i in range(0, b, rows)])
+
+    def marks(i: int) -> torch.Tensor:  # T - t where c equals best, 0 elsewhere
+        equal = c[i: i + rows] == best[i: i + rows, None, :]
+        return (equal.view(torch.uint8) if small else equal) * reverse
+
+    last = torch.cat([marks(i).amax(dim=1) for i in range(0, b, rows)])
     return (t - last.long()).clamp_(max=t - 1)  # NaN never equals: clamp keeps it in range
 
 

@@ -224,7 +224,9 @@ class MemoryView:
             sink: if given, called as sink(quantity, layer, tensor) for each capture
                 instead of storing it, so a consumer can reduce it at once. A sink may
                 overwrite a ``coefficients`` tensor in place: the model is done with it.
-            stop_early: end `forward` right after the highest requested layer's FF.
+            stop_early: end `forward` as soon as the highest requested layer has given what is
+                asked of it: before its down-projection runs when only its coefficients (or
+                quantities before them) are asked for, after it otherwise. Ignored with ``head_in``.
 
         Yields:
             A `Capture` filled as forward passes run (empty when a sink is given);
@@ -257,11 +259,21 @@ class MemoryView:
                 emit("resid_post", layer, parts["resid_mid"] + parts["ff_out"])
                 pending.pop(layer)
 
+        stop = stop_early and bool(layers) and "head_in" not in quantities
+        # The last requested layer's down-projection need not run when nothing asked for needs its output.
+        stop_before_down = stop and not need_out
+
+        def coefficients_then_stop(mod, args, layer=layers[-1] if layers else -1):
+            emit("coefficients", layer, self._as_batch(args[0]))
+            raise StopForward
+
         for layer in layers:
             block = self.blocks[layer]
             down = self.arch.down_proj(block)
 
-            if "coefficients" in quantities:
+            if "coefficients" in quantities and stop_before_down and layer == layers[-1]:
+                handles.append(down.register_forward_pre_hook(coefficients_then_stop))
+            elif "coefficients" in quantities:
                 # Read after the second matrix has consumed m, so a sink may reuse the tensor in place.
                 handles.append(down.register_forward_hook(
                     lambda mod, args, out, layer=layer: emit("coefficients", layer, self._as_batch(args[0]))))
@@ -286,10 +298,14 @@ class MemoryView:
                     raise StopForward
             handles.append(self.arch.unembed(self.model).register_forward_pre_hook(head_pre))
 
-        if stop_early and layers and layers[-1] < self.n_layers - 1:
-            def stop(mod, args, out):
+        if stop:
+            def stop_forward(*_):
                 raise StopForward
-            handles.append(self.arch.down_proj(self.blocks[layers[-1]]).register_forward_hook(stop))
+            last_down = self.arch.down_proj(self.blocks[layers[-1]])
+            if not stop_before_down:
+                handles.append(last_down.register_forward_hook(stop_forward))
+            elif "coefficients" not in quantities:
+                handles.append(last_down.register_forward_pre_hook(stop_forward))
         try:
             yield store
         finally:
