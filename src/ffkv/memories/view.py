@@ -263,20 +263,17 @@ class MemoryView:
         # The last requested layer's down-projection need not run when nothing asked for needs its output.
         stop_before_down = stop and not need_out
 
-        def coefficients_then_stop(mod, args, layer=layers[-1] if layers else -1):
-            emit("coefficients", layer, self._as_batch(args[0]))
-            raise StopForward
-
         for layer in layers:
             block = self.blocks[layer]
             down = self.arch.down_proj(block)
 
-            if "coefficients" in quantities and stop_before_down and layer == layers[-1]:
-                handles.append(down.register_forward_pre_hook(coefficients_then_stop))
-            elif "coefficients" in quantities:
-                # Read after the second matrix has consumed m, so a sink may reuse the tensor in place.
-                handles.append(down.register_forward_hook(
-                    lambda mod, args, out, layer=layer: emit("coefficients", layer, self._as_batch(args[0]))))
+            if "coefficients" in quantities:
+                def on_m(mod, args, *_, layer=layer):
+                    emit("coefficients", layer, self._as_batch(args[0]))
+                if stop_before_down and layer == layers[-1]:  # the pass ends before the down-projection
+                    handles.append(down.register_forward_pre_hook(on_m))
+                else:  # read after the second matrix has consumed m, so a sink may reuse the tensor in place
+                    handles.append(down.register_forward_hook(on_m))
             if "ff_in" in quantities:
                 handles.append(self.arch.key_proj(block).register_forward_pre_hook(
                     lambda mod, args, layer=layer: emit("ff_in", layer, self._as_batch(args[0]))))
@@ -298,14 +295,12 @@ class MemoryView:
                     raise StopForward
             handles.append(self.arch.unembed(self.model).register_forward_pre_hook(head_pre))
 
-        if stop:
+        if stop:  # registered last, so it runs after the last layer's other hooks on the same module
             def stop_forward(*_):
                 raise StopForward
             last_down = self.arch.down_proj(self.blocks[layers[-1]])
-            if not stop_before_down:
-                handles.append(last_down.register_forward_hook(stop_forward))
-            elif "coefficients" not in quantities:
-                handles.append(last_down.register_forward_pre_hook(stop_forward))
+            register = last_down.register_forward_pre_hook if stop_before_down else last_down.register_forward_hook
+            handles.append(register(stop_forward))
         try:
             yield store
         finally:
