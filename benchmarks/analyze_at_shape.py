@@ -6,14 +6,17 @@ per layer, gated SiLU, a 128,256-token vocabulary), cut to `--layers` layers, is
 here), indexed by `ffkv index` over `--sentences` WikiText-103 sentences, and then each experiment of
 `--only` runs as `ffkv analyze RUN --only NAME --n-eval N` in a process of its own. Each process's
 wall time and peak resident memory (its ru_maxrss) are printed beside a process that only loads
-the model, so the difference is the experiment's own working memory.
+the model, so the difference is the experiment's own working memory. Membership, which needs a
+model's training text, is given the indexed lines as members and the next lines as non-members
+(a random model has no members: its AUC means nothing here, only its time and memory).
 
 Per layer, the held-out passes keep results of (examples x layers) and the value scans work on one
 chunk of keys at a time, so a cut model's memory above its weights is what the full depth needs
 per layer; the time grows with the depth.
 
     python benchmarks/analyze_at_shape.py [--shape llama-8b] [--layers 1] [--sentences 256] [--n-eval 64]
-        [--only patterns,ablations,composition,refinement,suppressed,lookups,pruning] [--work DIR]
+        [--only patterns,ablations,values,composition,refinement,census,suppressed,membership,pruning,lookups]
+        [--work DIR]
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--sentences", type=int, default=256, help="sentences indexed (the run's corpus)")
     parser.add_argument("--n-eval", type=int, default=64, help="held-out examples per experiment")
-    parser.add_argument("--only", default="patterns,ablations,composition,refinement,suppressed,lookups,pruning")
+    parser.add_argument("--only", default="patterns,ablations,values,composition,refinement,census,suppressed,"
+                                          "membership,pruning,lookups")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ffkv-analyze-at-shape")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -93,8 +97,12 @@ def main() -> None:
     print(f"{args.shape} cut to {args.layers} layer(s), float32, CPU; held-out examples {args.n_eval}", flush=True)
     print(f"load only: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB", flush=True)
     for name in args.only.split(","):
+        extra = []
+        if name == "membership":  # the indexed lines stand in for training text, the next ones for unseen text
+            extra = ["--member-corpus", str(corpus), "--nonmember-corpus",
+                     str(corpus_file(args.sentences, skip=args.sentences)), "--n-membership", str(args.n_eval)]
         peak, seconds, tail = measured(["analyze", str(run), "--only", name, "--n-eval", str(args.n_eval),
-                                        "--no-progress"])
+                                        "--no-progress", *extra])
         print(f"{name}: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB (+{(peak - base) / 2**30:.2f} GiB over "
               f"loading)  {tail}", flush=True)
 

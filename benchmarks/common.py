@@ -67,8 +67,9 @@ def gpt2_shaped(device: str = "cpu", dtype: str = "float32", shape: str = "gpt2-
     return LoadedModel(model, tokenizer, MemoryView(model), name, dtype, device)
 
 
-def corpus_file(n_lines: int, repeats: int = 1) -> Path:
-    """The first n non-empty article lines of WikiText-103 validation then test, as a temporary text file.
+def corpus_file(n_lines: int, repeats: int = 1, skip: int = 0) -> Path:
+    """n non-empty article lines of WikiText-103 validation then test (after the first `skip`), as a
+    temporary text file.
 
     `repeats` > 1 writes those lines that many times over, for a corpus larger than the
     two splits (about 0.5M tokens); repeated sentences tie, which the index breaks exactly.
@@ -79,7 +80,7 @@ def corpus_file(n_lines: int, repeats: int = 1) -> Path:
         if src.exists():
             lines += [l.strip() for l in src.read_text().splitlines() if l.strip() and not l.strip().startswith("=")]
     path = Path(tempfile.mkdtemp()) / "corpus.txt"
-    path.write_text(("\n".join(lines[:n_lines]) + "\n") * repeats)
+    path.write_text(("\n".join(lines[skip:skip + n_lines]) + "\n") * repeats)
     return path
 
 

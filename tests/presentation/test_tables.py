@@ -52,3 +52,22 @@ def test_control_characters_inside_text_cells_are_visible():
     (row,) = table_view(table).rows
     assert [c.text for c in row] == ["a · <0x7F> · b", "x<0x00> · y↵"]
     assert "&lt;0x7F&gt;" in table_html(table_view(table)) and "\x7f" not in table_html(table_view(table))
+
+
+def test_an_interval_is_shown_in_its_values_cell():
+    """X with X_ci_low and X_ci_high reads as one column, 5.2% over [4.0%, 6.7%], formatted as X is; a bound that
+    is missing leaves the value alone, and bounds without their value stay columns of their own."""
+    table = pd.DataFrame({"layer": [0, 1], "share_dead": [0.052, 0.001], "share_dead_ci_low": [0.04, np.nan],
+                          "share_dead_ci_high": [0.067, 0.006], "auc": [0.513, 0.5], "auc_ci_low": [0.488, 0.45],
+                          "auc_ci_high": [0.539, 0.55], "orphan_ci_low": [0.1, 0.2]})
+    view = table_view(table)
+    assert [c.title for c in view.columns] == ["layer", "share dead (95% CI)", "auc (95% CI)",
+                                               "orphan ci low"]
+    first, second = ([(c.text, c.interval) for c in row] for row in view.rows)
+    assert first == [("1", ""), ("5.2%", "[4.0%, 6.7%]"), ("0.513", "[0.488, 0.539]"), ("0.100", "")]
+    assert second[1] == ("0.1%", "") and second[2] == ("0.500", "[0.450, 0.550]")
+    assert all(c.num for c in view.columns[1:3])
+    assert '<td class="num">5.2%<span class="ci">[4.0%, 6.7%]</span></td>' in table_html(view)
+    # Dropping the value drops its interval's merge: the bounds then stay as they are.
+    assert [c.title for c in table_view(table, drop=["auc"]).columns][-3:] == ["auc ci low", "auc ci high",
+                                                                                 "orphan ci low"]

@@ -70,7 +70,9 @@ def test_sentences_come_from_the_findings_and_tables_say_true_things(analyzed):
     assert 'class="warning"' in composition and "n = 48 examples, fewer than 100" in composition
     assert "<dt>interval</dt><dd>95% Wilson score interval</dd>" in composition
     assert "|m_i| &gt; tau·s_l" in composition and "sign kept" in composition
-    assert "composition rate ci low" in composition  # the interval's columns are in the per-layer table
+    # Each rate's interval is in the rate's own cell of the per-layer table, not in two more columns.
+    assert "composition rate (95% CI)" in composition and "composition rate ci low" not in composition
+    assert re.search(r'<td class="num">\d+\.\d+%<span class="ci">\[\d+\.\d+%, \d+\.\d+%\]</span></td>', composition)
     refinement = re.search(r'id="analysis-refinement".*?</section>', page, flags=re.S).group(0)
     assert "<dt>projection</dt><dd>final-norm</dd>" in refinement and "<dt>projection choice</dt><dd>default</dd>" in refinement
     # The fidelity table ffkv analyze wrote comes first.

@@ -95,7 +95,7 @@ def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> lis
     if n >= MIN_N:
         return []
     line = (f"{experiment}: per-layer shares rest on n = {n} {what}, fewer than {MIN_N}; read them with their "
-            "95% intervals (ci_low, ci_high)")
+            "95% intervals (in brackets in the report; the *_ci_low and *_ci_high columns of the table)")
     if is_writer():
         warnings.warn(line, FfkvWarning, stacklevel=2)
     return [line]

@@ -25,6 +25,7 @@ table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
 th, td { border-bottom: 1px solid var(--line); padding: .25rem .6rem; text-align: left; vertical-align: top; }
 th { background: var(--soft); font-weight: 600; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td .ci { display: block; white-space: nowrap; color: var(--muted); font-size: .85em; }
 .muted { color: var(--muted); } .small { font-size: .85rem; }
 .tok { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre; background: var(--soft);
        border: 1px solid var(--line); border-radius: 3px; padding: 0 .2em; font-size: .88em; }

@@ -24,6 +24,8 @@ SHARE_WORDS = ("rate", "share", "agreement", "agrees", "confidence", "kept", "ov
 SHARE_PREFIXES = ("keys_", "prefixes_", "share_")
 #: Columns that identify a row of a table but say nothing to a reader of a summary.
 ID_COLUMNS = ("example_id", "position", "removed_index", "rank", "seed")
+#: Suffixes of the bounds of a column's 95% interval (X, X_ci_low, X_ci_high), shown in X's cell.
+INTERVAL_SUFFIXES = ("_ci_low", "_ci_high")
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Cell:
     cls: str = ""
     token: bool = False
     href: str | None = None
+    interval: str = ""  # "[low, high]" of the value's 95% interval, shown under it
 
 
 @dataclass
@@ -86,6 +89,19 @@ def _cell(name: str, value, token: Callable[[int], str] | None, token_columns: s
     return Cell(visible(str(value)), "")  # token text inside (a rule, a value's top tokens): no invisible bytes
 
 
+def interval_columns(table: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """Columns X whose 95% interval the table holds as X_ci_low and X_ci_high -> those two names."""
+    low, high = INTERVAL_SUFFIXES
+    return {c: (c + low, c + high) for c in table.columns if c + low in table.columns and c + high in table.columns}
+
+
+def _with_interval(cell: Cell, low: Cell, high: Cell) -> Cell:
+    """A value's cell with its interval: 5.2% and [4.0%, 6.7%] (the value alone where a bound is missing)."""
+    if cell.text and low.text and high.text:
+        cell.interval = f"[{low.text}, {high.text}]"
+    return cell
+
+
 def token_id_columns(table: pd.DataFrame) -> dict[str, str]:
     """Integer columns that hold token ids (NAME_id of a token) -> the text column beside them, or ''."""
     out = {}
@@ -104,7 +120,8 @@ def table_view(table: pd.DataFrame, token: Callable[[int], str] | None = None,
                titles: Mapping[str, str] | None = None, drop: Iterable[str] = (),
                links: Mapping[str, Callable[[Mapping], str]] | None = None) -> TableView:
     """A DataFrame as a person reads it: layers from 1, token text for token ids, percentages for shares,
-    yes/no for booleans; list columns and token-id columns that have a text twin are left out.
+    yes/no for booleans, a value's 95% interval in its own cell (X with X_ci_low and X_ci_high: one
+    column, 5.2% over [4.0%, 6.7%]); list columns and token-id columns that have a text twin are left out.
 
     Args:
         token: token id -> text; without it, token ids with no text twin are left out too.
@@ -116,16 +133,21 @@ def table_view(table: pd.DataFrame, token: Callable[[int], str] | None = None,
     ids = token_id_columns(table)
     dropped = [c for c in table.columns if c in set(drop) or (_is_list(table[c]) and not _is_text_list(table[c]))
                or (c in ids and (ids[c] or token is None))]
-    keep = [c for c in table.columns if c not in dropped]
+    intervals = {c: bounds for c, bounds in interval_columns(table).items() if c not in dropped}
+    inside = {b for bounds in intervals.values() for b in bounds}  # shown in their value's cell
+    keep = [c for c in table.columns if c not in dropped and c not in inside]
     token_columns = {c for c in keep if c in ids} | {t for t in ids.values() if t}
-    columns = [Column(c, titles.get(c, title_of(c[:-3] if c in ids else c)),
+    columns = [Column(c, titles.get(c, title_of(c[:-3] if c in ids else c)) + (" (95% CI)" if c in intervals else ""),
                       pd.api.types.is_numeric_dtype(table[c]) and not pd.api.types.is_bool_dtype(table[c])
                       and c not in ids) for c in keep]
     rows = []
-    for record in table[keep].to_dict("records"):
+    for record in table[keep + sorted(inside)].to_dict("records"):
         row = []
         for c in keep:
             cell = _cell(c, record[c], token, token_columns)
+            if c in intervals:
+                low, high = (_cell(c, record[b], token, token_columns) for b in intervals[c])
+                cell = _with_interval(cell, low, high)
             if links and c in links:
                 cell.href = links[c](record)
             row.append(cell)
@@ -147,6 +169,8 @@ def table_html(view: TableView, id: str | None = None, cls: str = "", root: str 
                 inner = html.escape(cell.text)
             if cell.href:
                 inner = f'<a href="{html.escape(root + cell.href)}">{inner}</a>'
+            if cell.interval:
+                inner += f'<span class="ci">{html.escape(cell.interval)}</span>'
             cells.append(f'<td class="{cell.cls}">{inner}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     attrs = (f' id="{html.escape(id)}"' if id else "") + (f' class="{html.escape(cls)}"' if cls else "")
