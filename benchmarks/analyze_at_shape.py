@@ -6,7 +6,8 @@ per layer, gated SiLU, a 128,256-token vocabulary), cut to `--layers` layers, is
 here), indexed by `ffkv index` over `--sentences` WikiText-103 sentences, and then each experiment of
 `--only` runs as `ffkv analyze RUN --only NAME --n-eval N` in a process of its own. Each process's
 wall time and peak resident memory (its ru_maxrss) are printed beside a process that only loads
-the model, so the difference is the experiment's own working memory. Membership, which needs a
+the model (plus the weights file's size, if that load left the file mapped and unread), so the
+difference is the experiment's own working memory. Membership, which needs a
 model's training text, is given the indexed lines as members and the next lines as non-members
 (a random model has no members: its AUC means nothing here, only its time and memory).
 
@@ -93,9 +94,12 @@ def main() -> None:
         print(f"index: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB  ({tail}; {time.perf_counter() - start:.0f} s)",
               flush=True)
     peak, seconds, _ = measured(["--load-only", str(model)])
-    base = peak
+    # A load that does nothing else may leave the weights file mapped and unread: then add its size.
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    base = peak if peak >= weights else peak + weights
     print(f"{args.shape} cut to {args.layers} layer(s), float32, CPU; held-out examples {args.n_eval}", flush=True)
-    print(f"load only: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB", flush=True)
+    print(f"load only: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB; weights file {weights / 2**30:.2f} GiB",
+          flush=True)
     for name in args.only.split(","):
         extra = []
         if name == "membership":  # the indexed lines stand in for training text, the next ones for unseen text
@@ -104,7 +108,7 @@ def main() -> None:
         peak, seconds, tail = measured(["analyze", str(run), "--only", name, "--n-eval", str(args.n_eval),
                                         "--no-progress", *extra])
         print(f"{name}: {seconds:.1f} s, peak RSS {peak / 2**30:.2f} GiB (+{(peak - base) / 2**30:.2f} GiB over "
-              f"loading)  {tail}", flush=True)
+              f"the loaded weights)  {tail}", flush=True)
 
 
 if __name__ == "__main__":
