@@ -184,8 +184,11 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
         tokens = [np.asarray(e.token_ids) for e in held.examples]
         thr = tau * math.sqrt((m ** 2).sum() / (N * d_m)) if tau else 0.0
         act = np.abs(m) > thr
+        strong = act & (np.abs(m) >= census.STRONG_SHARE * np.abs(m).max(0))
         got = keys[keys["layer"] == layer].set_index("key")
         np.testing.assert_allclose(got["activation_frequency"], act.mean(0), atol=1e-6)
+        np.testing.assert_allclose(got["strong_frequency"], strong.mean(0), atol=1e-6)
+        assert 0 < strong.mean() < act.mean()  # the rules below are tested against a set that is neither
         np.testing.assert_allclose(got["negative_frequency"], (act & (m < 0)).mean(0), atol=1e-6)
         assert (got["dead"].to_numpy() == ~act.any(0)).all()
         # Adjusted eta² by groups of position.
@@ -197,7 +200,7 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
         # Every unigram and bigram rule, exactly.
         rules = {1: np.concatenate(tokens), 2: np.concatenate([np.r_[-1, t[:-1] * V + t[1:]] for t in tokens])}
         for key in range(d_m):
-            a = act[:, key]
+            a = strong[:, key]
             best, best_n, best_id = 0.0, 0, -1
             for n in (1, 2):
                 r = rules[n]
@@ -213,6 +216,7 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
             if on is not None:  # whatever rule was reported, its numbers are exact
                 assert row["rule_precision"] == pytest.approx((on & a).sum() / on.sum(), abs=1e-6)
                 assert row["rule_recall"] == pytest.approx((on & a).sum() / max(a.sum(), 1), abs=1e-6)
+                assert row["rule_hits"] == (on & a).sum()
         # Skew and kurtosis of the written vector's logits.
         sign = np.where(got["firing_sign"].to_numpy() < 0, -1.0, 1.0)
         z = logits(view, torch.as_tensor(sign[:, None], dtype=torch.float32) * view.values(layer), "identity")
@@ -244,6 +248,38 @@ def test_position_share_is_calibrated_on_noise_and_planted_positions():
     eta2 = acc.key_table(0)["position_eta2"].to_numpy()
     assert eta2[0] >= 0.9
     assert np.quantile(eta2[1:], 0.99) < 0.2 and (eta2[1:] >= census.POSITIONAL_ETA2).sum() == 0
+
+
+def test_a_key_active_everywhere_is_a_detector_of_where_it_fires_strongly():
+    """As gated keys are: key 0 is active at every position (about 0.3), and fires at 2 exactly where the token
+    is 7. Against activity, the token rule's F1 is 2·P·R/(P + R) with R = P(7) = 0.1: far below the threshold;
+    against strong activations (at least half the largest |m_i|) it is 1. Key 1 fires everywhere at one level:
+    strong wherever active, so no rule of ten tokens reaches it. Key 2 fires strongly at the only 4 positions of
+    token 10: its rule is perfect but an anecdote (fewer than DETECTOR_MIN_HITS), not a detector."""
+    rng = np.random.default_rng(0)
+    n, vocab = 2000, 11
+    tokens = torch.as_tensor(rng.integers(0, vocab - 1, n))
+    tokens[[5, 50, 500, 1500]] = 10
+    m = torch.as_tensor(rng.normal(size=(n, 3)))
+    m[:, 0] = 0.3 + 0.05 * m[:, 0] + 2.0 * (tokens == 7)
+    m[:, 1] = -1.0
+    m[:, 2] = 0.3 + 0.05 * m[:, 2] + 2.0 * (tokens == 10)
+    acc = census.CensusAccumulator(1, 3, vocab, 0.1)
+    pos = torch.arange(n) % 40
+    for step in ("scale", "summarise", "count"):
+        for part in torch.arange(n).split(500):  # batch by batch, as the passes feed it
+            acc.feed(step, 0, m[part], pos[part], {} if step == "scale" else {1: tokens[part]})
+    k = acc.key_table(0)
+    on = (tokens == 7).numpy()
+    assert k.loc[0, "activation_frequency"] == 1.0
+    assert 2 * on.mean() / (1 + on.mean()) < census.DETECTOR_F1  # the F1 the token would get against activity
+    assert k.loc[0, "strong_frequency"] == pytest.approx(on.mean())
+    assert k.loc[0, "rule_n"] == 1 and k.loc[0, "rule_id"] == 7 and k.loc[0, "rule_f1"] == 1.0
+    assert k.loc[1, "strong_frequency"] == 1.0 and k.loc[1, "rule_f1"] < census.DETECTOR_F1
+    assert k.loc[1, "rule_sign"] == -1
+    assert k.loc[2, "rule_id"] == 10 and k.loc[2, "rule_f1"] == 1.0 and k.loc[2, "rule_hits"] == 4
+    k["skew"] = k["kurtosis"] = k["trigger_z"] = 0.0
+    assert census.classify(k)["class"].tolist() == ["detector", "other", "other"]
 
 
 def test_the_summary_keeps_every_frequent_rule():

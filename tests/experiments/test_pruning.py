@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.experiments import pruning
-from ffkv.experiments.pruning import (CENSUS_CLASS_ORDER, KeyStatistics, heldout_perplexity, key_statistics,
+from ffkv.experiments.pruning import (CENSUS_GROUPS, KeyStatistics, heldout_perplexity, key_statistics,
                                       keys_to_remove, prune, redundancy_order, removal_orders)
 from ffkv.index.indexer import IndexOptions, build_index
 from ffkv.memories.active import ACTIVE_FRACTION
@@ -156,28 +156,51 @@ def test_each_criterion_chooses_the_keys_a_brute_force_sort_chooses():
     assert first[0].tolist() == sorted(np.random.default_rng([4, 0]).permutation(40)[:12].tolist())
 
 
-def test_census_criterion_removes_dead_keys_first_then_by_class():
+def test_census_criterion_removes_dead_keys_first_then_by_group():
     view = hand_view([np.ones((40, 16))] * 3)
-    classes = ["prediction"] * 40
+    classes, values = ["other"] * 40, ["neither"] * 40
+    for k in range(21, 40):
+        values[k] = "prediction"
     for k in (7, 30):
         classes[k] = "dead"
+    values[30] = "prediction"  # a dead key is dead, whatever its value
     for k in (2, 11, 12):
         classes[k] = "positional"
-    classes[20] = "something_new"  # an unlisted class goes right after the dead ones
+    classes[20] = "something_new"  # an unlisted class counts as other
     for k in (0, 1, 5):
-        classes[k] = "token_detector"
-    classes[39] = "suppression"
+        classes[k] = "detector"
+    classes[39], values[39] = "detector", "suppression"  # the value type decides: a suppression memory
     census = pd.DataFrame({"layer": np.repeat(np.arange(3), 40), "key": np.tile(np.arange(40), 3),
-                           "class": classes * 3})
+                           "class": classes * 3, "value_type": values * 3})
     contribution = np.tile(np.arange(40)[::-1].astype(float), (3, 1))  # higher key: smaller contribution
     stats = KeyStatistics(np.ones((3, 40)), np.zeros((3, 40)), contribution, positions=1, examples=1)
     order = removal_orders("census", view, stats, census)[1]
-    # dead (30 before 7: smaller contribution), unlisted, positional, token detectors, suppression, prediction
-    assert order[:10].tolist() == [30, 7, 20, 12, 11, 2, 5, 1, 0, 39]
-    assert order[10:].tolist() == sorted(set(range(40)) - set(order[:10].tolist()), reverse=True)
-    assert CENSUS_CLASS_ORDER[0] == "dead"
+    others = sorted(set(range(21)) - {7, 2, 11, 12, 0, 1, 5}, reverse=True)  # 20 (unlisted) among them
+    # dead (30 before 7: smaller contribution), other, positional, detectors, suppression, prediction
+    assert order.tolist() == [30, 7, *others, 12, 11, 2, 5, 1, 0, 39, *(k for k in range(38, 20, -1) if k != 30)]
+    assert CENSUS_GROUPS[0] == "dead"
     with pytest.raises(FfkvError, match="does not cover"):
         removal_orders("census", view, stats, census[census["key"] != 3])
+
+
+def test_census_criterion_orders_the_groups_of_the_census_that_analyze_writes(tmp_path):
+    """On the table the census writes (not a hand-made one): every removal order walks the groups in
+    CENSUS_GROUPS order, smallest contribution first within a group, and uses every class the census gives."""
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path, "llama", n=40, top_k=3)
+    analyze(run, only="census", loaded=loaded, n_eval=20, progress=False)
+    census = pruning.read_census(RunDir(run))
+    stats = key_statistics(loaded, RunDir(run))
+    groups = [pruning.census_group(c, v) for c, v in zip(census["class"], census["value_type"])]
+    assert set(groups) <= set(CENSUS_GROUPS) and len(set(groups)) >= 2
+    by_key = {(int(l), int(k)): g for l, k, g in zip(census["layer"], census["key"], groups)}
+    for layer, order in enumerate(removal_orders("census", loaded.view, stats, census)):
+        rank = [CENSUS_GROUPS.index(by_key[(layer, int(k))]) for k in order]
+        assert rank == sorted(rank)
+        c = stats.contribution[layer][order]
+        assert all(c[i] <= c[i + 1] for i in range(len(order) - 1) if rank[i] == rank[i + 1])
 
 
 def test_unknown_criterion_and_missing_census_are_clear_errors(tmp_path):
@@ -210,7 +233,8 @@ def test_prune_writes_a_smaller_model_with_the_masked_logits(tiny_run, tmp_path,
         dead = set(range(0, view.d_m, 9))
         census = pd.DataFrame({"layer": np.repeat(np.arange(view.n_layers), view.d_m),
                                "key": np.tile(np.arange(view.d_m), view.n_layers),
-                               "class": ["dead" if k in dead else "prediction" for k in range(view.d_m)] * view.n_layers})
+                               "class": ["dead" if k in dead else "other" for k in range(view.d_m)] * view.n_layers,
+                               "value_type": ["prediction"] * view.d_m * view.n_layers})
         copy_run = tmp_path / "run"
         import shutil
         shutil.copytree(run, copy_run)
@@ -310,7 +334,7 @@ def test_the_curve_has_a_census_criterion_when_the_census_exists(tmp_path):
     L, d_m = loaded.view.n_layers, loaded.view.d_m
     RunDir(run).write_metric("census", pd.DataFrame({
         "layer": np.repeat(np.arange(L), d_m), "key": np.tile(np.arange(d_m), L),
-        "class": (["dead"] * 4 + ["prediction"] * (d_m - 4)) * L}), {})
+        "class": (["dead"] * 4 + ["other"] * (d_m - 4)) * L, "value_type": "neither"}), {})
     analyze(run, only="pruning", loaded=loaded, n_eval=5, progress=False)
     table = RunDir(run).read_metric("pruning")
     assert list(dict.fromkeys(table["criterion"])) == list(pruning.CRITERIA)

@@ -16,6 +16,7 @@ from support.experiment_runs import make_run
 from ffkv.experiments import analyze
 from ffkv.experiments.common import RunContext, eval_spec, open_run
 from ffkv.memories.translators import Translators
+from ffkv.presentation.tables import table_view
 from ffkv.report import write_report
 from ffkv.store.run import RunDir
 
@@ -63,9 +64,10 @@ def test_translators_experiment(tmp_path, family):
     brute = _brute_kl(loaded, ctx.held_out(), saved)
     kl = r.read_metric("translators")
     for name, expected in brute.items():
-        got = kl[kl["projection"] == name].sort_values("layer")["kl_mean"].to_numpy()
+        got = kl[kl["projection"] == name].sort_values("layer")["kl"].to_numpy()
         np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-5)
-    assert (kl["kl_ci_low"] <= kl["kl_mean"]).all() and (kl["kl_mean"] <= kl["kl_ci_high"]).all()
+    assert (kl["kl_ci_low"] <= kl["kl"]).all() and (kl["kl"] <= kl["kl_ci_high"]).all()
+    assert "kl (95% CI)" in [c.title for c in table_view(kl).columns]  # the interval reads in its value's cell
     assert set(kl["n_examples"]) == {15}
 
     # Side by side: the identity and final-norm rows are refinement's own numbers (one code path).

@@ -8,9 +8,16 @@ their tokens, not only the seeded position), per layer l and key i:
   `ffkv.memories.active` (|m_i| > tau·s_l, s_l the RMS of the layer's coefficients over these
   positions; m_i > 0 for ReLU), split into positive (m_i > 0) and negative (m_i < 0) shares;
   **dead**: never active.
+- **strong**: active, and |m_i| at least `STRONG_SHARE` of the key's largest |m_i| over these
+  positions: the key's strongest activations, the ones its trigger examples are made of. A key
+  that fires at one level (a ReLU key on a token) fires strongly wherever it is active.
 - **detector**: the token or n-gram rule "the last n tokens up to the position are g" (n in
-  `NGRAMS`) that best predicts activation, with its precision P(active | g), recall
-  P(g | active) and F1 = 2·P·R/(P + R); a detector when F1 >= `DETECTOR_F1`.
+  `NGRAMS`) that best predicts where the key fires strongly, with its precision P(strong | g),
+  recall P(g | strong) and F1 = 2·P·R/(P + R); a detector when F1 >= `DETECTOR_F1` on at least
+  `DETECTOR_MIN_HITS` strong positions where the rule holds (fewer is an anecdote). Against
+  mere activity a gated or GELU key, active at most positions, could never be one (stories260K,
+  SwiGLU: no detector in any layer; against strong activations about half of layer 0's keys).
+  The largest |m_i| grows slowly with the sample, so the strong set narrows slowly with it.
 - **positional**: the share of m_i's variance over positions explained by the position index
   (eta², adjusted for the number of positions, i.e. epsilon² = 1 - (SS_within/(n - G)) /
   (SS_total/(n - 1)); positions past `POSITION_GROUPS` - 1 pooled); positional when it is
@@ -22,18 +29,18 @@ their tokens, not only the seeded position), per layer l and key i:
   pushed down), else neither. A key that fires both ways (each sign at least `TWO_WAY_SHARE` of
   its activations) is flagged ``two_way``; its value type is that of its more frequent sign, and
   the other sign writes the mirror type.
-- **eraser**: a detector whose written vector, with the sign the key fires with on its rule's
-  positions, pushes the rule's last token down: that token's logit is at most `ERASER_Z` standard
+- **eraser**: a detector whose written vector, with the sign the key fires with strongly on its
+  rule's positions, pushes the rule's last token down: that token's logit is at most `ERASER_Z` standard
   deviations below the mean logit of the written vector (Voita et al. 2023's detector-eraser).
 - **class**: dead, else detector, else positional, else other (first that holds).
 
 Memory, streaming (three passes over the held-out sample; nothing grows with it): per layer
-d_m x (4 + `POSITION_GROUPS`) float64 sums, and per n-gram length d_m x `CANDIDATES` candidate
-rules (a Misra-Gries summary of the rules seen at the key's active positions, merged batch by
+d_m x (6 + `POSITION_GROUPS`) float64 sums, and per n-gram length d_m x `CANDIDATES` candidate
+rules (a Misra-Gries summary of the rules seen at the key's strong positions, merged batch by
 batch: Agarwal et al. 2012, "Mergeable summaries"), whose exact counts a third pass takes. A rule
-missed by the summary has fewer than n_active/(`CANDIDATES` + 1) hits, hence F1 < 2/(`CANDIDATES`
+missed by the summary has fewer than n_strong/(`CANDIDATES` + 1) hits, hence F1 < 2/(`CANDIDATES`
 + 1) = 0.12: below the detector threshold, so every detector is found exactly. At the paper's
-shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(68·8 + 2·16·40) B = 120 MB, plus
+shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(70·8 + 2·16·40) B = 120 MB, plus
 one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
 held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
 """
@@ -64,6 +71,9 @@ CANDIDATES = 16
 POSITION_GROUPS = 64
 #: Thresholds (docs/definitions.md, calibrated on planted keys and random ones: tests/experiments/test_census.py).
 DETECTOR_F1 = 0.5
+DETECTOR_MIN_HITS = 5
+#: Strong activation: active, and |m_i| at least this share of the key's largest |m_i| over the census positions.
+STRONG_SHARE = 0.5
 POSITIONAL_ETA2 = 0.5
 KURTOSIS_MIN = 3.0
 SKEW_MIN = 1.0
@@ -112,9 +122,11 @@ class LayerState:
     squares: float = 0.0                    # Σ m² over every key: s_l
     n_positive: torch.Tensor = None
     n_negative: torch.Tensor = None
+    n_strong: torch.Tensor = None
+    max_abs: torch.Tensor = None            # the largest |m_i| (d_m,)
     ids: dict = field(default_factory=dict)      # n -> (d_m, CANDIDATES) int64 rule ids, -1 empty
     counts: dict = field(default_factory=dict)   # n -> (d_m, CANDIDATES) float64 summary counts
-    hits: dict = field(default_factory=dict)     # n -> exact active positions where the rule holds
+    hits: dict = field(default_factory=dict)     # n -> exact strong positions where the rule holds
     hits_positive: dict = field(default_factory=dict)  # n -> those with m_i > 0
     support: dict = field(default_factory=dict)  # n -> positions where the rule holds
 
@@ -122,7 +134,7 @@ class LayerState:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.sum_m, self.sum_m2 = z(self.d_m), z(self.d_m)
         self.group_sum = z(POSITION_GROUPS, self.d_m)
-        self.n_positive, self.n_negative = z(self.d_m), z(self.d_m)
+        self.n_positive, self.n_negative, self.n_strong, self.max_abs = (z(self.d_m) for _ in range(4))
         for n in NGRAMS:
             self.ids[n] = torch.full((self.d_m, CANDIDATES), -1, dtype=torch.long)
             for name in ("counts", "hits", "hits_positive", "support"):
@@ -154,7 +166,7 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
     """Merge a batch's exact counts (d_m, U) of rules `unique` into each key's Misra-Gries summary of k counters
     (ids, counts: (d_m, k)): add the counts of rules already kept, then keep the k largest after subtracting the
     (k+1)-th largest. A rule's summary count is never above its true count and at most n/(k+1) below it
-    (n: the key's active positions so far)."""
+    (n: the key's counted (strong) positions so far)."""
     batch = batch.clone()
     where, there = _lookup(unique, ids)
     counts = counts + torch.where(there, batch.gather(1, where), torch.zeros_like(counts))
@@ -176,8 +188,8 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
 
 class CensusAccumulator:
     """The census statistics of every layer, fed one batch of coefficients at a time, in three passes over the
-    same positions: `scale` (sums, s_l, positions), `summarise` (active counts, candidate rules), `count`
-    (exact counts of the candidates). `feed(pass, layer, m, positions, tokens)` takes the real positions of a
+    same positions: `scale` (sums, s_l, largest |m_i|, positions), `summarise` (active and strong counts, candidate
+    rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, tokens)` takes the real positions of a
     batch: m (P, d_m), their position index (P,) and their token ids as (P, T) rows ending at the position
     (-1 before the example's start), so the n-gram of every n in `NGRAMS` can be read."""
 
@@ -193,6 +205,10 @@ class CensusAccumulator:
             return 0.0
         return self.tau * math.sqrt(self.layers[layer].squares / (self.positions * self.d_m))
 
+    def strong_threshold(self, layer: int) -> torch.Tensor:
+        """(d_m,) `STRONG_SHARE` of each key's largest |m_i| over the census positions."""
+        return STRONG_SHARE * self.layers[layer].max_abs
+
     def feed(self, step: str, layer: int, m: torch.Tensor, positions: torch.Tensor,
              rules: dict[int, torch.Tensor]) -> None:
         """One batch of one layer. rules: n -> (P,) n-gram id per position (-1: none)."""
@@ -202,22 +218,25 @@ class CensusAccumulator:
             s.squares += float(m.square().sum())
             s.sum_m += m.sum(0)
             s.sum_m2 += m.square().sum(0)
+            if len(m):
+                torch.maximum(s.max_abs, m.abs().amax(0), out=s.max_abs)
             group = positions.to("cpu").clamp(max=POSITION_GROUPS - 1)
             s.group_sum.index_add_(0, group, m)
             if layer == 0:
                 self.positions += m.shape[0]
                 self.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
             return
-        thr = self.threshold(layer)
-        active = active_memories(m, thr)
-        positive = active & (m > 0)
+        active = active_memories(m, self.threshold(layer))
+        strong = active & (m.abs() >= self.strong_threshold(layer))
         if step == "summarise":
-            s.n_positive += positive.sum(0)
+            s.n_positive += (active & (m > 0)).sum(0)
             s.n_negative += (active & (m < 0)).sum(0)
+            s.n_strong += strong.sum(0)
+        strong_positive = strong & (m > 0)
         for n, ids in rules.items():
             ids = ids.to("cpu")
             valid = ids >= 0
-            unique, (hit, hit_pos), support = _batch_counts(ids[valid], [active[valid], positive[valid]])
+            unique, (hit, hit_pos), support = _batch_counts(ids[valid], [strong[valid], strong_positive[valid]])
             if step == "summarise":
                 s.ids[n], s.counts[n] = merge_summary(s.ids[n], s.counts[n], unique, hit)
             else:
@@ -230,7 +249,7 @@ class CensusAccumulator:
     def key_table(self, layer: int) -> pd.DataFrame:
         """Per key of the layer: frequencies, dead, the best rule, eta² (the value columns come later)."""
         s, N = self.layers[layer], max(self.positions, 1)
-        n_active = s.n_positive + s.n_negative
+        n_active, n_strong = s.n_positive + s.n_negative, s.n_strong
         best = {"f1": torch.zeros(self.d_m, dtype=torch.float64), "n": torch.zeros(self.d_m, dtype=torch.long),
                 "id": torch.full((self.d_m,), -1, dtype=torch.long),
                 "precision": torch.zeros(self.d_m, dtype=torch.float64),
@@ -240,7 +259,7 @@ class CensusAccumulator:
                 "hits_positive": torch.zeros(self.d_m, dtype=torch.float64)}
         for n in NGRAMS:  # shorter rules first: a longer one replaces it only with a strictly higher F1
             hits, support = s.hits[n], s.support[n]
-            f1 = torch.where(support + n_active[:, None] > 0, 2 * hits / (support + n_active[:, None]).clamp(min=1),
+            f1 = torch.where(support + n_strong[:, None] > 0, 2 * hits / (support + n_strong[:, None]).clamp(min=1),
                              torch.zeros_like(hits))
             f1 = torch.where(s.ids[n] >= 0, f1, torch.full_like(f1, -1.0))
             value, column = f1.max(1)
@@ -253,7 +272,7 @@ class CensusAccumulator:
                 best[name] = torch.where(better, pick(t), best[name])
         best["precision"] = torch.where(best["support"] > 0, best["hits"] / best["support"].clamp(min=1),
                                         torch.zeros_like(best["hits"]))
-        best["recall"] = torch.where(n_active > 0, best["hits"] / n_active.clamp(min=1), torch.zeros_like(n_active))
+        best["recall"] = torch.where(n_strong > 0, best["hits"] / n_strong.clamp(min=1), torch.zeros_like(n_strong))
         mean = s.sum_m / N
         total = s.sum_m2 - s.sum_m.square() / N
         within = total - ((s.group_sum.square() / self.group_count.clamp(min=1)[:, None]).sum(0)
@@ -269,6 +288,7 @@ class CensusAccumulator:
             "activation_frequency": as_numpy(n_active / N).astype(np.float32),
             "positive_frequency": as_numpy(s.n_positive / N).astype(np.float32),
             "negative_frequency": as_numpy(s.n_negative / N).astype(np.float32),
+            "strong_frequency": as_numpy(n_strong / N).astype(np.float32),
             "dead": as_numpy(n_active == 0),
             "firing_sign": as_numpy(torch.where(n_active > 0, firing_sign, 0)).astype(np.int8),
             "two_way": as_numpy((n_active > 0) & (minority >= TWO_WAY_SHARE * n_active)),
@@ -278,6 +298,7 @@ class CensusAccumulator:
             "rule_recall": as_numpy(best["recall"]).astype(np.float32),
             "rule_f1": as_numpy(best["f1"].clamp(min=0)).astype(np.float32),
             "rule_positions": as_numpy(best["support"]).astype(np.int64),
+            "rule_hits": as_numpy(best["hits"]).astype(np.int64),
             "rule_sign": as_numpy(torch.where(has_rule & (best["hits"] > 0), rule_sign, 0)).astype(np.int8),
             "position_eta2": as_numpy(eta2).astype(np.float32),
             "mean_coefficient": as_numpy(mean).astype(np.float32),
@@ -344,7 +365,7 @@ def value_type(skew: np.ndarray, kurtosis: np.ndarray) -> np.ndarray:
 
 def classify(keys: pd.DataFrame) -> pd.DataFrame:
     """The flags and the class of each key from its statistics (in place; returns it)."""
-    keys["detector"] = ~keys["dead"] & (keys["rule_f1"] >= DETECTOR_F1)
+    keys["detector"] = ~keys["dead"] & (keys["rule_f1"] >= DETECTOR_F1) & (keys["rule_hits"] >= DETECTOR_MIN_HITS)
     keys["positional"] = ~keys["dead"] & (keys["position_eta2"] >= POSITIONAL_ETA2)
     keys["value_type"] = value_type(keys["skew"], keys["kurtosis"])
     keys["eraser"] = keys["detector"] & (keys["trigger_z"] <= ERASER_Z)
@@ -436,8 +457,8 @@ def compute(ctx: RunContext) -> dict:
     keys = classify(pd.concat(tables, ignore_index=True))
     keys["rule"] = [rule_text(ctx, int(n), int(i), V) for n, i in zip(keys["rule_n"], keys["rule_id"])]
     order = ["layer", "key", "class", "n_positions", "activation_frequency", "positive_frequency",
-             "negative_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id", "rule_precision",
-             "rule_recall", "rule_f1", "rule_positions", "rule_sign", "detector", "position_eta2", "positional",
+             "negative_frequency", "strong_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id", "rule_precision",
+             "rule_recall", "rule_f1", "rule_positions", "rule_hits", "rule_sign", "detector", "position_eta2", "positional",
              "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser", "written_top",
              "written_bottom"]
     keys = keys[order]
@@ -538,12 +559,14 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
 def thresholds_text() -> dict[str, str]:
     return {
         "dead": "never active at any census position",
-        "detector": f"best token/n-gram rule (n in {list(NGRAMS)}) has F1 >= {DETECTOR_F1}",
+        "strong": f"active and |m_i| >= {STRONG_SHARE:g} x the key's largest |m_i| over the census positions",
+        "detector": f"the best token/n-gram rule (n in {list(NGRAMS)}) for where the key fires strongly has "
+                    f"F1 >= {DETECTOR_F1} on at least {DETECTOR_MIN_HITS} strong positions where the rule holds",
         "positional": f"adjusted eta² (epsilon²) of m_i over position >= {POSITIONAL_ETA2} (positions >= "
                       f"{POSITION_GROUPS - 1} pooled)",
         "prediction": f"excess kurtosis of the written vector's logits >= {KURTOSIS_MIN} and skew >= {SKEW_MIN}",
         "suppression": f"excess kurtosis >= {KURTOSIS_MIN} and skew <= -{SKEW_MIN}",
-        "eraser": f"a detector whose written vector on its rule's positions puts the rule's last token at a "
+        "eraser": f"a detector whose written vector on its rule's strong positions puts the rule's last token at a "
                   f"standardized logit <= {ERASER_Z}",
         "two_way": f"each sign at least {TWO_WAY_SHARE:.0%} of the key's active positions",
         "class": "dead, else detector, else positional, else other",

@@ -15,10 +15,11 @@ Hugging Face config holds). Ties go to the lower key index. The criteria (docs/d
 - ``redundancy``: greedy by value cosine: while keys remain, the kept key whose value has the highest
   cosine to another kept key's value is removed (of the two in that pair, the one with the smaller ‖v_i‖;
   then the lower index); cosines are recomputed among the kept keys after every removal;
-- ``census``: by the class of RUN/metrics/census.parquet (`ffkv analyze --only census`): dead first, then
-  classes not listed in `CENSUS_CLASS_ORDER`, then positional, token detectors, suppression and prediction
-  memories (memories whose values write a coherent token set are kept longest); within a class, smallest
-  mean |contribution| first;
+- ``census``: by the group of each key in RUN/metrics/census.parquet (`ffkv analyze --only census`), in the
+  order of `CENSUS_GROUPS`: dead keys first, then other (and any class not named there), positional, token
+  detectors, then keys whose value is a suppression or a prediction one, whatever their class (memories
+  whose values write a coherent token set are kept longest); within a group, smallest mean |contribution|
+  first;
 - ``random``: a seeded permutation per layer (numpy's default_rng([seed, layer])), the baseline.
 
 The statistics (activation frequency, mean |m_i|) come from the run's own indexed examples
@@ -71,8 +72,10 @@ SUMMARY_SHARES = (0.1, 0.3, 0.5)
 #: would pass this (55 masked passes of the whole held-out set would dominate `ffkv analyze`; the criteria are
 #: compared on the same tokens, so their differences are paired). n_tokens is in the table.
 MAX_TOKENS = 4096
-#: Census classes in the order they are removed (see the module docstring); other classes go after "dead".
-CENSUS_CLASS_ORDER = ("dead", "positional", "token_detector", "suppression", "prediction")
+#: A key's group by the census, in the order the groups are removed: "dead" by its class, "suppression" and
+#: "prediction" by its value type (any other class), else its class ("detector", "positional", "other"; a class
+#: not named here counts as "other").
+CENSUS_GROUPS = ("dead", "other", "positional", "detector", "suppression", "prediction")
 
 
 def check_criterion(criterion: str) -> str:
@@ -189,28 +192,36 @@ def redundancy_order(values: Float[torch.Tensor, "d_m d"]) -> np.ndarray:
 
 
 def read_census(run: RunDir) -> pd.DataFrame:
-    """RUN/metrics/census.parquet's (layer, key, class) columns, or a clear error saying how to make it."""
+    """RUN/metrics/census.parquet's (layer, key, class, value_type) columns, or a clear error saying how to make it."""
     if not run.has_metric("census"):
         raise FfkvError(f"the census criterion needs {run.metric_path('census')}; run "
                         f"`ffkv analyze {run.path} --only census` first")
-    table = run.read_metric("census", columns=["layer", "key", "class"])
+    table = run.read_metric("census", columns=["layer", "key", "class", "value_type"])
     if table.duplicated(["layer", "key"]).any():
         raise FfkvError("metrics/census.parquet holds more than one row for some key; expected one class per key")
     return table
 
 
+def census_group(key_class: str, value_type: str) -> str:
+    """The key's group of `CENSUS_GROUPS` from its census class and value type."""
+    if key_class == "dead":
+        return "dead"
+    if value_type in ("suppression", "prediction"):
+        return value_type
+    return key_class if key_class in CENSUS_GROUPS else "other"
+
+
 def census_order(census: pd.DataFrame, layer: int, d_m: int, contribution: np.ndarray) -> np.ndarray:
-    """One layer's keys by census class (`CENSUS_CLASS_ORDER`, unlisted classes right after dead), then by
-    smallest mean |contribution|, then by key index."""
+    """One layer's keys by census group (`CENSUS_GROUPS`), then by smallest mean |contribution|, then by
+    key index."""
     rows = census[census["layer"] == layer]
-    classes = np.full(d_m, None, dtype=object)
+    groups = np.full(d_m, None, dtype=object)
     keys = rows["key"].to_numpy(np.int64)
     if len(keys) != d_m or set(keys.tolist()) != set(range(d_m)):
         raise FfkvError(f"metrics/census.parquet does not cover the {d_m} keys of layer {layer}; rerun "
                         "`ffkv analyze RUN --only census` with this run's model")
-    classes[keys] = rows["class"].to_numpy(object)
-    rank = np.array([0 if c == "dead" else CENSUS_CLASS_ORDER.index(c) + 1 if c in CENSUS_CLASS_ORDER else 1
-                     for c in classes])
+    groups[keys] = [census_group(c, v) for c, v in zip(rows["class"], rows["value_type"])]
+    rank = np.array([CENSUS_GROUPS.index(g) for g in groups])
     return np.lexsort((np.arange(d_m), contribution, rank)).astype(np.int64)
 
 
@@ -305,7 +316,7 @@ def run(ctx: RunContext) -> dict:
         try:
             census, census_note = read_census(ctx.run), "used"
         except Exception as exc:  # noqa: BLE001 - another experiment's table: the other criteria still run
-            census_note = f"metrics/census.parquet not read as one (layer, key, class) row per key: {exc}"
+            census_note = f"metrics/census.parquet not read as one (layer, key, class, value_type) row per key: {exc}"
             warnings.append(f"pruning: the census criterion was left out ({census_note})")
     criteria = [c for c in CRITERIA if c != "census" or census is not None]
     stats = key_statistics(ctx.loaded, ctx.run, ctx.seed)
@@ -495,6 +506,6 @@ def summary_line(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CENSUS_CLASS_ORDER", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
+__all__ = ["CENSUS_GROUPS", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
            "check_criterion", "heldout_perplexity", "key_statistics", "keys_to_remove", "perplexity", "prune",
            "read_census", "redundancy_order", "removal_orders", "run", "summarize", "summary_line"]

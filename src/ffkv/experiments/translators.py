@@ -143,7 +143,7 @@ def kl_to_final(ctx: RunContext) -> tuple[pd.DataFrame, np.ndarray]:
     for p, name in enumerate(SPACES):
         for layer in range(L):
             mean, low, high = mean_interval(per_example[:, p, layer])
-            table.append({"layer": layer, "projection": name, "kl_mean": mean, "kl_ci_low": low, "kl_ci_high": high,
+            table.append({"layer": layer, "projection": name, "kl": mean, "kl_ci_low": low, "kl_ci_high": high,
                           "n_examples": N, "n_positions": int(counts.sum())})
     return pd.DataFrame(table), per_example
 
@@ -196,7 +196,7 @@ def draw_kl(ctx: RunContext, kl: pd.DataFrame) -> None:
     for name in SPACES:
         t = kl[kl["projection"] == name]
         x = t["layer"].to_numpy()
-        ax.plot(x, t["kl_mean"], "o-", color=COLORS[name], label=name)
+        ax.plot(x, t["kl"], "o-", color=COLORS[name], label=name)
         ax.fill_between(x, t["kl_ci_low"], t["kl_ci_high"], color=COLORS[name], alpha=0.2)
     ax.set_yscale("log")
     ax.set_ylabel("KL(final || layer), nats")

@@ -68,7 +68,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 <p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
 {% if m.census %}<p id="census-badge"><strong>Census:</strong> <span class="chip label-{{ m.census.census_class }}">{{ m.census.census_class }}</span>
 <span class="chip">value: {{ m.census.census_value_type }}{% if m.census.census_firing_sign < 0 %} (fires with m &lt; 0: reads -v){% endif %}</span>{% if m.census.census_eraser %}<span class="chip">eraser</span>{% endif %}{% if m.census.census_two_way %}<span class="chip">fires both ways</span>{% endif %}
-{% if m.census.census_rule %}<span class="small">best rule {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
+{% if m.census.census_rule %}<span class="small">best token rule for its strong activations: {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
 <span class="small muted">position explains {{ pct(m.census.census_position_eta2) }} of m's variance</span></p>{% endif %}
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
