@@ -4,6 +4,7 @@ a census filter, all answering 200 with what the run's own tables say."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -60,4 +61,18 @@ def test_layer_pages_filter_by_census(client, analyzed):
         expected = g["eraser"] if name == "eraser" else (g["class"] == name) | (g["value_type"] == name)
         keys = [int(k) for k in re.findall(r'href="/memory/2/(\d+)"', r.text.split('id="keys"')[1])]
         assert sorted(set(keys)) == sorted(g.loc[expected.to_numpy(bool), "key"].astype(int).tolist()), name
+    # A detector's row says what it detects (its rule, as the census writes it); other rows leave it empty.
+    def detects(page: str) -> dict[int, str]:
+        headers = re.findall(r"<th[^>]*>(.*?)</th>", page, flags=re.S)
+        at = next(i for i, h in enumerate(headers) if re.sub(r"<[^>]+>", "", h).strip().startswith("detects"))
+        rows = re.findall(r'<tr>(.*?)</tr>', page.split('id="keys"')[1], flags=re.S)
+        cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S) for row in rows]
+        return {int(re.search(r">(\d+)<", c[0]).group(1)): html.unescape(c[at]) for c in cells if c}
+
+    g = census[census["layer"] == 1]
+    shown = detects(client.get("/layer/2?census=detector&sort=detects&order=desc").text)
+    detectors = g[g["class"] == "detector"]
+    assert len(detectors) > 0 and shown == dict(zip(detectors["key"].astype(int), detectors["rule"]))
+    others = g[(g["class"] == "other") & (g["rule"] != "")]
+    assert len(others) > 0 and set(detects(client.get("/layer/2?census=other").text).values()) == {""}
     assert client.get("/layer/2?census=nonsense").status_code == 422

@@ -110,6 +110,7 @@ LAYER_COLUMNS = (
     ("confidence", "value confidence", "confidence"),
     ("activation_frequency", "active", "activation frequency"),
     ("census_class", "census", "census"),
+    ("census_rule", "detects", "detects"),
     ("human_label", "human label", "human label"),
 )
 #: Layer page filter `?census=`: a census class, a value type, or eraser (`ffkv.experiments.census`).
@@ -131,6 +132,8 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         keep = table["census_eraser"].astype(bool) if census == "eraser" else \
             (table["census_class"] == census) | (table["census_value_type"] == census)
         table = table[keep.to_numpy(bool)]
+    if "census_rule" in table.columns:  # the rule is shown where the census calls the key a detector
+        table["census_rule"] = table["census_rule"].where(table["census_class"] == "detector", "")
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
     present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
