@@ -171,7 +171,7 @@ class Run:
 
     def trace(self, prompt: str, position: int = -1, target: str | int | None = None,
               off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
-              generate: int = 0):
+              generate: int = 0, lens: str = "final-norm"):
         """Trace a prompt at a position: per layer, predictions and the memories that push the target token most.
 
         Args:
@@ -180,12 +180,14 @@ class Run:
             off: memories (layer, key), 0-based layers, switched off at every position.
             scale: {(layer, key): factor} for memories scaled instead.
             generate: also continue the prompt greedily by this many tokens, with and without the interventions.
+            lens: how the residual is read per layer: "final-norm" (the logit lens) or "translator" (the run's
+                fitted translators, `ffkv analyze RUN --only translators`: the tuned lens).
         """
         from ffkv.explorer.notebook import run_trace
 
         edits = {self._check(int(lay), int(k)): float(f) for (lay, k), f in dict(scale or {}).items()}
         edits.update({self._check(int(lay), int(k)): 0.0 for lay, k in off})
-        return run_trace(self._explorer(), prompt, position, target, edits, generate)
+        return run_trace(self._explorer(), prompt, position, target, edits, generate, lens=lens)
 
 
     def concepts(self, layers: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -31,7 +31,8 @@ from ffkv.experiments.figures import legend_outside, layer_axis, new_figure, sav
 from ffkv.experiments.heldout import capture_eval
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, chunk_size, unembed_logits
 from ffkv.memories.projection import logits as project
-from ffkv.memories.translators import EPOCHS, LEARNING_RATE, MIN_STEPS, Translators, fit_translators, kl_rows, mean_interval
+from ffkv.memories.translators import (EPOCHS, LEARNING_RATE, MIN_STEPS, RUN_FILE, Translators, fit_translators,
+                                       kl_rows, mean_interval)
 from ffkv.parallel import is_writer
 from ffkv.presentation.findings import fidelity
 from ffkv.store.atomic import write_json
@@ -48,7 +49,7 @@ COLORS = {"identity": "#8C8C8C", "final-norm": "#4C72B0", TRANSLATOR: "#C44E52"}
 
 
 def translators_path(ctx: RunContext):
-    return ctx.run.path / "translators" / "translators.npz"
+    return ctx.run.path / RUN_FILE
 
 
 def _train_rows(ctx: RunContext) -> tuple[list[tuple[int, np.ndarray]], np.ndarray]:

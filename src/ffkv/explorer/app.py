@@ -9,7 +9,7 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
     /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
     /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.experiments.concepts`)
-    /trace?prompt=&position=&target=&off=L:K&scale=L:K:S&generate=N
+    /trace?prompt=&position=&target=&off=L:K&scale=L:K:S&generate=N&lens=final-norm|translator
                                             (GET, or POST from the form): trace, intervene, generate
     /files/PATH                             figures, metrics and the report of the run (nothing outside it)
 
@@ -41,6 +41,7 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
 from ffkv.explorer.security import Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
+from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
            413: "Too large", 415: "Unsupported media type", 421: "Misdirected request", 422: "Cannot use this input",
@@ -158,7 +159,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         n_generate = one(params, "generate")
         n_generate = 0 if n_generate in (None, "") or one(params, "action") not in (None, "generate") else \
             validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)  # the form always sends it
-        t = traced(data, validation.prompt(prompt), position, target or None, edits, n_generate, root)
+        lens = one(params, "lens") or DEFAULT_FOR_RESIDUALS
+        t = traced(data, validation.prompt(prompt), position, target or None, edits, n_generate, root, lens)
         return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
                                 n_generate=n_generate or 20)
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
+from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
 from ffkv.store.run import RunDir
@@ -83,6 +84,11 @@ class ExplorerData:
     def loaded(self):
         """The run's model (waits for the background load)."""
         return self.model.get()
+
+    @property
+    def translators_file(self) -> Path:
+        """Where the run keeps its fitted translators (`ffkv analyze --only translators`); it may not exist."""
+        return self.run.path / TRANSLATORS_FILE
 
     def _build(self) -> Path:
         from ffkv.experiments.lookups import build
@@ -290,6 +296,8 @@ class ExplorerData:
             table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
         if self.census is not None and layer in self.census.index.get_level_values(0):
             table = table.join(self.census.xs(layer, level="layer"), on="key")
+            # What a detector detects: its rule, where the census calls the key a detector.
+            table["census_detects"] = table["census_rule"].where(table["census_class"] == "detector", "")
         human = self.annotations.all()
         human = human[human.layer == layer].sort_values("time").drop_duplicates("key", keep="last")
         return table.merge(human[["key", "label", "description"]].rename(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
-from ffkv.explorer.tracing import TraceResult, generate, max_prompt_tokens, trace
+from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, trace
+from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, TRANSLATOR
+from ffkv.memories.translators import Translators
 
 
 class Memory:
@@ -53,15 +55,23 @@ class Trace:
 
 
 def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str | int | None = None,
-              edits: dict[tuple[int, int], float] | None = None, generate_tokens: int = 0, root: str = "") -> Trace:
+              edits: dict[tuple[int, int], float] | None = None, generate_tokens: int = 0, root: str = "",
+              lens: str = DEFAULT_FOR_RESIDUALS) -> Trace:
     """Trace a prompt at a position (negative: from the end), for the trace page and notebooks alike.
 
     Args:
         target: the token (text, or id) whose memory contributions are listed; default the model's prediction.
         edits: {(layer index, key): scale}, 0 switches a memory off.
         generate_tokens: also continue the prompt greedily by this many tokens, with and without the edits.
+        lens: how the residual columns are read (`ffkv.explorer.tracing.LENSES`): "final-norm" (the logit lens)
+            or "translator" (the run's fitted translators, the tuned lens).
     """
     prompt = validation.prompt(prompt)
+    if lens not in LENSES:
+        raise validation.BadRequest(f"lens must be one of {', '.join(LENSES)}, got {str(lens)[:40]!r}", 422)
+    if lens == TRANSLATOR and not data.translators_file.is_file():
+        raise validation.BadRequest("this run has no fitted translators: `ffkv analyze RUN --only translators` "
+                                    "fits them", 404)
     loaded = data.loaded
     token_ids = list(loaded.tokenizer.encode(prompt))
     limit = max_prompt_tokens(loaded)
@@ -79,8 +89,10 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         validation.integer(key, "key", 0, data.d_m - 1, 422)
     generation = None
     with data.model.lock:
-        base = trace(loaded, token_ids, position=position, target=target, show=edits)
-        edited = trace(loaded, token_ids, edits, position=position, target=base.target) if edits else None
+        if lens == TRANSLATOR and loaded.view.translators is None:
+            loaded.view.translators = Translators.load(data.translators_file, loaded.view.device)
+        base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens)
+        edited = trace(loaded, token_ids, edits, position=position, target=base.target, lens=lens) if edits else None
         if generate_tokens and not data.encoder:
             original = generate(loaded, token_ids, generate_tokens)
             changed = generate(loaded, token_ids, generate_tokens, edits) if edits else None

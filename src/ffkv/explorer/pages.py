@@ -110,7 +110,7 @@ LAYER_COLUMNS = (
     ("confidence", "value confidence", "confidence"),
     ("activation_frequency", "active", "activation frequency"),
     ("census_class", "census", "census"),
-    ("census_rule", "detects", "detects"),
+    ("census_detects", "detects", "detects"),
     ("human_label", "human label", "human label"),
 )
 #: Layer page filter `?census=`: a census class, a value type, or eraser (`ffkv.experiments.census`).
@@ -132,8 +132,6 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         keep = table["census_eraser"].astype(bool) if census == "eraser" else \
             (table["census_class"] == census) | (table["census_value_type"] == census)
         table = table[keep.to_numpy(bool)]
-    if "census_rule" in table.columns:  # the rule is shown where the census calls the key a detector
-        table["census_rule"] = table["census_rule"].where(table["census_class"] == "detector", "")
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
     present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
@@ -306,6 +304,13 @@ def _changed(old_id: int, old_p: float, new_id: int, new_p: float) -> bool:
     return new_id != old_id or abs(new_p - old_p) >= CHANGE_THRESHOLD
 
 
+#: How the trace's residual columns are read (`ffkv.explorer.tracing.LENSES`), in the page's words.
+LENS_TEXT = {"final-norm": "the final normalization (the logit lens)",
+             "translator": "the run's fitted translator of each layer, then the final normalization (the tuned lens)"}
+#: The trace form's choice of lens: (value, label).
+LENS_CHOICES = (("final-norm", "logit lens (final norm)"), ("translator", "tuned lens (the run's translators)"))
+
+
 def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None = None,
                target_text: str = "") -> dict:
     """What the trace table shows: per layer, the original predictions and, if given, the edited ones."""
@@ -338,7 +343,7 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
     strip = [{"index": j, "text": tok(t)} for j, t in enumerate(base.token_ids)]
     return {"rows": rows, "final": final, "position": base.position, "n_tokens": len(base.token_ids),
             "token": tok(base.token_ids[base.position]), "strip": strip, "target": tok(base.target),
-            "target_text": target_text}
+            "target_text": target_text, "lens": base.lens, "lens_text": LENS_TEXT[base.lens]}
 
 
 def generation_view(data: ExplorerData, prompt_ids: list[int], original: list[int], edited: list[int] | None) -> dict:
@@ -365,7 +370,8 @@ def trace_fragment(data: ExplorerData, base: TraceResult, edited: TraceResult | 
 def trace_page(data: ExplorerData, prompt: str | None, base: TraceResult | None, edited: TraceResult | None,
                root: str = "", generation: dict | None = None, target_text: str = "", n_generate: int = 20) -> str:
     t = trace_view(data, base, edited, target_text) if base is not None else None
-    return render("trace.html", **_common(data, root), prompt=prompt, max_chars=MAX_PROMPT_CHARS, t=t,
+    lenses = LENS_CHOICES if data.translators_file.is_file() else ()  # offered once the run has translators
+    return render("trace.html", **_common(data, root), prompt=prompt, max_chars=MAX_PROMPT_CHARS, t=t, lenses=lenses,
                   compare=edited is not None, standalone=False, interactive=True, generation=generation,
                   threshold_pp=f"{100 * CHANGE_THRESHOLD:g}", can_generate=not data.encoder,
                   max_new=MAX_NEW_TOKENS, n_generate=n_generate)

@@ -152,8 +152,8 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <div class="strip" id="token-strip">{% for s in t.strip %}<button type="submit" name="position" value="{{ s.index }}"{% if s.index == t.position %} class="on"{% endif %} title="token {{ s.index + 1 }}">{{ show(s.text) }}</button>{% endfor %}</div>
 {% else %}<p class="tokens" id="token-strip">{% for s in t.strip %}<span class="t{% if s.index == t.position %} trig{% endif %}">{{ show(s.text) }}</span>{% endfor %}</p>{% endif %}
 <p class="prediction" id="prediction">At {{ tok(t.token) }} (token {{ t.position + 1 }} of {{ t.n_tokens }}) the model predicts {{ tok(t.final[0].token) }} {{ pct(t.final[0].prob, 1) }}{% if compare %}; with the interventions {{ tok(t.final[0].new_token) }} {{ pct(t.final[0].new_prob, 1) }}{% endif %}.</p>
-<p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through the
-final normalization, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
+<p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through
+{{ t.lens_text }}, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
 {{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.
 {% if compare %}Each cell: <strong>original → with interventions</strong>; highlighted where the top token changed or its probability moved by at least {{ threshold_pp }} percentage points.{% endif %}</p>
 <div class="scroll"><table id="predictions"><tr><th class="num">layer</th><th>before FF</th><th>FF output</th><th>after FF</th><th>memories that push {{ tok(t.target) }} most</th></tr>
@@ -180,6 +180,7 @@ final normalization, and of the FF output itself (identity). Memories: the large
 <form method="post" action="{{ root }}/trace" id="trace-form">
 <p><textarea name="prompt" rows="3" maxlength="{{ max_chars }}" placeholder="type a prompt">{{ prompt or '' }}</textarea></p>
 <p><button type="submit" name="action" value="trace" id="run-trace">Trace</button>
+{% if lenses %}<label>residual read by <select name="lens" id="lens">{% for value, label in lenses %}<option value="{{ value }}"{% if t and value == t.lens %} selected{% endif %}>{{ label }}</option>{% endfor %}</select></label>{% endif %}
 {% if t %}<button type="submit" name="action" value="intervene" id="apply">Apply interventions</button>
 {% if can_generate %}<label>generate <input type="number" name="generate" min="1" max="{{ max_new }}" value="{{ n_generate }}" style="width:4em"> tokens</label>
 <button type="submit" name="action" value="generate" id="generate">Generate</button>{% endif %}

@@ -8,7 +8,8 @@ the paper reads values). t is the model's own top prediction at that position un
 reader picks another. An intervention rewrites chosen coefficients m_i (0 switches a memory
 off) at every position (`ffkv.memories.interventions`); the trace runs again, and `generate`
 continues the prompt greedily with and without it.
-Projections: final normalization for residuals, identity for ff_out (SPEC section 1).
+Projections: final normalization for residuals, identity for ff_out (SPEC section 1); the residuals can
+be read through the run's fitted translators instead (the tuned lens, `lens="translator"`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import torch
 
 from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.memories.interventions import Intervention, intervene
-from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, logits
+from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, logits
 from ffkv.models.loading import LoadedModel
 
 Edits = dict[tuple[int, int], float]
+#: How the residual columns (before and after the FF layer) are read: the logit lens, or the run's fitted
+#: per-layer translators (`ffkv.memories.translators`; T_l for both of layer l's residual vectors).
+LENSES = (DEFAULT_FOR_RESIDUALS, TRANSLATOR)
 
 
 @dataclass
@@ -52,6 +56,7 @@ class TraceResult:
     layers: list[LayerTrace]
     final: list[Prediction]     # the model's own top predictions at `position`
     edits: Edits = field(default_factory=dict)
+    lens: str = DEFAULT_FOR_RESIDUALS  # how the residual columns were read (`LENSES`)
 
 
 def max_prompt_tokens(loaded: LoadedModel) -> int:
@@ -87,7 +92,7 @@ def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits,
 @torch.no_grad()
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None, position: int = -1,
           target: int | None = None, top_memories: int = 8, suppressing: int = 3,
-          show: Iterable[tuple[int, int]] = ()) -> TraceResult:
+          show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS) -> TraceResult:
     """Trace `token_ids` (one prompt) at `position`, optionally with memories scaled or switched off.
 
     Args:
@@ -96,6 +101,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
         target: the token whose contributions rank the memories; default the model's top prediction.
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
         show: (layer, key) pairs listed too (beside the edited ones), e.g. the edits of a trace to compare with.
+        lens: how resid_mid and resid_post are read (`LENSES`); "translator" needs the view's translators.
     """
     view = loaded.view
     edits = dict(edits or {})
@@ -124,15 +130,15 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
         touched = sorted(k for (lay, k) in listed if lay == layer and k not in best and k not in worst)
         layers.append(LayerTrace(
             layer=layer,
-            before=_top(logits(view, at("resid_mid"), DEFAULT_FOR_RESIDUALS)),
+            before=_top(logits(view, at("resid_mid"), lens, layer=layer)),
             ff=_top(logits(view, at("ff_out"), DEFAULT_FOR_VALUES)),
-            after=_top(logits(view, at("resid_post"), DEFAULT_FOR_RESIDUALS)),
+            after=_top(logits(view, at("resid_post"), lens, layer=layer)),
             memories=[_memory(k, m, contribution, edits, layer) for k in best],
             suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
             edited=[_memory(k, m, contribution, edits, layer) for k in touched],
             coefficients=m.cpu(),
         ))
-    return TraceResult(list(token_ids), pos, target, layers, final, edits)
+    return TraceResult(list(token_ids), pos, target, layers, final, edits, lens)
 
 
 @torch.no_grad()

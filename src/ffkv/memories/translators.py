@@ -34,6 +34,9 @@ from jaxtyping import Float
 from ffkv.errors import FfkvError
 from ffkv.store.atomic import write_with
 
+#: Where a run directory keeps its fitted translators (`ffkv analyze --only translators`).
+RUN_FILE = Path("translators") / "translators.npz"
+
 #: Default optimisation settings (`fit_translators`): at least `EPOCHS` passes and at least `MIN_STEPS` optimizer
 #: steps (a small training set is passed over more often), Adam at `LEARNING_RATE`.
 EPOCHS = 4
