@@ -184,7 +184,11 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
         tokens = [np.asarray(e.token_ids) for e in held.examples]
         thr = tau * math.sqrt((m ** 2).sum() / (N * d_m)) if tau else 0.0
         act = np.abs(m) > thr
-        strong = act & (np.abs(m) >= census.STRONG_SHARE * np.abs(m).max(0))
+        # Strong: where the prefix competes for trigger examples (no special token), against the largest |m| there.
+        special = list(getattr(loaded.tokenizer, "special_ids", ()) or ())
+        competes = np.concatenate([~np.isin(np.asarray(e.token_ids), special) for e in held.examples])
+        assert competes.all() if family == "gpt2" else not competes.all()  # the llama examples start with BOS
+        strong = act & competes[:, None] & (np.abs(m) >= census.STRONG_SHARE * np.abs(m[competes]).max(0))
         got = keys[keys["layer"] == layer].set_index("key")
         np.testing.assert_allclose(got["activation_frequency"], act.mean(0), atol=1e-6)
         np.testing.assert_allclose(got["strong_frequency"], strong.mean(0), atol=1e-6)

@@ -8,7 +8,8 @@ their tokens, not only the seeded position), per layer l and key i:
   `ffkv.memories.active` (|m_i| > tau·s_l, s_l the RMS of the layer's coefficients over these
   positions; m_i > 0 for ReLU), split into positive (m_i > 0) and negative (m_i < 0) shares;
   **dead**: never active.
-- **strong**: active, and |m_i| at least `STRONG_SHARE` of the key's largest |m_i| over these
+- **strong**: at a position that competes for trigger examples (not a special token such as BOS:
+  `Batch.competes`), active, and |m_i| at least `STRONG_SHARE` of the key's largest |m_i| over such
   positions: the key's strongest activations, the ones its trigger examples are made of. A key
   that fires at one level (a ReLU key on a token) fires strongly wherever it is active.
 - **detector**: the token or n-gram rule "the last n tokens up to the position are g" (n in
@@ -72,7 +73,8 @@ POSITION_GROUPS = 64
 #: Thresholds (docs/definitions.md, calibrated on planted keys and random ones: tests/experiments/test_census.py).
 DETECTOR_F1 = 0.5
 DETECTOR_MIN_HITS = 5
-#: Strong activation: active, and |m_i| at least this share of the key's largest |m_i| over the census positions.
+#: Strong activation: active, and |m_i| at least this share of the key's largest |m_i| over the census positions
+#: that compete for trigger examples (special tokens never do).
 STRONG_SHARE = 0.5
 POSITIONAL_ETA2 = 0.5
 KURTOSIS_MIN = 3.0
@@ -123,7 +125,7 @@ class LayerState:
     n_positive: torch.Tensor = None
     n_negative: torch.Tensor = None
     n_strong: torch.Tensor = None
-    max_abs: torch.Tensor = None            # the largest |m_i| (d_m,)
+    max_abs: torch.Tensor = None            # the largest |m_i| at a competing position (d_m,)
     ids: dict = field(default_factory=dict)      # n -> (d_m, CANDIDATES) int64 rule ids, -1 empty
     counts: dict = field(default_factory=dict)   # n -> (d_m, CANDIDATES) float64 summary counts
     hits: dict = field(default_factory=dict)     # n -> exact strong positions where the rule holds
@@ -190,8 +192,8 @@ class CensusAccumulator:
     """The census statistics of every layer, fed one batch of coefficients at a time, in three passes over the
     same positions: `scale` (sums, s_l, largest |m_i|, positions), `summarise` (active and strong counts, candidate
     rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, tokens)` takes the real positions of a
-    batch: m (P, d_m), their position index (P,) and their token ids as (P, T) rows ending at the position
-    (-1 before the example's start), so the n-gram of every n in `NGRAMS` can be read."""
+    batch: m (P, d_m), their position index (P,), the n-gram ids ending at each position, and which positions
+    compete for trigger examples (P,) (None: all)."""
 
     def __init__(self, n_layers: int, d_m: int, vocab_size: int, tau: float) -> None:
         self.layers = [LayerState(d_m) for _ in range(n_layers)]
@@ -206,20 +208,22 @@ class CensusAccumulator:
         return self.tau * math.sqrt(self.layers[layer].squares / (self.positions * self.d_m))
 
     def strong_threshold(self, layer: int) -> torch.Tensor:
-        """(d_m,) `STRONG_SHARE` of each key's largest |m_i| over the census positions."""
+        """(d_m,) `STRONG_SHARE` of each key's largest |m_i| over the census positions that compete."""
         return STRONG_SHARE * self.layers[layer].max_abs
 
     def feed(self, step: str, layer: int, m: torch.Tensor, positions: torch.Tensor,
-             rules: dict[int, torch.Tensor]) -> None:
-        """One batch of one layer. rules: n -> (P,) n-gram id per position (-1: none)."""
+             rules: dict[int, torch.Tensor], competes: torch.Tensor | None = None) -> None:
+        """One batch of one layer. rules: n -> (P,) n-gram id per position (-1: none); competes: (P,) bool,
+        the positions that compete for trigger examples (None: every position)."""
         s = self.layers[layer]
         m = m.detach().to("cpu", torch.float64)
+        competes = torch.ones(len(m), dtype=torch.bool) if competes is None else competes.to("cpu")
         if step == "scale":
             s.squares += float(m.square().sum())
             s.sum_m += m.sum(0)
             s.sum_m2 += m.square().sum(0)
-            if len(m):
-                torch.maximum(s.max_abs, m.abs().amax(0), out=s.max_abs)
+            if bool(competes.any()):
+                torch.maximum(s.max_abs, m[competes].abs().amax(0), out=s.max_abs)
             group = positions.to("cpu").clamp(max=POSITION_GROUPS - 1)
             s.group_sum.index_add_(0, group, m)
             if layer == 0:
@@ -227,7 +231,7 @@ class CensusAccumulator:
                 self.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
             return
         active = active_memories(m, self.threshold(layer))
-        strong = active & (m.abs() >= self.strong_threshold(layer))
+        strong = active & competes[:, None] & (m.abs() >= self.strong_threshold(layer))
         if step == "summarise":
             s.n_positive += (active & (m > 0)).sum(0)
             s.n_negative += (active & (m < 0)).sum(0)
@@ -412,7 +416,7 @@ def accumulate(view, batches, vocab_size: int, progress: bool = False) -> Census
     state: dict = {}
 
     def sink(name: str, layer: int, m: torch.Tensor) -> None:
-        acc.feed(state["step"], layer, m[state["mask"]], state["positions"], state["rules"])
+        acc.feed(state["step"], layer, m[state["mask"]], state["positions"], state["rules"], state["competes"])
 
     steps = ("scale", "summarise", "count")
     bar = progress_bar(progress, len(steps) * len(batches), "census", "batch")
@@ -426,6 +430,7 @@ def accumulate(view, batches, vocab_size: int, progress: bool = False) -> Census
                     tokens = torch.where(mask, batch.input_ids, torch.full_like(batch.input_ids, -1))
                     state["mask"] = mask.to(view.device)
                     state["positions"] = torch.nonzero(mask)[:, 1].cpu()
+                    state["competes"] = batch.competes[mask].cpu()
                     state["rules"] = {} if step == "scale" else {
                         n: ngram_ids(tokens.cpu(), n, vocab_size)[mask.cpu()] for n in NGRAMS}
                     view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))
@@ -559,7 +564,8 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
 def thresholds_text() -> dict[str, str]:
     return {
         "dead": "never active at any census position",
-        "strong": f"active and |m_i| >= {STRONG_SHARE:g} x the key's largest |m_i| over the census positions",
+        "strong": f"at a position that competes for trigger examples (no special token), active, and |m_i| >= "
+                  f"{STRONG_SHARE:g} x the key's largest |m_i| over such positions",
         "detector": f"the best token/n-gram rule (n in {list(NGRAMS)}) for where the key fires strongly has "
                     f"F1 >= {DETECTOR_F1} on at least {DETECTOR_MIN_HITS} strong positions where the rule holds",
         "positional": f"adjusted eta² (epsilon²) of m_i over position >= {POSITIONAL_ETA2} (positions >= "
