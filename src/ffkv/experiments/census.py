@@ -17,7 +17,7 @@ their tokens, not only the seeded position), per layer l and key i:
   recall P(g | strong) and F1 = 2·P·R/(P + R); a detector when F1 >= `DETECTOR_F1` on at least
   `DETECTOR_MIN_HITS` strong positions where the rule holds (fewer is an anecdote). Against
   mere activity a gated or GELU key, active at most positions, could never be one (stories260K,
-  SwiGLU: no detector in any layer; against strong activations about half of layer 0's keys).
+  SwiGLU: no detector in any layer; against strong activations 66% of its first layer's keys, on 66,321 PTB positions).
   The largest |m_i| grows slowly with the sample, so the strong set narrows slowly with it.
 - **positional**: the share of m_i's variance over positions explained by the position index
   (eta², adjusted for the number of positions, i.e. epsilon² = 1 - (SS_within/(n - G)) /
