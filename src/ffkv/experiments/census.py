@@ -190,10 +190,10 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
 
 class CensusAccumulator:
     """The census statistics of every layer, fed one batch of coefficients at a time, in three passes over the
-    same positions: `scale` (sums, s_l, largest |m_i|, positions), `summarise` (active and strong counts, candidate
-    rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, tokens)` takes the real positions of a
-    batch: m (P, d_m), their position index (P,), the n-gram ids ending at each position, and which positions
-    compete for trigger examples (P,) (None: all)."""
+    same positions: `scale` (sums, s_l, largest |m_i|, positions), `summarise` (active and strong counts,
+    candidate rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, rules, competes)`
+    takes the real positions of a batch: m (P, d_m), their position index (P,), the n-gram ids ending at each
+    position, and which positions compete for trigger examples (P,) (None: all)."""
 
     def __init__(self, n_layers: int, d_m: int, vocab_size: int, tau: float) -> None:
         self.layers = [LayerState(d_m) for _ in range(n_layers)]
@@ -462,10 +462,10 @@ def compute(ctx: RunContext) -> dict:
     keys = classify(pd.concat(tables, ignore_index=True))
     keys["rule"] = [rule_text(ctx, int(n), int(i), V) for n, i in zip(keys["rule_n"], keys["rule_id"])]
     order = ["layer", "key", "class", "n_positions", "activation_frequency", "positive_frequency",
-             "negative_frequency", "strong_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id", "rule_precision",
-             "rule_recall", "rule_f1", "rule_positions", "rule_hits", "rule_sign", "detector", "position_eta2", "positional",
-             "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser", "written_top",
-             "written_bottom"]
+             "negative_frequency", "strong_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id",
+             "rule_precision", "rule_recall", "rule_f1", "rule_positions", "rule_hits", "rule_sign", "detector",
+             "position_eta2", "positional", "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser",
+             "written_top", "written_bottom"]
     keys = keys[order]
     thresholds = [acc.threshold(layer) for layer in range(view.n_layers)]
     return {"keys": keys, "per_layer": per_layer(keys, thresholds), "typical": typical(keys),
