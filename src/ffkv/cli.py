@@ -15,6 +15,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ffkv import __version__
+from ffkv.allocator import keep_freed_memory
 from ffkv.demo import DEMO_N_EVAL
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted, one_line
 
@@ -482,5 +483,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def console() -> int:
+    """The `ffkv` executable (and `python -m ffkv.cli`): `main` in a process whose allocator keeps
+    freed memory for reuse (`ffkv.allocator`); called in-process, `main` leaves the allocator alone."""
+    keep_freed_memory()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())
