@@ -150,7 +150,8 @@ def main() -> None:
         return
     from ffkv.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD
 
-    kept_env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+    kept_env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+                "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
     sides = {"plain": (plain, None), "kept": (plain, kept_env), "index": (None, None)}
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
@@ -177,6 +178,7 @@ def main() -> None:
         print(f"ratio {what}, per set: {', '.join(f'{p:.3f}' for p in pairs)};  median "
               f"{statistics.median(pairs):.3f} (spread {min(pairs):.3f}-{max(pairs):.3f});  CPU time ratio "
               f"median {statistics.median(cpu_pairs):.3f}")
+
 
 if __name__ == "__main__":
     main()
