@@ -4,15 +4,15 @@ not page-faulted in again when the next one is allocated (glibc only)."""
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the setting is glibc's")
+from ffkv.allocator import on_glibc
+
+pytestmark = pytest.mark.skipif(not on_glibc(), reason="the setting is glibc's")
 
 #: Allocates, fills and frees a 40 MiB tensor 20 times and prints the share of its pages faulted in
 #: per round over the last 10 (1.0: every page anew, glibc's default for blocks above 32 MiB; the

@@ -9,7 +9,7 @@ reuses them (the in-process equivalent of the jemalloc or tcmalloc preload that 
 CPU tuning guides recommend). What is kept is bounded by the largest working set of one
 step, so it does not grow with the corpus.
 
-Only the command sets this (`ffkv.cli.main`); importing the library changes nothing in a
+Only the command sets this (`ffkv.cli.console`); importing the library changes nothing in a
 user's process. A user who sets glibc's own variables keeps them.
 """
 
@@ -31,15 +31,18 @@ TRIM_THRESHOLD = 2**30
 ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
+def on_glibc() -> bool:
+    """Whether this process runs on Linux with glibc, whose allocator these settings are for."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; return whether they were set.
 
     Does nothing (returns False) on other C libraries, or when the environment already sets
     one of `ENVIRONMENT`.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    if any(name in os.environ for name in ENVIRONMENT):
+    if not on_glibc() or any(name in os.environ for name in ENVIRONMENT):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
