@@ -125,6 +125,9 @@ class TriggerReducer:
         self._eid = self._pos = self._next = self._blocked_flat = None
         self._n = 0  # candidates per key of the current batch
         self._reduced: set[int] = set()
+        # What blocked positions are set to, per direction, as tensors on the device: a Python number
+        # would be copied from pageable host memory at every write, which synchronises a GPU.
+        self._losing = [torch.full((), v, device=state.values.device) for v in (float("-inf"), float("inf"))]
 
     def start(self, batch: Batch) -> None:
         """Announce the batch whose coefficients the next forward pass produces."""
@@ -155,7 +158,7 @@ class TriggerReducer:
                              f"({'signed' if self.signed else 'positive'} index)")
         for block, direction in enumerate((1, -1)[: self._directions]):
             # Blocked positions must lose in this direction: +inf never wins a minimum.
-            c[self.batch.blocked] = float("-inf") if direction == 1 else float("inf")
+            c.index_put_(self.batch.blocked, self._losing[block].to(c.dtype))
             if self.mode == "example":
                 best, pos = self._best_positions(layer, c, direction)          # (B, d_m)
                 values, position = best.T, pos.T                                # (d_m, B)
