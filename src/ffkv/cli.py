@@ -1,8 +1,9 @@
 """The `ffkv` command: a thin layer that parses options and calls the library.
 
-Every user-input problem surfaces as one line `ffkv: error: ...` and exit status 2; a
-filesystem error (read-only, full, permission) as one such line and exit status 1;
-Ctrl-C as one line that claims only what was saved, and exit status 130.
+Every problem surfaces as one line `ffkv: error: ...` with the exit status of its kind
+(`ffkv.errors.EXIT_CODES`, printed by `ffkv --help`): the input 2, the file system 1
+(read-only, full, permission), a damaged run 3; Ctrl-C as one line that claims only what
+was saved, and exit status 130.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 from ffkv import __version__
 from ffkv.allocator import keep_freed_memory
 from ffkv.demo import DEMO_N_EVAL
-from ffkv.errors import FfkvError, FfkvWarning, Interrupted, one_line
+from ffkv.errors import EXIT_CODES, DamagedRun, FfkvError, FfkvWarning, Interrupted, StorageError, one_line
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -118,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ffkv",
         description="Read transformer feed-forward layers as key-value memories (Geva et al. 2021).",
         epilog="Start with `ffkv demo`. Each command has its own --help. Layers in pages, reports and "
-               "messages count from 1; the run's tables count from 0.",
+               "messages count from 1; the run's tables count from 0.\n\nexit status:\n"
+               + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ffkv {__version__}",
                         help="print the version and exit")
@@ -153,10 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.epilog = ("Several processes or machines: `torchrun --nproc-per-node N -m ffkv.cli index ...` "
                 "(Gloo on CPU, NCCL on GPU), or --shard i/n on each machine, then `ffkv merge`.")
 
-    p = sub.add_parser("status", help="is a run complete, running (alive?), interrupted or failed",
+    p = sub.add_parser("status", help="is a run complete, running (alive?), interrupted or failed; is it whole",
                        description="The state of each run: running (pid, host, heartbeat; alive or not), "
-                                   "interrupted, failed (with the error) or complete, and what to do next.")
+                                   "interrupted, failed (with the error) or complete, and what to do next; for a "
+                                   "complete run, its analyses (and those skipped, with why), and every table "
+                                   "damaged, missing or out of date and an analyze that did not finish, each with "
+                                   "the command that rewrites it. Exit status 3 when any is.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    p.add_argument("--verify", action="store_true",
+                   help="also hash every table and compare it with the hash recorded when it was written "
+                        "(reads every byte; without it, sizes, rows and columns are compared)")
 
     p = sub.add_parser("merge", help="join the runs of `ffkv index --shard i/n` into one run",
                        description="Merge shard runs exactly: the result is the run one process would have written.")
@@ -307,7 +316,11 @@ def _analyze(args: argparse.Namespace) -> int:
                    options={"membership": {"member_corpus": args.member_corpus,
                                            "nonmember_corpus": args.nonmember_corpus, "n": args.n_membership}})
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
-        print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(done)}")
+        ran = [name for name, info in done.items() if not info.get("skipped")]
+        print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(ran) or 'none'}")
+        for name, info in done.items():
+            if info.get("skipped"):
+                print(f"skipped {name}: {info['skipped']}")
     return 0
 
 
@@ -407,9 +420,13 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from ffkv.store.state import run_state
 
+    code = 0
     for path in args.runs:
-        print("\n".join(run_state(path).lines()))
-    return 0
+        state = run_state(path, verify=args.verify)
+        print("\n".join(state.lines()), flush=True)
+        if state.damaged:
+            code = DamagedRun.exit_code
+    return code
 
 
 @command("index")
@@ -468,10 +485,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = COMMANDS[args.command](args)
         except FfkvError as exc:
             print(f"ffkv: error: {exc}", file=sys.stderr)
-            code = 2
+            code = exc.exit_code
+        except BrokenPipeError:  # the reader of the output went away (`ffkv status RUN | head -1`)
+            _quiet_stdout()
+            code = 141
         except OSError as exc:  # the disk, not the input: full, read-only, no permission
             print(f"ffkv: error: {one_line(exc)}", file=sys.stderr)
-            code = 1
+            code = StorageError.exit_code
         except KeyboardInterrupt as exc:
             said = str(exc) if isinstance(exc, Interrupted) else "interrupted"
             print(f"\nffkv: {said}", file=sys.stderr)
@@ -481,6 +501,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if issubclass(w.category, FfkvWarning):
                     print(f"ffkv: warning: {w.message}", file=sys.stderr)
     return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (a test's capture)
+        pass
 
 
 def console() -> int:

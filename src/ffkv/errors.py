@@ -1,4 +1,4 @@
-"""The one exception type that reaches users as a single clear line."""
+"""The exceptions that reach users as a single clear line, and the exit status of each (`EXIT_CODES`)."""
 
 import os
 
@@ -6,8 +6,23 @@ import os
 class FfkvError(Exception):
     """A problem with the user's input: the message says what is wrong and what to do.
 
-    The CLI prints it as one line and exits with status 2, without a traceback.
+    The CLI prints it as one line and exits with its class's `exit_code` (2), without a traceback.
     """
+
+    exit_code = 2
+
+
+class StorageError(FfkvError):
+    """The disk, not the input: full, read-only, or no permission (the message names the file and what to do)."""
+
+    exit_code = 1
+
+
+class DamagedRun(FfkvError):
+    """A run directory's file is missing, damaged or not the table it should be: the message names the file
+    and the command that rewrites it."""
+
+    exit_code = 3
 
 
 class FfkvWarning(UserWarning):
@@ -19,6 +34,18 @@ class Interrupted(KeyboardInterrupt):
 
     A bare KeyboardInterrupt claims nothing (it may come before anything was saved).
     """
+
+
+#: The exit status of every `ffkv` command, the one place they are defined (`ffkv --help` prints them).
+EXIT_CODES = {
+    0: "done (`ffkv status`: every run readable and whole)",
+    1: "the file system: a full disk, a read-only folder, no permission (`StorageError`)",
+    2: "the input: an option, a corpus, a model or a file that cannot be used as given (`FfkvError`)",
+    3: "a damaged run: a table missing, damaged or not the one it should be, or an analyze that was cut off "
+       "(`DamagedRun`; `ffkv status RUN` names each, with the command that rewrites it)",
+    130: "interrupted by Ctrl-C (the line says what was kept)",
+    141: "the output's reader went away (e.g. `ffkv status RUN | head -1`); nothing is printed",
+}
 
 
 def one_line(error: BaseException) -> str:

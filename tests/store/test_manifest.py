@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from ffkv.errors import FfkvError
+from ffkv.errors import DamagedRun, FfkvError
+from ffkv.store import atomic, schemas
 from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, ManifestError, ModelInfo, Process
 from ffkv.store.run import RunDir
 
@@ -107,6 +108,10 @@ def test_prepare_and_require_complete(tmp_path):
     with pytest.raises(FfkvError, match="not complete"):
         run.require_complete()
     run.update_manifest(status="complete")
+    with pytest.raises(DamagedRun, match="examples.parquet is missing.*index the corpus again"):
+        run.require_complete()  # a complete run is read only with its two tables
+    for name, schema in (("examples", schemas.EXAMPLES), ("trigger_examples", schemas.TRIGGER_EXAMPLES)):
+        atomic.write_parquet(run.table(name), schema.empty_table())
     assert run.require_complete().complete
     with pytest.raises(FfkvError, match="already holds this run"):
         run.prepare(identity, resume=True)

@@ -7,6 +7,7 @@ import pytest
 
 from ffkv.errors import FfkvError
 from ffkv.store.annotations import Annotations, consensus, read_labels
+from ffkv.store.manifest import Identity, Manifest, ModelInfo
 from ffkv.store.run import RunDir
 
 
@@ -23,6 +24,12 @@ def test_every_path_of_the_contract(tmp_path):
 
 def test_metrics_round_trip_with_their_description(tmp_path):
     run = RunDir(tmp_path)
+    run.write_manifest(Manifest(
+        identity=Identity(model_id="m", weights_sha256="abc", dtype="float32", corpus={}, corpus_fingerprint="f",
+                          index={"top_k": 5, "mode": "example"}),
+        model=ModelInfo(id="m", family="GPT-2", n_layers=3, d_m=40, d_model=16, vocab_size=97, dtype="float32",
+                        gated=False, parallel=False, encoder=False, resid_mid="sequential"),
+        corpus={}, index={}, status="complete"))
     assert run.metric_names() == [] and not run.has_metric("values")
     with pytest.raises(FfkvError, match="no metrics table 'values'.*ffkv analyze"):
         run.read_metric("values")
@@ -32,6 +39,9 @@ def test_metrics_round_trip_with_their_description(tmp_path):
     pd.testing.assert_frame_equal(run.read_metric("values"), table)
     assert run.metric_description("values") == {"name": "values", "projection": "identity"}
     assert list(run.read_metric("values", columns=["layer"]).columns) == ["layer"]
+    record = run.manifest().tables["metrics/values.parquet"]  # what it was when written, for every later read
+    assert record["rows"] == 2 and record["step"] == "values" and record["size"] == run.metric_path("values").stat().st_size
+    assert record["columns"] == {"layer": "int64", "agreement_rate": "double"} and len(record["sha256"]) == 64
 
 
 def test_figures_prefer_png(tmp_path):

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, pruning, refinement,
                                suppressed, translators, values)
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
 from ffkv.experiments.encoders import applicability_table, applies, skipped_reason
-from ffkv.errors import FfkvError
+from ffkv.errors import DamagedRun, FfkvError, one_line
 from ffkv.parallel import is_writer, local_device, process_group
 from ffkv.presentation.findings import fidelity
+from ffkv.store import integrity
 from ffkv.store.run import RunDir
 
 #: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
@@ -102,9 +103,10 @@ def analyze(
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
     if skipped and only is not None:  # asked for by name: refused before anything runs
         raise FfkvError(next(iter(skipped.values())))
+    refuse_damaged(run, manifest, [name for name in names if name not in skipped])
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
-    with lock, process_group(loaded.view.device):
+    with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):
         for step, name in enumerate(names, 1):
             if name in skipped:  # not asked for by name: skipped, with the reason kept in the manifest
                 ctx.analyses[name] = {"skipped": skipped[name]}
@@ -112,8 +114,12 @@ def analyze(
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
+            ctx.step = name
             MODULES[name].run(ctx)
+            ctx.step = None
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
+            if holder is not None:
+                step_done(run, name)
         if loaded.view.encoder:
             ctx.write_table("encoder_applicability", applicability_table(),
                             note="which of the paper's figures apply to a masked-LM encoder, and why "
@@ -131,8 +137,49 @@ def analyze(
             for name, info in ctx.analyses.items():
                 current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            run.update_manifest(analyses=current)
+            run.update_manifest(analyses=current, analyzing=None)
     return ctx.analyses
+
+
+def refuse_damaged(run: RunDir, manifest, steps: Sequence[str]) -> None:
+    """Refuse, before anything runs, a run with a damaged table that this call would read and not rewrite:
+    every metrics table but those of `steps` (the fidelity table reads them all; pruning the census)."""
+    for found in integrity.survey(run, manifest):
+        if found.state != "damaged" or not found.path.startswith("metrics/"):
+            continue
+        step = integrity.step_of(manifest, found.path)
+        if step not in steps and step not in integrity.EVERY_ANALYZE:
+            raise DamagedRun(f"{found.line(run.path)}; or add {step} to --only")
+
+
+@contextmanager
+def progress_record(run: RunDir, holder, names: Sequence[str], skipped: Mapping[str, str]) -> Iterator[None]:
+    """Keep the manifest's `analyzing` while the steps run (their names, those done: `step_done`), marked
+    interrupted or failed if they stop; `ffkv status` names an analyze that did not finish (kill -9 leaves
+    it `running`, with its lock free). `holder` is None where this process does not write (torchrun rank > 0)."""
+    if holder is None:
+        yield
+        return
+    steps = [name for name in names if name not in skipped]
+    process = {"pid": holder.pid, "host": holder.host, "command": holder.command, "started": holder.started}
+    run.update_manifest(analyzing={"status": "running", "steps": steps, "done": [], "process": process})
+    try:
+        yield
+    except BaseException as error:
+        status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        try:
+            info = dict(run.manifest().analyzing or {})
+            run.update_manifest(analyzing={**info, "status": status, "error": one_line(error)})
+        except (OSError, FfkvError):
+            pass  # a full disk: the record stays `running`, which `ffkv status` reads as cut off
+        raise
+
+
+def step_done(run: RunDir, name: str) -> None:
+    """Record in the manifest's `analyzing` that step `name` finished."""
+    info = dict(run.manifest().analyzing or {})
+    info["done"] = [*info.get("done", []), name]
+    run.update_manifest(analyzing=info)
 
 
 def skip_reason(name: str, ctx: RunContext) -> str | None:

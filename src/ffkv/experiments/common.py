@@ -143,6 +143,8 @@ class RunContext:
     #: experiment name -> its own options (e.g. membership's corpora), from `analyze(options=...)`.
     options: dict = field(default_factory=dict)
     analyses: dict = field(default_factory=dict)
+    #: the experiment running now (`analyze` sets it): the step each table is recorded as written by.
+    step: str | None = None
     _shared: dict = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------- the model
@@ -241,7 +243,7 @@ class RunContext:
         """
         if not is_writer():
             return self.run.metric_path(name)
-        return self.run.write_metric(name, df, {"model_id": self.loaded.model_id, **meta})
+        return self.run.write_metric(name, df, {"model_id": self.loaded.model_id, **meta}, step=self.step)
 
     def record(self, experiment: str, **info: Any) -> None:
         """Note what an experiment wrote and how (merged into the manifest's analyses at the end)."""

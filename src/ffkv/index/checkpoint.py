@@ -19,6 +19,7 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.index.topk import TopKState
+from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
 
 #: What cuts the corpus into windows and padded batches, and the option that sets each.
@@ -63,7 +64,10 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path, device: torch.device) -> "Checkpoint":
         try:
-            data = torch.load(path, map_location=device, weights_only=True)
+            data = load_checkpoint(path, map_location=device, what="index checkpoint")
+        except FfkvError as error:  # a file that names code to run, or not a checkpoint at all
+            raise type(error)(f"{error}; choose a new --out") from None
+        try:
             cutting = data.get("cutting")
             if cutting is None:
                 raise FfkvError(f"the checkpoint {path} was written by an older ffkv and does not record the "
@@ -74,7 +78,7 @@ class Checkpoint:
                        elapsed=float(data["elapsed"]), saved=True)
         except FfkvError:
             raise
-        except Exception as error:  # torch raises many kinds for a file that is not its checkpoint
+        except Exception as error:  # a dict of other keys and types: not this checkpoint
             raise FfkvError(f"cannot read the checkpoint {path} ({type(error).__name__}); choose a new --out") from None
 
     def check_cutting(self, cutting: dict[str, Any]) -> None:

@@ -400,6 +400,8 @@ class _IndexJob:
         self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
         n_examples = self.parts.assemble(run.table("examples"))
         write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
+        for table in ("examples", "trigger_examples"):
+            run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
         manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
         manifest.status, manifest.process, manifest.error = "complete", None, None

@@ -41,7 +41,8 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     with target.lock("merge", create=True) as holder:
         # An unfinished merge (or index) of the same run is redone: the merge is deterministic.
         manifest = target.prepare(identity, resume=target.exists()) or replace(first, identity=identity)
-        manifest = replace(manifest, counts={}, timings={}, merged_from=[str(r.path) for r in runs],
+        manifest = replace(manifest, counts={}, timings={}, tables={}, analyses={}, analyzing=None,
+                           merged_from=[str(r.path) for r in runs],
                            format_version=FORMAT_VERSION)  # the tables are written in this version's layout
         with target.writing(manifest, holder, "rerun `ffkv merge`"):
             _merge_tables(runs, manifests, target, manifest)
@@ -61,6 +62,8 @@ def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest)
             state.merge(shard_state, one_per_example=first.mode == "example")
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
     write_triggers(target.table("trigger_examples"), state, directions)
+    for table in ("examples", "trigger_examples"):
+        target.record_table(manifest, target.table(table).name, "merge")
     manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)}
     manifest.timings = {"index_seconds": max(m.timings["index_seconds"] for m in manifests)}
     manifest.status, manifest.process, manifest.error = "complete", None, None

@@ -16,7 +16,7 @@ from pathlib import Path
 from ffkv.corpus import CorpusSpec
 from ffkv.corpus.spec import DEFAULT_MAX_TOKENS
 from ffkv.corpus.sources import is_hf, source_files
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, StorageError
 from ffkv.models.loading import LoadedModel
 
 #: Bytes per top-k entry in the checkpoint: coefficient f32, example id i64, position and next token i32.
@@ -62,7 +62,7 @@ def check_output(path: Path) -> None:
     folder = _existing(path)
     if not os.access(folder, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-        raise FfkvError(f"cannot write the run into {folder} "
+        raise StorageError(f"cannot write the run into {folder} "
                         f"({'read-only file system' if read_only else 'permission denied'}): choose another --out")
 
 
@@ -96,7 +96,7 @@ def check_free_space(path: Path, need: int) -> None:
     if path.is_dir():
         free += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     if free < need:
-        raise FfkvError(f"the run needs at least {_size(need)} on disk but {folder} has {_size(free)} free: "
+        raise StorageError(f"the run needs at least {_size(need)} on disk but {folder} has {_size(free)} free: "
                         "free space, or choose another --out")
 
 

@@ -47,7 +47,6 @@ standing for the end of the previous sentence: ``encode`` prepends it.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from torch.nn import functional as F
 from ffkv.errors import FfkvError
 from ffkv.models.attention import causal_attention
 from ffkv.models.loading import register_loader
+from ffkv.models.safe_load import load_checkpoint, plain
 
 MODEL_TYPE = "fairseq_transformer_lm"
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -429,33 +429,22 @@ def moses_split(token: str) -> list[str]:
 
 # -------------------------------------------------------------------- loading
 def _load_checkpoint(path: Path) -> dict:
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - newer checkpoints pickle omegaconf configs; trust the user's file
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except ModuleNotFoundError as exc:
-            raise FfkvError(
-                f"{str(path)!r} needs the Python module {exc.name!r} to unpickle its config; pip install it"
-            ) from None
-        except Exception as exc:  # noqa: BLE001
-            raise FfkvError(f"cannot read fairseq checkpoint {str(path)!r}: {exc}".splitlines()[0]) from None
+    """A fairseq checkpoint's contents, read without running code from it (`ffkv.models.safe_load`): the
+    paper's stores its settings as an argparse.Namespace, newer ones as an omegaconf config (read inert)."""
+    ckpt = load_checkpoint(path, what="fairseq checkpoint")
+    if not isinstance(ckpt, dict):
+        raise FfkvError(f"{str(path)!r} is not a fairseq checkpoint: it holds a {type(ckpt).__name__}, not a dict")
+    return ckpt
 
 
 def _model_args(ckpt: dict) -> dict:
     """The model's hyperparameters as a plain dict, from 'args' (old) or 'cfg'['model'] (newer)."""
-    source = ckpt.get("args")
-    if source is None and ckpt.get("cfg") is not None:
-        cfg = ckpt["cfg"]
-        source = cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)
-    if source is None:
-        return {}
-    if isinstance(source, dict):
-        return dict(source)
-    if hasattr(source, "items"):  # omegaconf DictConfig
-        return {k: v for k, v in source.items()}
-    return dict(vars(source))
+    args = plain(ckpt.get("args"))
+    if isinstance(args, dict):
+        return args
+    cfg = plain(ckpt.get("cfg"))
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    return dict(model) if isinstance(model, dict) else {}
 
 
 def _upgrade(state: dict) -> dict:

@@ -319,7 +319,9 @@ def train(
 
     state = None
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        state = load_checkpoint(ckpt_path, what="training checkpoint")
+        if not isinstance(state, dict) or not {"options", "corpus_sha256", "model", "optimizer", "rng"} <= set(state):
+            raise FfkvError(f"{str(ckpt_path)!r} is not a checkpoint of `ffkv train`; choose another --out")
         if state["options"] != asdict(options) or state["corpus_sha256"] != fingerprint:
             raise FfkvError(
                 f"the checkpoint in {str(out)!r} was made with other options or another corpus; "

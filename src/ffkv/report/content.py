@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
 from ffkv.presentation import findings
 from ffkv.presentation.tables import TableView, table_view
+from ffkv.store.integrity import Problem
 from ffkv.store.run import RunDir
 
 #: The experiments of `ffkv analyze`, in the paper's order (the report follows it), with their titles.
@@ -103,6 +104,7 @@ class Section:
     warnings: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     listed: list[tuple[str, int]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # tables and figures not computed, each with its command
 
 
 def _text(value: Any) -> str:
@@ -117,22 +119,28 @@ def _reading(name: str, table: pd.DataFrame | None) -> str | None:
     return findings.reading(name, table)
 
 
-def build_sections(run: RunDir) -> list[Section]:
-    """The report's sections: one per experiment (then one per table or figure of no known experiment)."""
+def build_sections(run: RunDir, problems: Sequence[Problem] = ()) -> list[Section]:
+    """The report's sections: one per experiment (then one per table or figure of no known experiment).
+
+    `problems` (`ffkv.store.integrity.survey`) mark their sections: a table or figure that is missing as not
+    computed, with the command that writes it; a table out of date with a warning.
+    """
     metrics, figures = set(run.metric_names()) - set(SHOWN_APART), run.figure_names()
-    names = sorted(metrics | set(figures), key=order_key)
+    marks = [p for p in problems if p.path.startswith(("metrics/", "figures/")) and p.state in ("missing", "out of date")]
+    names = sorted(metrics | set(figures) | {Path(p.path).stem for p in marks}, key=order_key)
     sections: dict[str, Section] = {}
     for name in names:
         group = experiment_of(name)
         section = sections.setdefault(group, Section(group, EXPERIMENTS.get(group, group.replace("_", " "))))
+        for mark in (p for p in marks if Path(p.path).stem == name):
+            if mark.state == "missing":
+                section.missing.append(f"not computed: {mark.path} is missing; {mark.fix}")
+            else:
+                section.warnings.append(f"{mark.path} is {mark.state} ({mark.why}): {mark.fix}")
         table = None
         if name in metrics:
-            try:
-                table = run.read_metric(name)
-                description = run.metric_description(name)
-            except Exception as exc:  # noqa: BLE001 - one unreadable table must not sink the report
-                section.warnings.append(f"metrics/{name}.parquet cannot be read: {exc}")
-                continue
+            table = run.read_metric(name)  # a damaged table is refused with one line (`ffkv.errors.DamagedRun`)
+            description = run.metric_description(name)
             section.warnings += [str(w) for w in description.get("warnings", []) or []]
             if name == group:
                 section.how = [(k.replace("_", " "), _text(description[k])) for k in HOW_FIELDS if k in description]

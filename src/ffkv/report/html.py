@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import time
+import warnings
 from pathlib import Path
 
 import duckdb
@@ -27,7 +28,9 @@ from ffkv.presentation.style import CSS, layer_number, percent
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.report.content import build_sections
+from ffkv.errors import DamagedRun, FfkvWarning
 from ffkv.store import atomic
+from ffkv.store.integrity import Problem, cut_off, survey
 from ffkv.store.annotations import read_labels
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
@@ -45,6 +48,7 @@ section.analysis { border-top: 1px solid var(--line); margin-top: 2rem; }
 <h1>Feed-forward layers as key-value memories: {{ run_name }}</h1>
 <p class="muted">ffkv {{ version }} · generated {{ generated }} · after Geva, Schuster, Berant and Levy,
 <em>Transformer Feed-Forward Layers Are Key-Value Memories</em> (EMNLP 2021).</p>
+{% for n in notices %}<div class="warning" id="notice-{{ loop.index }}"><strong>Warning:</strong> {{ n }}</div>{% endfor %}
 <h2>The run</h2>
 <dl class="run" id="run">{% for k, v in run_rows %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
 <p class="note" id="numbering">{{ numbering }}</p>
@@ -63,6 +67,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% if not sections %}<p id="no-analyses">No analyses yet: run <code>ffkv analyze {{ run_path }}</code>, then
 <code>ffkv report {{ run_path }}</code> again.</p>{% endif %}
 {% for s in sections %}<section class="analysis" id="analysis-{{ s.name }}"><h3>{{ s.title }}</h3>
+{% for m in s.missing %}<div class="warning missing"><strong>Missing:</strong> {{ m }}</div>{% endfor %}
 {% for w in s.warnings %}<div class="warning"><strong>Warning:</strong> {{ w }}</div>{% endfor %}
 {% for f in s.figures %}<div class="figure-block"><figure><img class="figure" src="{{ images[f.name] }}" alt="figure {{ f.name }}"><figcaption class="small muted">figures/{{ f.name }}.png</figcaption></figure>
 <div>{% if f.finding %}<div class="finding"><strong>Paper{% if f.paper_figure %} ({{ f.paper_figure }}){% endif %}:</strong> {{ f.finding }}</div>{% endif %}
@@ -126,6 +131,26 @@ def _run_rows(manifest: Manifest) -> list[tuple[str, str]]:
     return rows
 
 
+def check_run(run: RunDir, manifest: Manifest) -> tuple[list[Problem], list[str]]:
+    """The run's problems the report marks (missing, out of date), and the notices it opens with; a damaged
+    table is refused (`DamagedRun`, naming it and the command that rewrites it). Each mark is also a warning."""
+    problems = survey(run, manifest)
+    damaged = [p for p in problems if p.state == "damaged"]
+    if damaged:
+        more = f" (and {len(damaged) - 1} more: `ffkv status {run.path}` lists them)" if len(damaged) > 1 else ""
+        raise DamagedRun(f"{damaged[0].line(run.path)}{more}; no report was written")
+    notices = []
+    stopped = cut_off(run, manifest)
+    if stopped is not None:
+        notices.append(stopped.line(run.path))
+    for line in notices:
+        warnings.warn(line, FfkvWarning, stacklevel=3)
+    for p in problems:
+        if p.path.startswith(("metrics/", "figures/")):  # the explorer's tables are no part of the report
+            warnings.warn(f"the report marks {p.line(run.path)}", FfkvWarning, stacklevel=3)
+    return problems, notices
+
+
 def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000") -> Path:
     """Write RUN/report.html (atomically) and return its path.
 
@@ -135,7 +160,8 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     """
     run = RunDir(run_dir)
     manifest = run.require_complete()
-    sections = build_sections(run)
+    problems, notices = check_run(run, manifest)
+    sections = build_sections(run, problems)
     images = {f.name: _data_uri(f.path) for s in sections for f in s.figures}
     tables = {t.name: table_html(t.view) for s in sections for t in s.tables}
     summary = layer_summary(run)
@@ -149,6 +175,7 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
         top_k=manifest.top_k, uniform=percent(1 / manifest.model.vocab_size), has_stats="agreement_rate" in summary.columns,
         layer_table=table_html(table_view(summary, titles=LAYER_TITLES), id="layers"),
         fidelity=fidelity, annotations=annotations, sections=sections, images=images, tables=tables,
+        notices=notices,
     )
     path = run.report_path
     atomic.write_bytes(path, page.encode("utf-8"))

@@ -20,20 +20,31 @@ import filelock
 import pandas as pd
 import pyarrow as pa
 
-from ffkv.errors import FfkvError
-from ffkv.store import atomic, schemas
+from ffkv.errors import DamagedRun, FfkvError, one_line
+from ffkv.store import atomic, integrity, schemas
 from ffkv.store.run import RunDir
 
 #: The pattern labels of SPEC section 4.
 LABELS = ("shallow", "semantic", "both", "none")
 
 
+#: What to do about a damaged labels table: only its annotators can write it again.
+RESTORE = "restore it from a copy, or move it away to start the labels again"
+
+
 def read_labels(run_dir: str | Path) -> pd.DataFrame:
-    """All human labels of a run (empty, with the columns, when there are none)."""
-    path = RunDir(run_dir).annotations_path
+    """All human labels of a run (empty, with the columns, when there are none); a damaged table is refused
+    with one line (`DamagedRun`)."""
+    run = RunDir(run_dir)
+    path = run.annotations_path
     if not path.exists():
         return schemas.LABELS.empty_table().to_pandas()
-    return pd.read_parquet(path)
+    rel = str(path.relative_to(run.path))
+    integrity.require(run.path, rel, None, RESTORE, schemas.LABELS)
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as error:
+        raise DamagedRun(f"{path} is damaged (it cannot be read: {one_line(error)}): {RESTORE}") from None
 
 
 def consensus(labels: pd.DataFrame) -> pd.DataFrame:
@@ -104,8 +115,7 @@ class Annotations:
         new = pd.DataFrame(rows)
         lock = self._lock()
         try:
-            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by a killed save
-                stale.unlink(missing_ok=True)
+            atomic.clean_stale(self.path.parent, self.path.name)  # left by a killed save
             table = self.all()
             replaced = table.set_index(["layer", "key", "annotator"]).index.isin(
                 new.set_index(["layer", "key", "annotator"]).index)
@@ -117,6 +127,30 @@ class Annotations:
         return rows
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    """A labelled CSV as text columns, or one line saying why it is not one."""
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    except UnicodeDecodeError:
+        raise FfkvError(f"annotation file {path} is not UTF-8 text: give the CSV of `ffkv annotate export`, "
+                        "saved as CSV (UTF-8)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
+        raise FfkvError(f"annotation file {path} is not a CSV table ({str(error).splitlines()[0]})") from None
+
+
+def _check_range(table: pd.DataFrame, column: str, size: int, path: Path) -> None:
+    """Every row's `column` an integer in [0, size) (0-based, as in the exported CSV), or one line naming the row."""
+    values = table[column].str.strip()
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = numbers.isna() | (numbers % 1 != 0) | (numbers < 0) | (numbers >= size)
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        what = "is not an integer" if pd.isna(numbers.iloc[row]) or numbers.iloc[row] % 1 else \
+            f"is not a {column} of this run (0 to {size - 1}, 0-based as in the exported CSV)"
+        raise FfkvError(f"annotation file {path}, line {row + 2}: {column} {values.iloc[row][:40]!r} {what}")
+    table[column] = numbers.astype("int64")
+
+
 def import_csv(run_dir: str | Path, path: str | Path, annotator: str = "") -> int:
     """Store the labels of a filled-in annotation CSV (see `ffkv annotate export`); returns the key count.
 
@@ -126,10 +160,13 @@ def import_csv(run_dir: str | Path, path: str | Path, annotator: str = "") -> in
     path = Path(path)
     if not path.is_file():
         raise FfkvError(f"annotation file {path} does not exist")
-    table = pd.read_csv(path, dtype={"label": str, "description": str}, keep_default_na=False)
+    shape = RunDir(run_dir).require_complete().model
+    table = _read_csv(path)
     missing = {"layer", "key", "label"} - set(table.columns)
     if missing:
         raise FfkvError(f"annotation file {path} lacks column(s) {', '.join(sorted(missing))}")
+    for column, size in (("layer", shape.n_layers), ("key", shape.d_m)):
+        _check_range(table, column, size, path)
     table["label"] = table["label"].str.strip().str.lower()
     labelled = table[table["label"] != ""]
     bad = sorted(set(labelled["label"]) - set(LABELS))

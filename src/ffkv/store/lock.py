@@ -21,7 +21,7 @@ from typing import Iterator
 
 import filelock
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, StorageError
 
 
 def now_iso() -> str:
@@ -91,7 +91,7 @@ def _write_holder(path: Path, holder: Holder) -> None:
 
 def _cannot_lock(path: Path, error: OSError) -> FfkvError:
     reason = error.strerror or str(error)
-    return FfkvError(f"cannot lock the run directory {path.parent} ({reason}): a command that writes a run "
+    return StorageError(f"cannot lock the run directory {path.parent} ({reason}): a command that writes a run "
                      "needs it writable")
 
 

@@ -57,6 +57,17 @@ def _require(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], 
     return value
 
 
+def _objects(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    """An optional field holding name -> object (`analyses`, `tables`), checked."""
+    value = data.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where}: field {name!r} should be dict, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(item, Mapping):
+            raise ManifestError(f"{where}: field {name!r}: {key!r} should be dict, got {type(item).__name__}")
+    return value
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """The analysed model's shape and kind (manifest["model"])."""
@@ -193,6 +204,11 @@ class Manifest:
         timings: index_seconds, and more.
         counts: examples and tokens, once complete.
         analyses: per experiment of `ffkv analyze`, what it wrote and how.
+        tables: per table written (path relative to the run), its size, rows, columns, sha256 and the
+            step that wrote it (`ffkv.store.integrity.describe`), checked before each read.
+        analyzing: while an `ffkv analyze` runs (and after one that did not finish): its ``steps``, those
+            ``done``, its ``status`` (running, interrupted, failed), ``error`` and ``process``; absent after
+            an analyze that finished.
         updated: when the manifest was last written (ISO 8601).
         merged_from: the shard runs a merged run was made from.
         extra: fields this ffkv does not know, kept as they were.
@@ -209,6 +225,8 @@ class Manifest:
     timings: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     analyses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    analyzing: dict[str, Any] | None = None
     updated: str | None = None
     merged_from: list[str] | None = None
     format_version: int = FORMAT_VERSION
@@ -239,6 +257,14 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "manifest.json") -> "Manifest":
         """Validate and type a manifest read from JSON; `where` names it in errors."""
+        try:
+            return cls._parse(data, where)
+        except (TypeError, ValueError, AttributeError) as error:  # a field of the wrong shape, deeper down
+            raise ManifestError(f"{where} cannot be read: {type(error).__name__}: {str(error).splitlines()[0]}") \
+                from None
+
+    @classmethod
+    def _parse(cls, data: Mapping[str, Any], where: str) -> "Manifest":
         if not isinstance(data, Mapping):
             raise ManifestError(f"{where} should hold a JSON object, got {type(data).__name__}")
         version = _require(data, "format_version", int, where)
@@ -254,9 +280,11 @@ class Manifest:
         if status not in STATUSES:
             raise ManifestError(f"{where}: status {status!r} is not one of {', '.join(STATUSES)}")
         known = {f.name for f in fields(cls)} - {"extra"}
-        analyses = data.get("analyses") or {}
-        if not isinstance(analyses, Mapping):
-            raise ManifestError(f"{where}: field 'analyses' should be dict, got {type(analyses).__name__}")
+        analyses = _objects(data, "analyses", where)
+        tables = _objects(data, "tables", where)
+        analyzing = data.get("analyzing")
+        if analyzing is not None and not isinstance(analyzing, Mapping):
+            raise ManifestError(f"{where}: field 'analyzing' should be an object, got {type(analyzing).__name__}")
         return cls(
             identity=Identity.from_dict(_require(data, "identity", dict, where), where),
             model=ModelInfo.from_dict(_require(data, "model", dict, where), where),
@@ -269,6 +297,8 @@ class Manifest:
             timings=dict(data.get("timings") or {}),
             counts=dict(data.get("counts") or {}),
             analyses={str(k): dict(v) for k, v in analyses.items()},
+            tables={str(k): dict(v) for k, v in tables.items()},
+            analyzing=dict(analyzing) if analyzing is not None else None,
             updated=data.get("updated"),
             merged_from=list(data["merged_from"]) if data.get("merged_from") is not None else None,
             format_version=version,
@@ -292,6 +322,10 @@ class Manifest:
             out["counts"] = dict(self.counts)
         if self.analyses:
             out["analyses"] = {k: dict(v) for k, v in self.analyses.items()}
+        if self.tables:
+            out["tables"] = {k: dict(v) for k, v in self.tables.items()}
+        if self.analyzing is not None:
+            out["analyzing"] = dict(self.analyzing)
         if self.merged_from is not None:
             out["merged_from"] = list(self.merged_from)
         out.update(self.extra)

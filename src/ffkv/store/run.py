@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ffkv.errors import FfkvError, one_line
-from ffkv.store import atomic, schemas
+from ffkv.errors import DamagedRun, FfkvError, StorageError, one_line
+from ffkv.store import atomic, integrity, schemas
 from ffkv.store.lock import Holder, exclusive, now_iso
 from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, Process
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: `ffkv index` neve
 LOCK_NAME = ".lock"
 
 #: Key of a metrics table's schema metadata that holds how it was computed (JSON).
-DESCRIPTION_KEY = b"ffkv"
+DESCRIPTION_KEY = integrity.DESCRIPTION_KEY
 
 
 class RunDir:
@@ -124,8 +124,8 @@ class RunDir:
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as error:
-                raise FfkvError(f"cannot create the run directory {self.path} ({error.strerror}): "
-                                "choose another --out") from None
+                raise StorageError(f"cannot create the run directory {self.path} ({error.strerror}): "
+                                   "choose another --out") from None
         elif not self.path.is_dir():
             raise FfkvError(f"{self.path} is not an ffkv run directory (no such folder); run `ffkv index` first")
         with exclusive(self.lock_path, command, f"run {self.path}") as holder:
@@ -142,10 +142,9 @@ class RunDir:
             pass
         if complete and self.partial.is_dir():
             shutil.rmtree(self.partial, ignore_errors=True)
-        for folder in (self.path, self.partial, self.metrics_dir, self.figures_dir):
-            if folder.is_dir():
-                for tmp in folder.glob(".*.tmp"):
-                    tmp.unlink(missing_ok=True)
+        for folder in (self.path, self.partial, self.metrics_dir, self.figures_dir, self.cache_dir,
+                       self.annotations_path.parent, self.path / "translators"):
+            atomic.clean_stale(folder)
 
     # ------------------------------------------------------------- manifest
     def exists(self) -> bool:
@@ -157,8 +156,11 @@ class RunDir:
             raise FfkvError(f"{self.path} is not an ffkv run directory (no manifest.json); run `ffkv index` first")
         try:
             data = json.loads(self.manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise FfkvError(f"cannot read {self.manifest_path}: {exc}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.manifest_path}: {one_line(exc)}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DamagedRun(f"cannot read {self.manifest_path}: it is damaged (not JSON: {str(exc).splitlines()[0]}),"
+                             " and a run cannot be read without its manifest") from None
         return Manifest.from_dict(data, str(self.manifest_path))
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -177,7 +179,7 @@ class RunDir:
         return manifest
 
     def require_complete(self) -> Manifest:
-        """The manifest of a finished index, or an error saying what to do."""
+        """The manifest of a finished index whose two tables read as written, or an error saying what to do."""
         if self.path.exists() and not self.path.is_dir():
             raise FfkvError(f"{self.path} is a file; give a run directory")
         manifest = self.manifest()
@@ -186,7 +188,32 @@ class RunDir:
                 f"run {self.path} is not complete (status {manifest.status!r}); "
                 "finish it with `ffkv index ... --resume`"
             )
+        for rel in integrity.INDEX_TABLES:
+            self.require_table(rel, manifest)
         return manifest
+
+    # ------------------------------------------------------------ integrity
+    def require_table(self, rel: str, manifest: Manifest | None = None) -> None:
+        """Raise `DamagedRun` naming the file and the command that rewrites it unless the table `rel`
+        (``examples.parquet``, ``metrics/values.parquet``) reads as recorded when written
+        (`ffkv.store.integrity`: its size, footer, rows, columns and own name; no hashing)."""
+        manifest = manifest or self.manifest()
+        step = integrity.step_of(manifest, rel) if rel.startswith("metrics/") else None
+        integrity.require(self.path, rel, manifest.tables.get(rel), integrity.rewrite_command(self.path, rel, step),
+                          schemas.INDEX_EXPECTED.get(rel))
+
+    def record_table(self, manifest: Manifest, rel: str, step: str) -> None:
+        """Record in `manifest` (not yet written) what the table `rel` is, just written by `step`."""
+        manifest.tables[rel] = integrity.describe(self.path / rel, step)
+
+    def _damaged(self, rel: str, error: BaseException) -> DamagedRun:
+        """The one line for a table that passed the footer check but failed to read."""
+        try:
+            step = integrity.step_of(self.manifest(), rel) if rel.startswith("metrics/") else None
+        except FfkvError:
+            step = None
+        return DamagedRun(f"{self.path / rel} is damaged (it cannot be read: {one_line(error)}): "
+                          f"{integrity.rewrite_command(self.path, rel, step)}")
 
     def prepare(self, identity: Identity, resume: bool) -> Manifest | None:
         """Check that the folder can hold this run; return the existing manifest when resuming.
@@ -238,7 +265,8 @@ class RunDir:
             marked = self._stopped(manifest, "failed", one_line(error))
             if isinstance(error, OSError):
                 state = "is marked failed" if marked else "could not be marked failed (`ffkv status` shows it stopped)"
-                raise FfkvError(f"{one_line(error)}; the run in {self.path} {state}: fix that, then {again}") from error
+                raise StorageError(f"{one_line(error)}; the run in {self.path} {state}: fix that, then {again}") \
+                    from error
             raise
 
     def heartbeat(self, manifest: Manifest) -> None:
@@ -275,7 +303,10 @@ class RunDir:
         if direction not in (*schemas.DIRECTIONS, "both"):
             raise FfkvError(f"direction must be one of {', '.join(schemas.DIRECTIONS)} or both, got {direction!r}")
         path = self.table("trigger_examples")
-        signed = "direction" in pq.read_schema(path).names
+        try:
+            signed = "direction" in pq.read_schema(path).names
+        except (pa.ArrowException, OSError) as error:
+            raise self._damaged(path.name, error) from None
         if direction == "negative" and not signed:
             raise FfkvError(f"{self.path} holds only the positive trigger direction (indexed before ffkv kept "
                             "both); index again to get the negative one")
@@ -284,7 +315,10 @@ class RunDir:
             wanted.append(("direction", "=", schemas.DIRECTIONS[direction]))
         import pandas as pd
 
-        df = pd.read_parquet(path, filters=wanted or None)
+        try:
+            df = pd.read_parquet(path, filters=wanted or None)
+        except (pa.ArrowException, OSError) as error:
+            raise self._damaged(path.name, error) from None
         if not signed:
             df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
         elif direction == "negative" and not len(df) and self.manifest().sign != "both":
@@ -301,26 +335,46 @@ class RunDir:
         return self.metric_path(name).is_file()
 
     def read_metric(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
-        """A metrics table by name, or a clear error naming the experiment that writes it."""
+        """A metrics table by name, checked against its record (`require_table`), or a clear error naming the
+        experiment that writes it."""
         path = self.metric_path(name)
         if not path.is_file():
-            raise FfkvError(f"{self.path} has no metrics table {name!r}; run `ffkv analyze {self.path}` first")
+            manifest = self.manifest()
+            step = integrity.step_of(manifest, f"metrics/{name}.parquet")
+            if step is None:
+                raise FfkvError(f"{self.path} has no metrics table {name!r}; run `ffkv analyze {self.path}` first")
+        self.require_table(f"metrics/{name}.parquet")
         import pandas as pd
 
-        return pd.read_parquet(path, columns=columns)
+        lacking = sorted(set(columns or ()) - set(pq.read_schema(path).names))
+        if lacking:
+            raise self._damaged(f"metrics/{name}.parquet", ValueError(f"no column {', '.join(lacking)}"))
+        try:
+            return pd.read_parquet(path, columns=columns)
+        except (pa.ArrowException, OSError) as error:
+            raise self._damaged(f"metrics/{name}.parquet", error) from None
 
     def metric_description(self, name: str) -> dict[str, Any]:
         """How a metrics table was computed: the JSON in its schema metadata (empty when absent)."""
-        meta = pq.read_schema(self.metric_path(name)).metadata or {}
-        return json.loads(meta.get(DESCRIPTION_KEY, b"{}"))
+        try:
+            meta = pq.read_schema(self.metric_path(name)).metadata or {}
+            return json.loads(meta.get(DESCRIPTION_KEY, b"{}"))
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise self._damaged(f"metrics/{name}.parquet", error) from None
 
-    def write_metric(self, name: str, table: pd.DataFrame, description: Mapping[str, Any]) -> Path:
-        """Write RUN/metrics/NAME.parquet atomically, with `description` in its schema metadata."""
+    def write_metric(self, name: str, table: pd.DataFrame, description: Mapping[str, Any],
+                     step: str | None = None) -> Path:
+        """Write RUN/metrics/NAME.parquet atomically, with `description` in its schema metadata, and record it in
+        the manifest (`record_table`; `step`: the `ffkv analyze` experiment that writes it, default `name`).
+        Call it holding the run's lock."""
         arrow = pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
         metadata = dict(arrow.schema.metadata or {})
         metadata[DESCRIPTION_KEY] = json.dumps({"name": name, **description}, default=str).encode()
         path = self.metric_path(name)
         atomic.write_parquet(path, arrow.replace_schema_metadata(metadata))
+        manifest = self.manifest()
+        self.record_table(manifest, f"metrics/{name}.parquet", step or name)
+        self.write_manifest(manifest)
         return path
 
     # --------------------------------------------------------------- figures

@@ -26,6 +26,13 @@ TRIGGER_EXAMPLES = pa.schema([
     ("next_token_id", pa.int32()),
 ])
 
+#: What a reader needs of each index table (relative path -> columns): trigger_examples of format 1 and 2
+#: have no `direction` column, so it is not required.
+INDEX_EXPECTED = {
+    "examples.parquet": EXAMPLES,
+    "trigger_examples.parquet": TRIGGER_EXAMPLES.remove(TRIGGER_EXAMPLES.get_field_index("direction")),
+}
+
 #: Values of trigger_examples' `direction`, by name: +1 the largest coefficients of a key, -1 the most negative
 #: ones (indexed with `--sign both`). Tables of format 1 and 2 have no such column: every row there is +1.
 DIRECTIONS = {"positive": 1, "negative": -1}

@@ -11,15 +11,23 @@ another host the heartbeat's age is all there is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from ffkv.store.integrity import CutOff, Problem, cut_off, survey
 from ffkv.store.lock import Holder, probe, read_holder
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 RESUME = "continue it: rerun the command that started it, adding --resume"
+#: `ffkv merge` has no --resume: run again, it redoes the merge (which is deterministic) in the same --out.
+REMERGE = "finish it: rerun the same `ffkv merge` command (it merges again into the same --out)"
+
+
+def _again(manifest: Manifest) -> str:
+    """What to run to finish an unfinished run: the command that wrote it decides."""
+    return REMERGE if manifest.process is not None and manifest.process.command == "merge" else RESUME
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,9 @@ class RunState:
         alive: for a running run, whether its writer lives (None: cannot be told from here).
         writer: the process that holds the run's lock now (an index, or an analyze of a complete run).
         manifest: the manifest as recorded.
+        problems: of a complete run, its damaged, missing and out-of-date files (`ffkv.store.integrity.survey`).
+        cut_off: of a complete run, the `ffkv analyze` that did not finish (None: none, or it still runs).
+        verified: the tables were hashed (`run_state(verify=True)`).
     """
 
     path: Path
@@ -39,6 +50,9 @@ class RunState:
     alive: bool | None
     writer: Holder | None
     manifest: Manifest
+    problems: list[Problem] = field(default_factory=list)
+    cut_off: CutOff | None = None
+    verified: bool = False
 
     def lines(self) -> list[str]:
         """What `ffkv status` prints: the state on the first line, then details and what to do."""
@@ -47,24 +61,47 @@ class RunState:
         beat = f"last heartbeat {m.process.heartbeat} ({_ago(m.process.heartbeat)})" if m.process else ""
         if m.status == "running" and self.status == "interrupted":
             return [f"{self.path}: interrupted", f"  {process} stopped without saving (killed or crashed); {beat}",
-                    f"  {RESUME}"]
+                    f"  {_again(m)}"]
         if self.status == "running":
             live = {True: "alive", False: "not alive", None: "cannot tell from here whether it is alive"}[self.alive]
             return [f"{self.path}: running", f"  written by {process}: {live}; {beat}"]
         if self.status == "failed":
-            return [f"{self.path}: failed", f"  error: {m.error or 'not recorded'}", f"  {RESUME}"]
+            return [f"{self.path}: failed", f"  error: {m.error or 'not recorded'}", f"  {_again(m)}"]
         if self.status == "interrupted":
             return [f"{self.path}: interrupted", f"  stopped by Ctrl-C at a checkpoint; {beat}".rstrip("; "),
-                    f"  {RESUME}"]
-        lines = [f"{self.path}: complete"]
+                    f"  {_again(m)}"]
+        flags = []
+        n_bad = sum(p.state != "out of date" for p in self.problems)
+        if n_bad:
+            flags.append(f"{n_bad} file{'s' if n_bad > 1 else ''} damaged or missing")
+        if self.cut_off is not None:
+            flags.append("its last analyze did not finish")
+        lines = [f"{self.path}: complete" + (f", but {' and '.join(flags)}" if flags else "")]
         if m.counts:
             lines.append(f"  {m.counts.get('examples', 0):,} examples, {m.counts.get('tokens', 0):,} tokens, "
                          f"top-{m.top_k}, model {m.model.id}")
-        if m.analyses:
-            lines.append(f"  analyses: {', '.join(sorted(m.analyses))}")
+        done = sorted(name for name, info in m.analyses.items() if not info.get("skipped"))
+        if done:
+            lines.append(f"  analyses: {', '.join(done)}")
+        for name, info in sorted(m.analyses.items()):
+            if info.get("skipped"):
+                lines.append(f"  skipped: {name}: {info['skipped']}")
+        if self.cut_off is not None:
+            lines.append(f"  {self.cut_off.line(self.path)}")
+        lines += [f"  {p.line(self.path)}" for p in self.problems]
+        if self.verified:
+            lines.append(f"  verified: every recorded table hashed ({len(m.tables)}), "
+                         + ("all as written" if not any(p.state == "damaged" for p in self.problems)
+                            else "see above"))
         if self.writer is not None:
             lines.append(f"  being written now by {self.writer.describe()}")
         return lines
+
+    @property
+    def damaged(self) -> bool:
+        """Whether `ffkv status` exits 3: a table damaged or missing, or an analyze cut off."""
+        return self.cut_off is not None or any(p.state != "out of date" for p in self.problems)
+
 
 
 def _ago(stamp: str) -> str:
@@ -78,8 +115,9 @@ def _ago(stamp: str) -> str:
     return f"{max(seconds, 0):.0f} s ago"
 
 
-def run_state(path: str | Path) -> RunState:
-    """The state of the run at `path` (an `FfkvError` when it is not a readable run)."""
+def run_state(path: str | Path, verify: bool = False) -> RunState:
+    """The state of the run at `path` (an `FfkvError` when it is not a readable run); `verify` also hashes
+    every recorded table of a complete run (`ffkv status --verify`)."""
     run = RunDir(path)
     manifest = run.manifest()
     held = probe(run.lock_path)
@@ -92,7 +130,10 @@ def run_state(path: str | Path) -> RunState:
             alive = held
         if alive is False:
             status = "interrupted"
-    return RunState(run.path, status, alive, writer, manifest)
+    if status != "complete":
+        return RunState(run.path, status, alive, writer, manifest)
+    return RunState(run.path, status, alive, writer, manifest, survey(run, manifest, verify, held),
+                    cut_off(run, manifest, held), verify)
 
 
 __all__ = ["RunState", "run_state"]

@@ -1,0 +1,283 @@
+"""Whether a run's tables are still the ones written: recorded at each write, checked before each read.
+
+Every Parquet table of a run (``examples``, ``trigger_examples``, ``metrics/NAME``) is recorded in
+manifest.json's ``tables`` when it is written (`describe`): its size in bytes, its rows, its columns
+(name and Arrow type), the SHA-256 of its bytes, and the step that wrote it (``index``, ``merge``, or
+the `ffkv analyze` experiment). Before a table is read, `problem` compares it with that record: the
+size, the Parquet footer, the rows, the columns, and for a metrics table the name it carries in its
+own metadata (a table copied over another is caught even without a record). That is a stat and a
+footer read; ``verify=True`` (`ffkv status --verify`) also hashes the bytes. A table of a run written
+before the records existed is checked against what its reader expects.
+
+`survey` lists what `ffkv status` and the report name: damaged, missing and out-of-date tables and
+figures, the explorer's lookup tables, and an `ffkv analyze` that was cut off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ffkv.errors import DamagedRun
+
+if TYPE_CHECKING:
+    from ffkv.store.manifest import Manifest
+    from ffkv.store.run import RunDir
+
+#: The index's tables (relative paths): they cannot be rewritten in place.
+INDEX_TABLES = ("examples.parquet", "trigger_examples.parquet")
+#: Metrics tables written by `ffkv analyze` itself at the end of every call, not by one experiment.
+EVERY_ANALYZE = ("fidelity", "encoder_applicability")
+#: Key of a metrics table's schema metadata that holds how it was computed (JSON, with its ``name``).
+DESCRIPTION_KEY = b"ffkv"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while piece := handle.read(_CHUNK):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def columns_of(schema: pa.Schema) -> dict[str, str]:
+    """A schema's columns as ``{name: Arrow type}``, in order (its metadata left out)."""
+    return {field.name: _type(field.type) for field in schema}
+
+
+def _type(kind: pa.DataType) -> str:
+    """An Arrow type as text, a list's item field unnamed (Parquet names it ``element``, Arrow ``item``)."""
+    return str(kind).replace("<element: ", "<item: ")
+
+
+def describe(path: str | Path, step: str) -> dict[str, Any]:
+    """The record of a table just written: size, rows, columns, sha256, and `step` (what writes it)."""
+    path = Path(path)
+    meta = pq.read_metadata(path)
+    return {"size": path.stat().st_size, "rows": meta.num_rows, "columns": columns_of(meta.schema.to_arrow_schema()),
+            "sha256": sha256_file(path), "step": step}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is wrong with one file of a run, and the command that makes it right.
+
+    Attributes:
+        path: the file, relative to the run (``metrics/values.parquet``).
+        state: ``missing``, ``damaged`` or ``out of date``.
+        why: what was found (empty for a missing file).
+        fix: what to run, in words with the command.
+    """
+
+    path: str
+    state: str
+    why: str
+    fix: str
+
+    def line(self, run: str | Path) -> str:
+        why = f" ({self.why})" if self.why else ""
+        return f"{Path(run) / self.path} is {self.state}{why}: {self.fix}"
+
+
+def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
+    """How a table of the run is written again: by its `ffkv analyze` step, or (an index table) not in place."""
+    if rel in INDEX_TABLES:
+        return ("the index cannot be rewritten in place: index the corpus again into a new folder "
+                f"(`ffkv index`, with the options in {Path(run) / 'manifest.json'})")
+    if step is None or step in EVERY_ANALYZE:
+        return f"rewrite it with `ffkv analyze {run} --only lookups` (it is written at the end of every analyze)"
+    return f"rewrite it with `ffkv analyze {run} --only {step}`"
+
+
+def step_of(manifest: Manifest, rel: str) -> str | None:
+    """The `ffkv analyze` step that writes the table `rel` (``metrics/NAME.parquet``): its record's, else the
+    experiment whose manifest entry lists it, else the longest experiment name it starts with."""
+    record = manifest.tables.get(rel)
+    if record and record.get("step"):
+        return str(record["step"])
+    name = Path(rel).stem
+    for experiment, info in manifest.analyses.items():
+        if name in (info.get("tables") or ()):
+            return experiment
+    for experiment in sorted(manifest.analyses, key=len, reverse=True):
+        if name == experiment or name.startswith(experiment + "_"):
+            return experiment
+    return None
+
+
+def problem(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: str,
+            expected: pa.Schema | None = None, verify: bool = False) -> Problem | None:
+    """What is wrong with the table `rel` of the run at `root`, or None when it reads as written.
+
+    Args:
+        record: the table's record in the manifest (None: a run written before records, or a table
+            never recorded); without it the file is checked against `expected` and its own name only.
+        fix: the command that rewrites it (`rewrite_command`), for the problem's line.
+        expected: the columns its reader needs (a schema; extra columns are allowed).
+        verify: also hash the bytes and compare them with the record.
+    """
+    path = Path(root) / rel
+    if not path.is_file():
+        return Problem(rel, "missing", "", fix)
+
+    def damaged(why: str) -> Problem:
+        return Problem(rel, "damaged", why, fix)
+
+    size = path.stat().st_size
+    if record is not None and size != record.get("size"):
+        return damaged(f"{size:,} bytes; {int(record.get('size', 0)):,} when it was written")
+    try:
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError, ValueError):
+        return damaged("not a whole Parquet file")
+    columns = columns_of(schema)
+    name = Path(rel).stem
+    own = _own_name(schema)
+    if rel.startswith("metrics/") and own is not None and own != name:
+        return damaged(f"it holds the table {own!r}, not {name!r}")
+    if record is not None:
+        if columns != record.get("columns"):
+            return damaged("its columns are not those written: " + _difference(record.get("columns") or {}, columns))
+        if meta.num_rows != record.get("rows"):
+            return damaged(f"{meta.num_rows:,} rows; {int(record.get('rows', 0)):,} when it was written")
+    if expected is not None:
+        lacking = [f.name for f in expected if columns.get(f.name) != _type(f.type)]
+        if lacking:
+            return damaged(f"it lacks the column(s) {', '.join(lacking)} of type "
+                           f"{', '.join(str(expected.field(n).type) for n in lacking)}")
+    if verify and record is not None and record.get("sha256") and sha256_file(path) != record["sha256"]:
+        return damaged("its bytes differ from those written (SHA-256)")
+    return None
+
+
+def _own_name(schema: pa.Schema) -> str | None:
+    raw = (schema.metadata or {}).get(DESCRIPTION_KEY)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw).get("name")
+    except (ValueError, AttributeError):
+        return None
+    return str(value) if value is not None else None
+
+
+def _difference(written: Mapping[str, str], found: Mapping[str, str]) -> str:
+    gone = [c for c in written if c not in found]
+    new = [c for c in found if c not in written]
+    changed = [c for c in written if c in found and written[c] != found[c]]
+    parts = [f"{label} {', '.join(cols[:4])}{'...' if len(cols) > 4 else ''}"
+             for label, cols in (("without", gone), ("with", new), ("other types of", changed)) if cols]
+    return "; ".join(parts) or "in another order"
+
+
+def require(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: str,
+            expected: pa.Schema | None = None) -> None:
+    """Raise `DamagedRun` (one line naming the file and `fix`) unless the table reads as written."""
+    found = problem(root, rel, record, fix, expected)
+    if found is not None:
+        raise DamagedRun(found.line(root))
+
+
+# ---------------------------------------------------------------------------------------- the whole run
+@dataclass(frozen=True)
+class CutOff:
+    """An `ffkv analyze` that did not finish: how it stopped, the steps it ran and those it did not."""
+
+    how: str
+    steps: list[str]
+    done: list[str]
+    error: str | None
+
+    @property
+    def not_done(self) -> list[str]:
+        return [s for s in self.steps if s not in self.done]
+
+    def line(self, run: str | Path) -> str:
+        how = {"interrupted": "was interrupted (Ctrl-C)", "failed": f"failed ({self.error or 'error not recorded'})",
+               "running": "was cut off (killed or crashed)"}[self.how]
+        if not self.not_done:
+            return (f"the last `ffkv analyze` {how} after its last step, before the fidelity table: rerun "
+                    f"`ffkv analyze {run} --only lookups`")
+        done = f"{len(self.done)} of {len(self.steps)} steps done ({', '.join(self.done)})" if self.done \
+            else f"none of its {len(self.steps)} steps done"
+        return (f"the last `ffkv analyze` {how}: {done}; the tables of the others are from an earlier analyze or "
+                f"missing: rerun `ffkv analyze {run} --only {','.join(self.not_done)}`")
+
+
+def cut_off(run: RunDir, manifest: Manifest, writer_alive: bool | None = None) -> CutOff | None:
+    """The analyze that stopped before its end (`Manifest.analyzing`), or None: none did, or it still runs
+    (`writer_alive`: whether the run's lock is held now; None: cannot be told, then its process is asked)."""
+    info = manifest.analyzing
+    if not info:
+        return None
+    how = str(info.get("status", "running"))
+    if how == "running":
+        alive = writer_alive
+        if alive is None:
+            from ffkv.store.lock import Holder
+
+            process = info.get("process") or {}
+            try:
+                alive = Holder(int(process["pid"]), str(process["host"]), "analyze", str(process["started"])).alive()
+            except (KeyError, TypeError, ValueError):
+                alive = None
+        if alive is not False:
+            return None
+    return CutOff(how, [str(s) for s in info.get("steps", [])], [str(s) for s in info.get("done", [])],
+                  info.get("error"))
+
+
+def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: bool | None = None) -> list[Problem]:
+    """Every problem of a complete run: its tables (recorded, or listed by the analyses that wrote them),
+    its figures, the explorer's lookup tables, and tables left from before an analyze that was cut off."""
+    from ffkv.store import lookups
+    from ffkv.store.schemas import INDEX_EXPECTED
+
+    found: list[Problem] = []
+    listed: dict[str, str | None] = {rel: None for rel in INDEX_TABLES}
+    for experiment, info in manifest.analyses.items():
+        for name in info.get("tables") or ():
+            listed.setdefault(f"metrics/{name}.parquet", experiment)
+    for rel in manifest.tables:
+        listed.setdefault(rel, None)
+    for rel in listed:
+        step = step_of(manifest, rel) if rel.startswith("metrics/") else None
+        issue = problem(run.path, rel, manifest.tables.get(rel), rewrite_command(run.path, rel, step),
+                        INDEX_EXPECTED.get(rel), verify)
+        if issue is not None:
+            found.append(issue)
+    for experiment, info in manifest.analyses.items():
+        for name in info.get("figures") or ():
+            if not any(run.figure_path(name, fmt).is_file() for fmt in ("png", "svg")):
+                found.append(Problem(f"figures/{name}.png", "missing", "",
+                                     f"draw it again with `ffkv analyze {run.path} --only {experiment}`"))
+    stopped = cut_off(run, manifest, writer_alive)
+    if stopped is not None:
+        bad = {p.path for p in found}
+        for rel in manifest.tables:
+            step = step_of(manifest, rel)
+            if rel in bad or not rel.startswith("metrics/") or not (run.path / rel).is_file():
+                continue
+            if step in stopped.not_done or (step in EVERY_ANALYZE and stopped.done):
+                found.append(Problem(rel, "out of date", "from an analyze before the one that was cut off",
+                                     rewrite_command(run.path, rel, step if step not in EVERY_ANALYZE else None)))
+    if "lookups" in manifest.analyses and not manifest.analyses["lookups"].get("skipped"):
+        if lookups.find(run, manifest) is None:
+            state = "missing" if not run.cache_dir.is_dir() else "out of date"
+            found.append(Problem("explorer/", state, "the explorer's lookup tables",
+                                 f"rebuild them with `ffkv analyze {run.path} --only lookups` (or let `ffkv serve` "
+                                 "build them)"))
+    return found
+
+
+__all__ = ["CutOff", "EVERY_ANALYZE", "INDEX_TABLES", "Problem", "columns_of", "cut_off", "describe", "problem",
+           "require", "rewrite_command", "sha256_file", "step_of", "survey"]
