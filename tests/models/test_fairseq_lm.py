@@ -87,8 +87,14 @@ def _write_checkpoint(tmp_path, *, tied=True, old_names=False, final_norm=False,
         adaptive_input_cutoff="16,32", adaptive_softmax_cutoff="16,32", tie_adaptive_weights=tied,
         tie_adaptive_proj=tied, no_decoder_final_norm=not final_norm, max_target_positions=64,
     )
-    # Older checkpoints keep an argparse Namespace in 'args'; newer ones a config with a 'model' part.
-    torch.save({"cfg": {"model": vars(args)}, "model": sd} if cfg else {"args": args, "model": sd}, tmp_path / "model.pt")
+    # Older checkpoints keep an argparse Namespace in 'args'; newer ones a config with a 'model' part, a plain
+    # dict or (fairseq 0.10-0.11) an omegaconf DictConfig, pickled with omegaconf's own classes.
+    if cfg == "omegaconf":
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.create({"model": vars(args), "task": {"tokens_per_sample": 64}})
+    torch.save({"cfg": cfg if not isinstance(cfg, bool) else {"model": vars(args)}, "model": sd} if cfg
+               else {"args": args, "model": sd}, tmp_path / "model.pt")
     (tmp_path / "dict.txt").write_text("".join(f"{w} {1000 - i}\n" for i, w in enumerate(WORDS)))
     return sd
 
@@ -187,6 +193,23 @@ def test_right_padding_and_memory_view(tmp_path):
     from ffkv.memories.projection import logits
 
     torch.testing.assert_close(logits(view, out, "identity"), loaded.model(ids, mask).logits)
+
+
+def test_an_omegaconf_config_is_read_without_omegaconf(tmp_path):
+    """A newer fairseq checkpoint pickles its config with omegaconf's classes: it is read as inert stand-ins
+    (nothing of omegaconf runs), giving the same model as the argparse.Namespace of the paper's checkpoint."""
+    pytest.importorskip("omegaconf")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write_checkpoint(tmp_path / "a", cfg="omegaconf")
+    _write_checkpoint(tmp_path / "b")
+    import torch.serialization as ts
+
+    assert "omegaconf.dictconfig.DictConfig" in ts.get_unsafe_globals_in_checkpoint(str(tmp_path / "a" / "model.pt"))
+    new, old = load_model(str(tmp_path / "a")), load_model(str(tmp_path / "b"))
+    assert new.model.config.num_heads == HEADS and new.model.config.max_positions == 64  # from the config, not defaults
+    ids = torch.tensor([[2, 5, 17, 40, 33, 7]])
+    torch.testing.assert_close(new.model(ids).logits, old.model(ids).logits, rtol=0, atol=0)
 
 
 def test_dictionary_tokenizer(tmp_path):

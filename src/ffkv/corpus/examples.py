@@ -31,11 +31,13 @@ class Example:
         example_id: the unit's 0-based index in the source (stable across runs).
         token_ids: (T,) int32, as the tokenizer encodes the text, at most ``max_tokens``.
         text: the example's text (for a window, the decoded window).
+        cut: the text holds more than ``max_tokens`` tokens: `token_ids` are its first ``max_tokens``.
     """
 
     example_id: int
     token_ids: np.ndarray
     text: str
+    cut: bool = False
 
 
 @dataclass
@@ -85,10 +87,10 @@ def example_chunks(spec: CorpusSpec, tokenizer: Tokenizer, part: tuple[int, int]
 def _tokenized(spec: CorpusSpec, tokenizer: Tokenizer, units: list[_Unit]) -> list[Example]:
     todo = [u for u in units if u.token_ids is None]
     if todo:
-        for unit, ids in zip(todo, encode_many(tokenizer, [u.text for u in todo])):
+        for unit, ids in zip(todo, encode_many(tokenizer, [u.text for u in todo], spec.max_tokens)):
             unit.token_ids = list(ids)
     return [Example(u.example_id, np.asarray(u.token_ids[:spec.max_tokens], dtype=np.int32),
-                    u.text if u.text is not None else tokenizer.decode(u.token_ids))
+                    u.text if u.text is not None else tokenizer.decode(u.token_ids), len(u.token_ids) > spec.max_tokens)
             for u in units if len(u.token_ids) >= spec.min_tokens]
 
 
@@ -151,16 +153,52 @@ def iter_units(spec: CorpusSpec, tokenizer: Tokenizer | None) -> Iterator[_Unit]
                         "check the source and text_field")
 
 
-def _token_ids(unit: _Unit, tokenizer: Tokenizer) -> list[int]:
+def _token_ids(unit: _Unit, tokenizer: Tokenizer, max_tokens: int) -> list[int]:
     if unit.token_ids is None:
-        unit.token_ids = list(tokenizer.encode(unit.text))
+        unit.token_ids = list(encode_many(tokenizer, [unit.text], max_tokens)[0])
     return unit.token_ids
 
 
-def encode_many(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of several texts: the tokenizer's `encode_batch` where it has one, else `encode` each."""
+#: Characters per allowed token beyond which a text is tokenized by its prefixes (`encode_prefix`), not whole.
+LONG_TEXT_CHARS_PER_TOKEN = 64
+
+
+def encode_many(tokenizer: Tokenizer, texts: list[str], max_tokens: int | None = None) -> list[list[int]]:
+    """Token ids of several texts: the tokenizer's `encode_batch` where it has one, else `encode` each.
+
+    With `max_tokens`, a text too long to fit is tokenized only as far as needed (`encode_prefix`): the ids
+    hold its first ``max_tokens`` and at least one more (so it reads as cut), and memory follows the cut,
+    not the text.
+    """
+    long = set() if max_tokens is None else \
+        {i for i, t in enumerate(texts) if len(t) > LONG_TEXT_CHARS_PER_TOKEN * max_tokens}
+    short = [t for i, t in enumerate(texts) if i not in long]
     batch = getattr(tokenizer, "encode_batch", None)
-    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
+    done = iter(batch(short) if batch is not None and short else [tokenizer.encode(t) for t in short])
+    return [encode_prefix(tokenizer, t, max_tokens) if i in long else next(done) for i, t in enumerate(texts)]
+
+
+#: Tokens beyond the cut that two prefix tokenizations must agree on before the cut (`encode_prefix`).
+PREFIX_MARGIN = 16
+
+
+def encode_prefix(tokenizer: Tokenizer, text: str, max_tokens: int) -> list[int]:
+    """The first ``max_tokens + 1`` token ids of `text` (fewer: all of them), read from growing prefixes of
+    the text rather than the whole: a 20 MiB line costs what its first tokens cost.
+
+    A prefix's last tokens may differ from the whole text's (a word cut in two), so a prefix counts only
+    when it gives at least ``max_tokens + PREFIX_MARGIN`` tokens and a prefix twice as long gives the same
+    first ``max_tokens + 1``; prefixes double until then, or until the next would hold the whole text.
+    """
+    want = max_tokens + 1
+    length = LONG_TEXT_CHARS_PER_TOKEN * max_tokens
+    ids = list(tokenizer.encode(text[:length]))
+    while 2 * length < len(text):
+        longer = list(tokenizer.encode(text[:2 * length]))
+        if len(ids) >= max_tokens + PREFIX_MARGIN and ids[:want] == longer[:want]:
+            return ids[:want]
+        ids, length = longer, 2 * length
+    return list(tokenizer.encode(text))[:want]
 
 
 def _choose_subset(spec: CorpusSpec, tokenizer: Tokenizer) -> set[int]:
@@ -171,6 +209,7 @@ def _choose_subset(spec: CorpusSpec, tokenizer: Tokenizer) -> set[int]:
             continue
         rank = subset_rank(unit.example_id, spec.shuffle_seed)
         # Tokenize only units that would enter the heap: about n·(1 + ln(N/n)) of N.
-        if heap.would_keep(rank, unit.example_id) and len(_token_ids(unit, tokenizer)) >= spec.min_tokens:
+        if heap.would_keep(rank, unit.example_id) and \
+                len(_token_ids(unit, tokenizer, spec.max_tokens)) >= spec.min_tokens:
             heap.offer(rank, unit.example_id)
     return heap.ids()

@@ -36,8 +36,6 @@ import copy
 import json
 import math
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -47,7 +45,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, StorageError, one_line
 from ffkv.experiments.common import RunContext, as_numpy, open_run, progress_bar
 from ffkv.experiments.scoring import score_examples
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
@@ -452,30 +450,34 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
             expected = _logits(given.model, ids, mask)
     d_before = view.d_m
     d_after = shrink_model(view, removed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        from ffkv.models.tiny_lm import quiet_transformers
+        with atomic.atomic_folder(out) as tmp:
+            from ffkv.models.tiny_lm import quiet_transformers
 
-        with quiet_transformers():  # transformers' own bars; the CLI prints one line
-            given.model.save_pretrained(tmp)
-            given.tokenizer.hf.save_pretrained(tmp)
-        for written in tmp.iterdir():
-            atomic.make_readable(written)  # some writers make 0600 files; a model folder is meant to be shared
-        (tmp / "ffkv_pruning.json").write_text(json.dumps({
-            "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
-            "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
-            "statistics_sample": {"examples": stats.examples, "positions": stats.positions},
-            "removed": {str(layer): keys.tolist() for layer, keys in removed.items()},
-        }, indent=1) + "\n")
-        if probe is not None:
-            _verify(tmp, given, ids, mask, expected, d_after)
-        if out.exists():
-            raise FfkvError(f"--out {str(out)!r} appeared while pruning; nothing was written")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            with quiet_transformers():  # transformers' own bars; the CLI prints one line
+                given.model.save_pretrained(tmp)
+                given.tokenizer.hf.save_pretrained(tmp)
+            for written in tmp.iterdir():
+                atomic.make_readable(written)  # some writers make 0600 files; a model folder is meant to be shared
+            (tmp / "ffkv_pruning.json").write_text(json.dumps({
+                "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
+                "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
+                "statistics_sample": {"examples": stats.examples, "positions": stats.positions},
+                "removed": {str(layer): keys.tolist() for layer, keys in removed.items()},
+            }, indent=1) + "\n")
+            if probe is not None:
+                _verify(tmp, given, ids, mask, expected, d_after)
+    except FileExistsError:
+        raise FfkvError(f"--out {str(out)!r} appeared while pruning; nothing was written") from None
+    except OSError as error:
+        raise StorageError(f"cannot write the pruned model beside {out}: {one_line(error)}; nothing was written") \
+            from None
+    except Exception as error:  # noqa: BLE001 - safetensors and tokenizers report a full disk as their own errors
+        errno_ = atomic.written_errno(error)
+        if errno_ is None:
+            raise
+        raise StorageError(f"cannot write the pruned model beside {out}: {os.strerror(errno_)}; nothing was "
+                           "written") from None
     return out
 
 

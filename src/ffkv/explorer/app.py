@@ -23,6 +23,7 @@ pool of their own, one at a time, with a bounded queue: past it, a 503 asks the 
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -35,17 +36,17 @@ from starlette.middleware import Middleware
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, one_line
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
-from ffkv.explorer.security import Guard, is_loopback, new_token
+from ffkv.explorer.security import MIN_TOKEN, Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
            413: "Too large", 415: "Unsupported media type", 421: "Misdirected request", 422: "Cannot use this input",
-           500: "Server error", 503: "Unavailable"}
+           500: "Server error", 503: "Unavailable", 507: "Insufficient storage"}
 #: Most requests that need the model (memory pages, traces) waiting for it at once; more get a 503 with
 #: Retry-After. Above the 50 clients of the load benchmark, so only a flood meets it.
 MAX_WAITING_FOR_MODEL = 64
@@ -133,9 +134,14 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         p = request.path_params
         layer, key = data.check(p["layer"], p["key"])
         f = await form(request)
-        data.annotations.save(layer, key, validation.label(one(f, "label")),
-                              validation.short_text(one(f, "description"), "description", 2000),
-                              validation.short_text(one(f, "annotator"), "annotator", 100))
+        try:
+            data.annotations.save(layer, key, validation.label(one(f, "label")),
+                                  validation.short_text(one(f, "description"), "description", 2000),
+                                  validation.short_text(one(f, "annotator"), "annotator", 100))
+        except OSError as exc:  # a read-only run (a shared copy), a full disk, no permission
+            raise BadRequest(f"the label was not saved: {one_line(exc)}; labels are saved in the run directory, "
+                             "which must be writable (serve a copy of the run to annotate it)",
+                             507 if exc.errno == errno.ENOSPC else 403) from None
         return RedirectResponse(f"{root}/memory/{p['layer']}/{key}#pattern", status_code=303)
 
     async def search(request: Request):
@@ -260,6 +266,9 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise FfkvError(f"--port must be from 0 to 65535, got {port!r}")
     loopback = is_loopback(host)
+    if token is not None and not loopback and len(token) < MIN_TOKEN:
+        raise FfkvError(f"--token must be at least {MIN_TOKEN} characters beyond loopback (got {len(token)}): anyone "
+                        "who can reach the port could guess a short one; leave --token out for a random one")
     if require_token is None:
         require_token = not loopback or token is not None
     token = (token or new_token()) if require_token else None

@@ -95,8 +95,10 @@ class ExplorerData:
 
         folder = lookups.writable_folder(self.run)
         if self.progress:
-            print(f"ffkv serve: this run was not analysed; building the explorer's lookup tables in {folder} "
-                  f"(`ffkv analyze {self.run.path}` builds them ahead)", flush=True)
+            why = ("its lookup tables are missing or out of date (deleted, damaged, or built from another index)"
+                   if "lookups" in self.manifest.analyses else "this run was not analysed")
+            print(f"ffkv serve: {why}; building the explorer's lookup tables in {folder} "
+                  f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
         return build(self.run, self.manifest, self.loaded, folder, progress=self.progress)
 
     def _load_key_metrics(self) -> pd.DataFrame | None:

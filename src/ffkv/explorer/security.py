@@ -27,10 +27,12 @@ from collections.abc import Iterable
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-__all__ = ["Guard", "HEADERS", "LOOPBACK_NAMES", "TOKEN_COOKIE", "is_loopback", "new_token"]
+__all__ = ["Guard", "HEADERS", "LOOPBACK_NAMES", "MIN_TOKEN", "TOKEN_COOKIE", "host_name", "is_loopback", "new_token"]
 
 #: Host names a loopback server answers to.
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+#: The shortest access token accepted beyond loopback (`ffkv serve --token`); the random one has 43 characters.
+MIN_TOKEN = 16
 #: The cookie that keeps the access token after the first ``?token=`` visit.
 TOKEN_COOKIE = "ffkv_token"
 #: Methods that never change anything on the server.
@@ -66,13 +68,23 @@ def is_loopback(host: str) -> bool:
 
 
 def host_name(value: str) -> str:
-    """The name part of a Host header or an Origin's netloc, lower case, without port or brackets."""
+    """The name part of a Host header or an Origin's netloc, lower case, without port or brackets; empty
+    (answered by no one) for a value that is not a host with an optional numeric port (RFC 9110's
+    ``uri-host [":" port]``): user-info (``127.0.0.1:8000@evil.example``), a path, a space, a bad port."""
     value = value.strip().lower()
+    if not value or any(c in value for c in "@/\\?#% \t") or any(ord(c) < 33 or ord(c) > 126 for c in value):
+        return ""
     if value.startswith("["):  # [::1]:8000
-        return value[1:value.find("]")] if "]" in value else value[1:]
+        name, bracket, port = value[1:].partition("]")
+        return name if bracket and (not port or (port[0] == ":" and _port(port[1:]))) else ""
     if value.count(":") > 1:  # a bare IPv6 address
         return value
-    return value.rsplit(":", 1)[0] if ":" in value else value
+    name, _, port = value.partition(":")
+    return name if _port(port) else ""
+
+
+def _port(text: str) -> bool:
+    return text == "" or text.isdigit()
 
 
 class Guard:
@@ -121,6 +133,8 @@ class Guard:
     def refusal(self, scope, headers: dict[str, str]) -> tuple[int, str] | None:
         """(status, message) for a request that is not let in, or None."""
         host = host_name(headers.get("host", ""))
+        if not host:
+            return 400, "the request's Host header is not a host name with an optional port"
         if not self.any_host and host not in self.hosts:
             return 421, (f"this explorer does not answer to the host name {host[:100]!r}; start it with "
                          f"`ffkv serve RUN --allow-host {host[:100]}` if that name is yours")

@@ -40,6 +40,7 @@ class Checkpoint:
         groups_done: batches of the window after `consumed` already in `state`.
         windows: windows done.
         elapsed: seconds of indexing so far.
+        n_cut: examples indexed so far that were cut to the maximum length (`ffkv.corpus.Example.cut`).
         cutting: the batching that cut windows and batches (`CUTTING`, device type included).
     """
 
@@ -51,13 +52,14 @@ class Checkpoint:
     groups_done: int = 0
     windows: int = 0
     elapsed: float = 0.0
+    n_cut: int = 0
     saved: bool = field(default=False, compare=False)
 
     def save(self, path: Path) -> None:
         """Write it atomically (a full disk raises OSError)."""
         data = {"state": self.state.state_dict(), "cutting": dict(self.cutting), "consumed": self.consumed,
                 "n_tokens": self.n_tokens, "n_parts": self.n_parts, "groups_done": self.groups_done,
-                "windows": self.windows, "elapsed": self.elapsed}
+                "windows": self.windows, "elapsed": self.elapsed, "n_cut": self.n_cut}
         atomic.write_with(path, lambda handle: torch.save(data, handle))
         self.saved = True
 
@@ -75,7 +77,7 @@ class Checkpoint:
             return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting),
                        consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
                        groups_done=int(data["groups_done"]), windows=int(data["windows"]),
-                       elapsed=float(data["elapsed"]), saved=True)
+                       elapsed=float(data["elapsed"]), n_cut=int(data.get("n_cut", 0)), saved=True)
         except FfkvError:
             raise
         except Exception as error:  # a dict of other keys and types: not this checkpoint

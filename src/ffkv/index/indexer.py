@@ -175,6 +175,14 @@ class _ExampleParts:
         return write_examples(path, [stream])
 
 
+def cut_notice(n_cut: int, max_tokens: int) -> str:
+    """The one line `ffkv index` prints when examples were longer than the length it keeps."""
+    return (f"{n_cut:,} example{'s' if n_cut != 1 else ''} held more than {max_tokens} tokens and "
+            f"{'were' if n_cut != 1 else 'was'} cut to the first {max_tokens} (the maximum length: --max-tokens, or the "
+            "model's positions); the manifest's counts.examples_cut records how many; a shorter --unit keeps all "
+            "of the text")
+
+
 def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions, batching: BatchOptions,
               shard: tuple[int, int], progress: bool) -> Identity:
     identity = Identity(model_id=loaded.model_id, weights_sha256=loaded.weights_hash(), dtype=loaded.dtype,
@@ -367,6 +375,7 @@ class _IndexJob:
                     at.groups_done = g + 1
                     mine.extend(group)
                     at.n_tokens += batch.n_tokens
+                    at.n_cut += sum(bool(getattr(e, "cut", False)) for e in group)
                     rate = at.n_tokens / max(time.time() - self.started + self.elapsed_before, 1e-9)
                     bar.update(len(group), tok_s=f"{rate:,.0f}")
                     if interrupted():  # the state holds whole batches: save them, with the window's place
@@ -403,7 +412,9 @@ class _IndexJob:
         for table in ("examples", "trigger_examples"):
             run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
-        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
+        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens, "examples_cut": at.n_cut}
+        if at.n_cut:
+            warnings.warn(cut_notice(at.n_cut, self.spec.max_tokens), FfkvWarning, stacklevel=3)
         manifest.status, manifest.process, manifest.error = "complete", None, None
         run.write_manifest(manifest)
         shutil.rmtree(run.partial, ignore_errors=True)

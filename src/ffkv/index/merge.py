@@ -64,7 +64,8 @@ def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest)
     write_triggers(target.table("trigger_examples"), state, directions)
     for table in ("examples", "trigger_examples"):
         target.record_table(manifest, target.table(table).name, "merge")
-    manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests)}
+    manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests),
+                       "examples_cut": sum(int(m.counts.get("examples_cut", 0)) for m in manifests)}
     manifest.timings = {"index_seconds": max(m.timings["index_seconds"] for m in manifests)}
     manifest.status, manifest.process, manifest.error = "complete", None, None
     target.write_manifest(manifest)

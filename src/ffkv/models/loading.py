@@ -18,6 +18,7 @@ from torch import nn
 
 from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
+from ffkv.models.safe_load import refusal
 from ffkv.models.tokenizer import HFTokenizer, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,6 +93,10 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
     try:
         config = AutoConfig.from_pretrained(name)
     except Exception as exc:  # noqa: BLE001 - HF raises many types; the user needs one line
+        if Path(name).is_dir():
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise FfkvError(f"cannot load the model in {name!r}: its config.json is missing or not a model's "
+                            f"configuration ({type(exc).__name__}: {first})") from None
         raise FfkvError(
             f"cannot load model {name!r}: not a local model directory, an ffkv model name, "
             f"or a reachable Hugging Face hub id ({type(exc).__name__})"
@@ -108,6 +113,9 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
         model = auto.from_pretrained(name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name)
     except Exception as exc:  # noqa: BLE001
+        unsafe = refusal(exc, name, "the model weights in")
+        if unsafe is not None:
+            raise unsafe from None
         raise FfkvError(f"cannot load model {name!r}: {exc}".splitlines()[0]) from None
     return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
 

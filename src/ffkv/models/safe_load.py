@@ -90,7 +90,30 @@ def _refuse(path: Path, name: str, what: str) -> UnsafeCheckpoint:
         "load it yourself and save its tensors and settings as plain dicts")
 
 
-_UNSUPPORTED = re.compile(r"GLOBAL (\S+) was not an allowed global")
+#: torch's words for a name outside its allow-list (or in a module it blocks), in its long message.
+_UNSUPPORTED = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module)")
+
+
+def _reason(text: str) -> str:
+    """The line of torch's weights-only message that says what it met (not its advice to load unsafely)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    specific = [line for line in lines if "weights_only" not in line and "Weights only" not in line
+                and "documentation" not in line and "trusted source" not in line]
+    return (specific or lines or ["unknown"])[0][:200]
+
+
+def refusal(error: BaseException, path: str | Path, what: str) -> UnsafeCheckpoint | None:
+    """The one-line refusal for torch's weights-only error raised inside another library (transformers reads
+    ``pytorch_model.bin`` weights-only), or None when `error` is not one."""
+    text = str(error)
+    if not isinstance(error, pickle.UnpicklingError) and "Weights only load failed" not in text:
+        return None
+    found = _UNSUPPORTED.search(text)
+    if found is not None:
+        name = found.group(1) if "." in found.group(1) else f"builtins.{found.group(1)}"
+        return _refuse(Path(path), name, what)
+    return UnsafeCheckpoint(f"{what} {path} cannot be read without running code from it ({_reason(text)}); "
+                            "ffkv reads only weights and plain settings")
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", what: str = "checkpoint") -> Any:
@@ -126,8 +149,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", what: str = "ch
             found = _UNSUPPORTED.search(text)
             if found is None:
                 raise UnsafeCheckpoint(f"{what} {path} cannot be read without running code from it "
-                                       f"({text.splitlines()[0][:200]}); ffkv reads only weights and plain "
-                                       "settings") from None
+                                       f"({_reason(text)}); ffkv reads only weights and plain settings") from None
             name = found.group(1) if "." in found.group(1) else f"builtins.{found.group(1)}"
             if not stubbable(name) or name in names:
                 raise _refuse(path, name, what) from None
@@ -167,4 +189,4 @@ def plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["ALLOWED", "STUB_MODULES", "Stub", "UnsafeCheckpoint", "load_checkpoint", "plain", "stubbable"]
+__all__ = ["ALLOWED", "STUB_MODULES", "Stub", "UnsafeCheckpoint", "load_checkpoint", "plain", "refusal", "stubbable"]

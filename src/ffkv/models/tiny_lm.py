@@ -380,9 +380,10 @@ def is_ffkv_lm_dir(path: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        return json.loads(config.read_text()).get("model_type") == MODEL_TYPE
+        data = json.loads(config.read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(data, dict) and data.get("model_type") == MODEL_TYPE
 
 
 def load_dir(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, HFTokenizer]:

@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 
 from ffkv.errors import FfkvError
+from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
 from ffkv.models.tiny_lm import (
     BOS_ID,

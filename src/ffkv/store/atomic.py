@@ -8,14 +8,18 @@ crash of the machine is whole too.
 While it is written, a temporary file (or folder: `atomic_folder`) is held under an
 OS lock (flock) by its writer; the kernel drops that lock when the writer ends in any
 way. `clean_stale` removes the temporaries of a name whose lock is free: those of a
-writer that was killed, never those of one that still writes.
+writer that was killed, never those of one that still writes. Every atomic write of a
+name first cleans that name's, so whatever command was killed, its next run cleans up
+after it (and a run's writer cleans the whole run: `RunDir.lock`).
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -69,7 +73,7 @@ def clean_stale(folder: str | os.PathLike, name: str = "*") -> list[Path]:
     removed = []
     if not folder.is_dir():
         return removed
-    for tmp in folder.glob(f".{name}.*.tmp"):
+    for tmp in folder.glob(f".{name if name == '*' else glob.escape(name)}.*.tmp"):
         if _free(tmp):
             if tmp.is_dir() and not tmp.is_symlink():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -77,6 +81,24 @@ def clean_stale(folder: str | os.PathLike, name: str = "*") -> list[Path]:
                 tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
+
+
+_OS_CODE = re.compile(r"(?:os error |code: )(\d+)")
+
+
+def written_errno(error: BaseException) -> int | None:
+    """The errno behind a library's failed write (safetensors and tokenizers report a full disk as
+    ``IoError(Os { code: 28, ... })``), found in the error, its causes, or its message; None if none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:
+            return error.errno
+        found = _OS_CODE.search(str(error))
+        if found:
+            return int(found.group(1))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _named(error: BaseException, path: Path) -> BaseException:
@@ -92,6 +114,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path.parent, path.name)  # what a killed writer of the same file left
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         _hold(fd)
@@ -118,6 +141,7 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     On an error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path.parent, path.name)  # what a killed writer of the same folder left
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     try:

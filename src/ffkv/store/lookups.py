@@ -10,7 +10,8 @@ builds them itself only for a run that was never analysed (docs/run-directory.md
     explorer.duckdb            the trigger examples and the texts of their examples, indexed
 
 The tables are current when info.json names this run's identity and the size and time of
-its index tables; any new index (or a newer format of these tables) makes them stale.
+its index tables, and each table has the size it had when built; any new index (or a newer
+format of these tables) makes them stale, and a damaged one is rebuilt.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ def is_current(run: RunDir, manifest: Manifest, folder: Path) -> bool:
     if not info.exists() or not all((folder / name).exists() for name in FILES):
         return False
     try:
-        return json.loads(info.read_text()).get("fingerprint") == fingerprint(run, manifest)
-    except (OSError, json.JSONDecodeError):
+        recorded = json.loads(info.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return False
+    if not isinstance(recorded, dict) or recorded.get("fingerprint") != fingerprint(run, manifest):
+        return False
+    sizes = recorded.get("sizes") or {}  # tables built before their sizes were recorded are taken as they are
+    return all((folder / name).stat().st_size == size for name, size in sizes.items() if name in FILES)
 
 
 def read_info(folder: Path) -> dict[str, Any]:
@@ -61,7 +66,8 @@ def read_info(folder: Path) -> dict[str, Any]:
 
 def write_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) -> None:
     """Mark the tables in `folder` as built for this run's index; call after every table is written."""
-    atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), **details})
+    sizes = {name: (folder / name).stat().st_size for name in FILES}  # a damaged (truncated) table is rebuilt
+    atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), "sizes": sizes, **details})
 
 
 def writable_folder(run: RunDir) -> Path:
