@@ -96,6 +96,8 @@ def analyze(
     """
     names = check_only(only, tuple(MODULES)) if only is not None else list(EXPERIMENTS)
     projections = Projections.choose(projection)
+    run = RunDir(run_dir)
+    refuse_damaged(run, run.require_complete(), names)  # before the model loads
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
@@ -103,7 +105,6 @@ def analyze(
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
     if skipped and only is not None:  # asked for by name: refused before anything runs
         raise FfkvError(next(iter(skipped.values())))
-    refuse_damaged(run, manifest, [name for name in names if name not in skipped])
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):
@@ -149,7 +150,7 @@ def refuse_damaged(run: RunDir, manifest, steps: Sequence[str]) -> None:
             continue
         step = integrity.step_of(manifest, found.path)
         if step not in steps and step not in integrity.EVERY_ANALYZE:
-            raise DamagedRun(f"{found.line(run.path)}; or add {step} to --only")
+            raise DamagedRun(f"{found.line(run.path)} (this analyze reads it; or add {step} to --only)")
 
 
 @contextmanager

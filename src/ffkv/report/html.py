@@ -147,7 +147,7 @@ def check_run(run: RunDir, manifest: Manifest) -> tuple[list[Problem], list[str]
         warnings.warn(line, FfkvWarning, stacklevel=3)
     for p in problems:
         if p.path.startswith(("metrics/", "figures/")):  # the explorer's tables are no part of the report
-            warnings.warn(f"the report marks {p.line(run.path)}", FfkvWarning, stacklevel=3)
+            warnings.warn(f"{p.line(run.path)} (marked in the report)", FfkvWarning, stacklevel=3)
     return problems, notices
 
 

@@ -246,7 +246,8 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
     listed: dict[str, str | None] = {rel: None for rel in INDEX_TABLES}
     for experiment, info in manifest.analyses.items():
         for name in info.get("tables") or ():
-            listed.setdefault(f"metrics/{name}.parquet", experiment)
+            if "." not in str(name):  # not the explorer's files that `lookups` lists (explorer/, below)
+                listed.setdefault(f"metrics/{name}.parquet", experiment)
     for rel in manifest.tables:
         listed.setdefault(rel, None)
     for rel in listed:
@@ -257,8 +258,11 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
             found.append(issue)
     for experiment, info in manifest.analyses.items():
         for name in info.get("figures") or ():
-            if not any(run.figure_path(name, fmt).is_file() for fmt in ("png", "svg")):
-                found.append(Problem(f"figures/{name}.png", "missing", "",
+            name = str(name)
+            files = [run.figures_dir / name] if Path(name).suffix in (".png", ".svg") else \
+                [run.figure_path(name, fmt) for fmt in ("png", "svg")]
+            if not any(f.is_file() for f in files):
+                found.append(Problem(f"figures/{files[0].name}", "missing", "",
                                      f"draw it again with `ffkv analyze {run.path} --only {experiment}`"))
     stopped = cut_off(run, manifest, writer_alive)
     if stopped is not None:

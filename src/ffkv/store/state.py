@@ -71,7 +71,7 @@ class RunState:
             return [f"{self.path}: interrupted", f"  stopped by Ctrl-C at a checkpoint; {beat}".rstrip("; "),
                     f"  {_again(m)}"]
         flags = []
-        n_bad = sum(p.state != "out of date" for p in self.problems)
+        n_bad = sum(_serious(p) for p in self.problems)
         if n_bad:
             flags.append(f"{n_bad} file{'s' if n_bad > 1 else ''} damaged or missing")
         if self.cut_off is not None:
@@ -100,7 +100,13 @@ class RunState:
     @property
     def damaged(self) -> bool:
         """Whether `ffkv status` exits 3: a table damaged or missing, or an analyze cut off."""
-        return self.cut_off is not None or any(p.state != "out of date" for p in self.problems)
+        return self.cut_off is not None or any(_serious(p) for p in self.problems)
+
+
+def _serious(problem: Problem) -> bool:
+    """A table damaged or missing; not one out of date, nor the explorer's lookup tables (derived data, which
+    `ffkv serve` builds again)."""
+    return problem.state != "out of date" and not problem.path.startswith("explorer")
 
 
 
