@@ -229,6 +229,21 @@ def test_a_skipped_study_is_listed_as_skipped(damaged, capsys):
     code, out, _ = run(capsys, "status", damaged)
     assert code == 0 and "  skipped: membership: no known training split" in out
     assert "membership" not in out.split("\n")[2]  # not among the analyses that ran
+    assert run(capsys, "report", damaged)[0] == 0
+    page = (damaged / "report.html").read_text()
+    assert '<div class="warning skipped"><strong>Skipped:</strong> no known training split' in page
+
+
+def test_analyze_says_what_it_skipped(capsys, monkeypatch):
+    import ffkv.experiments
+
+    done = {"patterns": {"tables": ["patterns"]}, "membership": {"skipped": "no known training split: give "
+                                                                              "--member-corpus"}}
+    monkeypatch.setattr(ffkv.experiments, "analyze", lambda *a, **k: done)
+    code, out, _ = run(capsys, "analyze", "RUN", "--no-progress")
+    assert code == 0 and out.splitlines() == [
+        "analyses written to RUN/metrics and RUN/figures: patterns",
+        "skipped membership: no known training split: give --member-corpus"]
 
 
 def test_not_parquet_at_all_of_the_same_size(damaged, capsys):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -105,6 +105,7 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     listed: list[tuple[str, int]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # tables and figures not computed, each with its command
+    skipped: str | None = None  # why `ffkv analyze` skipped this study (the manifest's analyses[name]["skipped"])
 
 
 def _text(value: Any) -> str:
@@ -119,11 +120,13 @@ def _reading(name: str, table: pd.DataFrame | None) -> str | None:
     return findings.reading(name, table)
 
 
-def build_sections(run: RunDir, problems: Sequence[Problem] = ()) -> list[Section]:
+def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mapping[str, str] | None = None
+                   ) -> list[Section]:
     """The report's sections: one per experiment (then one per table or figure of no known experiment).
 
     `problems` (`ffkv.store.integrity.survey`) mark their sections: a table or figure that is missing as not
-    computed, with the command that writes it; a table out of date with a warning.
+    computed, with the command that writes it; a table out of date with a warning. `skipped` (study -> the
+    one-line reason `ffkv analyze` recorded) gives each skipped study a section that says so.
     """
     metrics, figures = set(run.metric_names()) - set(SHOWN_APART), run.figure_names()
     marks = [p for p in problems if p.path.startswith(("metrics/", "figures/")) and p.state in ("missing", "out of date")]
@@ -164,6 +167,10 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = ()) -> list[Sectio
             finding = findings.paper_finding(name) or {}
             section.figures.append(Figure(name, figures[name], finding.get("finding"), finding.get("figure"),
                                           _reading(name, table) if name != group else None))
+    for name, why in (skipped or {}).items():
+        section = sections.setdefault(name, Section(name, EXPERIMENTS.get(name, name.replace("_", " "))))
+        section.skipped = why
+    sections = dict(sorted(sections.items(), key=lambda item: order_key(item[0])))
     for section in sections.values():
         section.warnings = list(dict.fromkeys(section.warnings))  # once each, in order
         if section.figures and section.finding and section.figures[0].name == section.name:

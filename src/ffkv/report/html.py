@@ -67,6 +67,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% if not sections %}<p id="no-analyses">No analyses yet: run <code>ffkv analyze {{ run_path }}</code>, then
 <code>ffkv report {{ run_path }}</code> again.</p>{% endif %}
 {% for s in sections %}<section class="analysis" id="analysis-{{ s.name }}"><h3>{{ s.title }}</h3>
+{% if s.skipped %}<div class="warning skipped"><strong>Skipped:</strong> {{ s.skipped }}</div>{% endif %}
 {% for m in s.missing %}<div class="warning missing"><strong>Missing:</strong> {{ m }}</div>{% endfor %}
 {% for w in s.warnings %}<div class="warning"><strong>Warning:</strong> {{ w }}</div>{% endfor %}
 {% for f in s.figures %}<div class="figure-block"><figure><img class="figure" src="{{ images[f.name] }}" alt="figure {{ f.name }}"><figcaption class="small muted">figures/{{ f.name }}.png</figcaption></figure>
@@ -161,7 +162,8 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     run = RunDir(run_dir)
     manifest = run.require_complete()
     problems, notices = check_run(run, manifest)
-    sections = build_sections(run, problems)
+    sections = build_sections(run, problems, {name: str(info["skipped"]) for name, info in manifest.analyses.items()
+                                              if info.get("skipped")})
     images = {f.name: _data_uri(f.path) for s in sections for f in s.figures}
     tables = {t.name: table_html(t.view) for s in sections for t in s.tables}
     summary = layer_summary(run)
