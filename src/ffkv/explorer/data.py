@@ -72,6 +72,8 @@ class ExplorerData:
         k = int(top["rank"].max()) + 1 if len(top) else 0
         self.top_ids = top["token_id"].to_numpy().reshape(self.n_layers, self.d_m, k)
         self.top_probs = top["prob"].to_numpy().reshape(self.n_layers, self.d_m, k)
+        # Per-token coefficients of every trigger example, stored by the build (None: computed when asked for).
+        self.coefficients = lookups.read_coefficients(self.folder, self.lookup_info)
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
@@ -145,6 +147,13 @@ class ExplorerData:
         strings = self.tokens()
         return strings[token_id] if token_id < len(strings) else f"<{token_id}>"
 
+    def sequence(self, token_ids: list[int]) -> list[str]:
+        """The tokens of one text as the reader sees them (`ffkv.models.token_display.sequence_strings`): joined,
+        the text; a character split over byte tokens shown whole on the token that completes it."""
+        from ffkv.models.token_display import sequence_strings
+
+        return sequence_strings(self.loaded.tokenizer, token_ids)
+
     def token_ids_for(self, text: str) -> list[int]:
         """Ids of a token typed by a user: exact string, else the same string without surrounding spaces,
         or ``#123`` for id 123. An unknown token is a 404 that says so."""
@@ -200,9 +209,17 @@ class ExplorerData:
     def triggers(self, layer: int, key: int) -> pd.DataFrame:
         """The trigger examples of a key, with their example's token ids and text, strongest first per direction."""
         trig = self._query("SELECT t.direction, t.rank, t.coefficient, t.example_id, t.position, t.next_token_id, "
-                           "x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
+                           "t.m_offset, t.m_length, x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
                            "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
         return trig
+
+    def _stored_context(self, trig: pd.DataFrame) -> list | None:
+        """The per-token coefficients of a key's trigger examples as the build stored them, or None when it
+        stored none for these rows."""
+        if self.coefficients is None or trig["m_offset"].isna().any():
+            return None
+        return [np.asarray(self.coefficients[int(o):int(o) + int(n)], dtype=np.float32)
+                for o, n in zip(trig["m_offset"], trig["m_length"])]
 
     def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
         """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
@@ -236,7 +253,8 @@ class ExplorerData:
         trig = self.triggers(layer, key)
         token_lists = [[int(t) for t in ids] for ids in trig["token_ids"]]
         loaded = self.loaded
-        per_token: list = [None] * len(token_lists)
+        stored = self._stored_context(trig) if context else None
+        per_token: list = stored or [None] * len(token_lists)
         if getattr(loaded, "view", None) is None:  # a tokenizer without a model: the stored identity top tokens
             value = {"shown": "p", "top": [(t["token_id"], t["prob"]) for t in self.value_top(layer, key)],
                      "bottom": []}
@@ -244,7 +262,7 @@ class ExplorerData:
         else:
             with self.model.lock:
                 value = live.value_tokens(loaded, layer, key, projection, n_tokens)
-                if context:
+                if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
         scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
                     + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
@@ -252,9 +270,10 @@ class ExplorerData:
         for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
             pos = int(row.position)
             tokens = []
-            for j, t in enumerate(ids):
-                m = None if coefficients is None else float(coefficients[j])
-                tokens.append({"text": self.token(t), "m": m, "shade": 0.0 if m is None else m / scale,
+            for j, (t, text) in enumerate(zip(ids, self.sequence(ids))):
+                # The trigger position's coefficient is the index's own (stored coefficients are float16).
+                m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
+                tokens.append({"text": text, "m": m, "shade": 0.0 if m is None else m / scale,
                                "trigger": j == pos, "next": j == pos + 1, "after": j > pos})
             groups.setdefault(int(row.direction), []).append({
                 "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
