@@ -213,6 +213,18 @@ class ExplorerData:
                            "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
         return trig
 
+    def _top1_target(self, trig: pd.DataFrame) -> int | None:
+        """The trigger target of a key's top-1 trigger example (`ffkv.memories.targets`), None when it has none."""
+        from ffkv.memories.targets import trigger_targets
+
+        first = trig[(trig["direction"] == 1) & (trig["rank"] == 0)]
+        if first.empty:
+            return None
+        row = first.iloc[0]
+        last = int(row["token_ids"][int(row["position"])])
+        target = int(trigger_targets(np.array([int(row["next_token_id"])]), np.array([last]), self.encoder)[0])
+        return target if target >= 0 else None
+
     def _stored_context(self, trig: pd.DataFrame) -> list | None:
         """The per-token coefficients of a key's trigger examples as the build stored them, or None when it
         stored none for these rows."""
@@ -261,7 +273,7 @@ class ExplorerData:
             projection = "identity"
         else:
             with self.model.lock:
-                value = live.value_tokens(loaded, layer, key, projection, n_tokens)
+                value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig))
                 if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
         scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
@@ -295,7 +307,8 @@ class ExplorerData:
                          for d in sorted(groups, reverse=True)],
             "examples": positive,
             "top_token": self.token(int(stats["top_token_id"])),
-            "value": {"shown": value["shown"],
+            "value": {"shown": value["shown"], "top_value": value.get("top_value"),
+                      "target_rank": value.get("target_rank"),
                       "top": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["top"]],
                       "bottom": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["bottom"]]},
             "histogram": {"counts": [int(c) for c in stats.get("activation_histogram", [])],
@@ -311,6 +324,7 @@ class ExplorerData:
         """One row per key of a layer: the layer page's columns (statistics, automatic and human labels)."""
         table = self.key_stats.loc[layer].reset_index()
         table["top_tokens"] = [[self.token(int(t)) for t in self.top_ids[layer, k, :3]] for k in table["key"]]
+        table = table.merge(self.strongest(layer), on="key", how="left")
         if self.key_metrics is not None and layer in self.key_metrics.index.get_level_values(0):
             table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
         if self.census is not None and layer in self.census.index.get_level_values(0):
@@ -322,12 +336,22 @@ class ExplorerData:
         return table.merge(human[["key", "label", "description"]].rename(
             columns={"label": "human_label", "description": "human_description"}), on="key", how="left")
 
+    def strongest(self, layer: int) -> pd.DataFrame:
+        """Per key of a layer (0-based): ``top_coefficient``, its largest m over the index (its rank-1 trigger
+        example), and, where the index kept the most negative ones (``--sign both``), ``negative_strength``: -m of
+        its most negative trigger example, 0 when even that one is positive."""
+        table = self._query("SELECT key, max(coefficient) FILTER (WHERE direction = 1) AS top_coefficient, "
+                            "greatest(-min(coefficient) FILTER (WHERE direction = -1), 0) AS negative_strength "
+                            "FROM triggers WHERE layer = ? AND rank = 0 GROUP BY key", [layer])
+        if table["negative_strength"].isna().all():
+            table = table.drop(columns="negative_strength")
+        return table.astype({"key": "int64"})
+
     def layer_summary(self) -> pd.DataFrame:
         """Per layer (0-based `layer`): key statistics, shares of automatic labels, annotated keys."""
         stats = self.key_stats.reset_index()
         summary = stats.groupby("layer").agg(
-            keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_confidence=("confidence", "mean"),
-            mean_activation_frequency=("activation_frequency", "mean"),
+            keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_activation_frequency=("activation_frequency", "mean"),
         ).reset_index()
         if self.key_metrics is not None and "label" in self.key_metrics.columns:
             shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(fill_value=0)

@@ -236,8 +236,8 @@ def _rows_for(name: str, t: pd.DataFrame, projection: str, label: str = "") -> l
         sh = t.sort_values("layer")["keys_shallow"] + t.sort_values("layer")["keys_both"]
         se = t.sort_values("layer")["keys_semantic"] + t.sort_values("layer")["keys_both"]
         rows.append(("patterns", "Figure 2",
-                     f"shallow keys {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} (layer {L}); semantic "
-                     f"{_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
+                     f"shallow keys (labelled shallow or both) {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} "
+                     f"(layer {L}); semantic (semantic or both) {_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
                      "the shallow share of keys is larger in layer 1 than in the top layer, and the semantic share "
                      "larger in the top layer than in layer 1",
                      bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])))
