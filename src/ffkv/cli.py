@@ -8,6 +8,8 @@ Ctrl-C as one line that claims only what was saved, and exit status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import math
 import os
 import sys
@@ -455,14 +457,61 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the command line; an unknown option is refused by its own command's parser (its usage, not the
+    top level's), with the nearest option it has: ``--top_k`` -> did you mean --top-k?"""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    chosen = parser
+    for dest in ("command", "verb"):  # down the subcommands the line named
+        sub = next((a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, dest, None) not in sub.choices:
+            break
+        chosen = sub.choices[getattr(args, dest)]
+    options = [o for a in chosen._actions for o in a.option_strings]
+    unknown = next((e for e in extras if e.startswith("-")), extras[0])
+    typed = unknown.split("=", 1)[0]
+    near = [typed.replace("_", "-")] if typed.replace("_", "-") in options else \
+        difflib.get_close_matches(typed, options, n=1, cutoff=0.6)
+    # ArgumentParser.error prints the command's usage and the message, and exits with status 2.
+    return chosen.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool):
+    """With --no-progress, no bar at all: also those of transformers (\"Loading weights\"), huggingface_hub and
+    datasets, which read these variables when first imported, or are told directly when imported already."""
+    if show:
+        yield
+        return
+    names = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: "1" for name in names})
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    was_on = hf_logging is not None and hf_logging.is_progress_bar_enabled()
+    if was_on:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ffkv` command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, _progress_bars(not getattr(args, "no_progress", False)):
         warnings.simplefilter("always", FfkvWarning)
         try:
             code = COMMANDS[args.command](args)

@@ -177,9 +177,34 @@ def test_serve_checks_the_port_and_runs_uvicorn(analyzed, monkeypatch):
     with pytest.raises(FfkvError, match="port"):
         serve(run, port=70000, loaded=loaded)
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(app=app, host=host, port=port))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.update(
+        app=self.config.app, address=sockets[0].getsockname()))
     serve(run, host="127.0.0.1", port=8123, loaded=loaded)
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["app"].state.data.n_layers == 3
+    assert seen["address"] == ("127.0.0.1", 8123) and seen["app"].state.data.n_layers == 3
+
+
+def test_serve_on_a_taken_port_says_so_in_one_line_before_anything_else(analyzed, monkeypatch, capsys):
+    """The port is bound before the app is built or its address printed: a taken port is one error naming
+    --port (the issue: "exploring at http://..." was printed, then a server error)."""
+    import socket
+
+    import uvicorn
+
+    from ffkv import cli
+
+    run, loaded = analyzed
+    monkeypatch.setattr("ffkv.explorer.app.load_run_model", lambda path: loaded)
+    started = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: started.append(self))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code = cli.main(["serve", str(run), "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and not started and "exploring" not in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} on 127.0.0.1 is taken" in lines[0] and "--port" in lines[0]
 
 
 def test_serve_refuses_what_is_not_a_run(tmp_path):
