@@ -22,7 +22,7 @@ def client(analyzed):
 @pytest.mark.parametrize("url, expect", [
     ("/", "Figure 2"),
     ("/layer/1", 'id="keys"'),
-    ("/layer/3?sort=confidence&order=desc&page=1", 'id="keys"'),
+    ("/layer/3?sort=largest%20m&order=desc&page=1", 'id="keys"'),
     ("/layer/2?sort=pattern", "shallow"),
     ("/layer/2?sort=activation+frequency&order=asc", 'id="keys"'),
     ("/memory/2/7", 'id="triggers"'),
@@ -45,11 +45,11 @@ def test_pages(client, url, expect):
 
 
 def test_layer_sorting(client, analyzed):
-    r = client.get("/layer/1?sort=confidence&order=desc")
+    r = client.get("/layer/1?sort=largest%20m&order=desc")
     keys = [int(k) for k in re.findall(r'<a href="/memory/1/(\d+)">', r.text)]
-    data = client.app.state.data
-    conf = [float(data.key_stats.loc[(0, k)].confidence) for k in keys]
-    assert len(keys) == 40 and conf == sorted(conf, reverse=True)
+    largest = client.app.state.data.layer_keys(0).set_index("key")["top_coefficient"]
+    shown = [float(largest[k]) for k in keys]
+    assert len(keys) == 40 and shown == sorted(shown, reverse=True)
 
 
 BAD = [
@@ -159,7 +159,7 @@ def test_other_families(tmp_path, family):
 
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
-        for url in ("/", "/layer/2?sort=confidence", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
+        for url in ("/", "/layer/2?sort=largest%20m", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
                     "/trace?prompt=the+cat+sat&off=3:3&scale=1:1:3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
         # An index without analyses has no automatic labels: sorting by them says so.

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 import jinja2
+from markupsafe import Markup, escape
 
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
@@ -43,6 +44,21 @@ def heat_style(shade: float) -> str:
     return f"background: rgba({rgb},{alpha:.2f})"
 
 
+def strip_html(tokens: list[dict]) -> Markup:
+    """A trigger example's tokens (`ExplorerData.memory`'s ``tokens``) as spans shaded by the key's coefficient:
+    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Built here
+    rather than in a template: a memory page holds thousands of them."""
+    out = ['<span class="tokens">']
+    for t in tokens:
+        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "") \
+            + ("" if t["text"] else " part")
+        title = "" if t["m"] is None else \
+            f' title="m = {number(t["m"], 3)}{"" if t["text"] else " (first bytes of the character that follows)"}"'
+        out.append(f'<span class="{cls}" style="{heat_style(t["shade"])}"{title}>{escape(visible(t["text"]))}</span>')
+    out.append("</span>")
+    return Markup("".join(out))
+
+
 def value_format(value: float) -> str:
     """A probability or logit with three significant digits (0.000312, not 0.0003)."""
     return f"{value:.3g}"
@@ -51,7 +67,7 @@ def value_format(value: float) -> str:
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
-                   show=visible, value_fmt=value_format, table=table_html)
+                   show=visible, value_fmt=value_format, table=table_html, strip=strip_html)
 
 
 def _common(data: ExplorerData, root: str) -> dict:

@@ -54,7 +54,6 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{% if census %}&census={{ census }}{% endif %}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
-"tokens.html": """<span class="tokens">{% for t in e.tokens %}<span class="t{% if t.trigger %} trig{% endif %}{% if t.next %} nx{% endif %}{% if t.after %} after{% endif %}{% if not t.text %} part{% endif %}" style="{{ heat(t.shade) }}"{% if t.m is not none %} title="m = {{ fmt(t.m, 3) }}{% if not t.text %} (first bytes of the character that follows){% endif %}"{% endif %}>{{ show(t.text) }}</span>{% endfor %}</span>""",
 
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
@@ -98,7 +97,7 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 The trigger position is boxed, the next token underlined.</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
 {% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar{% if e.coefficient < 0 %} neg{% endif %}" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
-<td class="example">{% include "tokens.html" %}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+<td class="example">{{ strip(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
 </table>{% endfor %}
 </div>""",
 

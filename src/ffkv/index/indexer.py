@@ -30,6 +30,7 @@ import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted
 from ffkv.batching import Batch, collate, length_batches, windows
+from ffkv.index import excluded
 from ffkv.index.checkpoint import CUTTING, Checkpoint
 from ffkv.index.preflight import check_free_space, check_output, estimate_bytes, fit_positions
 from ffkv.index.reducer import MODES, TriggerReducer
@@ -401,7 +402,10 @@ class _IndexJob:
         n_examples = self.parts.assemble(run.table("examples"))
         write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
-        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens}
+        left_out = excluded.count(run.table("examples"), getattr(self.loaded.tokenizer, "special_ids", ()) or ())
+        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens,
+                           "excluded_positions": int(sum(left_out.values()))}
+        manifest.index["excluded_tokens"] = excluded.named(left_out, self.loaded.tokenizer)
         manifest.status, manifest.process, manifest.error = "complete", None, None
         run.write_manifest(manifest)
         shutil.rmtree(run.partial, ignore_errors=True)

@@ -73,11 +73,11 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
     "census_values": {"figure": "Gurnee et al. 2024", "finding": (
         "(Not in the paper.) In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
         "layers and suppression neurons (a few tokens pushed down) take over in the last layers.")},
-    "suppressed": {"figure": "SPEC 9", "finding": (
+    "suppressed": {"figure": "Beyond the paper", "finding": (
         "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an active "
         "memory's own sub-update ranked the gold next token first, and how much it moved the gold token's "
         "probability.")},
-    "pruning": {"figure": "Beyond the paper (SPEC 9)", "finding": (
+    "pruning": {"figure": "Beyond the paper", "finding": (
         "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every layer's "
         "keys is removed, one curve per criterion; the seeded random removal is the baseline a criterion must "
         "beat.")},

@@ -60,6 +60,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% if annotations %}<h2>Human labels</h2><p class="small muted">From annotations/labels.parquet: keys per label (latest label per key and annotator).</p>
 <div class="scroll">{{ annotations }}</div>{% endif %}
 <h2>Analyses</h2>
+<p class="small muted" id="definitions">What ffkv chose where the paper leaves a choice open (active memories, projections, trigger directions, the studies beyond the paper) is written in <code>docs/definitions.md</code> of ffkv's repository.</p>
 {% if not sections %}<p id="no-analyses">No analyses yet: run <code>ffkv analyze {{ run_path }}</code>, then
 <code>ffkv report {{ run_path }}</code> again.</p>{% endif %}
 {% for s in sections %}<section class="analysis" id="analysis-{{ s.name }}"><h3>{{ s.title }}</h3>
