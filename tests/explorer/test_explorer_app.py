@@ -238,3 +238,24 @@ def test_a_model_that_cannot_be_loaded_is_a_clear_503(analyzed, monkeypatch):
         assert c.get("/").status_code == 200  # the overview reads tables only
         r = c.get("/memory/1/1")
         assert r.status_code == 503 and "no network to fetch tiny-gpt2" in r.text
+
+
+def test_a_model_loaded_in_the_background_warms_the_first_memory_page(analyzed, monkeypatch):
+    """Once the background load is done, the vocabulary's strings and the templates are ready: the first memory
+    page a reader opens does not wait for them."""
+    import threading
+
+    import ffkv.models.loading as loading
+    from ffkv.explorer import pages
+
+    run, loaded = analyzed
+    monkeypatch.setattr(loading, "load_model", lambda name, dtype="float32", device="cpu": loaded)
+    compiled = threading.Event()
+    real_warm = pages.warm
+    monkeypatch.setattr(pages, "warm", lambda: (real_warm(), compiled.set()))
+    app = create_app(run)
+    data = app.state.data
+    assert data._tokens is None
+    app.state.data.model.start()
+    assert compiled.wait(120)
+    assert data._tokens is not None and len(data._tokens) == data.vocab_size

@@ -71,6 +71,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     """
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
+    data.model.after_load(lambda: (data.warm(), pages.warm()))  # a model loaded in the background: warm up
     # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
     model_pool = anyio.CapacityLimiter(1)
 

@@ -124,6 +124,12 @@ class ExplorerData:
             return None
         return {c: v.item() if hasattr(v, "item") else v for c, v in self.census.loc[(layer, key)].items()}
 
+    def warm(self) -> None:
+        """Compute what a process's first memory page would otherwise wait for: the vocabulary's strings, the
+        tables' first query, the model's first projection (`ffkv serve` runs it once the model is loaded)."""
+        self.tokens()
+        self.memory(0, 0, context=False)
+
     # --------------------------------------------------------------- tokens
     def tokens(self) -> list[str]:
         """Readable string of every token id (computed once)."""

@@ -70,6 +70,12 @@ ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_nu
                    show=visible, value_fmt=value_format, table=table_html, strip=strip_html)
 
 
+def warm() -> None:
+    """Compile the page templates (a process's first page would otherwise wait for them)."""
+    for name in TEMPLATES:
+        ENV.get_template(name)
+
+
 def _common(data: ExplorerData, root: str) -> dict:
     return {"root": root, "run_name": data.run.path.name, "has_report": data.run.report_path.exists(),
             "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder}
