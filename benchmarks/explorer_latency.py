@@ -162,7 +162,7 @@ def main() -> None:
             first = timed_get(client, f"/memory/{args.layers}/{args.keys - 1}")  # layers count from 1 in URLs
             memory = [timed_get(client, f"/memory/{1 + rng.integers(args.layers)}/{rng.integers(args.keys)}")
                       for _ in range(args.requests)]
-            layer = [timed_get(client, f"/layer/{1 + rng.integers(args.layers)}?sort=confidence&order=desc")
+            layer = [timed_get(client, f"/layer/{1 + rng.integers(args.layers)}?sort=activation%20frequency&order=desc")
                      for _ in range(10)]
             token = [timed_get(client, f"/search?token=w{rng.integers(VOCAB)}") for _ in range(10)]
             text = [timed_get(client, f"/search?q=topic+{rng.integers(997)}") for _ in range(10)]

@@ -5,10 +5,16 @@
     run = ffkv.analyze(run)
     run.triggers(0, 17); run.values(0, 17); run.metric("values"); run.memory(0, 17); run.trace("And God said")
 
-See `ffkv.api`. Imports are lazy: ``import ffkv`` loads neither torch nor the web stack.
+See `ffkv.api`. Imports are lazy: ``import ffkv`` loads neither torch nor the web stack. It makes ffkv's own
+model family known to transformers' Auto classes (`ffkv.hf_auto`): a pruned ffkv-tiny loads with
+``AutoModelForCausalLM.from_pretrained``.
 """
 
+from ffkv import hf_auto as _hf_auto
+
 __version__ = "0.1.0"
+
+_hf_auto.install()
 
 __all__ = ["__version__", "open_run", "index", "analyze", "intervene", "embedded_corpus", "Run"]
 

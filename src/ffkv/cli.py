@@ -9,6 +9,8 @@ was saved, and exit status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import math
 import os
 import sys
@@ -129,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="find the top trigger examples of every key in every layer",
                        description="One streaming pass over a corpus: for every layer and key, the top-k "
-                                   "examples whose prefixes activate the key most (SPEC section 3).")
+                                   "examples whose prefixes activate the key most (the paper's Section 3.1; docs/definitions.md).")
     _add_model_options(p)
     _add_corpus_options(p, required=True)
     p.add_argument("--out", required=True, help="run directory to create (or to resume)")
@@ -173,10 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the merged run directory to create")
     p = sub.add_parser("analyze", help="run the paper's experiments on a run (Geva et al. 2021, sections 3-5)",
                        description="Adds metrics/NAME.parquet and figures/NAME.{png,svg} per experiment "
-                                   "(SPEC sections 4-8).")
+                                   "(the paper's Sections 3-5; beyond the paper: docs/definitions.md).")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
-                   "patterns, ablations, values, composition, refinement; beyond the paper (SPEC 9): census, "
+                   "patterns, ablations, values, composition, refinement; beyond the paper (docs/definitions.md): census, "
                    "suppressed, membership, pruning; lookups; and, only when named, translators (fits a per-layer "
                    "translator, the tuned lens)")
     p.add_argument("--eval-corpus", default=None,
@@ -185,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
     p.add_argument("--n-eval", type=_positive_int, default=4000, help="held-out examples (default 4000, as the paper)")
     p.add_argument("--projection", default=None, choices=("default", "paper", "identity", "final-norm"),
-                   help="default: SPEC's (identity for values, sub-updates and Figure 8; final normalization for "
+                   help="default: ffkv's (docs/definitions.md; identity for values, sub-updates and Figure 8; final normalization for "
                         "residuals and every vector of Figures 9-11); paper: the released code's (identity "
                         "everywhere, the raw residual); identity or final-norm: that one for every vector")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
@@ -228,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the evaluation subset (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
-    p = sub.add_parser("prune", help="write a smaller model without the keys a criterion removes (SPEC 9)",
+    p = sub.add_parser("prune", help="write a smaller model without the keys a criterion removes (beyond the paper)",
                        description="Remove the same share of keys from every FF layer of the run's model, chosen by "
                                    "a criterion (docs/definitions.md), and write the smaller model in its original "
                                    "format with its tokenizer; it is loaded back and checked to give the masked "
@@ -244,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
 
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
-                       description="SPEC section 4's human workflow: export top prefixes of sampled keys to CSV, "
+                       description="The paper's human workflow (Section 3.2): export top prefixes of sampled keys to CSV, "
                                    "label them (shallow / semantic / both / none), import; `ffkv analyze --only "
                                    "patterns` then reports agreement with the automatic labels.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -277,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Index the embedded corpus with ffkv-tiny, run every analysis, write the report.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
     p.add_argument("--n-eval", type=_positive_int, default=DEMO_N_EVAL,
-                   help="held-out verses for the analyses of SPEC sections 7-8 (default: %(default)s)")
+                   help="held-out verses for the analyses of the paper's Section 5 (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
 
     p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
@@ -434,6 +436,7 @@ def _index(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ffkv.index.distributed import build_index_distributed
+    from ffkv.index.excluded import sentence as excluded_sentence
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
     from ffkv.index.preflight import check_output, fit_positions
     from ffkv.models import load_model
@@ -459,6 +462,9 @@ def _index(args: argparse.Namespace) -> int:
         return 0
     print(f"indexed {manifest.counts['examples']:,} examples ({manifest.counts['tokens']:,} tokens) "
           f"in {manifest.timings['index_seconds']:.1f} s -> {run.path}")
+    left_out = excluded_sentence(manifest)
+    if left_out:
+        print(left_out)
     return 0
 
 
@@ -472,14 +478,61 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the command line; an unknown option is refused by its own command's parser (its usage, not the
+    top level's), with the nearest option it has: ``--top_k`` -> did you mean --top-k?"""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    chosen = parser
+    for dest in ("command", "verb"):  # down the subcommands the line named
+        sub = next((a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, dest, None) not in sub.choices:
+            break
+        chosen = sub.choices[getattr(args, dest)]
+    options = [o for a in chosen._actions for o in a.option_strings]
+    unknown = next((e for e in extras if e.startswith("-")), extras[0])
+    typed = unknown.split("=", 1)[0]
+    near = [typed.replace("_", "-")] if typed.replace("_", "-") in options else \
+        difflib.get_close_matches(typed, options, n=1, cutoff=0.6)
+    # ArgumentParser.error prints the command's usage and the message, and exits with status 2.
+    return chosen.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool):
+    """With --no-progress, no bar at all: also those of transformers (\"Loading weights\"), huggingface_hub and
+    datasets, which read these variables when first imported, or are told directly when imported already."""
+    if show:
+        yield
+        return
+    names = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: "1" for name in names})
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    was_on = hf_logging is not None and hf_logging.is_progress_bar_enabled()
+    if was_on:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ffkv` command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, _progress_bars(not getattr(args, "no_progress", False)):
         warnings.simplefilter("always", FfkvWarning)
         try:
             code = COMMANDS[args.command](args)

@@ -48,3 +48,29 @@ def test_every_subcommand_is_in_the_readme_table():
     for command in commands:
         assert re.search(rf"`ffkv {command}\b", table), command
     assert "`ffkv --version`" in table
+
+
+def test_help_cites_what_ships_not_the_internal_spec():
+    """No help text cites "SPEC" (not shipped); definitions are in docs/definitions.md, which is."""
+    cited = [name for name, parser in parsers(build_parser()) if "SPEC" in parser.format_help()]
+    assert cited == []
+    assert "docs/definitions.md" in build_parser().format_help() + "".join(
+        p.format_help() for _, p in parsers(build_parser()))
+    assert (README.parent / "docs" / "definitions.md").is_file()
+
+
+def test_an_unknown_option_is_refused_by_its_command_with_the_nearest_option(capsys):
+    """`ffkv index ... --top_k 5`: the index command's usage and "did you mean --top-k?", not the top-level usage."""
+    for argv, command, near in ((["index", "--corpus", "c", "--out", "o", "--top_k", "5"], "ffkv index", "--top-k"),
+                                (["annotate", "export", "r", "--out", "x", "--keys_per_layer", "3"],
+                                 "ffkv annotate export", "--keys-per-layer"),
+                                (["serve", "r", "--prot", "80"], "ffkv serve", "--port")):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.startswith(f"usage: {command} "), err
+        assert err.strip().splitlines()[-1] == (
+            f"{command}: error: unrecognized arguments: {' '.join(argv[-2:])} (did you mean {near}?)")
+    with pytest.raises(SystemExit):
+        main(["serve", "r", "--zzzz"])
+    assert "did you mean" not in capsys.readouterr().err  # nothing near: no guess

@@ -33,6 +33,21 @@ def test_plain_text_units(tmp_path, tok):
                                                               "Second block here."]
 
 
+def test_end_of_text_markers_split_documents_and_are_never_text(tmp_path, tok):
+    """TinyStories joins its stories with <|endoftext|> lines (and GPT-2-style text may hold the marker inline):
+    each marker ends a document, like a blank line, and no example holds it."""
+    path = write(tmp_path / "stories.txt", "Ben saw a vase. He was glad.\n<|endoftext|>\nOllie swam.\n"
+                 "Then he ate.<|endoftext|>Tim ran home.\n<|endoftext|>\n\n")
+    assert texts(CorpusSpec(path, unit="document"), tok) == ["Ben saw a vase. He was glad.", "Ollie swam.\nThen he ate.",
+                                                             "Tim ran home."]
+    assert texts(CorpusSpec(path, unit="line"), tok) == ["Ben saw a vase. He was glad.", "Ollie swam.", "Then he ate.",
+                                                         "Tim ran home."]
+    assert texts(CorpusSpec(path), tok) == ["Ben saw a vase.", "He was glad.", "Ollie swam.", "Then he ate.",
+                                            "Tim ran home."]
+    records = write(tmp_path / "stories.jsonl", json.dumps({"text": "One.<|endoftext|>Two."}) + "\n")
+    assert texts(CorpusSpec(records, unit="document"), tok) == ["One.", "Two."]
+
+
 def test_text_reader_drops_a_byte_order_mark(tmp_path, tok):
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffHello there.".encode("utf-8"))

@@ -5,6 +5,7 @@ refused clearly (library and command line); the written result reads back."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -138,3 +139,25 @@ def test_the_command_line_prints_the_table_and_writes_the_result(tmp_path, monke
         code = cli.main(["intervene", str(run), "--eval-corpus", str(corpus), "--n-eval", "3", "--no-progress", *argv])
         err = capsys.readouterr().err
         assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_the_printed_table_reads_plainly():
+    """No scientific notation, and an interval that cannot be given says why (the issue: a blank cell, 1.2e-05)."""
+    from ffkv.experiments.corpus_interventions import InterventionResult, plain
+    from ffkv.memories.interventions import Intervention
+
+    summary = pd.DataFrame([
+        {"measure": "perplexity", "before": 12345.678, "after": 12400.5, "change": 54.822, "ci_low": float("nan"),
+         "ci_high": float("nan"), "n": 1},
+        {"measure": "mean NLL per example (nats)", "before": 9.4, "after": 9.41, "change": 0.0000123,
+         "ci_low": float("nan"), "ci_high": float("nan"), "n": 1},
+        {"measure": "token-set mass p(S)", "before": 0.0000812, "after": 0.0000645, "change": -0.0000167,
+         "ci_low": -0.0000301, "ci_high": -0.0000033, "n": 1}])
+    result = InterventionResult(summary, pd.DataFrame({"example_id": [0]}), [Intervention.scaled(0, 1, 0.0)],
+                                [5], [" the"], "given")
+    text = result.to_text()
+    assert not re.search(r"\d[eE][+-]?\d", text), text
+    assert "0.0000812" in text and "-0.0000167" in text and "[-0.0000301, -0.0000033]" in text
+    assert "none: a ratio over the whole corpus" in text and "none: n = 1 example, fewer than 2" in text
+    assert plain(1.2346e-05) == "0.00001235" and plain(12345.67) == "12,346" and plain(-2.5, sign=True) == "-2.5"
+    assert plain(120.0) == "120" and plain(0.5, sign=True) == "+0.5"

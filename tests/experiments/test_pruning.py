@@ -351,3 +351,33 @@ def test_cosines_are_symmetrized_in_place_as_the_whole_mean(block, monkeypatch):
     assert torch.equal(pruning._symmetrized(sim.clone()), expected)
     rand = np.random.default_rng(5).normal(size=(30, 6))
     assert redundancy_order(torch.as_tensor(rand)).tolist() == brute_force_redundancy(rand)
+
+
+def test_a_pruned_ffkv_tiny_loads_with_transformers_auto_classes_after_import_ffkv(tiny_run, tmp_path):
+    """`import ffkv` registers ffkv's model family with AutoConfig and AutoModelForCausalLM (`ffkv.hf_auto`),
+    without importing torch or transformers itself; without it, transformers does not know the model type."""
+    import subprocess
+    import sys
+
+    run, loaded = tiny_run
+    out = prune(run, "random", 0.3, tmp_path / "pruned")
+    ids = loaded.tokenizer.encode("And God said, Let there be light")
+    script = (
+        "import sys, numpy as np\n"
+        "import ffkv\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+        "import torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"model = AutoModelForCausalLM.from_pretrained({str(out)!r})\n"
+        "assert type(model).__name__ == 'FfkvLMForCausalLM'\n"
+        f"np.save({str(tmp_path / 'logits.npy')!r}, model(torch.tensor([{ids!r}])).logits.detach().numpy())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.no_grad():
+        expected = load_model(str(out)).model(input_ids=torch.tensor([ids])).logits.numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected, rtol=1e-5, atol=1e-5)
+    without = subprocess.run([sys.executable, "-c", script.replace("import ffkv\n", "").replace(
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n", "")],
+        capture_output=True, text=True, timeout=300)
+    assert without.returncode != 0 and "ffkv_lm" in without.stderr

@@ -22,7 +22,7 @@ def client(analyzed):
 @pytest.mark.parametrize("url, expect", [
     ("/", "Figure 2"),
     ("/layer/1", 'id="keys"'),
-    ("/layer/3?sort=confidence&order=desc&page=1", 'id="keys"'),
+    ("/layer/3?sort=largest%20m&order=desc&page=1", 'id="keys"'),
     ("/layer/2?sort=pattern", "shallow"),
     ("/layer/2?sort=activation+frequency&order=asc", 'id="keys"'),
     ("/memory/2/7", 'id="triggers"'),
@@ -45,11 +45,11 @@ def test_pages(client, url, expect):
 
 
 def test_layer_sorting(client, analyzed):
-    r = client.get("/layer/1?sort=confidence&order=desc")
+    r = client.get("/layer/1?sort=largest%20m&order=desc")
     keys = [int(k) for k in re.findall(r'<a href="/memory/1/(\d+)">', r.text)]
-    data = client.app.state.data
-    conf = [float(data.key_stats.loc[(0, k)].confidence) for k in keys]
-    assert len(keys) == 40 and conf == sorted(conf, reverse=True)
+    largest = client.app.state.data.layer_keys(0).set_index("key")["top_coefficient"]
+    shown = [float(largest[k]) for k in keys]
+    assert len(keys) == 40 and shown == sorted(shown, reverse=True)
 
 
 BAD = [
@@ -159,7 +159,7 @@ def test_other_families(tmp_path, family):
 
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
-        for url in ("/", "/layer/2?sort=confidence", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
+        for url in ("/", "/layer/2?sort=largest%20m", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
                     "/trace?prompt=the+cat+sat&off=3:3&scale=1:1:3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
         # An index without analyses has no automatic labels: sorting by them says so.
@@ -177,9 +177,34 @@ def test_serve_checks_the_port_and_runs_uvicorn(analyzed, monkeypatch):
     with pytest.raises(FfkvError, match="port"):
         serve(run, port=70000, loaded=loaded)
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(app=app, host=host, port=port))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.update(
+        app=self.config.app, address=sockets[0].getsockname()))
     serve(run, host="127.0.0.1", port=8123, loaded=loaded)
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["app"].state.data.n_layers == 3
+    assert seen["address"] == ("127.0.0.1", 8123) and seen["app"].state.data.n_layers == 3
+
+
+def test_serve_on_a_taken_port_says_so_in_one_line_before_anything_else(analyzed, monkeypatch, capsys):
+    """The port is bound before the app is built or its address printed: a taken port is one error naming
+    --port (the issue: "exploring at http://..." was printed, then a server error)."""
+    import socket
+
+    import uvicorn
+
+    from ffkv import cli
+
+    run, loaded = analyzed
+    monkeypatch.setattr("ffkv.explorer.app.load_run_model", lambda path: loaded)
+    started = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: started.append(self))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code = cli.main(["serve", str(run), "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and not started and "exploring" not in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} on 127.0.0.1 is taken" in lines[0] and "--port" in lines[0]
 
 
 def test_serve_refuses_what_is_not_a_run(tmp_path):
@@ -213,3 +238,24 @@ def test_a_model_that_cannot_be_loaded_is_a_clear_503(analyzed, monkeypatch):
         assert c.get("/").status_code == 200  # the overview reads tables only
         r = c.get("/memory/1/1")
         assert r.status_code == 503 and "no network to fetch tiny-gpt2" in r.text
+
+
+def test_a_model_loaded_in_the_background_warms_the_first_memory_page(analyzed, monkeypatch):
+    """Once the background load is done, the vocabulary's strings and the templates are ready: the first memory
+    page a reader opens does not wait for them."""
+    import threading
+
+    import ffkv.models.loading as loading
+    from ffkv.explorer import pages
+
+    run, loaded = analyzed
+    monkeypatch.setattr(loading, "load_model", lambda name, dtype="float32", device="cpu": loaded)
+    compiled = threading.Event()
+    real_warm = pages.warm
+    monkeypatch.setattr(pages, "warm", lambda: (real_warm(), compiled.set()))
+    app = create_app(run)
+    data = app.state.data
+    assert data._tokens is None
+    app.state.data.model.start()
+    assert compiled.wait(120)
+    assert data._tokens is not None and len(data._tokens) == data.vocab_size

@@ -150,21 +150,46 @@ def test_every_page_counts_layers_from_1(client):
     assert rows == [("1", "1"), ("2", "2"), ("3", "3")]
 
 
-def test_small_probabilities_keep_their_digits(client):
-    """A value's confidence sits a little above the uniform 1/|V|: both are shown with the same rule (two
-    significant digits for small shares), the search's p with three, so that no column reads all alike."""
+@pytest.mark.parametrize("projection", ["identity", "final-norm", "logits"])
+def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, projection):
+    """The top token's p (or logit) and the top-1 trigger target's rank are those of the projection on the page,
+    computed here from the weights; under identity the rank is the lookup table's. Small shares keep two
+    significant digits, beside the uniform 1/|V| written with the same rule."""
     from ffkv.explorer.pages import value_format
     from ffkv.presentation.style import percent
 
+    run, loaded = analyzed
     data = client.app.state.data
-    memory = client.get("/memory/1/0").text
-    confidence = data.key_stats.loc[(0, 0), "confidence"]
-    assert f"Value confidence (identity) {percent(confidence)} (uniform: {percent(1 / data.vocab_size)})" in memory
-    layer = client.get("/layer/1?sort=confidence&order=desc").text
-    cells = re.findall(r'<td class="num">([\d.]+%)</td><td class="num">[\d.]+%</td><td class="">', layer)
-    table = data.layer_keys(0).sort_values(["confidence", "key"], ascending=[False, True])
-    assert cells == [percent(c) for c in table["confidence"][:PAGE_SIZE]]
-    assert f"rows 1–{min(PAGE_SIZE, data.d_m)}, page 1" in layer  # rows of the table; keys are 0-based
+    view = loaded.view
+    layer, key = 1, 4
+    v = view.values(layer)[key]
+    z = (view.final_norm(v) if projection == "final-norm" else v) @ view.unembedding.T
+    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query(
+        f"layer == {layer} and key == {key} and direction == 1 and rank == 0").iloc[0]
+    target = int(te["next_token_id"])
+    rank = int((z > z[target]).sum())
+    memory = client.get(f"/memory/{layer + 1}/{key}?projection={projection}").text
+    quoted = unescape(re.search(r'id="value-numbers">(.*?)</p>', memory, flags=re.S).group(1))
+    top = f"logit {value_format(float(z.max()))}" if projection == "logits" else \
+        f"p = {percent(float(z.softmax(-1).max()))} (uniform: {percent(1 / data.vocab_size)})"
+    assert f"the top token has {top};" in quoted
+    assert f"ranks {rank + 1}" in quoted
+    if projection == "identity":
+        assert rank == int(data.key_stats.loc[(layer, key), "next_token_rank"])
+    exported = client.get(f"/memory/{layer + 1}/{key}.json?projection={projection}").json()["value"]
+    assert exported["target_rank"] == rank
+    assert exported["top_value"] == pytest.approx(float(z.max() if projection == "logits" else z.softmax(-1).max()),
+                                                  rel=1e-5)
+
+
+def test_layer_page_has_no_uniform_confidence_column(client):
+    """The values' identity confidence sits at about 1/|V| for every key of a small model: the layer page and
+    the overview no longer show it as a column (the memory page quotes the chosen projection's)."""
+    from ffkv.explorer.pages import value_format
+
+    assert "value confidence" not in client.get("/layer/1").text and "value confidence" not in client.get("/").text
+    assert client.get("/layer/1?sort=confidence").status_code == 422
+    data = client.app.state.data
     found = data.promoting("#10")["results"]
     search = client.get("/search?token=%2310").text
     shown = re.findall(r'<td class="num">([^<]+)</td><td><span class="tok">', search)
@@ -177,3 +202,24 @@ def test_overview_shows_the_figures_in_the_papers_order(client):
     order = ["patterns", "ablations", "values", "values_rank", "composition_active", "composition",
              "refinement_agreement", "refinement_confidence", "refinement"]
     assert [n for n in names if n in order] == order  # Figures 2, 3, 4, 5, 7, 8, 9, 10, 11
+
+
+def test_negative_memories_read_right(client, analyzed):
+    """A signed (GELU) model's memory page says what the memory does in each direction, draws the bars of
+    negative coefficients in the legend's red, and the layer page sorts by the strength of the most negative m."""
+    run, _ = analyzed
+    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query("layer == 1 and rank == 0")
+    page = client.get("/memory/2/4").text
+    assert "bottom tokens: suppressed where m &gt; 0, promoted where m &lt; 0" in page
+    assert "top tokens: promoted where m &gt; 0, suppressed where m &lt; 0" in page
+    assert "(suppressed)" not in page and 'id="directions"' in page
+    bars = re.findall(r'<span class="bar( neg)?" style="width: [\d.]+px"></span> (-?[\d.]+)', page)
+    negative = re.findall(r'<span class="bar( neg)?"', page.split('id="triggers-negative"')[1])
+    assert bars and negative and all((cls == " neg") == (float(value) < 0) for cls, value in bars)
+    # Strength of m < 0: -m of each key's most negative trigger example (0 when it is positive), sortable.
+    strongest = te[te.direction == -1].set_index("key")["coefficient"]
+    expected = (-strongest).clip(lower=0).sort_values(ascending=False, kind="stable")
+    table = client.app.state.data.layer_keys(1).set_index("key")
+    np.testing.assert_allclose(table.loc[strongest.index, "negative_strength"], (-strongest).clip(lower=0), rtol=1e-6)
+    shown = keys_in_order(client.get("/layer/2?sort=negative%20strength&order=desc").text, 2)
+    assert [table.loc[k, "negative_strength"] for k in shown[:10]] == sorted(expected.to_numpy(), reverse=True)[:10]

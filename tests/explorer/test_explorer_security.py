@@ -108,7 +108,7 @@ def test_serve_beyond_loopback_warns_and_requires_a_token(analyzed, monkeypatch,
 
     run, loaded = analyzed
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: apps.append(app))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: apps.append(self.config.app))
     serve(run, host="0.0.0.0", port=8123, loaded=loaded)
     out = capsys.readouterr().out
     assert "warning" in out and "?token=" in out

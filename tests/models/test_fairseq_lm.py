@@ -215,8 +215,9 @@ def test_an_omegaconf_config_is_read_without_omegaconf(tmp_path):
 def test_dictionary_tokenizer(tmp_path):
     _write_checkpoint(tmp_path)
     tok = load_model(str(tmp_path)).tokenizer
+    # Every word of a word-level vocabulary starts a word: it reads with its leading space (one display for all).
     assert tok.vocab_size == 48 and tok.token_strings([0, 1, 2, 3, 44, 47]) == [
-        "<s>", "<pad>", "</s>", "<unk>", "madeupword0000", "madeupword0003"]
+        " <s>", " <pad>", " </s>", " <unk>", " madeupword0000", " madeupword0003"]
     # eos first (fairseq's begin-of-sentence), dictionary ids from 4, unknown words -> <unk>.
     assert tok.encode("w0 w1 nope") == [2, 4, 5, 3]
     # Moses-style splitting only for words outside the dictionary: WikiText text is left as it is.

@@ -21,6 +21,9 @@ from ffkv.errors import FfkvError
 # A plain-text block longer than this is cut at a line boundary, so a file without
 # blank lines never has to sit in memory whole.
 MAX_BLOCK_CHARS = 1 << 20
+#: End-of-text markers that join documents in one text (TinyStories' and GPT-2's ``<|endoftext|>``): a
+#: document ends at one, like at a blank line, and the marker itself is never text of an example.
+END_OF_TEXT = ("<|endoftext|>",)
 PARQUET_BATCH_ROWS = 1024
 
 
@@ -58,6 +61,22 @@ def iter_documents(spec: CorpusSpec) -> Iterator[Document]:
                             "use text, wikitext, jsonl or parquet")
 
 
+def end_of_text_parts(text: str) -> list[str]:
+    """`text` cut at every `END_OF_TEXT` marker (the markers dropped)."""
+    parts = [text]
+    for marker in END_OF_TEXT:
+        parts = [piece for part in parts for piece in part.split(marker)]
+    return parts
+
+
+def record_documents(text: str) -> Iterator[Document]:
+    """A record's text (JSONL, Parquet, HF) as documents: one, or one per text between `END_OF_TEXT` markers."""
+    for part in end_of_text_parts(text):
+        document = record_document(part)
+        if document is not None:
+            yield document
+
+
 def record_document(text: str) -> Document | None:
     """A record's text (JSONL, Parquet, HF) as a document; blank-line blocks are paragraphs."""
     text = text.strip()
@@ -80,17 +99,20 @@ def record_document(text: str) -> Document | None:
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> Iterator[Document]:
-    """Plain text: a document is a block of lines between blank lines."""
+    """Plain text: a document is a block of lines between blank lines (or `END_OF_TEXT` markers)."""
     block: list[str] = []
     size = 0
     for raw in _text_lines(path, encoding):
-        line = raw.strip()
-        if line:
-            block.append(line)
-            size += len(line)
-        if block and (not line or size > MAX_BLOCK_CHARS):
-            yield Document("\n".join(block), block, [" ".join(block)])
-            block, size = [], 0
+        parts = end_of_text_parts(raw)
+        for i, part in enumerate(parts):
+            line = part.strip()
+            if line:
+                block.append(line)
+                size += len(line)
+            ends = not line or i < len(parts) - 1  # a blank line, or a marker after this part
+            if block and (ends or size > MAX_BLOCK_CHARS):
+                yield Document("\n".join(block), block, [" ".join(block)])
+                block, size = [], 0
     if block:
         yield Document("\n".join(block), block, [" ".join(block)])
 
@@ -125,9 +147,7 @@ def read_jsonl(path: Path, text_field: str, encoding: str = "utf-8") -> Iterator
         except json.JSONDecodeError as error:
             raise FfkvError(f"corpus file {path} line {number} is not valid JSON ({error.msg}): "
                             "write one JSON object per line") from error
-        document = record_document(_field_text(record, text_field, f"corpus file {path} line {number}"))
-        if document is not None:
-            yield document
+        yield from record_documents(_field_text(record, text_field, f"corpus file {path} line {number}"))
 
 
 def read_parquet(path: Path, text_field: str) -> Iterator[Document]:
@@ -150,9 +170,8 @@ def read_parquet(path: Path, text_field: str) -> Iterator[Document]:
                         "set text_field to a string column")
     for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
         for text in batch.column(0).to_pylist():
-            document = record_document(text) if text is not None else None
-            if document is not None:
-                yield document
+            if text is not None:
+                yield from record_documents(text)
 
 
 def read_hf(spec: CorpusSpec) -> Iterator[Document]:
@@ -175,9 +194,7 @@ def read_hf(spec: CorpusSpec) -> Iterator[Document]:
         yield from wikitext_documents(texts, spec.wikitext_detokenize)
         return
     for text in texts:
-        document = record_document(text)
-        if document is not None:
-            yield document
+        yield from record_documents(text)
 
 
 def _field_text(record: object, text_field: str, where: str) -> str:

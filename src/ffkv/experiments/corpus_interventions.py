@@ -193,12 +193,30 @@ class InterventionResult:
         lines = [f"interventions (layers from 1): {edits}",
                  f"token set S ({self.token_set_origin}, {len(self.token_set)} tokens): {shown}",
                  f"n = {len(self.examples):,} examples; intervals: {INTERVAL}", ""]
-        header = f"{'measure':<28}{'before':>12}{'after':>12}{'change':>12}   95% interval of the change"
+        header = f"{'measure':<28}{'before':>14}{'after':>14}{'change':>14}   95% interval of the change"
         lines.append(header)
         for row in self.summary.itertuples():
-            interval = "" if math.isnan(row.ci_low) else f"[{row.ci_low:+.5g}, {row.ci_high:+.5g}]"
-            lines.append(f"{row.measure:<28}{row.before:>12.5g}{row.after:>12.5g}{row.change:>+12.5g}   {interval}")
+            if row.measure == "perplexity":  # exp of the corpus's mean NLL per token: no per-example pairs
+                interval = "none: a ratio over the whole corpus (see the mean NLL's)"
+            elif math.isnan(row.ci_low):
+                interval = f"none: n = {row.n} example{'s' if row.n != 1 else ''}, fewer than 2"
+            else:
+                interval = f"[{plain(row.ci_low, sign=True)}, {plain(row.ci_high, sign=True)}]"
+            lines.append(f"{row.measure:<28}{plain(row.before):>14}{plain(row.after):>14}"
+                         f"{plain(row.change, sign=True):>14}   {interval}")
         return "\n".join(lines)
+
+
+def plain(value: float, digits: int = 4, sign: bool = False) -> str:
+    """A number in plain decimals, never in scientific notation: `digits` significant digits (0.000012346,
+    not 1.2346e-05; 12,345.7, not 1.2346e+04), a sign when asked for."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if value == 0:
+        return "+0" if sign else "0"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:{'+' if sign else ''},.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def evaluate(loaded: LoadedModel, examples: Sequence[np.ndarray], interventions: Sequence[Intervention],

@@ -31,13 +31,13 @@ APPLICABILITY: dict[str, tuple[bool, str, str]] = {
                     "the values projection (the decoder weights)"),
     "refinement": (True, "Figures 9-11, Table 3", "at the masked held-out position; residuals through the MLM head "
                    "(transform, then decoder); o is the MLM head's prediction of the masked token"),
-    "census": (True, "census (SPEC 9)", "over every token of the held-out examples, unmasked: activation, detector "
+    "census": (True, "census (beyond the paper)", "over every token of the held-out examples, unmasked: activation, detector "
                "and positional statistics describe the keys; value types through the values projection"),
-    "suppressed": (True, "suppressed memories (SPEC 9)", "at the masked held-out position, the gold token being the "
+    "suppressed": (True, "suppressed memories (beyond the paper)", "at the masked held-out position, the gold token being the "
                    "masked one"),
-    "membership": (False, "membership (SPEC 9)", "not computed: its baseline and statistic score next-token loss, "
+    "membership": (False, "membership (beyond the paper)", "not computed: its baseline and statistic score next-token loss, "
                    "which a masked-LM encoder does not define"),
-    "pruning": (False, "pruning curves (SPEC 9)", "not computed: perplexity is a causal LM's; `ffkv prune` still "
+    "pruning": (False, "pruning curves (beyond the paper)", "not computed: perplexity is a causal LM's; `ffkv prune` still "
                 "writes a smaller encoder"),
     "translators": (True, "KL-to-final, Figures 4, 9-11 side by side", "translators fitted at every (unmasked) "
                     "position of the training examples against the MLM head's output there"),

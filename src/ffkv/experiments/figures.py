@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -54,12 +55,40 @@ def interval_bars(ax, x, table, column: str, scale: float = 100.0) -> None:
     ax.errorbar(x, value, yerr=[np.nan_to_num(below), np.nan_to_num(above)], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
 
 
+#: Inches: the width of `new_figure`'s figures. The report and the explorer show every figure in one column, so a
+#: wider figure is shown scaled down: `legible` scales its text up by as much first.
+STANDARD_WIDTH = 5.5
+
+
+def legible(fig) -> None:
+    """Make a figure's text readable where it is shown: fonts scaled by the figure's width over `STANDARD_WIDTH`
+    (a 10-inch figure shown in the same column as a 5.5-inch one), and each axis label longer than its axis
+    wrapped onto as many lines as it needs (a y label taller than a short plot is cut off)."""
+    from matplotlib.text import Text
+
+    scale = fig.get_figwidth() / STANDARD_WIDTH
+    if scale > 1.05:
+        for text in fig.findobj(Text):
+            text.set_fontsize(text.get_fontsize() * scale)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.get_axes():
+        box = ax.get_window_extent(renderer)
+        for label, room, long in ((ax.yaxis.label, box.height, "height"), (ax.xaxis.label, box.width, "width")):
+            text = label.get_text()
+            length = getattr(label.get_window_extent(renderer), long)
+            if text and "\n" not in text and length > room:
+                label.set_text(textwrap.fill(text, max(8, int(len(text) * 0.95 * room / length))))
+
+
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
-    """Write RUN/figures/NAME.png and NAME.svg atomically; close the figure. Returns the paths written
-    (none on ranks other than 0 under torchrun: rank 0 alone writes)."""
+    """Write RUN/figures/NAME.png and NAME.svg atomically (`legible` first); close the figure. Returns the paths
+    written (none on ranks other than 0 under torchrun: rank 0 alone writes)."""
     run = RunDir(run_path)
     paths = []
     try:
+        if is_writer():
+            legible(fig)
         for fmt in ("png", "svg") if is_writer() else ():
             path = run.figure_path(name, fmt)
             with atomic.atomic_path(path) as tmp:

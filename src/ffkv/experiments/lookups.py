@@ -12,7 +12,9 @@ the contract in docs/run-directory.md). Per key of every layer:
   histogram of m_i (equal-width bins between the sample's smallest and largest m_i, two
   passes over the sample, so memory never holds more than one batch of coefficients);
 - explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
-  examples they use, indexed for point queries.
+  examples they use, indexed for point queries;
+- trigger_coefficients.npy: the key's coefficient at every token of each trigger example
+  (`ffkv.experiments.trigger_contexts`), so that a memory page runs no model to shade them.
 
 Only the writing rank builds them (they are small next to the experiments' passes).
 """
@@ -32,6 +34,7 @@ import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
+from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.memories.active import active, active_fraction
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
@@ -56,11 +59,20 @@ def _sql_path(path: Path) -> str:
 
 
 def build_database(run: RunDir, path: Path) -> None:
-    """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts."""
+    """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts.
+
+    While the index has at most `trigger_contexts.MAX_ROWS` trigger rows, each row also holds ``m_length`` (its
+    example's tokens) and ``m_offset`` (where its per-token coefficients start in `trigger_contexts.FILE`); NULL
+    beyond.
+    """
     te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
     columns = pq.read_schema(run.table("trigger_examples")).names
     # Runs of format 3 hold a direction column (+1, and -1 with --sign both); older runs are all +1.
     direction = "t.direction" if "direction" in columns else "CAST(1 AS TINYINT)"
+    located = pq.ParquetFile(run.table("trigger_examples")).metadata.num_rows <= trigger_contexts.MAX_ROWS
+    length = "CAST(len(x.token_ids) AS INTEGER)" if located else "CAST(NULL AS INTEGER)"
+    offset = (f"CAST(sum(len(x.token_ids)) OVER (ORDER BY t.layer, t.key, {direction} DESC, t.rank "
+              "ROWS UNBOUNDED PRECEDING) - len(x.token_ids) AS BIGINT)" if located else "CAST(NULL AS BIGINT)")
     with atomic.atomic_path(path) as tmp:
         tmp.unlink()
         con = duckdb.connect(str(tmp))
@@ -74,7 +86,8 @@ def build_database(run: RunDir, path: Path) -> None:
             con.execute(f"""
                 CREATE TABLE triggers AS
                 SELECT t.layer, t.key, {direction} AS direction, t.rank, t.coefficient, t.example_id,
-                       t.position, t.next_token_id, CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id
+                       t.position, t.next_token_id, CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id,
+                       {length} AS m_length, {offset} AS m_offset
                 FROM read_parquet('{te}') t JOIN texts x USING (example_id)
                 ORDER BY t.layer, t.key, direction DESC, t.rank""")
             con.execute("CREATE INDEX triggers_layer_key ON triggers (layer, key)")
@@ -242,12 +255,28 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, pr
     folder.mkdir(parents=True, exist_ok=True)
     sample = corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample)
-    bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches), "explorer lookups", "step")
     build_database(run, folder / "explorer.duckdb")
+    rows = trigger_contexts.plan(folder / "explorer.duckdb")
+    cells = int(rows["m_length"].sum()) if rows is not None else None
+    store_contexts = cells is not None and cells <= trigger_contexts.MAX_CELLS
+    texts = trigger_contexts.texts_of(folder / "explorer.duckdb") if store_contexts else {}
+    context_batches = trigger_contexts.batches_needed(rows, texts) if store_contexts else 0
+    bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches) + context_batches, "explorer lookups", "step")
     bar.update(1)
     top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
     top_table, stats = value_tables(loaded, top1, bar=bar)
     act = activation_stats(loaded, batches, bar=bar)
+    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"}
+    if store_contexts:
+        begun = time.perf_counter()
+        flat = trigger_contexts.compute(loaded, rows, texts, bar=bar)
+        dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
+        contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
+                    "bytes": (folder / trigger_contexts.FILE).stat().st_size,
+                    "seconds": round(time.perf_counter() - begun, 3)}
+        del flat, texts
+    elif (folder / trigger_contexts.FILE).exists():
+        (folder / trigger_contexts.FILE).unlink()  # an older build's, for other rows
     bar.close()
     stats["activation_frequency"] = act["frequency"].ravel()
     stats = stats.merge(shallow, on=["layer", "key"], how="left")
@@ -262,6 +291,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, pr
     lookups.write_info(run, manifest, folder, projection=DEFAULT_FOR_VALUES, top_tokens=TOP_TOKENS,
                        activation_sample={"examples": len(sample), "positions": int(act["positions"]),
                                           "max_tokens": SAMPLE_MAX_TOKENS, "seed": seed, "bins": HISTOGRAM_BINS},
+                       trigger_coefficients=contexts,
                        seconds=round(time.perf_counter() - started, 3))
     return folder
 

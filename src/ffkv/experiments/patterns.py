@@ -39,6 +39,7 @@ from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
+from ffkv.models.token_display import sequence_strings
 from ffkv.presentation.findings import wilson_interval
 from ffkv.store.annotations import LABELS, consensus, read_labels
 
@@ -260,8 +261,8 @@ def describe(ctx: RunContext, key_row, prefixes: list[np.ndarray], masked: list[
 
 
 def _show(ctx: RunContext, ids: list[int]) -> str:
-    try:
-        text = ctx.tokenizer.decode([int(i) for i in ids])
+    try:  # as the explorer reads tokens: a word start keeps its space, whatever the tokenizer's marker
+        text = "".join(sequence_strings(ctx.tokenizer, [int(i) for i in ids]))
     except Exception:  # noqa: BLE001
         text = "".join(ctx.tokens(ids))
     return repr(text.replace("\n", " "))

@@ -24,6 +24,7 @@ pool of their own, one at a time, with a bounded queue: past it, a 503 asks the 
 from __future__ import annotations
 
 import errno
+import socket
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -70,6 +71,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     """
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
+    data.model.after_load(lambda: (data.warm(), pages.warm()))  # a model loaded in the background: warm up
     # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
     model_pool = anyio.CapacityLimiter(1)
 
@@ -279,10 +281,40 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
         print(f"ffkv serve: warning: listening on {host}, not only on this machine: anyone who can reach it "
               + ("and has the token can read the run and post labels" if token else
                  "can read the run and post labels (no access token: --no-token)"), flush=True)
-    app = create_app(run_dir, loaded=loaded, progress=True, hosts=hosts, token=token)
-    shown = f"[{host}]" if ":" in host else host
-    if host in ("0.0.0.0", "::"):
-        shown = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
-    link = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-    print(f"ffkv serve: exploring {Path(run_dir)} at {link} (Ctrl-C to stop)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    listening = bind(host, port)  # before anything is built or printed: a taken port is one line, at once
+    try:
+        app = create_app(run_dir, loaded=loaded, progress=True, hosts=hosts, token=token)
+        port = listening.getsockname()[1]  # the port the system gave, for --port 0
+        shown = f"[{host}]" if ":" in host else host
+        if host in ("0.0.0.0", "::"):
+            shown = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+        link = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+        print(f"ffkv serve: exploring {Path(run_dir)} at {link} (Ctrl-C to stop)", flush=True)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listening])
+    finally:
+        listening.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port; a taken port (or an address this machine does not have) is an
+    `FfkvError` naming --port (or --host)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise FfkvError(f"--host {host!r} is not an address of this machine ({exc.strerror})") from None
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts need no wait
+        listening.bind(address)
+        listening.listen(2048)
+    except OSError as exc:
+        listening.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise FfkvError(f"port {port} on {host} is taken (another `ffkv serve`?): choose another with "
+                            f"--port, e.g. --port {port + 1}") from None
+        if exc.errno == errno.EACCES:
+            raise FfkvError(f"port {port} on {host} needs privileges this user lacks: choose one above 1023 "
+                            "with --port") from None
+        raise FfkvError(f"cannot listen on {host}:{port} ({exc.strerror}): check --host and --port") from None
+    listening.set_inheritable(True)
+    return listening

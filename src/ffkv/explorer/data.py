@@ -72,6 +72,8 @@ class ExplorerData:
         k = int(top["rank"].max()) + 1 if len(top) else 0
         self.top_ids = top["token_id"].to_numpy().reshape(self.n_layers, self.d_m, k)
         self.top_probs = top["prob"].to_numpy().reshape(self.n_layers, self.d_m, k)
+        # Per-token coefficients of every trigger example, stored by the build (None: computed when asked for).
+        self.coefficients = lookups.read_coefficients(self.folder, self.lookup_info)
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
@@ -124,6 +126,12 @@ class ExplorerData:
             return None
         return {c: v.item() if hasattr(v, "item") else v for c, v in self.census.loc[(layer, key)].items()}
 
+    def warm(self) -> None:
+        """Compute what a process's first memory page would otherwise wait for: the vocabulary's strings, the
+        tables' first query, the model's first projection (`ffkv serve` runs it once the model is loaded)."""
+        self.tokens()
+        self.memory(0, 0, context=False)
+
     # --------------------------------------------------------------- tokens
     def tokens(self) -> list[str]:
         """Readable string of every token id (computed once)."""
@@ -146,6 +154,13 @@ class ExplorerData:
             return "⟨end⟩"
         strings = self.tokens()
         return strings[token_id] if token_id < len(strings) else f"<{token_id}>"
+
+    def sequence(self, token_ids: list[int]) -> list[str]:
+        """The tokens of one text as the reader sees them (`ffkv.models.token_display.sequence_strings`): joined,
+        the text; a character split over byte tokens shown whole on the token that completes it."""
+        from ffkv.models.token_display import sequence_strings
+
+        return sequence_strings(self.loaded.tokenizer, token_ids)
 
     def token_ids_for(self, text: str) -> list[int]:
         """Ids of a token typed by a user: exact string, else the same string without surrounding spaces,
@@ -202,9 +217,29 @@ class ExplorerData:
     def triggers(self, layer: int, key: int) -> pd.DataFrame:
         """The trigger examples of a key, with their example's token ids and text, strongest first per direction."""
         trig = self._query("SELECT t.direction, t.rank, t.coefficient, t.example_id, t.position, t.next_token_id, "
-                           "x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
+                           "t.m_offset, t.m_length, x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
                            "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
         return trig
+
+    def _top1_target(self, trig: pd.DataFrame) -> int | None:
+        """The trigger target of a key's top-1 trigger example (`ffkv.memories.targets`), None when it has none."""
+        from ffkv.memories.targets import trigger_targets
+
+        first = trig[(trig["direction"] == 1) & (trig["rank"] == 0)]
+        if first.empty:
+            return None
+        row = first.iloc[0]
+        last = int(row["token_ids"][int(row["position"])])
+        target = int(trigger_targets(np.array([int(row["next_token_id"])]), np.array([last]), self.encoder)[0])
+        return target if target >= 0 else None
+
+    def _stored_context(self, trig: pd.DataFrame) -> list | None:
+        """The per-token coefficients of a key's trigger examples as the build stored them, or None when it
+        stored none for these rows."""
+        if self.coefficients is None or trig["m_offset"].isna().any():
+            return None
+        return [np.asarray(self.coefficients[int(o):int(o) + int(n)], dtype=np.float32)
+                for o, n in zip(trig["m_offset"], trig["m_length"])]
 
     def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
         """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
@@ -238,15 +273,16 @@ class ExplorerData:
         trig = self.triggers(layer, key)
         token_lists = [[int(t) for t in ids] for ids in trig["token_ids"]]
         loaded = self.loaded
-        per_token: list = [None] * len(token_lists)
+        stored = self._stored_context(trig) if context else None
+        per_token: list = stored or [None] * len(token_lists)
         if getattr(loaded, "view", None) is None:  # a tokenizer without a model: the stored identity top tokens
             value = {"shown": "p", "top": [(t["token_id"], t["prob"]) for t in self.value_top(layer, key)],
                      "bottom": []}
             projection = "identity"
         else:
             with self.model.lock:
-                value = live.value_tokens(loaded, layer, key, projection, n_tokens)
-                if context:
+                value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig))
+                if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
         scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
                     + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
@@ -254,9 +290,10 @@ class ExplorerData:
         for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
             pos = int(row.position)
             tokens = []
-            for j, t in enumerate(ids):
-                m = None if coefficients is None else float(coefficients[j])
-                tokens.append({"text": self.token(t), "m": m, "shade": 0.0 if m is None else m / scale,
+            for j, (t, text) in enumerate(zip(ids, self.sequence(ids))):
+                # The trigger position's coefficient is the index's own (stored coefficients are float16).
+                m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
+                tokens.append({"text": text, "m": m, "shade": 0.0 if m is None else m / scale,
                                "trigger": j == pos, "next": j == pos + 1, "after": j > pos})
             groups.setdefault(int(row.direction), []).append({
                 "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
@@ -278,7 +315,8 @@ class ExplorerData:
                          for d in sorted(groups, reverse=True)],
             "examples": positive,
             "top_token": self.token(int(stats["top_token_id"])),
-            "value": {"shown": value["shown"],
+            "value": {"shown": value["shown"], "top_value": value.get("top_value"),
+                      "target_rank": value.get("target_rank"),
                       "top": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["top"]],
                       "bottom": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["bottom"]]},
             "histogram": {"counts": [int(c) for c in stats.get("activation_histogram", [])],
@@ -294,6 +332,7 @@ class ExplorerData:
         """One row per key of a layer: the layer page's columns (statistics, automatic and human labels)."""
         table = self.key_stats.loc[layer].reset_index()
         table["top_tokens"] = [[self.token(int(t)) for t in self.top_ids[layer, k, :3]] for k in table["key"]]
+        table = table.merge(self.strongest(layer), on="key", how="left")
         if self.key_metrics is not None and layer in self.key_metrics.index.get_level_values(0):
             table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
         if self.census is not None and layer in self.census.index.get_level_values(0):
@@ -305,12 +344,22 @@ class ExplorerData:
         return table.merge(human[["key", "label", "description"]].rename(
             columns={"label": "human_label", "description": "human_description"}), on="key", how="left")
 
+    def strongest(self, layer: int) -> pd.DataFrame:
+        """Per key of a layer (0-based): ``top_coefficient``, its largest m over the index (its rank-1 trigger
+        example), and, where the index kept the most negative ones (``--sign both``), ``negative_strength``: -m of
+        its most negative trigger example, 0 when even that one is positive."""
+        table = self._query("SELECT key, max(coefficient) FILTER (WHERE direction = 1) AS top_coefficient, "
+                            "greatest(-min(coefficient) FILTER (WHERE direction = -1), 0) AS negative_strength "
+                            "FROM triggers WHERE layer = ? AND rank = 0 GROUP BY key", [layer])
+        if table["negative_strength"].isna().all():
+            table = table.drop(columns="negative_strength")
+        return table.astype({"key": "int64"})
+
     def layer_summary(self) -> pd.DataFrame:
         """Per layer (0-based `layer`): key statistics, shares of automatic labels, annotated keys."""
         stats = self.key_stats.reset_index()
         summary = stats.groupby("layer").agg(
-            keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_confidence=("confidence", "mean"),
-            mean_activation_frequency=("activation_frequency", "mean"),
+            keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_activation_frequency=("activation_frequency", "mean"),
         ).reset_index()
         if self.key_metrics is not None and "label" in self.key_metrics.columns:
             shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(fill_value=0)

@@ -22,10 +22,11 @@ VALUE_PROJECTIONS = {"identity": ("identity", "p"), "final-norm": ("final-norm",
 
 
 @torch.no_grad()
-def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int) -> dict:
+def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int, target: int | None = None) -> dict:
     """The n top and n bottom tokens of value v_i of a layer under `projection` (a `VALUE_PROJECTIONS` name).
 
-    Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)]},
+    Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)], "top_value": the
+    top token's p or logit, "target_rank": how many tokens rank strictly above `target` (None without one)},
     bottom listed from the least likely up.
     """
     norm, shown = VALUE_PROJECTIONS[projection]
@@ -34,9 +35,12 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
     n = min(n, z.numel())
     top = torch.topk(z, n)
     bottom = torch.topk(-z, n)
+    known = target is not None and 0 <= int(target) < z.numel()
     return {"shown": shown,
             "top": [(int(i), float(values[i])) for i in top.indices],
-            "bottom": [(int(i), float(values[i])) for i in bottom.indices]}
+            "bottom": [(int(i), float(values[i])) for i in bottom.indices],
+            "top_value": float(values[top.indices[0]]),
+            "target_rank": int((z > z[int(target)]).sum()) if known else None}
 
 
 @torch.no_grad()

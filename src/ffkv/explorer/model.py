@@ -41,8 +41,14 @@ class ModelHandle:
         self._ready = threading.Event()
         self._started = loaded is not None
         self._start_lock = threading.Lock()
+        self._after_load: list = []
         if loaded is not None:
             self._ready.set()
+
+    def after_load(self, function) -> None:
+        """Run `function()` in the loading thread once the model is loaded there (warming what the first pages
+        need); nothing when the model was given. Its errors are ignored: the pages compute what it would have."""
+        self._after_load.append(function)
 
     def start(self) -> None:
         """Start loading the model in a background thread (once; later calls do nothing)."""
@@ -59,6 +65,11 @@ class ModelHandle:
             self._error = exc
         finally:
             self._ready.set()
+        for function in self._after_load if self._error is None else ():
+            try:
+                function()
+            except Exception:  # noqa: BLE001 - a warm-up only
+                pass
 
     @property
     def ready(self) -> bool:

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 import jinja2
+from markupsafe import Markup, escape
 
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
@@ -43,6 +44,21 @@ def heat_style(shade: float) -> str:
     return f"background: rgba({rgb},{alpha:.2f})"
 
 
+def strip_html(tokens: list[dict]) -> Markup:
+    """A trigger example's tokens (`ExplorerData.memory`'s ``tokens``) as spans shaded by the key's coefficient:
+    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Built here
+    rather than in a template: a memory page holds thousands of them."""
+    out = ['<span class="tokens">']
+    for t in tokens:
+        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "") \
+            + ("" if t["text"] else " part")
+        title = "" if t["m"] is None else \
+            f' title="m = {number(t["m"], 3)}{"" if t["text"] else " (first bytes of the character that follows)"}"'
+        out.append(f'<span class="{cls}" style="{heat_style(t["shade"])}"{title}>{escape(visible(t["text"]))}</span>')
+    out.append("</span>")
+    return Markup("".join(out))
+
+
 def value_format(value: float) -> str:
     """A probability or logit with three significant digits (0.000312, not 0.0003)."""
     return f"{value:.3g}"
@@ -51,7 +67,13 @@ def value_format(value: float) -> str:
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
-                   show=visible, value_fmt=value_format, table=table_html)
+                   show=visible, value_fmt=value_format, table=table_html, strip=strip_html)
+
+
+def warm() -> None:
+    """Compile the page templates (a process's first page would otherwise wait for them)."""
+    for name in TEMPLATES:
+        ENV.get_template(name)
 
 
 def _common(data: ExplorerData, root: str) -> dict:
@@ -79,10 +101,12 @@ def figures_of(data: ExplorerData) -> list[dict]:
     return out
 
 
-LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement", "mean_confidence": "value confidence",
-                        "mean_activation_frequency": "active", "share_shallow": "shallow",
-                        "share_semantic": "semantic", "share_both": "both", "share_none": "none",
-                        "annotated_keys": "annotated keys"}
+#: "Shallow keys" elsewhere (the fidelity table, the report) count the keys labelled shallow or both; here each
+#: label's own share is shown, named so.
+LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement",
+                        "mean_activation_frequency": "active", "share_shallow": "shallow only",
+                        "share_semantic": "semantic only", "share_both": "both (shallow and semantic)",
+                        "share_none": "none", "annotated_keys": "annotated keys"}
 
 
 def overview(data: ExplorerData, root: str = "") -> str:
@@ -98,7 +122,8 @@ def overview(data: ExplorerData, root: str = "") -> str:
 
 
 # ------------------------------------------------------------------------ layer page
-#: Layer page columns: (column of `ExplorerData.layer_keys`, header, sort name in the URL or None).
+#: Layer page columns: (column of `ExplorerData.layer_keys`, header, sort name in the URL or None). Columns a run
+#: lacks (no census, no negative trigger examples) are left out.
 LAYER_COLUMNS = (
     ("key", "key", "key"),
     ("label", "pattern", "pattern"),
@@ -107,15 +132,31 @@ LAYER_COLUMNS = (
     ("semantic_score", "semantic score", "semantic score"),
     ("top_tokens", "value's top tokens", "top token"),
     ("agreement", "agrees", "agreement"),
-    ("confidence", "value confidence", "confidence"),
     ("activation_frequency", "active", "activation frequency"),
+    ("top_coefficient", "largest m", "largest m"),
+    ("negative_strength", "strength m < 0", "negative strength"),
     ("census_class", "census", "census"),
+    ("census_value_type", "value type", "value type"),
+    ("census_eraser", "eraser", "eraser"),
+    ("census_two_way", "fires both ways", "both ways"),
     ("census_detects", "detects", "detects"),
     ("human_label", "human label", "human label"),
 )
-#: Layer page filter `?census=`: a census class, a value type, or eraser (`ffkv.experiments.census`).
-CENSUS_FILTERS = ("dead", "detector", "positional", "other", "prediction", "suppression", "eraser")
-PERCENT_COLUMNS = {"shallow_score", "confidence", "activation_frequency"}
+#: Layer page filter `?census=`: name -> (the column it keeps rows by, the value kept). Each filter's column is
+#: shown (`LAYER_COLUMNS`), so what a filter keeps is what its column says (`ffkv.experiments.census`).
+CENSUS_FILTERS = {
+    "dead": ("census_class", "dead"), "detector": ("census_class", "detector"),
+    "positional": ("census_class", "positional"), "other": ("census_class", "other"),
+    "prediction": ("census_value_type", "prediction"), "suppression": ("census_value_type", "suppression"),
+    "neither": ("census_value_type", "neither"),
+    "eraser": ("census_eraser", True), "two_way": ("census_two_way", True),
+}
+#: How the filters are grouped and named on the page: (group title, [(filter, label)]).
+CENSUS_FILTER_GROUPS = (("class", [(f, f) for f in ("dead", "detector", "positional", "other")]),
+                        ("value type", [(f, f) for f in ("prediction", "suppression", "neither")]),
+                        ("", [("eraser", "eraser"), ("two_way", "fires both ways")]))
+PERCENT_COLUMNS = {"shallow_score", "activation_frequency"}
+FLAG_COLUMNS = {"agreement", "census_eraser", "census_two_way"}
 
 
 def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "",
@@ -129,9 +170,8 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
             raise BadRequest(f"census filter must be one of {', '.join(CENSUS_FILTERS)}, got {census[:40]!r}", 422)
         if "census_class" not in table.columns:
             raise BadRequest("this run has no census yet: `ffkv analyze --only census`", 404)
-        keep = table["census_eraser"].astype(bool) if census == "eraser" else \
-            (table["census_class"] == census) | (table["census_value_type"] == census)
-        table = table[keep.to_numpy(bool)]
+        column, value = CENSUS_FILTERS[census]
+        table = table[(table[column] == value).to_numpy(bool)]
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
     present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
@@ -163,23 +203,25 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
                 cell.update(tokens=value)
             elif name in ("label", "human_label", "census_class"):
                 cell.update(label=None if missing else value)
-            elif name == "agreement":
-                cell.update(text="yes" if value else "")
+            elif name in FLAG_COLUMNS:
+                cell.update(text="yes" if not missing and value else "")
             elif missing:
                 pass
             elif name in PERCENT_COLUMNS:
-                cell.update(text=percent(value), cls="num")  # 0.00027 reads 0.027%: beside uniform 0.024%
+                cell.update(text=percent(value), cls="num")
             elif isinstance(value, (int, float)):
                 cell.update(text=number(value), cls="num")
             else:
                 cell.update(text=str(value))
             row.append(cell)
         rows.append(row)
-    columns = [{"title": title, "sort": s, "num": name in PERCENT_COLUMNS or name.endswith("score") or name == "key"}
+    numeric = PERCENT_COLUMNS | {"key", "top_coefficient", "negative_strength"}
+    columns = [{"title": title, "sort": s, "num": name in numeric or name.endswith("score")}
                for name, title, s in present]
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
                   n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table), census=census or "",
-                  census_filters=CENSUS_FILTERS if data.census is not None else (),
+                  census_filters=CENSUS_FILTER_GROUPS if data.census is not None else (),
+                  signed="negative_strength" in table.columns,
                   first=(page - 1) * PAGE_SIZE + 1, last=min(page * PAGE_SIZE, len(table)))
 
 
@@ -216,7 +258,10 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
     m = data.memory(layer, key, projection)
     hist = m["histogram"]
     top = max([abs(e["coefficient"]) for g in m["triggers"] for e in g["examples"]] or [0.0])
+    extreme = {d: [e["coefficient"] for g in m["triggers"] if g["direction"] == d for e in g["examples"]] for d in (1, -1)}
+    strongest = {"positive": max(extreme[1], default=None), "negative": min(extreme[-1], default=None)}
     return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": PROJECTIONS,
+            "signed": bool(extreme[-1]), "strongest": strongest,
             "projection_note": PROJECTION_NOTES[m["projection"]],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
             "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
@@ -256,6 +301,8 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "pattern": {k: _plain(v) for k, v in m["auto"].items()},
         "human_labels": [{k: _plain(v) for k, v in h.items()} for h in m["human"]],
         "value": {"projection": m["projection"], "shown": m["value"]["shown"],
+                  # under this projection: the top token's p or logit, and the top-1 trigger target's rank (0-based)
+                  "top_value": m["value"]["top_value"], "target_rank": m["value"]["target_rank"],
                   "top": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
                           for t in m["value"]["top"]],
                   "bottom": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
@@ -340,7 +387,7 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             item.update(new_token=tok(new.token_id), new_prob=new.prob,
                         changed=_changed(pred.token_id, pred.prob, new.token_id, new.prob))
         final.append(item)
-    strip = [{"index": j, "text": tok(t)} for j, t in enumerate(base.token_ids)]
+    strip = [{"index": j, "text": text} for j, text in enumerate(data.sequence(base.token_ids))]
     return {"rows": rows, "final": final, "position": base.position, "n_tokens": len(base.token_ids),
             "token": tok(base.token_ids[base.position]), "strip": strip, "target": tok(base.target),
             "target_text": target_text, "lens": base.lens, "lens_text": LENS_TEXT[base.lens]}

@@ -26,11 +26,11 @@ TEMPLATES = {
 {% if fidelity %}<h2>Does this model reproduce the paper?</h2>
 <div class="scroll">{{ table(fidelity, "fidelity", "fidelity", root) }}</div>{% endif %}
 <h2>Layers</h2>
-<p class="note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
-paper) is the trigger target of the key's top-1 trigger example; value confidence, the mean max p of the values (uniform:
-{{ pct(uniform) }}); active, the mean
-share of positions of a corpus sample ({{ sample_positions }} positions) where a key's coefficient m &gt; 0; the shares of the
-automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}.</p>
+<p class="note" id="layers-note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
+paper) is the trigger target of the key's top-1 trigger example; active, the mean
+share of positions of a corpus sample ({{ sample_positions }} positions) where a key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md); the shares of the
+automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}, each label on its own: the shallow keys of the table above
+(and of the report) are those labelled shallow or both.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
 <h2>Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
@@ -45,7 +45,8 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 <p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample where the key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md).</p>
-{% if census_filters %}<p class="small" id="census-filter">Census (<code>ffkv analyze --only census</code>; docs/definitions.md): {% if census %}<a href="{{ root }}/layer/{{ ln(layer) }}">all keys</a>{% else %}<strong>all keys</strong>{% endif %}{% for f in census_filters %} · {% if f == census %}<strong>{{ f }}</strong>{% else %}<a href="{{ root }}/layer/{{ ln(layer) }}?census={{ f }}">{{ f }}</a>{% endif %}{% endfor %}</p>{% endif %}
+{% if signed %}<p class="note" id="signed-note">Largest m: the key's strongest trigger example; strength m &lt; 0: -m of its most negative one (0 when even that is positive). Where m &lt; 0 the memory adds -|m|·v: it raises its value's bottom tokens and lowers its top ones.</p>{% endif %}
+{% if census_filters %}<p class="small" id="census-filter">Census (<code>ffkv analyze --only census</code>; docs/definitions.md): {% if census %}<a href="{{ root }}/layer/{{ ln(layer) }}">all keys</a>{% else %}<strong>all keys</strong>{% endif %}{% for group, filters in census_filters %} · {% if group %}{{ group }}: {% endif %}{% for f, label in filters %}{% if not loop.first %}, {% endif %}{% if f == census %}<strong>{{ label }}</strong>{% else %}<a href="{{ root }}/layer/{{ ln(layer) }}?census={{ f }}">{{ label }}</a>{% endif %}{% endfor %}{% endfor %}</p>{% endif %}
 <div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}{% if census %}&census={{ census }}{% endif %}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.label %}<span class="label-{{ cell.label }}">{{ cell.label }}</span>{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
@@ -53,7 +54,6 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{% if census %}&census={{ census }}{% endif %}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
-"tokens.html": """<span class="tokens">{% for t in e.tokens %}<span class="t{% if t.trigger %} trig{% endif %}{% if t.next %} nx{% endif %}{% if t.after %} after{% endif %}" style="{{ heat(t.shade) }}"{% if t.m is not none %} title="m = {{ fmt(t.m, 3) }}"{% endif %}>{{ show(t.text) }}</span>{% endfor %}</span>""",
 
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
@@ -74,13 +74,15 @@ Value's top tokens and agreement under the identity projection; active: share of
 </div>
 <h2>Value</h2>
 <p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
-<p class="note">{{ projection_note }} Value confidence (identity) {{ pct(m.stats.confidence) }} (uniform: {{ pct(uniform) }});
-the top-1 trigger's {{ target_name }} ranks {% if m.stats.next_token_rank >= 0 %}{{ m.stats.next_token_rank + 1 }}{% else %}— (none){% endif %}
-and {% if m.stats.agreement %}<strong>is</strong>{% else %}is not{% endif %} the value's top token; ‖v‖ = {{ fmt(m.stats.value_norm) }}.</p>
+<p class="note" id="value-numbers">{{ projection_note }} Under this projection the top token has {% if m.value.top_value is none %}p = {{ pct(m.stats.confidence) }} (identity){% elif m.value.shown == "p" %}p = {{ pct(m.value.top_value) }} (uniform: {{ pct(uniform) }}){% else %}logit {{ value_fmt(m.value.top_value) }}{% endif %};
+the top-1 trigger's {{ target_name }} ranks {% if m.value.target_rank is not none %}{{ m.value.target_rank + 1 }}{% if m.value.target_rank == 0 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖v‖ = {{ fmt(m.stats.value_norm) }}.
+Tokens read as they add to a text: a leading space marks a word start.</p>
+{% if signed %}<p class="note" id="directions">The memory adds m·v. Where m &gt; 0 (its strongest trigger example: m = {{ fmt(strongest.positive) }}) it promotes the top tokens and suppresses the bottom ones;
+where m &lt; 0 ({% if strongest.negative is not none and strongest.negative < 0 %}down to m = {{ fmt(strongest.negative) }}{% else %}none of its trigger examples goes below 0{% endif %}) it does the reverse: it promotes the bottom tokens and suppresses the top ones.</p>{% endif %}
 <div class="pair">
-<table id="value-top"><tr><th class="num">#</th><th>top tokens (promoted)</th><th class="num">{{ m.value.shown }}</th></tr>
+<table id="value-top"><tr><th class="num">#</th><th>top tokens: {% if signed %}promoted where m &gt; 0, suppressed where m &lt; 0{% else %}promoted{% endif %}</th><th class="num">{{ m.value.shown }}</th></tr>
 {% for t in m.value.top %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
-<table id="value-bottom"><tr><th class="num">#</th><th>bottom tokens (suppressed)</th><th class="num">{{ m.value.shown }}</th></tr>
+<table id="value-bottom"><tr><th class="num">#</th><th>bottom tokens: {% if signed %}suppressed where m &gt; 0, promoted where m &lt; 0{% else %}suppressed{% endif %}</th><th class="num">{{ m.value.shown }}</th></tr>
 {% for t in m.value.bottom %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
 </div>
 <h2>Activation over a corpus sample</h2>
@@ -91,11 +93,11 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 <h2>Next tokens of the trigger examples</h2>
 <p id="next-tokens">{% for t in m.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
 {% for group in m.triggers %}<h2>Trigger examples: {{ group.title }}</h2>
-<p class="note">Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
+<p class="note">{% if group.direction < 0 %}Here m &lt; 0: the memory promotes its value's bottom tokens. {% endif %}Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
 The trigger position is boxed, the next token underlined.</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
-{% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
-<td class="example">{% include "tokens.html" %}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+{% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar{% if e.coefficient < 0 %} neg{% endif %}" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
+<td class="example">{{ strip(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
 </table>{% endfor %}
 </div>""",
 

@@ -30,6 +30,7 @@ import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted
 from ffkv.batching import Batch, collate, length_batches, windows
+from ffkv.index import excluded
 from ffkv.index.checkpoint import CUTTING, Checkpoint
 from ffkv.index.preflight import check_free_space, check_output, estimate_bytes, fit_positions
 from ffkv.index.reducer import MODES, TriggerReducer
@@ -412,7 +413,10 @@ class _IndexJob:
         for table in ("examples", "trigger_examples"):
             run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
-        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens, "examples_cut": at.n_cut}
+        left_out = excluded.count(run.table("examples"), getattr(self.loaded.tokenizer, "special_ids", ()) or ())
+        manifest.counts = {"examples": n_examples, "tokens": at.n_tokens, "examples_cut": at.n_cut,
+                           "excluded_positions": int(sum(left_out.values()))}
+        manifest.index["excluded_tokens"] = excluded.named(left_out, self.loaded.tokenizer)
         if at.n_cut:
             warnings.warn(cut_notice(at.n_cut, self.spec.max_tokens), FfkvWarning, stacklevel=3)
         manifest.status, manifest.process, manifest.error = "complete", None, None

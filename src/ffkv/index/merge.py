@@ -15,6 +15,7 @@ from typing import Sequence
 import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
+from ffkv.index import excluded
 from ffkv.index.tables import parquet_batches, state_from_table, write_examples, write_triggers
 from ffkv.index.topk import SIGNS
 from ffkv.store.manifest import FORMAT_VERSION
@@ -66,6 +67,10 @@ def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest)
         target.record_table(manifest, target.table(table).name, "merge")
     manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests),
                        "examples_cut": sum(int(m.counts.get("examples_cut", 0)) for m in manifests)}
+    manifest.index.pop("excluded_tokens", None)  # the first shard's own, copied with its manifest
+    if all("excluded_positions" in m.counts for m in manifests):  # shards indexed before the count existed lack it
+        manifest.counts["excluded_positions"] = sum(m.counts["excluded_positions"] for m in manifests)
+        manifest.index["excluded_tokens"] = excluded.merged(m.index.get("excluded_tokens") for m in manifests)
     manifest.timings = {"index_seconds": max(m.timings["index_seconds"] for m in manifests)}
     manifest.status, manifest.process, manifest.error = "complete", None, None
     target.write_manifest(manifest)

@@ -61,6 +61,7 @@ from ffkv.errors import FfkvError
 from ffkv.models.attention import causal_attention
 from ffkv.models.loading import register_loader
 from ffkv.models.safe_load import load_checkpoint, plain
+from ffkv.models.token_display import TokenDisplay
 
 MODEL_TYPE = "fairseq_transformer_lm"
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -346,6 +347,7 @@ class FairseqDictTokenizer:
         for i, s in enumerate(self.symbols):
             self.index.setdefault(s, i)
         self.moses = moses
+        self._display: TokenDisplay | None = None
 
     @classmethod
     def from_file(cls, path: str | Path, vocab_size: int | None = None, moses: bool = True) -> "FairseqDictTokenizer":
@@ -394,10 +396,20 @@ class FairseqDictTokenizer:
         return [EOS] + [self.index.get(w, UNK) for w in self.words(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(self.token_strings(ids))
+        return " ".join(self.symbols[int(i)] if 0 <= int(i) < len(self.symbols) else "<unk>" for i in ids)
+
+    @property
+    def display(self) -> TokenDisplay:
+        """How the words read (`ffkv.models.token_display`): each one a word start, " the"."""
+        if self._display is None:
+            self._display = TokenDisplay.from_pieces(self.symbols, "word", self.special_ids)
+        return self._display
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [self.symbols[int(i)] if 0 <= int(i) < len(self.symbols) else "<unk>" for i in ids]
+        return self.display.vocabulary(ids)
+
+    def sequence_strings(self, ids: Sequence[int]) -> list[str]:
+        return self.display.sequence(ids)
 
 
 _NUMBER_SEP = re.compile(r"(?<=\d)([,.])(?=\d)")

@@ -18,6 +18,7 @@ from torch import nn
 
 from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
+from ffkv.models import hub
 from ffkv.models.safe_load import refusal
 from ffkv.models.tokenizer import HFTokenizer, Tokenizer
 
@@ -90,13 +91,20 @@ def register_loader(loader: Loader) -> Loader:
 def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tokenizer]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
+    # A hub id the cache does not hold needs the hub: ask whether it answers before transformers retries for
+    # half a minute; unreachable, the files are read from the cache only (no retries at all).
+    offline = not Path(name).exists() and not hub.in_cache(name) and not hub.reachable()
     try:
-        config = AutoConfig.from_pretrained(name)
+        config = AutoConfig.from_pretrained(name, local_files_only=offline)
     except Exception as exc:  # noqa: BLE001 - HF raises many types; the user needs one line
         if Path(name).is_dir():
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise FfkvError(f"cannot load the model in {name!r}: its config.json is missing or not a model's "
                             f"configuration ({type(exc).__name__}: {first})") from None
+        if offline:
+            raise FfkvError(f"cannot load model {name!r}: not a local model directory, an ffkv model name, or a "
+                            f"Hugging Face hub id in the local cache, and {hub.endpoint()} cannot be reached from "
+                            "here (offline?)") from None
         raise FfkvError(
             f"cannot load model {name!r}: not a local model directory, an ffkv model name, "
             f"or a reachable Hugging Face hub id ({type(exc).__name__})"
@@ -110,8 +118,8 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
         )
     auto = AutoModelForMaskedLM if arch.encoder else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(name, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = auto.from_pretrained(name, dtype=dtype, local_files_only=offline)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline)
     except Exception as exc:  # noqa: BLE001
         unsafe = refusal(exc, name, "the model weights in")
         if unsafe is not None:

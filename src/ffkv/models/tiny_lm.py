@@ -64,14 +64,15 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int) -> torch.Tensor
 
 
 # The model classes subclass transformers' PreTrainedModel, whose import takes seconds; they
-# are defined on first use (module __getattr__), so `import ffkv.models` stays light.
-_CLASSES = ("FfkvLMConfig", "FfkvSelfAttention", "FfkvMLP", "FfkvBlock", "FfkvLMPreTrainedModel",
-            "FfkvLMModel", "FfkvLMForCausalLM")
+# are defined on first use (module __getattr__), so `import ffkv.models` stays light. The configuration
+# is defined (and registered with AutoConfig) on its own: `ffkv.hf_auto` registers it while transformers'
+# auto modules are still being imported, before the model classes can be.
+_CONFIG = ("FfkvLMConfig",)
+_CLASSES = ("FfkvSelfAttention", "FfkvMLP", "FfkvBlock", "FfkvLMPreTrainedModel", "FfkvLMModel", "FfkvLMForCausalLM")
 
 
-def _define_classes() -> dict:
-    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-    from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
+def _define_config() -> dict:
+    from transformers import AutoConfig, PretrainedConfig
 
     class FfkvLMConfig(PretrainedConfig):
         """Configuration of an ``ffkv_lm`` model.
@@ -134,6 +135,24 @@ def _define_classes() -> dict:
         @property
         def num_hidden_layers(self) -> int:
             return self.num_layers
+
+    AutoConfig.register(MODEL_TYPE, FfkvLMConfig, exist_ok=True)
+    return _named({"FfkvLMConfig": FfkvLMConfig})
+
+
+def _named(defined: dict) -> dict:
+    """Give classes defined inside a function this module's names (as if defined at its top level)."""
+    for name, cls in defined.items():
+        cls.__qualname__ = name
+        cls.__module__ = __name__
+    return defined
+
+
+def _define_classes() -> dict:
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+    from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
+
+    FfkvLMConfig = __getattr__("FfkvLMConfig")
 
     class FfkvSelfAttention(nn.Module):
         """Causal multi-head self-attention (scaled dot product), padding-aware."""
@@ -279,20 +298,15 @@ def _define_classes() -> dict:
                 )
             return CausalLMOutput(loss=loss, logits=logits)
 
-    AutoConfig.register(MODEL_TYPE, FfkvLMConfig, exist_ok=True)
     AutoModelForCausalLM.register(FfkvLMConfig, FfkvLMForCausalLM, exist_ok=True)
     scope = locals()
-    defined = {name: scope[name] for name in _CLASSES}
-    for name, cls in defined.items():
-        cls.__qualname__ = name
-        cls.__module__ = __name__
-    return defined
+    return _named({name: scope[name] for name in _CLASSES})
 
 
 def __getattr__(name: str):
-    if name in _CLASSES:
+    if name in _CONFIG or name in _CLASSES:
         if name not in globals():
-            globals().update(_define_classes())
+            globals().update(_define_config() if name in _CONFIG else _define_classes())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

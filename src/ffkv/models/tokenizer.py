@@ -7,26 +7,9 @@ which kind they hold.
 
 from __future__ import annotations
 
-import codecs
-import functools
 from typing import Protocol, Sequence, runtime_checkable
 
-#: Decoding error handler: bytes that are not UTF-8 on their own read <0xE2>, as SentencePiece names its byte tokens.
-codecs.register_error("ffkv-bytes", lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start:e.end]), e.end))
-
-
-@functools.cache
-def byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-level alphabet (each byte drawn as one printable character), shared by every
-    byte-level BPE tokenizer (GPT-2, RoBERTa, GPT-NeoX, Llama 3, Qwen2, ffkv's own)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+from ffkv.models.token_display import TokenDisplay
 
 
 @runtime_checkable
@@ -52,7 +35,9 @@ class Tokenizer(Protocol):
         """Readable text of a list of ids."""
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """One readable string per id (for tables and figures)."""
+        """One readable string per id (for tables and figures): a word start with its leading space, " the"
+        (`ffkv.models.token_display`). A tokenizer may also offer ``sequence_strings(ids)``, the tokens of one
+        text joined to its decoding (`ffkv.models.token_display.sequence_strings`)."""
 
 
 class HFTokenizer:
@@ -65,6 +50,7 @@ class HFTokenizer:
         if pad is None:
             pad = hf_tokenizer.eos_token_id if hf_tokenizer.eos_token_id is not None else 0
         self._pad_id = int(pad)
+        self._display: TokenDisplay | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -88,20 +74,19 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids))
 
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """Each token's decoded text; a token holding part of a multi-byte character (which decodes to U+FFFD
-        alone) as its bytes, e.g. ``<0xE2><0x80>``, so that different byte tokens never read alike."""
-        out = []
-        for i in ids:
-            text = self.hf.decode([int(i)])
-            out.append(self._bytes_text(int(i), text) if "\ufffd" in text else text)
-        return out
+    @property
+    def display(self) -> TokenDisplay:
+        """How this tokenizer's tokens read (`ffkv.models.token_display`), built on first use."""
+        if self._display is None:
+            self._display = TokenDisplay.from_hf(self.hf, self._vocab_size)
+        return self._display
 
-    def _bytes_text(self, token_id: int, decoded: str) -> str:
-        piece = self.hf.convert_ids_to_tokens(token_id)
-        if not isinstance(piece, str) or not piece:
-            return decoded
-        table = byte_decoder()
-        if all(c in table for c in piece):  # byte-level BPE: the piece spells the token's bytes
-            return bytes(table[c] for c in piece).decode("utf-8", errors="ffkv-bytes")
-        return piece  # SentencePiece names its byte tokens <0xE2> itself
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each token on its own (`TokenDisplay.vocabulary`): " the" where it starts a word, whatever the
+        tokenizer family's marker; a token holding part of a multi-byte character as its bytes, ``<0xE2><0x80>``."""
+        return self.display.vocabulary(ids)
+
+    def sequence_strings(self, ids: Sequence[int]) -> list[str]:
+        """The tokens of one text (`TokenDisplay.sequence`): joined, its decoding; a character split over
+        several tokens shown whole on the one that completes it."""
+        return self.display.sequence(ids)

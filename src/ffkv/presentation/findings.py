@@ -73,11 +73,11 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
     "census_values": {"figure": "Gurnee et al. 2024", "finding": (
         "(Not in the paper.) In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
         "layers and suppression neurons (a few tokens pushed down) take over in the last layers.")},
-    "suppressed": {"figure": "SPEC 9", "finding": (
+    "suppressed": {"figure": "Beyond the paper", "finding": (
         "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an active "
         "memory's own sub-update ranked the gold next token first, and how much it moved the gold token's "
         "probability.")},
-    "pruning": {"figure": "Beyond the paper (SPEC 9)", "finding": (
+    "pruning": {"figure": "Beyond the paper", "finding": (
         "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every layer's "
         "keys is removed, one curve per criterion; the seeded random removal is the baseline a criterion must "
         "beat.")},
@@ -236,8 +236,8 @@ def _rows_for(name: str, t: pd.DataFrame, projection: str, label: str = "") -> l
         sh = t.sort_values("layer")["keys_shallow"] + t.sort_values("layer")["keys_both"]
         se = t.sort_values("layer")["keys_semantic"] + t.sort_values("layer")["keys_both"]
         rows.append(("patterns", "Figure 2",
-                     f"shallow keys {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} (layer {L}); semantic "
-                     f"{_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
+                     f"shallow keys (labelled shallow or both) {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} "
+                     f"(layer {L}); semantic (semantic or both) {_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
                      "the shallow share of keys is larger in layer 1 than in the top layer, and the semantic share "
                      "larger in the top layer than in layer 1",
                      bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])))

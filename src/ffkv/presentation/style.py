@@ -34,6 +34,7 @@ td .ci { display: block; white-space: nowrap; color: var(--muted); font-size: .8
 .example .rest { color: #9aa3ad; } .example mark { background: var(--mark); font-weight: 700; padding: 0 1px; }
 .example .next { border-bottom: 2px solid var(--accent); color: var(--fg); }
 .bar { display: inline-block; height: .8em; background: var(--bar); vertical-align: middle; min-width: 1px; }
+.bar.neg { background: #e39a9d; }
 .barcell { width: 130px; white-space: nowrap; }
 .finding { background: var(--soft); border-left: 4px solid var(--accent); padding: .5rem .8rem; margin: .5rem 0; }
 .reading { border-left: 4px solid var(--good); padding: .5rem .8rem; margin: .5rem 0; }
@@ -64,6 +65,7 @@ dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
 .tokens .t.trig { outline: 2px solid var(--fg); outline-offset: 0; font-weight: 700; }
 .tokens .t.nx { text-decoration: underline 2px var(--accent); text-underline-offset: 3px; }
 .tokens .t.after { color: #5d6670; }
+.tokens .t.part { display: inline-block; min-width: .3em; }
 .strip { display: flex; flex-wrap: wrap; gap: .2rem; margin: .4rem 0; }
 .strip button { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; white-space: pre;
                 background: var(--soft); color: var(--fg); border: 1px solid var(--line); padding: .1rem .3rem; }

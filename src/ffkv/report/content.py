@@ -24,17 +24,17 @@ from ffkv.store.run import RunDir
 
 #: The experiments of `ffkv analyze`, in the paper's order (the report follows it), with their titles.
 EXPERIMENTS = {
-    "patterns": "Patterns in the keys (SPEC 4)",
-    "ablations": "Local modifications of trigger prefixes (SPEC 5)",
-    "values": "Values as distributions over the vocabulary (SPEC 6)",
-    "composition": "Composition inside a layer (SPEC 7)",
-    "refinement": "Refinement across layers (SPEC 8)",
-    "census": "Census of memories: dead, token detectors, positional, value types (SPEC 9)",
-    "suppressed": "Suppressed memories: an active memory knew the gold token (SPEC 9)",
-    "membership": "Membership signal: training vs held-out text (SPEC 9)",
-    "pruning": "Pruning memories: held-out perplexity against the share of keys removed (SPEC 9)",
-    "translators": "Projection spaces: fitted per-layer translators (SPEC 9)",
-    "encoder_applicability": "Which figures apply to this masked-LM encoder, and why (SPEC 9)",
+    "patterns": "Patterns in the keys (paper Section 3.2)",
+    "ablations": "Local modifications of trigger prefixes (paper Figure 3)",
+    "values": "Values as distributions over the vocabulary (paper Section 4)",
+    "composition": "Composition inside a layer (paper Section 5.1)",
+    "refinement": "Refinement across layers (paper Section 5.2)",
+    "census": "Census of memories: dead, token detectors, positional, value types (beyond the paper)",
+    "suppressed": "Suppressed memories: an active memory knew the gold token (beyond the paper)",
+    "membership": "Membership signal: training vs held-out text (beyond the paper)",
+    "pruning": "Pruning memories: held-out perplexity against the share of keys removed (beyond the paper)",
+    "translators": "Projection spaces: fitted per-layer translators (beyond the paper)",
+    "encoder_applicability": "Which figures apply to this masked-LM encoder, and why (beyond the paper)",
 }
 ORDER = tuple(EXPERIMENTS)
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).

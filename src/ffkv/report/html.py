@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from markupsafe import Markup
 
 import ffkv
-from ffkv.presentation.style import CSS, layer_number, percent
+from ffkv.presentation.style import CSS, layer_number
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.report.content import build_sections
@@ -59,11 +59,12 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 <p class="small muted">One row per finding of the paper (metrics/fidelity.parquet): this model's value and whether it reproduces, by the stated rule.</p>
 <div class="scroll">{{ fidelity }}</div>{% endif %}
 <h2>Layers</h2>
-<p class="small muted">From the trigger examples (top-{{ top_k }} per key){% if has_stats %} and the values experiment (value confidence: the mean max p of the values, identity projection; uniform 1/|V| = {{ uniform }}){% endif %}.</p>
+<p class="small muted">From the trigger examples (top-{{ top_k }} per key){% if has_stats %} and the values experiment (agreement rate, identity projection){% endif %}.</p>
 <div class="scroll">{{ layer_table }}</div>
 {% if annotations %}<h2>Human labels</h2><p class="small muted">From annotations/labels.parquet: keys per label (latest label per key and annotator).</p>
 <div class="scroll">{{ annotations }}</div>{% endif %}
 <h2>Analyses</h2>
+<p class="small muted" id="definitions">What ffkv chose where the paper leaves a choice open (active memories, projections, trigger directions, the studies beyond the paper) is written in <code>docs/definitions.md</code> of ffkv's repository.</p>
 {% if not sections %}<p id="no-analyses">No analyses yet: run <code>ffkv analyze {{ run_path }}</code>, then
 <code>ffkv report {{ run_path }}</code> again.</p>{% endif %}
 {% for s in sections %}<section class="analysis" id="analysis-{{ s.name }}"><h3>{{ s.title }}</h3>
@@ -93,7 +94,7 @@ def _data_uri(path: Path) -> str:
 LAYER_TITLES = {"keys": "keys", "mean_top1_coefficient": "mean top-1 coefficient", "max_coefficient": "largest coefficient",
                 "distinct_trigger_examples": "distinct trigger examples",
                 "share_prefix_is_whole_example": "share of prefixes that are the whole example",
-                "agreement_rate": "agreement rate", "mean_value_confidence": "mean value confidence"}
+                "agreement_rate": "agreement rate"}
 
 
 def layer_summary(run: RunDir) -> pd.DataFrame:
@@ -112,8 +113,8 @@ def layer_summary(run: RunDir) -> pd.DataFrame:
     finally:
         con.close()
     if run.has_metric("values"):
-        stats = run.read_metric("values", columns=["layer", "agreement_rate", "mean_top_prob"]).rename(
-            columns={"mean_top_prob": "mean_value_confidence"})
+        # The values' mean max p sits at about 1/|V| on small models: the values section shows it, with its chance.
+        stats = run.read_metric("values", columns=["layer", "agreement_rate"])
         summary = summary.merge(stats.astype({"layer": summary["layer"].dtype}), on="layer", how="left")
     return summary
 
@@ -174,7 +175,7 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
         css=CSS, run_name=run.path.name, run_path=str(run.path), version=ffkv.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M"), run_rows=_run_rows(manifest), numbering=NUMBERING,
         explorer=explorer_url.rstrip("/"), layers=[layer_number(i) for i in range(manifest.model.n_layers)],
-        top_k=manifest.top_k, uniform=percent(1 / manifest.model.vocab_size), has_stats="agreement_rate" in summary.columns,
+        top_k=manifest.top_k, has_stats="agreement_rate" in summary.columns,
         layer_table=table_html(table_view(summary, titles=LAYER_TITLES), id="layers"),
         fidelity=fidelity, annotations=annotations, sections=sections, images=images, tables=tables,
         notices=notices,

@@ -8,6 +8,8 @@ builds them itself only for a run that was never analysed (docs/run-directory.md
                                histogram over a corpus sample, the trigger prefixes' common last token
     value_top_tokens.parquet   layer, key, rank, token_id, prob: each value's top tokens (identity)
     explorer.duckdb            the trigger examples and the texts of their examples, indexed
+    trigger_coefficients.npy   each trigger example's per-token coefficients (`ffkv.experiments.trigger_contexts`;
+                               absent for an index too large to store them)
 
 The tables are current when info.json names this run's identity and the size and time of
 its index tables, and each table has the size it had when built; any new index (or a newer
@@ -27,8 +29,10 @@ from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 #: Bumped when what the tables hold changes; older tables are rebuilt.
-VERSION = 3  # 3: activation_frequency follows the signed active rule (was m > 0)
+VERSION = 4  # 3: activation_frequency follows the signed active rule (was m > 0); 4: trigger coefficients
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
+#: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
+COEFFICIENTS = "trigger_coefficients.npy"
 INFO = "info.json"
 
 
@@ -88,4 +92,21 @@ def find(run: RunDir, manifest: Manifest) -> Path | None:
     return folder if folder.is_dir() and os.access(folder, os.R_OK) and is_current(run, manifest, folder) else None
 
 
-__all__ = ["VERSION", "FILES", "fingerprint", "is_current", "read_info", "write_info", "writable_folder", "find"]
+def read_coefficients(folder: Path, info: dict[str, Any]) -> Any:
+    """The trigger examples' per-token coefficients (a memory-mapped 1-D float16 or float32 numpy array), or None
+    when the build stored none or the file is not the one info.json describes (then pages compute them)."""
+    import numpy as np
+
+    described = info.get("trigger_coefficients") or {}
+    if described.get("file") != COEFFICIENTS:
+        return None
+    try:
+        data = np.load(folder / COEFFICIENTS, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if data.ndim != 1 or data.dtype.name != described.get("dtype") or len(data) != described.get("cells"):
+        return None
+    return data
+
+
+__all__ = ["VERSION", "FILES", "COEFFICIENTS", "read_coefficients", "fingerprint", "is_current", "read_info", "write_info", "writable_folder", "find"]
