@@ -8,6 +8,7 @@ import re
 from collections import deque
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from starlette.testclient import TestClient
@@ -89,3 +90,42 @@ def test_concepts_page_answers_on_a_real_run(analyzed):
         for bad in ("0", "99", "x"):
             assert client.get(f"/concepts?layer={bad}").status_code == 422
         assert client.post("/concepts").status_code in (403, 405)
+
+
+def test_concepts_from_the_lookup_table_equal_the_models(analyzed):
+    """The explorer clusters the lookup table's identity top tokens (no projection of the values, no weights):
+    the same concepts, members and names as `concepts` computing them from the model, on every layer."""
+    from ffkv.experiments.concepts import concepts_of_tops
+    from ffkv.explorer.data import ExplorerData
+
+    run, loaded = analyzed
+    data = ExplorerData(run, loaded)
+    n_concepts = 0
+    try:
+        for layer in range(loaded.view.n_layers):
+            tops = data.value_top_ids(layer, TOP)
+            assert tops is not None and tops.shape == (loaded.view.d_m, TOP)
+            found, members = concepts_of_tops([tops], [layer], loaded.tokenizer)
+            expected_found, expected_members = concepts(loaded, [layer])
+            pd.testing.assert_frame_equal(found, expected_found)
+            pd.testing.assert_frame_equal(members, expected_members)
+            n_concepts += len(found)
+    finally:
+        data.close()
+    assert n_concepts > 0  # not a comparison of empty tables
+
+
+def test_concepts_page_needs_no_weights(analyzed):
+    """A run served with its tokenizer but no model weights still shows its concepts (from the lookup table)."""
+    run, loaded = analyzed
+
+    class TokenizerOnly:
+        view = model = None
+        tokenizer = loaded.tokenizer
+
+    found, members = concepts(loaded, [1])
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=TokenizerOnly())) as client:
+        page = client.get("/concepts?layer=2")
+    assert page.status_code == 200 and f"{len(found)} concept" in page.text
+    links = set(re.findall(r'href="/memory/(\d+)/(\d+)"', page.text))
+    assert {("2", str(k)) for k in members[members["concept"] == 0]["key"]} <= links

@@ -132,27 +132,38 @@ def concepts(loaded: LoadedModel, layers: Sequence[int] | None = None, top: int 
     """
     view = loaded.view
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
+    check_request(layers, view.n_layers, view.d_m, top, min_shared)
+    tops = [value_top_tokens(loaded, layer, top) for layer in layers]
+    return concepts_of_tops(tops, layers, loaded.tokenizer, min_shared)
+
+
+def check_request(layers: Sequence[int], n_layers: int, d_m: int, top: int = TOP, min_shared: int = MIN_SHARED) -> None:
+    """Refuse layers outside the model, settings outside their range, or more values than `MAX_VALUES`."""
     for layer in layers:
-        if not 0 <= layer < view.n_layers:
-            raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{view.n_layers - 1} (0-based)")
+        if not 0 <= layer < n_layers:
+            raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{n_layers - 1} (0-based)")
     if not 2 <= top <= 100 or not 1 <= min_shared <= top:
         raise FfkvError(f"need 2 <= top <= 100 and 1 <= min_shared <= top, got top={top}, min_shared={min_shared}")
-    if len(layers) * view.d_m > MAX_VALUES:
-        raise FfkvError(f"{len(layers) * view.d_m:,} values are more than {MAX_VALUES:,} to compare pairwise; "
+    if len(layers) * d_m > MAX_VALUES:
+        raise FfkvError(f"{len(layers) * d_m:,} values are more than {MAX_VALUES:,} to compare pairwise; "
                         "ask for fewer layers")
-    tops = np.concatenate([value_top_tokens(loaded, layer, top) for layer in layers]) if layers else \
-        np.zeros((0, top), np.int64)
-    where = [(layer, key) for layer in layers for key in range(view.d_m)]
-    tok = loaded.tokenizer
+
+
+def concepts_of_tops(tops: Sequence[np.ndarray], layers: Sequence[int], tokenizer,
+                     min_shared: int = MIN_SHARED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`concepts` from each layer's (d_m, top) value top tokens (best first; `value_top_tokens`, or the explorer's
+    lookup table of the same identity top tokens, which needs no model weights); `tokenizer` names them."""
+    where = [(layer, key) for layer, t in zip(layers, tops) for key in range(len(t))]
+    tops = np.concatenate([np.asarray(t, dtype=np.int64) for t in tops]) if len(tops) else np.zeros((0, TOP), np.int64)
     rows, members = [], []
     kept = without_frequent(tops)
     for c, group in enumerate(cluster(tops, min_shared)):
         counts = Counter(int(t) for i in group for t in kept[i] if t >= 0)
         named = [t for t, _ in counts.most_common(NAME_TOKENS)]
-        rows.append({"concept": c, "size": len(group), "tokens": list(tok.token_strings(named)), "token_ids": named,
-                     "layers": sorted({where[i][0] for i in group})})
+        rows.append({"concept": c, "size": len(group), "tokens": list(tokenizer.token_strings(named)),
+                     "token_ids": named, "layers": sorted({where[i][0] for i in group})})
         for i in group:
             members.append({"concept": c, "layer": where[i][0], "key": where[i][1],
-                            "top_tokens": list(tok.token_strings([int(t) for t in tops[i]]))})
+                            "top_tokens": list(tokenizer.token_strings([int(t) for t in tops[i]]))})
     return (pd.DataFrame(rows, columns=["concept", "size", "tokens", "token_ids", "layers"]),
             pd.DataFrame(members, columns=["concept", "layer", "key", "top_tokens"]))

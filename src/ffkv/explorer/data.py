@@ -189,6 +189,13 @@ class ExplorerData:
         return [{"token_id": int(t), "token": self.token(int(t)), "prob": float(p)}
                 for t, p in zip(self.top_ids[layer, key], self.top_probs[layer, key])]
 
+    def value_top_ids(self, layer: int, top: int) -> np.ndarray | None:
+        """(d_m, top) token ids of each value's top tokens under the identity projection, best first, from the
+        lookup table (no model weights needed); None when the table was built otherwise or holds fewer."""
+        if self.lookup_info.get("projection") != "identity" or self.top_ids.shape[2] < top:
+            return None
+        return self.top_ids[layer, :, :top]
+
     def labels_of(self, layer: int, key: int) -> dict:
         """The automatic pattern label of `ffkv analyze` (if any) and the human labels of a key."""
         auto = {}

@@ -398,7 +398,12 @@ def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") 
         layers = list(range(data.n_layers))
     else:
         layers = [integer(layer if layer not in (None, "") else data.n_layers, "layer", 1, data.n_layers, 422) - 1]
-    found, members = method.concepts(data.loaded, layers)
+    method.check_request(layers, data.n_layers, data.d_m)
+    tops = [data.value_top_ids(x, method.TOP) for x in layers]  # the lookup table's: no projection of the values
+    if any(t is None for t in tops):
+        found, members = method.concepts(data.loaded, layers)
+    else:
+        found, members = method.concepts_of_tops(tops, layers, data.loaded.tokenizer)
     shown = []
     for row in found.head(CONCEPTS_SHOWN).itertuples():
         mem = members[members["concept"] == row.concept]
