@@ -14,7 +14,7 @@ import torch
 from starlette.testclient import TestClient
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts
+from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts, shared_pairs
 from ffkv.explorer import create_app
 from support.helpers import loaded_tiny
 
@@ -51,6 +51,22 @@ def test_cluster_matches_brute_force_on_random_top_sets(seed):
     tops = np.array([rng.choice(40, size=6, replace=False) for _ in range(120)])
     for min_shared in (2, 3):
         assert cluster(tops, min_shared, frequent=0.2) == brute_clusters(tops.tolist(), min_shared, 0.2)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shared_pairs_match_set_intersections(seed):
+    """Every pair of rows sharing >= min_shared ids, and no other, against Python sets (negative ids match nothing)."""
+    rng = np.random.default_rng(seed)
+    tops = np.array([rng.choice(30, size=5, replace=False) for _ in range(80)])
+    placeholder = rng.random(tops.shape) < 0.1  # frequent tokens, left out as distinct negative ids
+    tops = np.where(placeholder, -1 - np.arange(tops.size).reshape(tops.shape), tops)
+    sets = [{t for t in row if t >= 0} for row in tops.tolist()]
+    for min_shared in (1, 2, 3):
+        a, b = shared_pairs(tops, min_shared)
+        expected = sorted((i, j) for i in range(len(sets)) for j in range(i + 1, len(sets))
+                          if len(sets[i] & sets[j]) >= min_shared)
+        assert sorted(zip(a.tolist(), b.tolist())) == expected and len(expected) > 0
+    assert [len(x) for x in shared_pairs(np.zeros((0, 5), np.int64))] == [0, 0]
 
 
 def test_concepts_of_hand_built_values_match_brute_force():

@@ -48,44 +48,43 @@ def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndar
     return np.concatenate(out).astype(np.int64)
 
 
-class SharedCounts:
-    """|T_i ∩ T_j| between rows of top-token sets (each row distinct ids; negative ids match nothing), as
-    products of a sparse (rows x tokens) indicator matrix: O(nnz·chunk) per chunk of rows."""
+def shared_pairs(tops: np.ndarray, min_shared: int = MIN_SHARED) -> tuple[np.ndarray, np.ndarray]:
+    """The row pairs (a, b), a < b, whose top-token sets share at least `min_shared` ids (each row distinct ids;
+    negative ids match nothing).
 
-    def __init__(self, tops: np.ndarray) -> None:
-        t = torch.as_tensor(np.asarray(tops, dtype=np.int64))
-        self.n = t.shape[0]
-        valid = t >= 0
-        _, column = torch.unique(t[valid], return_inverse=True)
-        row = torch.arange(self.n)[:, None].expand_as(t)[valid]
-        self.width = int(column.max()) + 1 if column.numel() else 0
-        self.row, self.column = row, column
-        self.matrix = torch.sparse_coo_tensor(torch.stack([row, column]), torch.ones(len(row)),
-                                              (self.n, self.width), check_invariants=True).coalesce()
+    Counted from each id's list of rows: the (row, id) entries sorted by id, then every two entries of one
+    id, found `d` places apart for d = 1, 2, ... up to the longest list. Time and memory go with the number
+    of row pairs that share an id, which `without_frequent` bounds (no list is longer than its limit), not
+    with the square of the rows or the vocabulary.
+    """
+    tops = np.asarray(tops, dtype=np.int64)
+    n = len(tops)
+    rows = np.repeat(np.arange(n, dtype=np.int64), tops.shape[1] if tops.ndim == 2 else 0)
+    ids = tops.ravel()
+    valid = ids >= 0
+    rows, ids = rows[valid], ids[valid]
+    order = np.lexsort((rows, ids))  # by id, then row: within an id's list, rows ascend
+    rows, ids = rows[order], ids[order]
+    firsts, seconds = [], []
+    for d in range(1, len(ids)):
+        same = ids[d:] == ids[:-d]
+        if not same.any():  # no list has more than d entries
+            break
+        firsts.append(rows[:-d][same])
+        seconds.append(rows[d:][same])
+    if not firsts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pair, count = np.unique(np.concatenate(firsts) * n + np.concatenate(seconds), return_counts=True)
+    pair = pair[count >= min_shared]
+    return pair // n, pair % n
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """(stop - start, n) counts for rows start..stop-1 against every row."""
-        dense = torch.zeros(stop - start, self.width)
-        pick = (self.row >= start) & (self.row < stop)
-        dense[self.row[pick] - start, self.column[pick]] = 1.0
-        return torch.sparse.mm(self.matrix, dense.T).T.round().to(torch.int64).numpy()
 
-
-def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int = 1024) -> np.ndarray:
+def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED) -> np.ndarray:
     """Connected components of the graph linking rows that share >= `min_shared` tokens: a label per row
     (labels are the smallest row index of the component; found by propagating the smallest label along
     the edges until nothing changes)."""
-    n = len(tops)
-    counts = SharedCounts(tops) if n else None
-    sources, targets = [], []
-    for start in range(0, n, chunk):
-        rows, cols = np.nonzero(counts.rows(start, min(n, start + chunk)) >= min_shared)
-        keep = rows + start < cols
-        sources.append(rows[keep] + start)
-        targets.append(cols[keep])
-    a = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-    b = np.concatenate(targets) if targets else np.zeros(0, np.int64)
-    labels = np.arange(n, dtype=np.int64)
+    a, b = shared_pairs(tops, min_shared)
+    labels = np.arange(len(tops), dtype=np.int64)
     while True:
         before = labels.copy()
         np.minimum.at(labels, a, labels[b])
