@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 import jinja2
+from markupsafe import Markup, escape
 
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
@@ -43,6 +44,31 @@ def heat_style(shade: float) -> str:
     return f"background: rgba({rgb},{alpha:.2f})"
 
 
+def example_tokens(tokens: list[dict]) -> Markup:
+    """A trigger example's tokens as the memory page shows them: each token shaded by its coefficient,
+    the trigger position and the next token marked, the tokens after the prefix dimmed.
+
+    Written in Python rather than as a template loop: a memory page of an 8B model shows 200 examples of
+    up to a hundred tokens, and a template spends most of that page's time on per-token lookups.
+    """
+    out = ['<span class="tokens">']
+    for t in tokens:
+        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "")
+        m = t["m"]
+        title = "" if m is None else f' title="m = {escape(number(m, 3))}"'
+        out.append(f'<span class="{cls}" style="{escape(heat_style(t["shade"]))}"{title}>{escape(visible(t["text"]))}</span>')
+    out.append("</span>")
+    return Markup("".join(out))
+
+
+def memory_chip(mem: dict, root: str) -> Markup:
+    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it."""
+    layer = layer_number(mem["layer"])
+    return Markup(f'<a class="chip" href="{escape(root)}/memory/{layer}/{mem["key"]}" title="rank {mem["rank"] + 1} of '
+                  f'this memory\'s trigger examples">{layer}:{mem["key"]} <span class="small muted">m='
+                  f'{escape(number(mem["coefficient"], 2))}</span></a>')
+
+
 def value_format(value: float) -> str:
     """A probability or logit with three significant digits (0.000312, not 0.0003)."""
     return f"{value:.3g}"
@@ -51,7 +77,8 @@ def value_format(value: float) -> str:
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
-                   show=visible, value_fmt=value_format, table=table_html)
+                   show=visible, value_fmt=value_format, table=table_html, example_tokens=example_tokens,
+                   chip=memory_chip)
 
 
 def _common(data: ExplorerData, root: str) -> dict:

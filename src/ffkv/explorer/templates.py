@@ -53,8 +53,6 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{% if census %}&census={{ census }}{% endif %}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
-"tokens.html": """<span class="tokens">{% for t in e.tokens %}<span class="t{% if t.trigger %} trig{% endif %}{% if t.next %} nx{% endif %}{% if t.after %} after{% endif %}" style="{{ heat(t.shade) }}"{% if t.m is not none %} title="m = {{ fmt(t.m, 3) }}"{% endif %}>{{ show(t.text) }}</span>{% endfor %}</span>""",
-
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
 <p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ ln(m.layer) }}">layer {{ ln(m.layer) }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}
@@ -95,7 +93,7 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 The trigger position is boxed, the next token underlined.</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
 {% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
-<td class="example">{% include "tokens.html" %}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+<td class="example">{{ example_tokens(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
 </table>{% endfor %}
 </div>""",
 
@@ -125,8 +123,8 @@ The trigger position is boxed, the next token underlined.</p>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
 <p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
-<td>{% for mem in h.memories[:shown] %}{% include "chip.html" %}{% endfor %}
-{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{% include "chip.html" %}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+<td>{% for mem in h.memories[:shown] %}{{ chip(mem, root) }}{% endfor %}
+{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
 {% endblock %}""",
 
 "concepts.html": """{% extends "base.html" %}{% block title %}concepts{% endblock %}
@@ -144,8 +142,6 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <td>{% for m in c.memories %}<a class="chip" href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}" title="{{ m.top|join(' ') }}">{{ ln(m.layer) }}:{{ m.key }}</a>{% endfor %}</td>
 <td><code class="small">ffkv intervene RUN{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %}</code></td></tr>{% endfor %}</table>
 {% endblock %}""",
-
-"chip.html": """<a class="chip" href="{{ root }}/memory/{{ ln(mem.layer) }}/{{ mem.key }}" title="rank {{ mem.rank + 1 }} of this memory's trigger examples">{{ ln(mem.layer) }}:{{ mem.key }} <span class="small muted">m={{ fmt(mem.coefficient, 2) }}</span></a>""",
 
 "trace_fragment.html": """<div class="ffkv-trace">{% if standalone %}<style>{{ css }}</style>{% endif %}
 {% if interactive %}<p class="note">Pick a position: the table reads the model at that token.</p>
