@@ -12,15 +12,15 @@ top sets (frequent tokens left out). Layers count from 0 in code and in the tabl
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ffkv.errors import FfkvError
-from ffkv.memories.projection import logits as project
-from ffkv.models.loading import LoadedModel
+
+if TYPE_CHECKING:  # clustering top tokens that are already known (the explorer's lookup table) needs no torch
+    from ffkv.models.loading import LoadedModel
 
 #: Top tokens per value.
 TOP = 10
@@ -36,15 +36,19 @@ NAME_TOKENS = 5
 MAX_VALUES = 65536
 
 
-@torch.no_grad()
 def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndarray:
     """(d_m, top) token ids: each value's top tokens of v_i·Eᵀ (identity projection), best first."""
+    import torch
+
+    from ffkv.memories.projection import logits as project
+
     view = loaded.view
     out = []
     values = view.values(layer)
-    for start in range(0, view.d_m, 256):
-        z = project(view, values[start:start + 256], "identity")
-        out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
+    with torch.no_grad():
+        for start in range(0, view.d_m, 256):
+            z = project(view, values[start:start + 256], "identity")
+            out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
     return np.concatenate(out).astype(np.int64)
 
 

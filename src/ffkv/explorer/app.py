@@ -23,6 +23,7 @@ pool of their own, one at a time, with a bounded queue: past it, a 503 asks the 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -233,15 +234,20 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
 
 class LoadModelAfterFirstResponse:
-    """ASGI middleware: once a first response has gone out, the model starts loading in the background."""
+    """ASGI middleware: once a first response has gone out, the model starts loading in the background, and so
+    does the import of what the concepts page computes with (`pages.warm_up`)."""
 
     def __init__(self, app, model) -> None:
         self.app, self.model = app, model
+        self._warming = False
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
         if scope["type"] == "http":
             self.model.start()
+            if not self._warming:
+                self._warming = True
+                threading.Thread(target=pages.warm_up, name="ffkv-warm-up", daemon=True).start()
 
 
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None,

@@ -368,11 +368,11 @@ class ExplorerData:
 
     def _most_probable(self, token_id: int, limit: int) -> list[dict]:
         """Keys with the highest p_i(token) = exp(v_i·E_x - logsumexp_i), from the model's weights."""
-        import torch
-
         view = getattr(self.loaded, "view", None)
         if view is None:
             return []
+        import torch
+
         with torch.no_grad():
             e = view.unembedding[token_id].float()
             lse = torch.tensor(self.key_stats["logsumexp"].to_numpy()).view(self.n_layers, self.d_m)
@@ -401,7 +401,7 @@ class ExplorerData:
         trig = self._query(
             "SELECT example_id, layer, key, direction, rank, coefficient, count(*) OVER (PARTITION BY example_id) AS n, "
             "row_number() OVER (PARTITION BY example_id ORDER BY abs(coefficient) DESC, layer, key) AS place "
-            f"FROM triggers WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ? "
+            f"FROM triggers_by_example WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ? "
             "ORDER BY example_id, place", [*ids, chips])
         memories: dict[int, list[dict]] = {}
         counts: dict[int, int] = {}

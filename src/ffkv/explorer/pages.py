@@ -412,6 +412,12 @@ CONCEPTS_SHOWN = 100
 CONCEPTS_ALL_LIMIT = 16384
 
 
+def warm_up() -> None:
+    """Import the concepts page's module ahead of its first request: it is part of the experiments package, whose
+    import pulls in every experiment and the figures' plotting library (seconds on a busy machine)."""
+    from ffkv.experiments import concepts  # noqa: F401
+
+
 def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") -> str:
     """Values clustered by shared top tokens (`ffkv.experiments.concepts`), for one layer (from 1) or all."""
     from ffkv.experiments import concepts as method
