@@ -39,10 +39,39 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, SHAPES, shared_data
+from common import SHAPES, shared_data
 
-#: The plain forward script (a user's own): same lines, same batching, blocks only, no mask.
-PLAIN = r'''
+from ffkv.corpus.spec import DEFAULT_MAX_TOKENS  # both sides cut examples there (`ffkv index`'s default)
+
+#: The efficient plain forward script a user would write: tokenize every line, sort all of them by
+#: length, batches of the same size and token budget, `torch.inference_mode()`, blocks only, no mask.
+PLAIN = r"""
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model_dir, corpus, batch_size, max_batch_tokens, max_tokens = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+lines = [l.strip() for l in open(corpus, encoding="utf-8") if l.strip()]
+ids = sorted((x[:max_tokens] for x in tokenizer(lines)["input_ids"]), key=len)
+batches, batch = [], []
+for x in ids:
+    if len(batch) == batch_size or (batch and len(x) * (len(batch) + 1) > max_batch_tokens):
+        batches.append(batch)
+        batch = []
+    batch.append(x)
+batches.append(batch)
+with torch.inference_mode():
+    for batch in batches:
+        t = len(batch[-1])
+        model.transformer(input_ids=torch.tensor([b + [0] * (t - len(b)) for b in batch]))
+print(f"plain: {len(ids)} examples, {sum(map(len, ids))} tokens, {len(batches)} batches")
+"""
+
+#: The plain script this benchmark used before issue 32: length-sorted only within ffkv's windows
+#: (batch_size x 16 lines), `torch.no_grad()`. Kept to show both plain scripts' times side by side.
+OLD_PLAIN = r"""
 import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,16 +96,21 @@ with torch.no_grad():
         t = max(map(len, batch))
         model.transformer(input_ids=torch.tensor([b + [0] * (t - len(b)) for b in batch]))
         n_tokens += sum(map(len, batch))
-print(f"plain: {len(ids)} examples, {n_tokens} tokens")
-'''
+print(f"old plain: {len(ids)} examples, {n_tokens} tokens")
+"""
+
+#: The corpora: short lines (WikiText-103 validation sentences of 3 to 30 words, one a line) and
+#: WikiText-103 lines (its paragraphs, detokenized, one a line; cut at `--max-tokens` by both sides).
+CORPORA = ("short", "wikitext")
+DEFAULT_LINES = {"short": 1500, "wikitext": 400}
 
 
-def prepare(work: Path, n_lines: int) -> tuple[Path, Path]:
-    """The saved random model folder and the corpus of short lines (built once, reused)."""
+def prepare(work: Path, corpus_kind: str, n_lines: int) -> tuple[Path, Path]:
+    """The saved random model folder and the corpus file (built once, reused)."""
     import torch
     import transformers as tf
 
-    model_dir, corpus = work / "gpt2-small-random", work / f"lines-{n_lines}.txt"
+    model_dir, corpus = work / "gpt2-small-random", work / f"{corpus_kind}-{n_lines}.txt"
     if not (model_dir / "config.json").exists():
         data = shared_data()
         if data is None or not (data / "tokenizers" / "gpt2").is_dir():
@@ -97,7 +131,10 @@ def prepare(work: Path, n_lines: int) -> tuple[Path, Path]:
         for raw in src.read_text(encoding="utf-8").splitlines():
             raw = raw.strip()
             if raw and not raw.startswith("="):
-                lines += [s for s in split_sentences(detokenize(raw)) if len(s.split()) >= 4]
+                if corpus_kind == "short":
+                    lines += [s for s in split_sentences(detokenize(raw)) if 3 <= len(s.split()) <= 30]
+                else:
+                    lines.append(detokenize(raw))
             if len(lines) >= n_lines:
                 break
         corpus.write_text("\n".join(lines[:n_lines]) + "\n", encoding="utf-8")
@@ -117,24 +154,38 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float
     return seconds, cpu, (done.stdout.strip() or done.stderr.strip())
 
 
+#: The processes a set can run: the old plain script, the efficient plain script with glibc's default
+#: allocator and with ffkv's setting (`ffkv.allocator`), and `ffkv index` (which sets it itself).
+SIDES = ("old", "plain", "kept", "index")
+LABELS = {"old": "old plain script (windows, no_grad)", "plain": "efficient plain script",
+          "kept": "efficient plain script, ffkv's allocator setting", "index": "ffkv index"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lines", type=int, default=1500)
+    parser.add_argument("--corpus", choices=CORPORA, default="short")
+    parser.add_argument("--lines", type=int, default=None, help="lines of the corpus (default: 1500 short, 400 wikitext)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"which processes take turns, of {','.join(SIDES)}")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
-    parser.add_argument("--max-tokens", type=int, default=512, help="tokens per example at most (ffkv's default)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ffkv-whole-process")
     parser.add_argument("--ffkv", default=str(Path(sys.executable).with_name("ffkv")), help="the ffkv command")
     parser.add_argument("--profile", type=Path, default=None,
                         help="only profile one ffkv process with cProfile into this file (no timing)")
     args = parser.parse_args()
+    sides = args.sides.split(",")
+    if not sides or any(side not in SIDES for side in sides):
+        raise SystemExit(f"--sides: choose from {','.join(SIDES)}")
     args.work.mkdir(parents=True, exist_ok=True)
-    model_dir, corpus = prepare(args.work, args.lines)
-    plain_py = args.work / "plain_forward.py"
-    plain_py.write_text(PLAIN)
-    plain = [sys.executable, str(plain_py), str(model_dir), str(corpus), str(args.batch_size),
-             str(args.max_batch_tokens), str(args.max_tokens)]
+    n_lines = args.lines or DEFAULT_LINES[args.corpus]
+    model_dir, corpus = prepare(args.work, args.corpus, n_lines)
+    scripts = {}
+    for name, text in (("plain", PLAIN), ("old", OLD_PLAIN)):
+        scripts[name] = args.work / f"{name}_forward.py"
+        scripts[name].write_text(text)
+    script_args = [str(model_dir), str(corpus), str(args.batch_size), str(args.max_batch_tokens),
+                   str(DEFAULT_MAX_TOKENS)]
     out = args.work / "run"
 
     def index_cmd(prefix: list[str]) -> list[str]:
@@ -152,27 +203,34 @@ def main() -> None:
 
     kept_env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
                 "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
-    sides = {"plain": (plain, None), "kept": (plain, kept_env), "index": (None, None)}
+    commands = {"old": ([sys.executable, str(scripts["old"]), *script_args], None),
+                "plain": ([sys.executable, str(scripts["plain"]), *script_args], None),
+                "kept": ([sys.executable, str(scripts["plain"]), *script_args], kept_env),
+                "index": (None, None)}
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
-    names = list(sides)
+    loads: list[float] = []
     for r in range(args.repeats):
-        for side in names[r % 3:] + names[: r % 3]:
+        for side in sides[r % len(sides):] + sides[: r % len(sides)]:
             load = os.getloadavg()[0]
-            cmd, env = sides[side]
+            loads.append(load)
+            cmd, env = commands[side]
             wall, used, text = run(cmd or index_cmd([args.ffkv]), env)
             seconds[side].append(wall)
             cpu[side].append(used)
             print(f"repeat {r + 1} {side:5s}: {wall:6.2f} s, CPU {used:6.1f} s  (load average "
                   f"{load:.2f})  {text.splitlines()[-1]}", flush=True)
-    print(f"lines={args.lines} repeats={args.repeats} batch_size={args.batch_size} cpus={os.cpu_count()} "
-          f"torch threads default")
-    labels = {"plain": "plain forward process", "kept": "plain, ffkv's allocator setting",
-              "index": "ffkv index process"}
-    print(";  ".join(f"{labels[side]}: median {statistics.median(t):.2f} s (min {min(t):.2f}, max {max(t):.2f})"
-                     for side, t in seconds.items()))
-    for base, what in (("plain", "over the plain script (goal <= 1.10)"),
-                       ("kept", "over the plain script with ffkv's allocator setting (the index's own overhead)")):
+    print(f"corpus={args.corpus} lines={n_lines} repeats={args.repeats} batch_size={args.batch_size} "
+          f"cpus={os.cpu_count()} torch threads default; load average {min(loads):.2f}-{max(loads):.2f}")
+    print("\n".join(f"{LABELS[side]}: median {statistics.median(t):.2f} s (min {min(t):.2f}, max {max(t):.2f})"
+                    for side, t in seconds.items()))
+    if "index" not in sides:
+        return
+    for base, what in (("kept", "over the efficient plain script, same allocator setting (goal <= 1.10)"),
+                       ("plain", "over the efficient plain script, glibc's default allocator"),
+                       ("old", "over the old plain script")):
+        if base not in sides:
+            continue
         pairs = [i / p for i, p in zip(seconds["index"], seconds[base])]
         cpu_pairs = [i / p for i, p in zip(cpu["index"], cpu[base])]
         print(f"ratio {what}, per set: {', '.join(f'{p:.3f}' for p in pairs)};  median "

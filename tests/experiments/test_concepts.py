@@ -8,12 +8,13 @@ import re
 from collections import deque
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from starlette.testclient import TestClient
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts
+from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts, shared_pairs
 from ffkv.explorer import create_app
 from support.helpers import loaded_tiny
 
@@ -50,6 +51,22 @@ def test_cluster_matches_brute_force_on_random_top_sets(seed):
     tops = np.array([rng.choice(40, size=6, replace=False) for _ in range(120)])
     for min_shared in (2, 3):
         assert cluster(tops, min_shared, frequent=0.2) == brute_clusters(tops.tolist(), min_shared, 0.2)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shared_pairs_match_set_intersections(seed):
+    """Every pair of rows sharing >= min_shared ids, and no other, against Python sets (negative ids match nothing)."""
+    rng = np.random.default_rng(seed)
+    tops = np.array([rng.choice(30, size=5, replace=False) for _ in range(80)])
+    placeholder = rng.random(tops.shape) < 0.1  # frequent tokens, left out as distinct negative ids
+    tops = np.where(placeholder, -1 - np.arange(tops.size).reshape(tops.shape), tops)
+    sets = [{t for t in row if t >= 0} for row in tops.tolist()]
+    for min_shared in (1, 2, 3):
+        a, b = shared_pairs(tops, min_shared)
+        expected = sorted((i, j) for i in range(len(sets)) for j in range(i + 1, len(sets))
+                          if len(sets[i] & sets[j]) >= min_shared)
+        assert sorted(zip(a.tolist(), b.tolist())) == expected and len(expected) > 0
+    assert [len(x) for x in shared_pairs(np.zeros((0, 5), np.int64))] == [0, 0]
 
 
 def test_concepts_of_hand_built_values_match_brute_force():
@@ -89,3 +106,42 @@ def test_concepts_page_answers_on_a_real_run(analyzed):
         for bad in ("0", "99", "x"):
             assert client.get(f"/concepts?layer={bad}").status_code == 422
         assert client.post("/concepts").status_code in (403, 405)
+
+
+def test_concepts_from_the_lookup_table_equal_the_models(analyzed):
+    """The explorer clusters the lookup table's identity top tokens (no projection of the values, no weights):
+    the same concepts, members and names as `concepts` computing them from the model, on every layer."""
+    from ffkv.experiments.concepts import concepts_of_tops
+    from ffkv.explorer.data import ExplorerData
+
+    run, loaded = analyzed
+    data = ExplorerData(run, loaded)
+    n_concepts = 0
+    try:
+        for layer in range(loaded.view.n_layers):
+            tops = data.value_top_ids(layer, TOP)
+            assert tops is not None and tops.shape == (loaded.view.d_m, TOP)
+            found, members = concepts_of_tops([tops], [layer], loaded.tokenizer)
+            expected_found, expected_members = concepts(loaded, [layer])
+            pd.testing.assert_frame_equal(found, expected_found)
+            pd.testing.assert_frame_equal(members, expected_members)
+            n_concepts += len(found)
+    finally:
+        data.close()
+    assert n_concepts > 0  # not a comparison of empty tables
+
+
+def test_concepts_page_needs_no_weights(analyzed):
+    """A run served with its tokenizer but no model weights still shows its concepts (from the lookup table)."""
+    run, loaded = analyzed
+
+    class TokenizerOnly:
+        view = model = None
+        tokenizer = loaded.tokenizer
+
+    found, members = concepts(loaded, [1])
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=TokenizerOnly())) as client:
+        page = client.get("/concepts?layer=2")
+    assert page.status_code == 200 and f"{len(found)} concept" in page.text
+    links = set(re.findall(r'href="/memory/(\d+)/(\d+)"', page.text))
+    assert {("2", str(k)) for k in members[members["concept"] == 0]["key"]} <= links

@@ -12,15 +12,15 @@ top sets (frequent tokens left out). Layers count from 0 in code and in the tabl
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ffkv.errors import FfkvError
-from ffkv.memories.projection import logits as project
-from ffkv.models.loading import LoadedModel
+
+if TYPE_CHECKING:  # clustering top tokens that are already known (the explorer's lookup table) needs no torch
+    from ffkv.models.loading import LoadedModel
 
 #: Top tokens per value.
 TOP = 10
@@ -36,56 +36,59 @@ NAME_TOKENS = 5
 MAX_VALUES = 65536
 
 
-@torch.no_grad()
 def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndarray:
     """(d_m, top) token ids: each value's top tokens of v_i·Eᵀ (identity projection), best first."""
+    import torch
+
+    from ffkv.memories.projection import logits as project
+
     view = loaded.view
     out = []
     values = view.values(layer)
-    for start in range(0, view.d_m, 256):
-        z = project(view, values[start:start + 256], "identity")
-        out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
+    with torch.no_grad():
+        for start in range(0, view.d_m, 256):
+            z = project(view, values[start:start + 256], "identity")
+            out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
     return np.concatenate(out).astype(np.int64)
 
 
-class SharedCounts:
-    """|T_i ∩ T_j| between rows of top-token sets (each row distinct ids; negative ids match nothing), as
-    products of a sparse (rows x tokens) indicator matrix: O(nnz·chunk) per chunk of rows."""
+def shared_pairs(tops: np.ndarray, min_shared: int = MIN_SHARED) -> tuple[np.ndarray, np.ndarray]:
+    """The row pairs (a, b), a < b, whose top-token sets share at least `min_shared` ids (each row distinct ids;
+    negative ids match nothing).
 
-    def __init__(self, tops: np.ndarray) -> None:
-        t = torch.as_tensor(np.asarray(tops, dtype=np.int64))
-        self.n = t.shape[0]
-        valid = t >= 0
-        _, column = torch.unique(t[valid], return_inverse=True)
-        row = torch.arange(self.n)[:, None].expand_as(t)[valid]
-        self.width = int(column.max()) + 1 if column.numel() else 0
-        self.row, self.column = row, column
-        self.matrix = torch.sparse_coo_tensor(torch.stack([row, column]), torch.ones(len(row)),
-                                              (self.n, self.width), check_invariants=True).coalesce()
+    Counted from each id's list of rows: the (row, id) entries sorted by id, then every two entries of one
+    id, found `d` places apart for d = 1, 2, ... up to the longest list. Time and memory go with the number
+    of row pairs that share an id, which `without_frequent` bounds (no list is longer than its limit), not
+    with the square of the rows or the vocabulary.
+    """
+    tops = np.asarray(tops, dtype=np.int64)
+    n = len(tops)
+    rows = np.repeat(np.arange(n, dtype=np.int64), tops.shape[1] if tops.ndim == 2 else 0)
+    ids = tops.ravel()
+    valid = ids >= 0
+    rows, ids = rows[valid], ids[valid]
+    order = np.lexsort((rows, ids))  # by id, then row: within an id's list, rows ascend
+    rows, ids = rows[order], ids[order]
+    firsts, seconds = [], []
+    for d in range(1, len(ids)):
+        same = ids[d:] == ids[:-d]
+        if not same.any():  # no list has more than d entries
+            break
+        firsts.append(rows[:-d][same])
+        seconds.append(rows[d:][same])
+    if not firsts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pair, count = np.unique(np.concatenate(firsts) * n + np.concatenate(seconds), return_counts=True)
+    pair = pair[count >= min_shared]
+    return pair // n, pair % n
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """(stop - start, n) counts for rows start..stop-1 against every row."""
-        dense = torch.zeros(stop - start, self.width)
-        pick = (self.row >= start) & (self.row < stop)
-        dense[self.row[pick] - start, self.column[pick]] = 1.0
-        return torch.sparse.mm(self.matrix, dense.T).T.round().to(torch.int64).numpy()
 
-
-def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED, chunk: int = 1024) -> np.ndarray:
+def link_components(tops: np.ndarray, min_shared: int = MIN_SHARED) -> np.ndarray:
     """Connected components of the graph linking rows that share >= `min_shared` tokens: a label per row
     (labels are the smallest row index of the component; found by propagating the smallest label along
     the edges until nothing changes)."""
-    n = len(tops)
-    counts = SharedCounts(tops) if n else None
-    sources, targets = [], []
-    for start in range(0, n, chunk):
-        rows, cols = np.nonzero(counts.rows(start, min(n, start + chunk)) >= min_shared)
-        keep = rows + start < cols
-        sources.append(rows[keep] + start)
-        targets.append(cols[keep])
-    a = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-    b = np.concatenate(targets) if targets else np.zeros(0, np.int64)
-    labels = np.arange(n, dtype=np.int64)
+    a, b = shared_pairs(tops, min_shared)
+    labels = np.arange(len(tops), dtype=np.int64)
     while True:
         before = labels.copy()
         np.minimum.at(labels, a, labels[b])
@@ -132,27 +135,38 @@ def concepts(loaded: LoadedModel, layers: Sequence[int] | None = None, top: int 
     """
     view = loaded.view
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
+    check_request(layers, view.n_layers, view.d_m, top, min_shared)
+    tops = [value_top_tokens(loaded, layer, top) for layer in layers]
+    return concepts_of_tops(tops, layers, loaded.tokenizer, min_shared)
+
+
+def check_request(layers: Sequence[int], n_layers: int, d_m: int, top: int = TOP, min_shared: int = MIN_SHARED) -> None:
+    """Refuse layers outside the model, settings outside their range, or more values than `MAX_VALUES`."""
     for layer in layers:
-        if not 0 <= layer < view.n_layers:
-            raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{view.n_layers - 1} (0-based)")
+        if not 0 <= layer < n_layers:
+            raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{n_layers - 1} (0-based)")
     if not 2 <= top <= 100 or not 1 <= min_shared <= top:
         raise FfkvError(f"need 2 <= top <= 100 and 1 <= min_shared <= top, got top={top}, min_shared={min_shared}")
-    if len(layers) * view.d_m > MAX_VALUES:
-        raise FfkvError(f"{len(layers) * view.d_m:,} values are more than {MAX_VALUES:,} to compare pairwise; "
+    if len(layers) * d_m > MAX_VALUES:
+        raise FfkvError(f"{len(layers) * d_m:,} values are more than {MAX_VALUES:,} to compare pairwise; "
                         "ask for fewer layers")
-    tops = np.concatenate([value_top_tokens(loaded, layer, top) for layer in layers]) if layers else \
-        np.zeros((0, top), np.int64)
-    where = [(layer, key) for layer in layers for key in range(view.d_m)]
-    tok = loaded.tokenizer
+
+
+def concepts_of_tops(tops: Sequence[np.ndarray], layers: Sequence[int], tokenizer,
+                     min_shared: int = MIN_SHARED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`concepts` from each layer's (d_m, top) value top tokens (best first; `value_top_tokens`, or the explorer's
+    lookup table of the same identity top tokens, which needs no model weights); `tokenizer` names them."""
+    where = [(layer, key) for layer, t in zip(layers, tops) for key in range(len(t))]
+    tops = np.concatenate([np.asarray(t, dtype=np.int64) for t in tops]) if len(tops) else np.zeros((0, TOP), np.int64)
     rows, members = [], []
     kept = without_frequent(tops)
     for c, group in enumerate(cluster(tops, min_shared)):
         counts = Counter(int(t) for i in group for t in kept[i] if t >= 0)
         named = [t for t, _ in counts.most_common(NAME_TOKENS)]
-        rows.append({"concept": c, "size": len(group), "tokens": list(tok.token_strings(named)), "token_ids": named,
-                     "layers": sorted({where[i][0] for i in group})})
+        rows.append({"concept": c, "size": len(group), "tokens": list(tokenizer.token_strings(named)),
+                     "token_ids": named, "layers": sorted({where[i][0] for i in group})})
         for i in group:
             members.append({"concept": c, "layer": where[i][0], "key": where[i][1],
-                            "top_tokens": list(tok.token_strings([int(t) for t in tops[i]]))})
+                            "top_tokens": list(tokenizer.token_strings([int(t) for t in tops[i]]))})
     return (pd.DataFrame(rows, columns=["concept", "size", "tokens", "token_ids", "layers"]),
             pd.DataFrame(members, columns=["concept", "layer", "key", "top_tokens"]))

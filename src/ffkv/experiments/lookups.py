@@ -22,6 +22,7 @@ Only the writing rank builds them (they are small next to the experiments' passe
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -58,8 +59,18 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+#: DuckDB's memory while it builds explorer.duckdb: its joins and sorts spill to a temporary folder beside the
+#: database past this, so the build's memory does not grow with the trigger table (92M rows at an 8B model's shape).
+DATABASE_MEMORY = "1GB"
+
+
 def build_database(run: RunDir, path: Path) -> None:
-    """Write explorer.duckdb atomically: triggers (with each prefix's last token) and texts.
+    """Write explorer.duckdb atomically: triggers (with each prefix's last token) in (layer, key) order,
+    the same triggers' (memory, coefficient) in example order, and texts.
+
+    No ART index: the pages' queries read a key's rows, or an example's, through the min-max
+    zone maps of tables stored in that order (DuckDB's planner chose sequential scans over the
+    indexes anyway), and an ART index must fit in memory while it is built.
 
     While the index has at most `trigger_contexts.MAX_ROWS` trigger rows, each row also holds ``m_length`` (its
     example's tokens) and ``m_offset`` (where its per-token coefficients start in `trigger_contexts.FILE`); NULL
@@ -75,9 +86,12 @@ def build_database(run: RunDir, path: Path) -> None:
               "ROWS UNBOUNDED PRECEDING) - len(x.token_ids) AS BIGINT)" if located else "CAST(NULL AS BIGINT)")
     with atomic.atomic_path(path) as tmp:
         tmp.unlink()
+        spill = tmp.with_name(tmp.name + ".spill")
         con = duckdb.connect(str(tmp))
         try:
             con.execute("SET threads TO 2")
+            con.execute(f"SET memory_limit = '{DATABASE_MEMORY}'")
+            con.execute(f"SET temp_directory = '{_sql_path(spill)}'")
             con.execute(f"""
                 CREATE TABLE texts AS
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')
@@ -90,12 +104,15 @@ def build_database(run: RunDir, path: Path) -> None:
                        {length} AS m_length, {offset} AS m_offset
                 FROM read_parquet('{te}') t JOIN texts x USING (example_id)
                 ORDER BY t.layer, t.key, direction DESC, t.rank""")
-            con.execute("CREATE INDEX triggers_layer_key ON triggers (layer, key)")
-            con.execute("CREATE INDEX triggers_example ON triggers (example_id)")
+            con.execute("""
+                CREATE TABLE triggers_by_example AS
+                SELECT example_id, layer, key, direction, rank, coefficient FROM triggers
+                ORDER BY example_id, layer, key, direction DESC""")
             con.execute("CREATE UNIQUE INDEX texts_id ON texts (example_id)")
             con.execute("CHECKPOINT")
         finally:
             con.close()
+            shutil.rmtree(spill, ignore_errors=True)
         wal = Path(str(tmp) + ".wal")
         if wal.exists():
             wal.unlink()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -241,15 +242,20 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
 
 class LoadModelAfterFirstResponse:
-    """ASGI middleware: once a first response has gone out, the model starts loading in the background."""
+    """ASGI middleware: once a first response has gone out, the model starts loading in the background, and so
+    does the import of what the concepts page computes with (`pages.warm_up`)."""
 
     def __init__(self, app, model) -> None:
         self.app, self.model = app, model
+        self._warming = False
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
         if scope["type"] == "http":
             self.model.start()
+            if not self._warming:
+                self._warming = True
+                threading.Thread(target=pages.warm_up, name="ffkv-warm-up", daemon=True).start()
 
 
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None,

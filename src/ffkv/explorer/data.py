@@ -78,6 +78,8 @@ class ExplorerData:
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
         self._tokens: list[str] | None = None
+        self._token_array: np.ndarray | None = None
+        self._summary: pd.DataFrame | None = None  # per-layer aggregates of the (fixed) lookup tables
         self._contexts: dict[tuple[int, int], list] = {}  # guarded by model.lock, like the forward passes
         self._token_index: dict[str, list[int]] | None = None
 
@@ -149,6 +151,17 @@ class ExplorerData:
             self._tokens = strings
         return self._tokens
 
+    def tokens_of(self, token_ids: np.ndarray) -> np.ndarray:
+        """`token` of every id of an array at once (an object array of the same shape)."""
+        if self._token_array is None:
+            self._token_array = np.array(self.tokens(), dtype=object)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        inside = (ids >= 0) & (ids < len(self._token_array))
+        out = self._token_array[np.where(inside, ids, 0)]
+        if not inside.all():
+            out[~inside] = [self.token(int(i)) for i in ids[~inside]]
+        return out
+
     def token(self, token_id: int | None) -> str:
         if token_id is None or token_id < 0:
             return "⟨end⟩"
@@ -205,6 +218,13 @@ class ExplorerData:
         """A value's top tokens under the identity projection (the lookup table)."""
         return [{"token_id": int(t), "token": self.token(int(t)), "prob": float(p)}
                 for t, p in zip(self.top_ids[layer, key], self.top_probs[layer, key])]
+
+    def value_top_ids(self, layer: int, top: int) -> np.ndarray | None:
+        """(d_m, top) token ids of each value's top tokens under the identity projection, best first, from the
+        lookup table (no model weights needed); None when the table was built otherwise or holds fewer."""
+        if self.lookup_info.get("projection") != "identity" or self.top_ids.shape[2] < top:
+            return None
+        return self.top_ids[layer, :, :top]
 
     def labels_of(self, layer: int, key: int) -> dict:
         """The automatic pattern label of `ffkv analyze` (if any) and the human labels of a key."""
@@ -331,7 +351,7 @@ class ExplorerData:
     def layer_keys(self, layer: int) -> pd.DataFrame:
         """One row per key of a layer: the layer page's columns (statistics, automatic and human labels)."""
         table = self.key_stats.loc[layer].reset_index()
-        table["top_tokens"] = [[self.token(int(t)) for t in self.top_ids[layer, k, :3]] for k in table["key"]]
+        table["top_tokens"] = self.tokens_of(self.top_ids[layer, table["key"].to_numpy(), :3]).tolist()
         table = table.merge(self.strongest(layer), on="key", how="left")
         if self.key_metrics is not None and layer in self.key_metrics.index.get_level_values(0):
             table = table.join(self.key_metrics.xs(layer, level="layer"), on="key")
@@ -357,15 +377,19 @@ class ExplorerData:
 
     def layer_summary(self) -> pd.DataFrame:
         """Per layer (0-based `layer`): key statistics, shares of automatic labels, annotated keys."""
-        stats = self.key_stats.reset_index()
-        summary = stats.groupby("layer").agg(
-            keys=("key", "size"), agreement_rate=("agreement", "mean"), mean_activation_frequency=("activation_frequency", "mean"),
-        ).reset_index()
-        if self.key_metrics is not None and "label" in self.key_metrics.columns:
-            shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(fill_value=0)
-            for label in ("shallow", "semantic", "both", "none"):
-                summary[f"share_{label}"] = [float(shares[label].get(layer, 0)) if label in shares else 0.0
-                                             for layer in summary["layer"]]
+        if self._summary is None:  # the lookup and metrics tables do not change while the explorer runs
+            stats = self.key_stats.reset_index()
+            summary = stats.groupby("layer").agg(
+                keys=("key", "size"), agreement_rate=("agreement", "mean"),mean_activation_frequency=("activation_frequency", "mean"),
+            ).reset_index()
+            if self.key_metrics is not None and "label" in self.key_metrics.columns:
+                shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(
+                    fill_value=0)
+                for label in ("shallow", "semantic", "both", "none"):
+                    summary[f"share_{label}"] = [float(shares[label].get(layer, 0)) if label in shares else 0.0
+                                                 for layer in summary["layer"]]
+            self._summary = summary
+        summary = self._summary.copy()
         human = self.annotations.all()
         counts = human.groupby("layer")["key"].nunique() if len(human) else pd.Series(dtype=int)
         summary["annotated_keys"] = [int(counts.get(layer, 0)) for layer in summary["layer"]]
@@ -395,11 +419,11 @@ class ExplorerData:
 
     def _most_probable(self, token_id: int, limit: int) -> list[dict]:
         """Keys with the highest p_i(token) = exp(v_i·E_x - logsumexp_i), from the model's weights."""
-        import torch
-
         view = getattr(self.loaded, "view", None)
         if view is None:
             return []
+        import torch
+
         with torch.no_grad():
             e = view.unembedding[token_id].float()
             lse = torch.tensor(self.key_stats["logsumexp"].to_numpy()).view(self.n_layers, self.d_m)
@@ -428,17 +452,17 @@ class ExplorerData:
         trig = self._query(
             "SELECT example_id, layer, key, direction, rank, coefficient, count(*) OVER (PARTITION BY example_id) AS n, "
             "row_number() OVER (PARTITION BY example_id ORDER BY abs(coefficient) DESC, layer, key) AS place "
-            f"FROM triggers WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ?", [*ids, chips])
-        by_example = {int(e): g.sort_values("place") for e, g in trig.groupby("example_id")}
-        out = []
-        for row in hits.itertuples(index=False):
-            mems = by_example.get(int(row.example_id), trig.iloc[:0])
-            out.append({"example_id": int(row.example_id), "text": row.text,
-                        "memories": [{"layer": int(m.layer), "key": int(m.key), "rank": int(m.rank),
-                                      "direction": int(m.direction), "coefficient": float(m.coefficient)}
-                                     for m in mems.itertuples(index=False)],
-                        "n_memories": int(mems["n"].iloc[0]) if len(mems) else 0})
-        return out
+            f"FROM triggers_by_example WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ? "
+            "ORDER BY example_id, place", [*ids, chips])
+        memories: dict[int, list[dict]] = {}
+        counts: dict[int, int] = {}
+        columns = ("example_id", "layer", "key", "rank", "direction", "coefficient", "n")
+        for e, layer, key, rank, direction, coefficient, n in zip(*(trig[c].tolist() for c in columns)):
+            memories.setdefault(e, []).append({"layer": layer, "key": key, "rank": rank, "direction": direction,
+                                               "coefficient": coefficient})
+            counts[e] = n
+        return [{"example_id": e, "text": text, "memories": memories.get(e, []), "n_memories": counts.get(e, 0)}
+                for e, text in zip(hits["example_id"].tolist(), hits["text"].tolist())]
 
     def close(self) -> None:
         self._db.close()

@@ -73,6 +73,8 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         raise validation.BadRequest("this run has no fitted translators: `ffkv analyze RUN --only translators` "
                                     "fits them", 404)
     loaded = data.loaded
+    if getattr(loaded, "view", None) is None:  # a tokenizer without the weights
+        raise validation.BadRequest("a trace runs the model, and this run's model weights are not loaded", 503)
     token_ids = list(loaded.tokenizer.encode(prompt))
     limit = max_prompt_tokens(loaded)
     if not token_ids:

@@ -59,6 +59,14 @@ def strip_html(tokens: list[dict]) -> Markup:
     return Markup("".join(out))
 
 
+def memory_chip(mem: dict, root: str) -> Markup:
+    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it."""
+    layer = layer_number(mem["layer"])
+    return Markup(f'<a class="chip" href="{escape(root)}/memory/{layer}/{mem["key"]}" title="rank {mem["rank"] + 1} of '
+                  f'this memory\'s trigger examples">{layer}:{mem["key"]} <span class="small muted">m='
+                  f'{escape(number(mem["coefficient"], 2))}</span></a>')
+
+
 def value_format(value: float) -> str:
     """A probability or logit with three significant digits (0.000312, not 0.0003)."""
     return f"{value:.3g}"
@@ -67,7 +75,8 @@ def value_format(value: float) -> str:
 ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
-                   show=visible, value_fmt=value_format, table=table_html, strip=strip_html)
+                   show=visible, value_fmt=value_format, table=table_html, strip=strip_html,
+                   chip=memory_chip)
 
 
 def warm() -> None:
@@ -432,6 +441,12 @@ CONCEPTS_SHOWN = 100
 CONCEPTS_ALL_LIMIT = 16384
 
 
+def warm_up() -> None:
+    """Import the concepts page's module ahead of its first request: it is part of the experiments package, whose
+    import pulls in every experiment and the figures' plotting library (seconds on a busy machine)."""
+    from ffkv.experiments import concepts  # noqa: F401
+
+
 def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") -> str:
     """Values clustered by shared top tokens (`ffkv.experiments.concepts`), for one layer (from 1) or all."""
     from ffkv.experiments import concepts as method
@@ -445,7 +460,12 @@ def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") 
         layers = list(range(data.n_layers))
     else:
         layers = [integer(layer if layer not in (None, "") else data.n_layers, "layer", 1, data.n_layers, 422) - 1]
-    found, members = method.concepts(data.loaded, layers)
+    method.check_request(layers, data.n_layers, data.d_m)
+    tops = [data.value_top_ids(x, method.TOP) for x in layers]  # the lookup table's: no projection of the values
+    if any(t is None for t in tops):
+        found, members = method.concepts(data.loaded, layers)
+    else:
+        found, members = method.concepts_of_tops(tops, layers, data.loaded.tokenizer)
     shown = []
     for row in found.head(CONCEPTS_SHOWN).itertuples():
         mem = members[members["concept"] == row.concept]

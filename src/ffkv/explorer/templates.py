@@ -127,8 +127,8 @@ The trigger position is boxed, the next token underlined.</p>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
 <p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
-<td>{% for mem in h.memories[:shown] %}{% include "chip.html" %}{% endfor %}
-{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{% include "chip.html" %}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+<td>{% for mem in h.memories[:shown] %}{{ chip(mem, root) }}{% endfor %}
+{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
 {% endblock %}""",
 
 "concepts.html": """{% extends "base.html" %}{% block title %}concepts{% endblock %}
@@ -146,8 +146,6 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <td>{% for m in c.memories %}<a class="chip" href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}" title="{{ m.top|join(' ') }}">{{ ln(m.layer) }}:{{ m.key }}</a>{% endfor %}</td>
 <td><code class="small">ffkv intervene RUN{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %}</code></td></tr>{% endfor %}</table>
 {% endblock %}""",
-
-"chip.html": """<a class="chip" href="{{ root }}/memory/{{ ln(mem.layer) }}/{{ mem.key }}" title="rank {{ mem.rank + 1 }} of this memory's trigger examples">{{ ln(mem.layer) }}:{{ mem.key }} <span class="small muted">m={{ fmt(mem.coefficient, 2) }}</span></a>""",
 
 "trace_fragment.html": """<div class="ffkv-trace">{% if standalone %}<style>{{ css }}</style>{% endif %}
 {% if interactive %}<p class="note">Pick a position: the table reads the model at that token.</p>

@@ -7,7 +7,8 @@ builds them itself only for a run that was never analysed (docs/run-directory.md
     key_stats.parquet          one row per (layer, key): value statistics, activation frequency and
                                histogram over a corpus sample, the trigger prefixes' common last token
     value_top_tokens.parquet   layer, key, rank, token_id, prob: each value's top tokens (identity)
-    explorer.duckdb            the trigger examples and the texts of their examples, indexed
+    explorer.duckdb            the trigger examples in (layer, key) order and in example order, and the texts
+                               of their examples
     trigger_coefficients.npy   each trigger example's per-token coefficients (`ffkv.experiments.trigger_contexts`;
                                absent for an index too large to store them)
 
@@ -28,8 +29,10 @@ from ffkv.store import atomic
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
-#: Bumped when what the tables hold changes; older tables are rebuilt.
-VERSION = 4  # 3: activation_frequency follows the signed active rule (was m > 0); 4: trigger coefficients
+#: Bumped when what the tables hold changes; older tables are rebuilt (3: activation_frequency follows the signed
+#: active rule, was m > 0; 4: explorer.duckdb holds triggers_by_example and no ART index on the triggers,
+#: trigger coefficients stored, activation statistics on the robust scale).
+VERSION = 4
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
