@@ -136,7 +136,20 @@ def write_run(run: Path, shape: str, seed: int = 0) -> None:
     labels = np.array(["shallow", "semantic", "both", "none"])[rng.integers(0, 4, n)]
     import pandas as pd
 
+    sign = "both" if n_dir == 2 else "positive"
+    index = {"top_k": top_k, "mode": "example", "sign": sign}
+    manifest = Manifest(
+        identity=Identity(model_id="synthetic", weights_sha256=f"synthetic-{seed}", dtype="float32",
+                          corpus={"source": "synthetic"}, corpus_fingerprint="synthetic", index=index),
+        model=ModelInfo(id="synthetic", family="Llama" if shape == "llama-8b" else "GPT-2", n_layers=layers,
+                        d_m=keys, d_model=4096 if shape == "llama-8b" else 1024, vocab_size=vocab, dtype="float32",
+                        gated=shape == "llama-8b", parallel=False, encoder=False, resid_mid="sequential"),
+        corpus={"source": "synthetic"}, index=index, status="complete", timings={"index_seconds": 0.0},
+        counts={"examples": n_examples, "tokens": int(offsets[-1])})
     rdir = RunDir(run)
+    for table in ("examples", "trigger_examples"):  # recorded as the index records them (ffkv.store.integrity)
+        rdir.record_table(manifest, rdir.table(table).name, "index")
+    rdir.write_manifest(manifest)  # before the metrics: each metrics table is recorded in it as written
     rdir.write_metric("patterns_keys", pd.DataFrame({
         "layer": layer_col, "key": key_col, "label": labels,
         "description": [f"ends in w{t}" for t in rng.integers(0, vocab, n)],
@@ -149,17 +162,6 @@ def write_run(run: Path, shape: str, seed: int = 0) -> None:
         "eraser": rng.random(n) < 0.05, "rule": [f"last token w{t}" for t in rng.integers(0, vocab, n)],
         "rule_f1": rng.random(n), "position_eta2": rng.random(n), "firing_sign": rng.choice([-1, 1], n),
         "two_way": rng.random(n) < 0.1}), {"synthetic": True})
-    sign = "both" if n_dir == 2 else "positive"
-    index = {"top_k": top_k, "mode": "example", "sign": sign}
-    manifest = Manifest(
-        identity=Identity(model_id="synthetic", weights_sha256=f"synthetic-{seed}", dtype="float32",
-                          corpus={"source": "synthetic"}, corpus_fingerprint="synthetic", index=index),
-        model=ModelInfo(id="synthetic", family="Llama" if shape == "llama-8b" else "GPT-2", n_layers=layers,
-                        d_m=keys, d_model=4096 if shape == "llama-8b" else 1024, vocab_size=vocab, dtype="float32",
-                        gated=shape == "llama-8b", parallel=False, encoder=False, resid_mid="sequential"),
-        corpus={"source": "synthetic"}, index=index, status="complete", timings={"index_seconds": 0.0},
-        counts={"examples": n_examples, "tokens": int(offsets[-1])})
-    rdir.write_manifest(manifest)
     print(json.dumps({"step": "write", "trigger_rows": layers * per_layer, "examples": n_examples,
                       "seconds": round(time.perf_counter() - t, 1), "trigger_table_gib": round(
                           disk_gib(run / "trigger_examples.parquet"), 3),
