@@ -26,7 +26,7 @@ from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 #: Bumped when what the tables hold changes; older tables are rebuilt.
-VERSION = 3  # 3: activation_frequency follows the signed active rule (was m > 0)
+VERSION = 4  # 3: activation_frequency follows the signed active rule (was m > 0); 4: its s_l leaves massive activations out
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 INFO = "info.json"
 

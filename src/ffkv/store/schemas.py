@@ -26,6 +26,15 @@ TRIGGER_EXAMPLES = pa.schema([
     ("next_token_id", pa.int32()),
 ])
 
+#: RUN/control_keys.parquet: the random control memories indexed beside the model's keys (`ffkv.memories.controls`),
+#: one row per (layer, key); their trigger examples are in RUN/control_trigger_examples.parquet (TRIGGER_EXAMPLES).
+CONTROL_KEYS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("source_key", pa.int32()),
+    ("key_norm", pa.float32()),
+])
+
 #: Values of trigger_examples' `direction`, by name: +1 the largest coefficients of a key, -1 the most negative
 #: ones (indexed with `--sign both`). Tables of format 1 and 2 have no such column: every row there is +1.
 DIRECTIONS = {"positive": 1, "negative": -1}
