@@ -50,6 +50,8 @@ def main() -> None:
     parser.add_argument("--mode", default="example")
     parser.add_argument("--sign", choices=("positive", "both"), default="both",
                         help="trigger directions indexed (default both, as `ffkv index` for a GELU model)")
+    parser.add_argument("--control-keys", type=int, default=None,
+                        help="random control memories per layer indexed beside the keys (default: ffkv index's)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--per-batch", action="store_true",
                         help="also time each batch's forward with and without the index's reduction, back to back")
@@ -115,7 +117,8 @@ def main() -> None:
 
     def index():
         out = Path(tempfile.mkdtemp()) / "run"
-        run = build_index(loaded, spec, out, IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign),
+        controls = {} if args.control_keys is None else {"control_keys": args.control_keys}
+        run = build_index(loaded, spec, out, IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign, **controls),
                           batching, progress=False)
         streaming.append(run.manifest().timings["index_seconds"])
         shutil.rmtree(out.parent)

@@ -242,7 +242,7 @@ def open_run(path: str | Path, loaded: Any = None) -> Run:
 def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k: int = 50, mode: str = "example",
           sign: str | None = None, unit: str = "sentence", max_examples: int | None = None, seed: int | None = None, max_tokens: int = 512,
           split: str = "all", dtype: str = "float32", device: str = "cpu", batch_size: int = 32,
-          resume: bool = False, progress: bool = True, **corpus_options: Any) -> Run:
+          control_keys: int | None = None, resume: bool = False, progress: bool = True, **corpus_options: Any) -> Run:
     """`ffkv index` as a function: the top-k trigger examples of every key of every layer (SPEC section 3).
 
     Args:
@@ -253,6 +253,7 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
         top_k, mode: trigger examples kept per key (and direction); ``example`` or ``prefix`` (as `ffkv index`).
         sign: ``positive`` or ``both`` trigger directions; None: ``both`` when the model's coefficients can
             be negative (gated, GELU, SiLU), else ``positive`` (`ffkv.index.indexer.IndexOptions`).
+        control_keys: random control memories per layer (`ffkv.memories.controls`); None: the default.
     """
     from ffkv.corpus import CorpusSpec
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
@@ -262,8 +263,9 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
     spec = corpus if isinstance(corpus, CorpusSpec) else CorpusSpec(
         source=str(corpus), unit=unit, max_examples=max_examples, shuffle_seed=seed, max_tokens=max_tokens,
         split=split, **corpus_options)
-    build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode, sign=sign), BatchOptions(batch_size=batch_size),
-                resume=resume, progress=progress)
+    controls = {} if control_keys is None else {"control_keys": control_keys}
+    build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode, sign=sign, **controls),
+                BatchOptions(batch_size=batch_size), resume=resume, progress=progress)
     return Run(out, loaded)
 
 

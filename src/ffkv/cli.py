@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="positive: each key's largest coefficients (the paper's trigger examples); both: also its most "
                         "negative ones, top-k of each (default: both when the model's coefficients can be negative: "
                         "gated, GELU, SiLU; positive for ReLU)")
+    p.add_argument("--control-keys", type=int, default=None, metavar="N",
+                   help="random control memories per layer, indexed in the same pass: each key-side finding of "
+                        "`ffkv analyze` is set beside them (0: none; default: 256)")
+    p.add_argument("--control-seed", type=int, default=0, help="seed of the control's random key directions "
+                                                               "(default: %(default)s)")
     p.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per forward pass; speed and memory only, never the result (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
@@ -443,7 +448,8 @@ def _index(args: argparse.Namespace) -> int:
     from ffkv.parallel import launched_by_torchrun, local_device
 
     spec = _corpus_spec(args, args.corpus)
-    options = IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign)
+    controls = {} if args.control_keys is None else {"control_keys": args.control_keys}
+    options = IndexOptions(top_k=args.top_k, mode=args.mode, sign=args.sign, control_seed=args.control_seed, **controls)
     batching = BatchOptions(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                             checkpoint_seconds=args.checkpoint_seconds, tokenizer_workers=args.tokenizer_workers)
     options.validate()

@@ -176,14 +176,25 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
     held = ctx.held_out()
     view, V = loaded.view, loaded.view.vocab_size
     coeffs = all_coefficients(loaded, held)
+    # Dead is decided over the whole indexed corpus: every position of every indexed example, run alone.
+    indexed = [type("E", (), {"token_ids": t})() for t in pd.read_parquet(RunDir(run).table("examples"))["token_ids"]]
+    corpus = all_coefficients(loaded, type("H", (), {"examples": indexed})())
     tau = active_fraction(view)
     for layer in range(view.n_layers):
         m = np.concatenate([c[layer] for c in coeffs])  # (N, d_m)
         N, d_m = m.shape
         pos = np.concatenate([np.arange(len(c[layer])) for c in coeffs])
         tokens = [np.asarray(e.token_ids) for e in held.examples]
-        thr = tau * math.sqrt((m ** 2).sum() / (N * d_m)) if tau else 0.0
+        # s_l: the RMS of the coefficients at each example's analysed position, massive positions (RMS above 20 x
+        # the median position's) left out.
+        at = np.stack([c[layer][j] for c, j in zip(coeffs, held.positions)])
+        rms = np.sqrt((at ** 2).mean(1))
+        kept = rms[rms <= 20 * np.median(rms)]
+        thr = tau * math.sqrt((kept ** 2).mean()) if tau else 0.0
         act = np.abs(m) > thr
+        special_ids = list(getattr(loaded.tokenizer, "special_ids", ()) or ())
+        everywhere = np.concatenate([c[layer][~np.isin(np.asarray(e.token_ids), special_ids)]
+                                     for c, e in zip(corpus, indexed)])
         # Strong: where the prefix competes for trigger examples (no special token), against the largest |m| there.
         special = list(getattr(loaded.tokenizer, "special_ids", ()) or ())
         competes = np.concatenate([~np.isin(np.asarray(e.token_ids), special) for e in held.examples])
@@ -194,7 +205,7 @@ def test_census_statistics_equal_brute_force(tmp_path, family):
         np.testing.assert_allclose(got["strong_frequency"], strong.mean(0), atol=1e-6)
         assert 0 < strong.mean() < act.mean()  # the rules below are tested against a set that is neither
         np.testing.assert_allclose(got["negative_frequency"], (act & (m < 0)).mean(0), atol=1e-6)
-        assert (got["dead"].to_numpy() == ~act.any(0)).all()
+        assert (got["dead"].to_numpy() == ~(np.abs(everywhere) > thr).any(0)).all()
         # Adjusted eta² by groups of position.
         G = sorted(set(pos))
         total = ((m - m.mean(0)) ** 2).sum(0)
@@ -245,7 +256,7 @@ def test_position_share_is_calibrated_on_noise_and_planted_positions():
     rng = np.random.default_rng(0)
     n, d_m = 400, 500
     pos = torch.as_tensor(rng.integers(0, 40, n))
-    acc = census.CensusAccumulator(1, d_m, 10, 0.0)
+    acc = census.CensusAccumulator(1, d_m, 10, [0.0])
     noise = torch.as_tensor(rng.normal(size=(n, d_m)))
     noise[:, 0] = torch.where(pos < 3, 2.0, 0.0) + 0.1 * noise[:, 0]  # key 0: fires at positions 0-2
     acc.feed("scale", 0, noise, pos, {})
@@ -268,7 +279,7 @@ def test_a_key_active_everywhere_is_a_detector_of_where_it_fires_strongly():
     m[:, 0] = 0.3 + 0.05 * m[:, 0] + 2.0 * (tokens == 7)
     m[:, 1] = -1.0
     m[:, 2] = 0.3 + 0.05 * m[:, 2] + 2.0 * (tokens == 10)
-    acc = census.CensusAccumulator(1, 3, vocab, 0.1)
+    acc = census.CensusAccumulator(1, 3, vocab, [0.1 * float(m.square().mean().sqrt())])  # tau·s_l, s_l = RMS
     pos = torch.arange(n) % 40
     for step in ("scale", "summarise", "count"):
         for part in torch.arange(n).split(500):  # batch by batch, as the passes feed it

@@ -59,7 +59,7 @@ def test_killed_then_resumed_equals_uninterrupted(killed, seed):
     run = RunDir(root / f"seed-{seed}")
     manifest = run.manifest()
     assert manifest.complete and manifest.process is None and manifest.error is None, point
-    for table in ("examples", "trigger_examples"):
+    for table in ("examples", "trigger_examples", "control_trigger_examples", "control_keys"):
         assert run.table(table).read_bytes() == RunDir(root / "reference").table(table).read_bytes(), point
     if run.partial.exists():  # the kill came after the run was marked complete: the next writer cleans
         with run.lock("analyze"):

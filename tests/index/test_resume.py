@@ -35,7 +35,8 @@ def setup(tmp_path):
 
 
 def read(run):
-    return (pd.read_parquet(run.table("trigger_examples")), pd.read_parquet(run.table("examples")))
+    return tuple(pd.read_parquet(run.table(name)) for name in ("trigger_examples", "examples",
+                                                               "control_trigger_examples", "control_keys"))
 
 
 @pytest.mark.parametrize("how", ["killed", "ctrl-c"])

@@ -17,7 +17,7 @@ from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.index.merge import merge_runs
 from support.helpers import loaded_tiny
 
-TABLES = ("examples.parquet", "trigger_examples.parquet")
+TABLES = ("examples.parquet", "trigger_examples.parquet", "control_trigger_examples.parquet", "control_keys.parquet")
 
 
 def corpus(tmp_path: Path) -> Path:

@@ -15,8 +15,9 @@ def refinement(agreement, kept, override, composition, low=None, high=None):
     return t
 
 
-def by_figure(table: pd.DataFrame) -> dict[str, bool]:
-    return dict(zip(table["figure"], table["reproduces"]))
+def by_figure(table: pd.DataFrame) -> dict[str, bool | None]:
+    """figure -> True, False, or None where no verdict is given."""
+    return {f: (None if pd.isna(r) else bool(r)) for f, r in zip(table["figure"], table["reproduces"])}
 
 
 def test_rules_decide_as_stated():
@@ -55,3 +56,56 @@ def test_figures_9_to_11_are_also_read_under_the_other_projection():
 
 def test_no_tables_no_rows():
     assert fidelity({}).empty
+
+
+def with_chance(table: pd.DataFrame, column: str, chance, minus_low, minus_high) -> pd.DataFrame:
+    return table.assign(**{f"{column}_chance": chance, f"{column}_minus_chance": (pd.Series(minus_low) + minus_high) / 2,
+                           f"{column}_minus_chance_ci_low": minus_low, f"{column}_minus_chance_ci_high": minus_high})
+
+
+def test_chance_levels_decide_beside_the_papers_thresholds():
+    """Figure 8 at 90% in every layer still fails when the output is a single memory's more often than chance
+    (observed - chance entirely below 0); Figure 9 fails when the top layer is not above its chance level."""
+    comp = pd.DataFrame({"layer": [0, 1], "composition_rate": [0.9, 0.9], "share_active": [0.05, 0.1],
+                         "n_examples": [500, 500]})
+    at_chance = with_chance(comp, "composition_rate", [0.9, 0.9], [-0.02, -0.03], [0.02, 0.01])
+    below = with_chance(comp, "composition_rate", [0.97, 0.95], [-0.09, -0.07], [-0.05, -0.03])
+    assert by_figure(fidelity({"composition": at_chance}))["Figure 8"] is True
+    assert by_figure(fidelity({"composition": below}))["Figure 8"] is False
+    row = fidelity({"composition": below}).set_index("figure").loc["Figure 8"]
+    assert "chance 95.0%-97.0%" in row["chance"] and "observed - chance" in row["rule"]
+    ref = refinement([0.3, 0.8], [0.8, 0.6], [0.05, 0.1], [0.15, 0.3], [0.25, 0.75], [0.35, 0.85]).assign(n_examples=500)
+    assert by_figure(fidelity({"refinement": with_chance(ref, "residual_agreement", [0.3, 0.7], [0.0, 0.05],
+                                                         [0.05, 0.15])}))["Figure 9"] is True
+    assert by_figure(fidelity({"refinement": with_chance(ref, "residual_agreement", [0.3, 0.79], [0.0, -0.03],
+                                                         [0.05, 0.05])}))["Figure 9"] is False
+
+
+def test_no_verdict_below_the_minimum_n_naming_the_fix():
+    comp = pd.DataFrame({"layer": [0, 1], "composition_rate": [0.9, 0.9], "share_active": [0.05, 0.1],
+                         "n_examples": [4, 4]})
+    row = fidelity({"composition": comp}).set_index("figure").loc["Figure 8"]
+    assert pd.isna(row["reproduces"]) and row["n"] == 4
+    assert row["verdict"].startswith("too few examples (n = 4") and "--eval-corpus or --eval-split all" in row["verdict"]
+
+
+def patterns_table(semantic_top, control_top, control_low, recall=0.8, n=200):
+    return pd.DataFrame({"layer": [0, 1], "keys_shallow": [0.5, 0.1], "keys_both": [0.0, 0.0],
+                         "keys_semantic": [0.1, semantic_top], "keys_none": [0.4, 0.9 - semantic_top],
+                         "n_keys": [n, n], "n_dead": [3, 0], "semantic_recall": [recall, recall],
+                         "keys_any_shallow_control": [0.1, 0.1], "keys_any_semantic_control": [0.04, control_top],
+                         "keys_any_semantic_minus_control": [0.06, semantic_top - control_top],
+                         "keys_any_semantic_minus_control_ci_low": [0.01, control_low],
+                         "keys_any_semantic_minus_control_ci_high": [0.1, 0.3]})
+
+
+def test_figure_2_is_read_against_random_key_directions_and_the_labelers_recall():
+    assert by_figure(fidelity({"patterns": patterns_table(0.3, 0.05, 0.1)}))["Figure 2"] is True
+    # More semantic keys at the top than at the bottom, but no more than random directions give there.
+    assert by_figure(fidelity({"patterns": patterns_table(0.3, 0.28, -0.05)}))["Figure 2"] is False
+    row = fidelity({"patterns": patterns_table(0.3, 0.05, 0.1, recall=0.06)}).set_index("figure").loc["Figure 2"]
+    assert pd.isna(row["reproduces"]) and "finds only 6.0% of planted topics" in row["verdict"]
+    no_control = patterns_table(0.3, 0.05, 0.1).drop(columns=[c for c in patterns_table(0, 0, 0) if "control" in c])
+    row = fidelity({"patterns": no_control}).set_index("figure").loc["Figure 2"]
+    assert pd.isna(row["reproduces"]) and "no random-key control" in row["verdict"]
+    assert "dead keys left out: 3" in row["measured"]

@@ -7,7 +7,8 @@
     refinement.py   SPEC 8, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
     membership.py   SPEC 9: do coefficients separate training from held-out text (ROC AUC per layer)
     scoring.py      one forward pass that scores an example: loss, token-set mass, coefficient statistics
-    heldout.py      the one forward pass over held-out examples that 7 and 8 share
+    heldout.py      the one forward pass over held-out examples that 7 and 8 share; the active rule's scale s_l
+    dead.py         dead keys: never active over the indexed corpus, one rule for every study
     census.py       SPEC 9: every key classed (dead, token/n-gram detector, positional; value type, eraser)
     suppressed.py   SPEC 9: active memories that ranked the gold token first where the model was wrong
     pruning.py      SPEC 9 (beyond the paper): held-out perplexity against the share of keys removed; `ffkv prune`

@@ -47,7 +47,8 @@ EXPERIMENTS: tuple[str, ...] = tuple(name for name in MODULES if name not in OPT
 FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
                     "refinement_projections")
 #: Experiments that read held-out examples (the others use the run's trigger examples only).
-HELD_OUT = ("composition", "refinement", "census", "suppressed", "pruning", "translators")
+#: patterns reads them for the active rule's scale, which decides its dead keys (`ffkv.experiments.dead`).
+HELD_OUT = ("patterns", "composition", "refinement", "census", "suppressed", "pruning", "translators")
 
 
 def analyze(

@@ -56,10 +56,14 @@ import pandas as pd
 import torch
 
 from ffkv.batching import RowBatches, length_batches
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, progress_bar, sample_size_warnings,
+                                     share_with_interval)
+from ffkv.experiments.dead import active_threshold, dead_keys
 from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.memories.active import RULE, active_fraction
+from ffkv.experiments.heldout import active_scale
+from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.active import active as active_memories
+from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
 
@@ -121,7 +125,8 @@ class LayerState:
     sum_m: torch.Tensor = None
     sum_m2: torch.Tensor = None
     group_sum: torch.Tensor = None          # (POSITION_GROUPS, d_m)
-    squares: float = 0.0                    # Σ m² over every key: s_l
+    positions: int = 0                      # positions counted (massive-activation positions are not)
+    group_count: torch.Tensor = None        # (POSITION_GROUPS,) positions counted per position group
     n_positive: torch.Tensor = None
     n_negative: torch.Tensor = None
     n_strong: torch.Tensor = None
@@ -136,6 +141,7 @@ class LayerState:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.sum_m, self.sum_m2 = z(self.d_m), z(self.d_m)
         self.group_sum = z(POSITION_GROUPS, self.d_m)
+        self.group_count = z(POSITION_GROUPS)
         self.n_positive, self.n_negative, self.n_strong, self.max_abs = (z(self.d_m) for _ in range(4))
         for n in NGRAMS:
             self.ids[n] = torch.full((self.d_m, CANDIDATES), -1, dtype=torch.long)
@@ -190,22 +196,31 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
 
 class CensusAccumulator:
     """The census statistics of every layer, fed one batch of coefficients at a time, in three passes over the
-    same positions: `scale` (sums, s_l, largest |m_i|, positions), `summarise` (active and strong counts,
-    candidate rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, rules, competes)`
-    takes the real positions of a batch: m (P, d_m), their position index (P,), the n-gram ids ending at each
-    position, and which positions compete for trigger examples (P,) (None: all)."""
+    same positions: `scale` (sums, largest |m_i|, positions), `summarise` (active and strong counts, candidate
+    rules), `count` (exact counts of the candidates). `feed(pass, layer, m, positions, rules, competes)` takes the
+    real positions of a batch: m (P, d_m), their position index (P,), the n-gram ids ending at each position, and
+    which positions compete for trigger examples (P,) (None: all).
 
-    def __init__(self, n_layers: int, d_m: int, vocab_size: int, tau: float) -> None:
+    Args:
+        thresholds: per layer tau·s_l of the active rule (`ffkv.memories.active`), from its one owner
+            (`ffkv.experiments.heldout.active_scale`); 0 for the m_i > 0 rule of ReLU models.
+    """
+
+    def __init__(self, n_layers: int, d_m: int, vocab_size: int, thresholds) -> None:
         self.layers = [LayerState(d_m) for _ in range(n_layers)]
-        self.vocab_size, self.tau, self.d_m = vocab_size, float(tau), d_m
-        self.positions = 0
-        self.group_count = torch.zeros(POSITION_GROUPS, dtype=torch.float64)
+        self.vocab_size, self.d_m = vocab_size, d_m
+        self.thresholds = [float(t) for t in thresholds]
+        if len(self.thresholds) != n_layers:
+            raise ValueError(f"{len(self.thresholds)} thresholds for {n_layers} layers")
+
+    @property
+    def positions(self) -> int:
+        """Positions counted in the first layer (every layer counts the same unless massive activations are left out)."""
+        return self.layers[0].positions
 
     def threshold(self, layer: int) -> float:
-        """tau·s_l of the active rule, s_l the RMS of the layer's coefficients over the census positions."""
-        if self.tau == 0 or self.positions == 0:
-            return 0.0
-        return self.tau * math.sqrt(self.layers[layer].squares / (self.positions * self.d_m))
+        """tau·s_l of the active rule for `layer`."""
+        return self.thresholds[layer]
 
     def strong_threshold(self, layer: int) -> torch.Tensor:
         """(d_m,) `STRONG_SHARE` of each key's largest |m_i| over the census positions that compete."""
@@ -219,16 +234,14 @@ class CensusAccumulator:
         m = m.detach().to("cpu", torch.float64)
         competes = torch.ones(len(m), dtype=torch.bool) if competes is None else competes.to("cpu")
         if step == "scale":
-            s.squares += float(m.square().sum())
             s.sum_m += m.sum(0)
             s.sum_m2 += m.square().sum(0)
             if bool(competes.any()):
                 torch.maximum(s.max_abs, m[competes].abs().amax(0), out=s.max_abs)
             group = positions.to("cpu").clamp(max=POSITION_GROUPS - 1)
             s.group_sum.index_add_(0, group, m)
-            if layer == 0:
-                self.positions += m.shape[0]
-                self.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
+            s.positions += m.shape[0]
+            s.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
             return
         active = active_memories(m, self.threshold(layer))
         strong = active & competes[:, None] & (m.abs() >= self.strong_threshold(layer))
@@ -250,9 +263,14 @@ class CensusAccumulator:
                 s.hits_positive[n] += torch.where(there, hit_pos.gather(1, where), zero)
                 s.support[n] += torch.where(there, support[where], zero)
 
-    def key_table(self, layer: int) -> pd.DataFrame:
-        """Per key of the layer: frequencies, dead, the best rule, eta² (the value columns come later)."""
-        s, N = self.layers[layer], max(self.positions, 1)
+    def key_table(self, layer: int, dead: np.ndarray | None = None) -> pd.DataFrame:
+        """Per key of the layer: frequencies, dead, the best rule, eta² (the value columns come later).
+
+        Args:
+            dead: (d_m,) the keys never active over the indexed corpus (`ffkv.experiments.dead`), the one rule of
+                dead; None: never active at the census positions (for a census without an index)."""
+        s = self.layers[layer]
+        N = max(s.positions, 1)
         n_active, n_strong = s.n_positive + s.n_negative, s.n_strong
         best = {"f1": torch.zeros(self.d_m, dtype=torch.float64), "n": torch.zeros(self.d_m, dtype=torch.long),
                 "id": torch.full((self.d_m,), -1, dtype=torch.long),
@@ -279,21 +297,21 @@ class CensusAccumulator:
         best["recall"] = torch.where(n_strong > 0, best["hits"] / n_strong.clamp(min=1), torch.zeros_like(n_strong))
         mean = s.sum_m / N
         total = s.sum_m2 - s.sum_m.square() / N
-        within = total - ((s.group_sum.square() / self.group_count.clamp(min=1)[:, None]).sum(0)
+        within = total - ((s.group_sum.square() / s.group_count.clamp(min=1)[:, None]).sum(0)
                           - s.sum_m.square() / N)
-        eta2 = position_eta2(total, within, N, int((self.group_count > 0).sum()), s.sum_m2)
+        eta2 = position_eta2(total, within, N, int((s.group_count > 0).sum()), s.sum_m2)
         has_rule = best["n"] > 0
         rule_sign = torch.where(best["hits_positive"] * 2 >= best["hits"], 1, -1)
         firing_sign = torch.where(s.n_negative > s.n_positive, -1, 1)
         minority = torch.minimum(s.n_positive, s.n_negative)
         return pd.DataFrame({
             "layer": np.full(self.d_m, layer, np.int16), "key": np.arange(self.d_m, dtype=np.int32),
-            "n_positions": np.full(self.d_m, self.positions, np.int64),
+            "n_positions": np.full(self.d_m, s.positions, np.int64),
             "activation_frequency": as_numpy(n_active / N).astype(np.float32),
             "positive_frequency": as_numpy(s.n_positive / N).astype(np.float32),
             "negative_frequency": as_numpy(s.n_negative / N).astype(np.float32),
             "strong_frequency": as_numpy(n_strong / N).astype(np.float32),
-            "dead": as_numpy(n_active == 0),
+            "dead": as_numpy(n_active == 0) if dead is None else np.asarray(dead, dtype=bool),
             "firing_sign": as_numpy(torch.where(n_active > 0, firing_sign, 0)).astype(np.int8),
             "two_way": as_numpy((n_active > 0) & (minority >= TWO_WAY_SHARE * n_active)),
             "rule_n": as_numpy(best["n"]).astype(np.int8),
@@ -410,20 +428,48 @@ def _batches(ctx: RunContext) -> RowBatches:
 
 
 @torch.no_grad()
-def accumulate(view, batches, vocab_size: int, progress: bool = False) -> CensusAccumulator:
-    """The three streaming passes over `batches` (padded `Batch`es or (rows, Batch) pairs)."""
-    acc = CensusAccumulator(view.n_layers, view.d_m, vocab_size, active_fraction(view))
+def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = False,
+               control: RandomKeys | None = None,
+               massive_rms: np.ndarray | None = None) -> tuple[CensusAccumulator, CensusAccumulator | None]:
+    """The three streaming passes over `batches` (padded `Batch`es or (rows, Batch) pairs), for the model's keys
+    and, with `control`, for its random control memories (read from the same passes' FF inputs).
+
+    Args:
+        massive_rms: per layer, the RMS of a position's coefficients above which it carries a massive activation
+            (`MASSIVE_FACTOR` x the median of `ffkv.experiments.heldout.active_scale`): such positions are left out
+            of every statistic of that layer (a key's largest |m_i|, position shares, counts), for the control too.
+    """
+    acc = CensusAccumulator(view.n_layers, view.d_m, vocab_size, thresholds)
+    acc_control = CensusAccumulator(view.n_layers, control.n, vocab_size, thresholds) if control else None
     state: dict = {}
 
-    def sink(name: str, layer: int, m: torch.Tensor) -> None:
-        acc.feed(state["step"], layer, m[state["mask"]], state["positions"], state["rules"], state["competes"])
+    def feed(target: CensusAccumulator, layer: int, m: torch.Tensor, keep: torch.Tensor | None) -> None:
+        positions, rules, competes = state["positions"], state["rules"], state["competes"]
+        if keep is not None:
+            keep_host = keep.cpu()
+            m, positions, competes = m[keep], positions[keep_host], competes[keep_host]
+            rules = {n: r[keep_host] for n, r in rules.items()}
+        target.feed(state["step"], layer, m, positions, rules, competes)
+
+    def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        if name == "ff_in":  # the control memories' coefficients, fed once the layer's own tell which positions count
+            state["control"] = control.coefficients(layer, t)[state["mask"]]
+            return
+        m = t[state["mask"]]
+        keep = None
+        if massive_rms is not None and massive_rms[layer] > 0:
+            keep = m.float().square().mean(-1).sqrt() <= float(massive_rms[layer])
+        feed(acc, layer, m, keep)
+        if control is not None:
+            feed(acc_control, layer, state.pop("control"), keep)
 
     steps = ("scale", "summarise", "count")
+    quantities = ("coefficients", "ff_in") if control else ("coefficients",)
     bar = progress_bar(progress, len(steps) * len(batches), "census", "batch")
     try:
         for step in steps:
             state["step"] = step
-            with view.capture(("coefficients",), sink=sink, stop_early=True):
+            with view.capture(quantities, sink=sink, stop_early=True):
                 for item in batches:
                     batch = item[1] if isinstance(item, tuple) else item
                     mask = batch.attention_mask.bool()
@@ -437,18 +483,23 @@ def accumulate(view, batches, vocab_size: int, progress: bool = False) -> Census
                     bar.update(1)
     finally:
         bar.close()
-    return acc
+    return acc, acc_control
 
 
 def compute(ctx: RunContext) -> dict:
     view = ctx.view
     V = view.vocab_size
     batches = list(_batches(ctx))
-    acc = accumulate(view, batches, V, ctx.progress)
+    thresholds = active_threshold(ctx)
+    control = RandomKeys(view, ctx.manifest.control_keys, ctx.manifest.identity.index.get("control_seed", 0)) \
+        if ctx.has_control else None
+    massive = MASSIVE_FACTOR * active_scale(ctx).median_rms if active_fraction(view) > 0 else None
+    acc, acc_control = accumulate(view, batches, V, thresholds, ctx.progress, control, massive)
     projection = ctx.projections.values
+    dead = dead_keys(ctx)
     tables = []
     for layer in range(view.n_layers):
-        keys = acc.key_table(layer)
+        keys = acc.key_table(layer, dead[layer])
         signs = np.where(keys["firing_sign"].to_numpy() < 0, -1, 1)
         rule_sign = np.where(keys["rule_sign"].to_numpy() < 0, -1, 1)
         trigger = np.where(keys["rule_n"].to_numpy() > 0, keys["rule_id"].to_numpy() % V, -1)
@@ -467,9 +518,38 @@ def compute(ctx: RunContext) -> dict:
              "position_eta2", "positional", "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser",
              "written_top", "written_bottom"]
     keys = keys[order]
-    thresholds = [acc.threshold(layer) for layer in range(view.n_layers)]
-    return {"keys": keys, "per_layer": per_layer(keys, thresholds), "typical": typical(keys),
-            "positions": acc.positions, "n_examples": len(ctx.held_out().examples), "thresholds": thresholds}
+    result = {"keys": keys, "per_layer": per_layer(keys, thresholds), "typical": typical(keys),
+              "positions": acc.positions, "n_examples": len(ctx.held_out().examples), "thresholds": thresholds}
+    if acc_control is not None:
+        dead_control = dead_keys(ctx, control=True)
+        c = pd.concat([acc_control.key_table(layer, dead_control[layer]) for layer in range(view.n_layers)],
+                      ignore_index=True)
+        c["skew"] = c["kurtosis"] = c["trigger_z"] = np.nan  # a control memory's value is borrowed: no value type
+        c = classify(c)
+        c["source_key"] = ctx.control_sources()[c["layer"].to_numpy(int), c["key"].to_numpy(int)]
+        result["control"] = c[["layer", "key", "source_key", "class", "activation_frequency", "strong_frequency",
+                               "dead", "rule_f1", "rule_hits", "detector", "position_eta2", "positional"]]
+        result["per_layer"] = result["per_layer"].merge(control_shares(keys, result["control"]), on="layer")
+    return result
+
+
+#: Census shares set beside the random control memories (value types are left out: a control memory borrows its
+#: value from a real key, so its value type is that key's).
+CONTROLLED = ("dead", "detector", "positional", "any_detector", "any_positional")
+
+
+def control_shares(keys: pd.DataFrame, control: pd.DataFrame) -> pd.DataFrame:
+    """Per layer, each class share of `CONTROLLED` among the random control memories beside the keys' share
+    (Newcombe's interval of the difference)."""
+    rows = []
+    for layer, g in keys.groupby("layer", sort=True):
+        c = control[control["layer"] == layer]
+        row = {"layer": int(layer), "n_control_keys": int(len(c))}
+        for name in CONTROLLED:
+            row.update(control_with_interval(SHARES[name](g).to_numpy(bool), SHARES[name](c).to_numpy(bool),
+                                             f"share_{name}"))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def rule_text(ctx: RunContext, n: int, rule_id: int, vocab: int) -> str:
@@ -558,12 +638,28 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
     layer_axis(ax, L)
     legend_outside(ax)
     save_figure(fig, ctx.run.path, f"{NAME}_values")
-    return [NAME, f"{NAME}_values"]
+    figures = [NAME, f"{NAME}_values"]
+    if "share_detector_control" in table:  # each class beside the random key directions of the same layer
+        fig, ax = new_figure()
+        for name in ("dead", "detector", "positional"):
+            ax.plot(x, 100 * table[f"share_{name}"], "o-", color=colors[name] if name != "other" else "black",
+                    label=f"{name}, keys")
+            ax.plot(x, 100 * table[f"share_{name}_control"], "--", marker="_", ms=10,
+                    color=colors[name], label=f"{name}, random key directions")
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("% of the layer's keys / random directions")
+        ax.set_title(f"Census classes against random key directions (n = {n_keys:,} keys, "
+                     f"{int(table['n_control_keys'].iloc[0]):,} directions per layer)")
+        layer_axis(ax, L)
+        legend_outside(ax)
+        save_figure(fig, ctx.run.path, f"{NAME}_control")
+        figures.append(f"{NAME}_control")
+    return figures
 
 
 def thresholds_text() -> dict[str, str]:
     return {
-        "dead": "never active at any census position",
+        "dead": "never active over the indexed corpus (ffkv.experiments.dead: its largest |m_i| at or below tau·s_l)",
         "strong": f"at a position that competes for trigger examples (no special token), active, and |m_i| >= "
                   f"{STRONG_SHARE:g} x the key's largest |m_i| over such positions",
         "detector": f"the best token/n-gram rule (n in {list(NGRAMS)}) for where the key fires strongly has "
@@ -585,10 +681,15 @@ def run(ctx: RunContext) -> dict:
     n_keys = ctx.view.d_m
     meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
             "positions": f"every real position of the held-out examples: {result['positions']:,} positions of "
-                         f"{result['n_examples']:,} examples",
+                         f"{result['n_examples']:,} examples; positions with a massive activation in a layer (RMS of "
+                         f"their coefficients above {MASSIVE_FACTOR:g} x the median analysed position's) are left out "
+                         "of that layer (its n_positions)",
             "n_examples": result["n_examples"], "n_positions": result["positions"],
             "active": "m_i > 0 (tau = 0: no coefficient of this model can be negative)" if tau == 0 else
-            f"{RULE} (here: every census position); tau = {tau:g}",
+            f"{RULE} (s_l of the held-out analysed positions, as Figures 7-8); tau = {tau:g}",
+            "control": (f"{ctx.manifest.control_keys} random key directions per layer (ffkv.memories.controls), "
+                        "classed by the same rules from the same passes; *_minus_control: Newcombe's 95% interval"
+                        if ctx.has_control else "none: the run holds no random-key control (index again)"),
             "active_threshold": [float(t) for t in result["thresholds"]],
             "thresholds": thresholds_text(),
             "sign": "a key's value type is read from the vector it writes: -v_i when it fires mostly with m_i < 0; "
@@ -601,7 +702,11 @@ def run(ctx: RunContext) -> dict:
     ctx.write_table(NAME, result["keys"], **meta)
     ctx.write_table(f"{NAME}_layers", result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_typical", result["typical"], **meta)
+    tables = [NAME, f"{NAME}_layers", f"{NAME}_typical"]
+    if "control" in result:
+        ctx.write_table(f"{NAME}_control", result["control"], **meta)
+        tables.append(f"{NAME}_control")
     figures = draw(ctx, result["per_layer"], result["positions"])
-    ctx.record(NAME, tables=[NAME, f"{NAME}_layers", f"{NAME}_typical"], figures=figures,
+    ctx.record(NAME, tables=tables, figures=figures,
                **{k: v for k, v in meta.items() if k != "warnings"})
     return result

@@ -27,7 +27,7 @@ from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, 
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
-from ffkv.presentation.findings import wilson_interval
+from ffkv.presentation.findings import MIN_VERDICT_N, wilson_interval
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -74,9 +74,9 @@ class Projections:
         return {"choice": self.name, "values_and_sub_updates": self.values, "residuals": self.residuals}
 
 
-#: Below this many examples (or keys) a per-layer share is too uncertain to read alone: `analyze` warns and
-#: the report marks the section (its 95% interval is then wider than about ±10 points).
-MIN_N = 100
+#: Below this many examples (or keys) a per-layer share is too uncertain to read alone: `analyze` warns, the
+#: report marks the section, and the fidelity table gives no verdict (`ffkv.presentation.findings.MIN_VERDICT_N`).
+MIN_N = MIN_VERDICT_N
 
 
 def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
@@ -87,6 +87,56 @@ def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
     return {name: float(k / n) if n else float("nan"), f"{name}_ci_low": float(low), f"{name}_ci_high": float(high)}
 
 
+def chance_with_interval(observed: np.ndarray, chance: np.ndarray, name: str,
+                         counted: np.ndarray | None = None) -> dict[str, float]:
+    """A permutation chance level beside an observed share, on the same examples (SPEC section 3, Controls).
+
+    Args:
+        observed, chance: per example, the observed event and the same event with the pairing shuffled across
+            examples (both boolean, or numbers for a mean).
+        counted: the examples whose chance value counts (an example with no partner does not); default all.
+
+    Returns:
+        {name_chance, name_chance_ci_low, name_chance_ci_high} (Wilson for a share, mean +- 1.96 standard errors
+        for numbers) and {name_minus_chance, _ci_low, _ci_high}: the mean paired difference observed - chance
+        over the counted examples with mean +- 1.96 standard errors (NaN below 2 examples).
+    """
+    counted = np.ones(len(observed), dtype=bool) if counted is None else np.asarray(counted, dtype=bool)
+    a, b = np.asarray(observed)[counted], np.asarray(chance)[counted]
+    n = len(b)
+    out: dict[str, float] = {}
+    if b.dtype == bool:
+        out.update({k.replace(name, f"{name}_chance", 1): v for k, v in share_with_interval(b, name).items()})
+    else:
+        b = b.astype(np.float64)
+        half = 1.959963984540054 * b.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan
+        mean = float(b.mean()) if n else float("nan")
+        out.update({f"{name}_chance": mean, f"{name}_chance_ci_low": mean - half, f"{name}_chance_ci_high": mean + half})
+    d = a.astype(np.float64) - b.astype(np.float64)
+    mean = float(d.mean()) if n else float("nan")
+    half = 1.959963984540054 * d.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+    out.update({f"{name}_minus_chance": mean, f"{name}_minus_chance_ci_low": mean - half,
+                f"{name}_minus_chance_ci_high": mean + half})
+    return out
+
+
+def control_with_interval(observed: np.ndarray, control: np.ndarray, name: str) -> dict[str, float]:
+    """A share of the model's keys beside the same share of the random control memories (independent samples).
+
+    Returns {name_control, _ci_low, _ci_high} (Wilson) and {name_minus_control, _ci_low, _ci_high}: the difference
+    with Newcombe's hybrid score interval (his method 10, from the two Wilson intervals), NaN where either is empty.
+    """
+    observed, control = np.asarray(observed, dtype=bool), np.asarray(control, dtype=bool)
+    p1, l1, u1 = (share_with_interval(observed, "x")[k] for k in ("x", "x_ci_low", "x_ci_high"))
+    got = share_with_interval(control, f"{name}_control")
+    p2, l2, u2 = got[f"{name}_control"], got[f"{name}_control_ci_low"], got[f"{name}_control_ci_high"]
+    d = p1 - p2
+    low = d - float(np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2))
+    high = d + float(np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
+    return {**got, f"{name}_minus_control": d, f"{name}_minus_control_ci_low": low,
+            f"{name}_minus_control_ci_high": high}
+
+
 def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> list[str]:
     """A one-line warning (also raised as an `FfkvWarning`, printed by the CLI) when n < `MIN_N`; [] otherwise.
 
@@ -95,7 +145,10 @@ def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> lis
     if n >= MIN_N:
         return []
     line = (f"{experiment}: per-layer shares rest on n = {n} {what}, fewer than {MIN_N}; read them with their "
-            "95% intervals (in brackets in the report; the *_ci_low and *_ci_high columns of the table)")
+            "95% intervals (in brackets in the report; the *_ci_low and *_ci_high columns of the table); no "
+            "finding gets a verdict on so few")
+    if what == "examples":  # held-out examples: the user can give more
+        line += "; for more, pass --eval-corpus or --eval-split all (and --n-eval)"
     if is_writer():
         warnings.warn(line, FfkvWarning, stacklevel=2)
     return [line]
@@ -176,23 +229,41 @@ class RunContext:
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self, direction: int = 1) -> pd.DataFrame:
+    def triggers(self, direction: int = 1, control: bool = False) -> pd.DataFrame:
         """The trigger examples of one direction (`RunDir.read_triggers`), sorted by (layer, key, rank): +1
         (the largest coefficients, the paper's) by default, -1 for the most negative ones; -1 is empty for a
         run indexed with one direction. A study that reads triggers sees one direction at a time, never the
-        two mixed."""
+        two mixed. `control`: those of the random control memories (`has_control`) instead."""
         def read() -> pd.DataFrame:
             name = {1: "positive", -1: "negative"}[direction]
             if name == "negative" and self.manifest.sign != "both":
-                return self.run.read_triggers("positive").iloc[0:0].reset_index(drop=True)
-            df = self.run.read_triggers(name)
+                return self.run.read_triggers("positive", control=control).iloc[0:0].reset_index(drop=True)
+            df = self.run.read_triggers(name, control=control)
             return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once(("triggers", direction), read)
+        return self.once(("triggers", direction, control), read)
+
+    @property
+    def has_control(self) -> bool:
+        """Whether the run holds a random-key control (`ffkv.memories.controls`, `ffkv index --control-keys`)."""
+        return self.manifest.control_keys > 0 and self.run.table("control_trigger_examples").is_file()
+
+    def control_sources(self) -> np.ndarray:
+        """(L, n) the real key whose norms, biases and value each control memory borrows (control_keys.parquet)."""
+        def read() -> np.ndarray:
+            self.run.require_table(self.run.table("control_keys").name)
+            table = pd.read_parquet(self.run.table("control_keys"))
+            out = np.zeros((self.view.n_layers, self.manifest.control_keys), dtype=np.int64)
+            out[table["layer"].to_numpy(int), table["key"].to_numpy(int)] = table["source_key"].to_numpy()
+            return out
+        return self.once("control_sources", read)
 
     def examples(self) -> dict[int, tuple[np.ndarray, str]]:
-        """example_id -> (token ids, text) of every example that is some key's trigger."""
+        """example_id -> (token ids, text) of every example that is some key's (or control memory's) trigger."""
         def read() -> dict[int, tuple[np.ndarray, str]]:
-            wanted = pa.array(np.unique(self.run.read_triggers("both")["example_id"].to_numpy()), pa.int64())
+            ids = self.run.read_triggers("both")["example_id"].to_numpy()
+            if self.has_control:
+                ids = np.concatenate([ids, self.run.read_triggers("both", control=True)["example_id"].to_numpy()])
+            wanted = pa.array(np.unique(ids), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
             ids = table.column("example_id").to_numpy()
@@ -205,16 +276,16 @@ class RunContext:
         """Token ids x_1..x_{position+1} of a stored example."""
         return self.examples()[int(example_id)][0][: int(position) + 1]
 
-    def trigger_targets(self, direction: int = 1) -> pd.DataFrame:
+    def trigger_targets(self, direction: int = 1, control: bool = False) -> pd.DataFrame:
         """The trigger examples of one direction with a ``target`` column: the token the key's value should
         predict (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
         def compute() -> pd.DataFrame:
-            trig = self.triggers(direction)
+            trig = self.triggers(direction, control)
             at_position = [int(self.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])] \
                 if self.view.encoder else trig["next_token_id"].to_numpy()
             return trig.assign(target=trigger_targets(trig["next_token_id"].to_numpy(), np.asarray(at_position),
                                                       self.view.encoder))
-        return self.once(("trigger_targets", direction), compute)
+        return self.once(("trigger_targets", direction, control), compute)
 
     def token(self, token_id: int) -> str:
         """Readable string of one token id; the end marker for -1."""

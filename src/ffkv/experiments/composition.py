@@ -17,13 +17,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RunContext, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
-from ffkv.experiments.heldout import capture_eval
-from ffkv.memories.active import RULE
+from ffkv.experiments.common import RunContext, chance_with_interval, sample_size_warnings, share_with_interval
+from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
+                                     save_figure)
+from ffkv.experiments.heldout import TAU_CURVE, active_scale, capture_eval
+from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 
 NAME = "composition"
 TOP_MATCH_TOKENS = 20
+#: The paper's lowest composition rate over layers (Figure 8).
+PAPER_LOWEST = 0.68
+#: How the chance level of Figure 8 is made, for tables and figures.
+CHANCE = ("permutation chance level: each example's active memories against the FF output's top token of another "
+          "example (a seeded cyclic shift within each batch of the held-out pass, whose examples have similar "
+          "lengths); *_minus_chance is observed - chance over the same examples, mean +- 1.96 standard errors")
 
 
 def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
@@ -39,12 +46,17 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
         "ff_matches_memory": cap.ff_matches.ravel(),
         "resid_post_top_id": cap.post_top_values.ravel().astype(np.int32),
         "resid_post_matches_memory": cap.post_matches.ravel(),
+        # The chance level's pairing: the partner example, and whether its FF top token is an active memory's here.
+        "partner_example_id": np.repeat(held.example_ids[cap.partner], L),
+        "ff_matches_partner": cap.ff_matches_chance.ravel(),
     })
     rows = []
     for layer in range(L):
         active = cap.n_active[:, layer]
         rows.append({
             "layer": layer, **share_with_interval(~cap.ff_matches[:, layer], "composition_rate"),
+            **chance_with_interval(~cap.ff_matches[:, layer], ~cap.ff_matches_chance[:, layer], "composition_rate",
+                                   cap.paired),
             **share_with_interval(~cap.post_matches[:, layer], "composition_rate_resid_post"),
             "mean_active": float(active.mean()), "median_active": float(np.median(active)),
             "p25_active": float(np.quantile(active, 0.25)), "p75_active": float(np.quantile(active, 0.75)),
@@ -66,7 +78,48 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
                                 "token": ctx.token(int(ids[i])), "count": int(counts[i]),
                                 "share_of_matches": float(counts[i] / len(tokens))})
     matches = pd.DataFrame(matches, columns=["layer", "variant", "token_id", "token", "count", "share_of_matches"])
-    return {"per_layer": pd.DataFrame(rows), "examples": examples, "matches": matches}
+    return {"per_layer": pd.DataFrame(rows), "examples": examples, "matches": matches,
+            "tau": tau_curve(cap, d_m), **scale_tables(ctx)}
+
+
+def tau_curve(cap, d_m: int) -> pd.DataFrame:
+    """Figure 7 as a curve over tau (signed models): per layer and tau of `TAU_CURVE`, the mean share of memories
+    active and the mean and median share of ‖FF(x)‖ (less b_V) that the inactive memories write, with the
+    interval of the mean. Empty for ReLU models, whose rule has no tau."""
+    rows = []
+    if cap.tau > 0:
+        for layer in range(cap.n_active.shape[1]):
+            for c, t in enumerate(TAU_CURVE):
+                left = cap.tau_left_out[:, layer, c].astype(np.float64)
+                share = cap.tau_active[:, layer, c] / d_m
+                half = 1.959963984540054 * left.std(ddof=1) / np.sqrt(len(left)) if len(left) > 1 else np.nan
+                rows.append({"layer": layer, "tau": t, "chosen": bool(np.isclose(t, cap.tau)),
+                             "mean_share_active": float(share.mean()), "median_share_active": float(np.median(share)),
+                             "mean_left_out": float(left.mean()), "mean_left_out_ci_low": float(left.mean() - half),
+                             "mean_left_out_ci_high": float(left.mean() + half),
+                             "median_left_out": float(np.median(left)), "n_examples": len(left)})
+    return pd.DataFrame(rows, columns=["layer", "tau", "chosen", "mean_share_active", "median_share_active",
+                                       "mean_left_out", "mean_left_out_ci_low", "mean_left_out_ci_high",
+                                       "median_left_out", "n_examples"])
+
+
+def scale_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    """s_l per layer with and without the massive-activation positions, and those positions with their tokens
+    (`ffkv.experiments.heldout.active_scale`); empty where the model's rule has no scale (ReLU)."""
+    if active_fraction(ctx.view) == 0:
+        return {"scale": pd.DataFrame(columns=SCALE_COLUMNS), "massive": pd.DataFrame(columns=MASSIVE_COLUMNS)}
+    found = active_scale(ctx)
+    counts = found.massive.groupby("layer").size() if len(found.massive) else pd.Series(dtype=int)
+    scale = pd.DataFrame({"layer": np.arange(len(found.scale)), "scale": found.scale,
+                          "scale_all_positions": found.all_positions,
+                          "n_massive": [int(counts.get(layer, 0)) for layer in range(len(found.scale))],
+                          "n_positions": found.n_positions})
+    massive = found.massive.assign(token=[ctx.token(int(t)) for t in found.massive["token_id"]])
+    return {"scale": scale[list(SCALE_COLUMNS)], "massive": massive[list(MASSIVE_COLUMNS)]}
+
+
+SCALE_COLUMNS = ("layer", "scale", "scale_all_positions", "n_massive", "n_positions")
+MASSIVE_COLUMNS = ("layer", "example_id", "position", "token_id", "token", "rms", "max_abs", "times_median")
 
 
 def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
@@ -97,12 +150,43 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
                                         (0.2, "composition_rate_resid_post", "#8172B3", "layer output (resid_post)")):
         ax.bar(x + shift, 100 * per_layer[column], width=0.4, color=color, label=label)
         interval_bars(ax, x + shift, per_layer, column)
+    chance_line(ax, x - 0.2, per_layer, "composition_rate", "chance (FF output of another example)")
+    ax.axhline(100 * PAPER_LOWEST, color="grey", ls=":", lw=1, label=f"paper's lowest layer ({PAPER_LOWEST:.0%})")
     ax.set_ylim(0, 100)
     ax.set_ylabel("% examples: top token ≠\nevery active memory's")
     ax.set_title(f"Layer prediction is a composition (paper Fig. 8; {projection} projection)")
     layer_axis(ax, L)
     legend_outside(ax)
     save_figure(fig, ctx.run.path, NAME)
+
+
+def draw_tau(ctx: RunContext, curve: pd.DataFrame) -> bool:
+    """Figure 7 over tau (signed models): share of memories active, and share of ‖FF(x)‖ the others write, per
+    layer, one line per tau, the rule's tau drawn bold. False (nothing drawn) for a model without a tau."""
+    if curve.empty:
+        return False
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.8), constrained_layout=True)
+    colors = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(TAU_CURVE)))
+    for (t, g), color in zip(curve.groupby("tau"), colors):
+        g = g.sort_values("layer")
+        chosen = bool(g["chosen"].iloc[0])
+        style = {"color": color, "lw": 2.6 if chosen else 1.2, "marker": "o" if chosen else ".",
+                 "label": f"tau = {t:g}" + (" (the rule)" if chosen else "")}
+        axes[0].plot(g["layer"], 100 * g["mean_share_active"], **style)
+        axes[1].plot(g["layer"], 100 * g["mean_left_out"], **style)
+    axes[0].set_ylabel(f"% of the {ctx.view.d_m:,} memories active")
+    axes[1].set_ylabel("% of ‖FF(x)‖ written by the\nmemories counted inactive")
+    axes[0].set_ylim(0, 100)
+    axes[1].set_ylim(0, max(5.0, 110 * float(curve["mean_left_out"].max())))
+    for ax in axes:
+        layer_axis(ax, ctx.view.n_layers)
+    axes[0].set_title(f"Active memories over the rule's tau (paper Fig. 7), n = {int(curve['n_examples'].iloc[0]):,}",
+                      loc="left")
+    legend_outside(axes[1])
+    save_figure(fig, ctx.run.path, f"{NAME}_tau")
+    return True
 
 
 def run(ctx: RunContext) -> dict:
@@ -116,11 +200,18 @@ def run(ctx: RunContext) -> dict:
             f"{RULE}; tau = {cap.tau:g}", "active_tau": cap.tau,
             "active_threshold": [float(t) for t in cap.threshold],
             "memory_prediction": "argmax of m_i·v_i·Eᵀ, sign kept (a negative memory predicts the bottom of v_i·Eᵀ)",
+            "chance": CHANCE,
+            "n_paired": int(cap.paired.sum()), "massive_factor": MASSIVE_FACTOR,
             "interval": "95% Wilson score interval", "n_examples": n, "eval_corpus": held.spec.to_dict(),
             "position_seed": ctx.seed, "warnings": sample_size_warnings(NAME, n)}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
     ctx.write_table(f"{NAME}_matches", result["matches"], **meta)
+    ctx.write_table(f"{NAME}_tau", result["tau"], **meta)
+    ctx.write_table(f"{NAME}_scale", result["scale"], **meta)
+    ctx.write_table(f"{NAME}_massive", result["massive"], **meta)
     draw(ctx, result["per_layer"], cap.tau)
-    ctx.record(NAME, tables=[NAME, f"{NAME}_examples", f"{NAME}_matches"], figures=[NAME, f"{NAME}_active"], **meta)
+    figures = [NAME, f"{NAME}_active"] + ([f"{NAME}_tau"] if draw_tau(ctx, result["tau"]) else [])
+    ctx.record(NAME, tables=[NAME, f"{NAME}_examples", f"{NAME}_matches", f"{NAME}_tau", f"{NAME}_scale",
+                             f"{NAME}_massive"], figures=figures, **meta)
     return result

@@ -81,6 +81,20 @@ def legible(fig) -> None:
                 label.set_text(textwrap.fill(text, max(8, int(len(text) * 0.95 * room / length))))
 
 
+def chance_line(ax, x, table, column: str, label: str = "chance", scale: float = 100.0) -> None:
+    """The chance level of a share (column COLUMN_chance, with its interval COLUMN_chance_ci_low/high) as a
+    dashed line with a band, so that every observed bar or point is read against it."""
+    if f"{column}_chance" not in table:
+        return
+    x = np.asarray(x, dtype=float)
+    value = scale * table[f"{column}_chance"].to_numpy(float)
+    ax.plot(x, value, color="black", ls="--", lw=1.1, marker="_", ms=10, label=label)
+    if f"{column}_chance_ci_low" in table:
+        ax.fill_between(x, scale * table[f"{column}_chance_ci_low"].to_numpy(float),
+                        scale * table[f"{column}_chance_ci_high"].to_numpy(float), color=COLORS["chance"], alpha=0.25,
+                        lw=0)
+
+
 def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
     """Write RUN/figures/NAME.png and NAME.svg atomically (`legible` first); close the figure. Returns the paths
     written (none on ranks other than 0 under torchrun: rank 0 alone writes)."""

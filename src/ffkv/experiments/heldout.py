@@ -19,16 +19,21 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import active as active_memories
-from ffkv.memories.active import active_fraction
+from ffkv.memories.active import active_fraction, layer_scale
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
+
+
+#: tau of the active rule at which Figure 7 is also read, as a curve, for signed models (`ACTIVE_FRACTION` among them).
+TAU_CURVE = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 @dataclass
@@ -36,13 +41,37 @@ class ResidualTops:
     """Figures 9-11 under one projection, per example (rows) and layer (columns).
 
     resid_top: r = argmax p(resid_mid); ff_top: f = argmax p(ff_out); post_top: y = argmax p(resid_post);
-    confidence: p(resid_mid)[o].
+    confidence: p(resid_mid)[o]; confidence_chance: p(resid_mid)[o'] for o' the final prediction of the
+    example's partner (`EvalCapture.partner`), the permutation chance level of Figure 10.
     """
 
     resid_top: np.ndarray
     ff_top: np.ndarray
     post_top: np.ndarray
     confidence: np.ndarray
+    confidence_chance: np.ndarray
+
+
+@dataclass
+class ActiveScale:
+    """s_l of the active rule per layer, and the massive activations left out of it (`ffkv.memories.active`).
+
+    Attributes:
+        scale: (L,) s_l, the RMS of the layer's coefficients at the analysed positions that are not massive.
+        all_positions: (L,) the same RMS with every position (what s_l would be without the rule).
+        massive: one row per (layer, analysed position) left out: layer, row (held-out example), example_id,
+            position, token_id, rms (of its coefficients), max_abs (largest |m_i|), times_median (its RMS over
+            the layer's median position's).
+        n_positions: analysed positions per layer.
+        median_rms: (L,) the median position's RMS, which `MASSIVE_FACTOR` multiplies to tell a massive position
+            (the census leaves such positions out of its own statistics by the same bound).
+    """
+
+    scale: np.ndarray
+    all_positions: np.ndarray
+    massive: pd.DataFrame
+    n_positions: int
+    median_rms: np.ndarray
 
 
 @dataclass
@@ -53,6 +82,14 @@ class EvalCapture:
         m_i > 0 and m_i < 0.
     ff_top: argmax p(ff_out) (values projection).
     ff_matches: whether some active memory's signed sub-update m_i·v_i has the same top token.
+    ff_matches_chance: whether some active memory's signed top token equals the FF top token of the example's
+        partner (`partner`): the permutation chance level of Figure 8.
+    partner: (N,) the row each example is paired with for the chance levels: a seeded cyclic shift of the
+        examples within each batch of the held-out pass (a batch groups examples of similar length); an
+        example alone in its batch is its own partner and `paired` is False there.
+    paired: (N,) bool, the examples whose chance levels count.
+    tau_active: (N, L, len(TAU_CURVE)) active memories at each tau of `TAU_CURVE` (signed models; zeros else).
+    tau_left_out: (N, L, len(TAU_CURVE)) ‖Σ over the inactive memories of m_i·v_i‖ / ‖Σ_i m_i·v_i‖ at each tau.
     post_top_values / post_matches: the released code's variant, resid_post under the
         values projection, and whether an active memory's signed top token equals it.
     residual: projection name ("identity", "final-norm", and "translator" when the view has fitted
@@ -72,6 +109,11 @@ class EvalCapture:
     final: np.ndarray
     tau: float
     threshold: np.ndarray
+    ff_matches_chance: np.ndarray
+    partner: np.ndarray
+    paired: np.ndarray
+    tau_active: np.ndarray
+    tau_left_out: np.ndarray
 
 
 def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.Tensor) -> torch.Tensor:
@@ -157,20 +199,51 @@ def analysed_positions(ctx: RunContext, mine, quantities: tuple[str, ...], label
 
 
 @torch.no_grad()
-def coefficient_scale(ctx: RunContext) -> np.ndarray:
-    """s_l of the active rule: per layer, the RMS of the coefficients of every memory at the held-out
-    examples' analysed positions (a coefficient-only pass; under torchrun each rank runs its share)."""
-    def compute() -> np.ndarray:
+def active_scale(ctx: RunContext) -> ActiveScale:
+    """s_l of the active rule, the one owner of it in `ffkv analyze`: per layer, the RMS of the coefficients
+    of every memory at the held-out examples' analysed positions, massive-activation positions left out
+    (`ffkv.memories.active.layer_scale`). A coefficient-only pass; under torchrun each rank runs its share."""
+    def compute() -> ActiveScale:
         view, held = ctx.view, ctx.held_out()
         L, N = view.n_layers, len(held.examples)
         squares = np.zeros((N, L), dtype=np.float64)
+        largest = np.zeros((N, L), dtype=np.float64)
         mine = ctx.batches(_rows(ctx))
         for idx, got in analysed_positions(ctx, mine, ("coefficients",), "coefficient scale"):
             for layer in range(L):
-                squares[idx, layer] = as_numpy(got[("coefficients", layer)].double().pow(2).sum(-1))
-        squares = gather_rows(squares, mine.rows)
-        return np.sqrt(squares.sum(0) / (N * view.d_m))
-    return ctx.once("coefficient_scale", compute)
+                m = got[("coefficients", layer)].double()
+                squares[idx, layer] = as_numpy(m.pow(2).sum(-1))
+                largest[idx, layer] = as_numpy(m.abs().amax(-1))
+        found = gather_rows({"squares": squares, "largest": largest}, mine.rows)
+        rms = np.sqrt(found["squares"] / view.d_m)
+        scale, plain, rows = np.zeros(L), np.sqrt(found["squares"].sum(0) / (N * view.d_m)), []
+        for layer in range(L):
+            scale[layer], massive = layer_scale(rms[:, layer])
+            median = float(np.median(rms[:, layer]))
+            for i in np.flatnonzero(massive):
+                e, j = held.examples[i], int(held.positions[i])
+                rows.append({"layer": layer, "row": int(i), "example_id": int(e.example_id), "position": j,
+                             "token_id": int(e.token_ids[j]), "rms": float(rms[i, layer]),
+                             "max_abs": float(found["largest"][i, layer]),
+                             "times_median": float(rms[i, layer] / median) if median > 0 else float("inf")})
+        massive = pd.DataFrame(rows, columns=["layer", "row", "example_id", "position", "token_id", "rms", "max_abs",
+                                              "times_median"])
+        return ActiveScale(scale, plain, massive, N, np.median(rms, axis=0))
+    return ctx.once("active_scale", compute)
+
+
+def coefficient_scale(ctx: RunContext) -> np.ndarray:
+    """(L,) s_l of the active rule (`active_scale`)."""
+    return active_scale(ctx).scale
+
+
+def _partners(n: int, seed: int, first_row: int) -> np.ndarray:
+    """A seeded cyclic shift of n rows (positions within a batch): each row's partner for the chance levels,
+    never itself when n > 1."""
+    if n < 2:
+        return np.zeros(n, dtype=np.int64)
+    shift = int(np.random.default_rng([seed, 13, first_row]).integers(1, n))
+    return (np.arange(n) + shift) % n
 
 
 @torch.no_grad()
@@ -191,12 +264,17 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
     bottoms = [torch.as_tensor(b, device=device) for _, b in tokens]
     out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
         ("n_active", np.int32), ("n_positive", np.int32), ("n_negative", np.int32), ("ff_top", np.int64),
-        ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool))}
+        ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool), ("ff_matches_chance", bool))}
+    curve = np.asarray(TAU_CURVE if tau > 0 else (), dtype=np.float64)
+    scale = coefficient_scale(ctx) if tau > 0 else np.zeros(L)
+    out["tau_active"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.int32)
+    out["tau_left_out"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.float32)
+    out["partner"] = np.arange(N, dtype=np.int64)
     # Figures 9-11 under each residual projection, and under the fitted translators when the view has them
     residual_projections = (*PROJECTIONS, TRANSLATOR) if view.translators is not None else PROJECTIONS
     for name in residual_projections:
         for k, dt in (("resid_top", np.int64), ("ff_top", np.int64), ("post_top", np.int64),
-                      ("confidence", np.float32)):
+                      ("confidence", np.float32), ("confidence_chance", np.float32)):
             out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
     final = np.zeros(N, dtype=np.int64)
 
@@ -205,6 +283,9 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                                          "held-out pass", with_head=True):  # the pass ends at the head
         o = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
         final[idx] = as_numpy(o)
+        shift = _partners(len(idx), ctx.seed, int(idx[0]))
+        out["partner"][idx] = np.asarray(idx)[shift]
+        shift = torch.as_tensor(shift, device=device)
         for layer in range(L):
             m = state[("coefficients", layer)]
             active = active_memories(m, float(threshold[layer]))
@@ -217,17 +298,26 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                 def hit(t: torch.Tensor) -> torch.Tensor:
                     return (((tops[layer][None, :] == t[:, None]) & positive)
                             | ((bottoms[layer][None, :] == t[:, None]) & negative)).any(-1)
-                same_ff, same_post = hit(ff), hit(post_v)
+                same_ff, same_post, same_chance = hit(ff), hit(post_v), hit(ff[shift])
             else:
                 # A normalization is not scale-free (epsilon, bias, dense layers): project each one.
-                same_ff, same_post = _matches_exact(view, layer, m, active, pv, ff, post_v)
+                same_ff, same_post, same_chance = _matches_exact(view, layer, m, active, pv, ff, post_v, ff[shift])
             values = {"n_active": active.sum(-1), "n_positive": positive.sum(-1),
                       "n_negative": negative.sum(-1), "ff_top": ff, "ff_matches": same_ff,
-                      "post_top_values": post_v, "post_matches": same_post}
+                      "post_top_values": post_v, "post_matches": same_post, "ff_matches_chance": same_chance}
+            if len(curve):  # Figure 7 over tau: active memories, and the share of the FF output the rest write
+                values_l = view.values(layer).float()
+                full = (m @ values_l).norm(dim=-1).clamp_min(1e-30)
+                for c, t in enumerate(curve):
+                    off = m.abs() <= t * float(scale[layer])
+                    out["tau_active"][idx, layer, c] = as_numpy((~off).sum(-1))
+                    out["tau_left_out"][idx, layer, c] = as_numpy(((m * off) @ values_l).norm(dim=-1) / full)
             for name in residual_projections:
                 z_mid = project(view, state[("resid_mid", layer)], name, layer=layer)
                 values[f"{name}/resid_top"] = z_mid.argmax(-1)
-                values[f"{name}/confidence"] = torch.softmax(z_mid, -1).gather(1, o[:, None])[:, 0]
+                p_mid = torch.softmax(z_mid, -1)
+                values[f"{name}/confidence"] = p_mid.gather(1, o[:, None])[:, 0]
+                values[f"{name}/confidence_chance"] = p_mid.gather(1, o[shift][:, None])[:, 0]
                 values[f"{name}/ff_top"] = ff if name == pv else \
                     project(view, state[("ff_out", layer)], name, layer=layer, update=True).argmax(-1)
                 values[f"{name}/post_top"] = post_v if name == pv else \
@@ -235,6 +325,8 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
             for name, value in values.items():
                 out[name][idx, layer] = as_numpy(value)
     out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
-    residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence")))
+    residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence",
+                                                                        "confidence_chance")))
                 for name in residual_projections}
-    return EvalCapture(**out, residual=residual, tau=tau, threshold=np.asarray(threshold, dtype=float))
+    paired = out["partner"] != np.arange(N)
+    return EvalCapture(**out, residual=residual, tau=tau, threshold=np.asarray(threshold, dtype=float), paired=paired)

@@ -37,7 +37,7 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import RunContext, progress_bar
-from ffkv.memories.active import active, active_fraction
+from ffkv.memories.active import active, active_fraction, layer_scale
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
@@ -191,8 +191,8 @@ def sample_batches(loaded: LoadedModel, token_lists: list[list[int]], batch_size
 @torch.no_grad()
 def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_BINS, bar=None) -> dict[str, np.ndarray]:
     """Per key, over every real position of `batches` (`sample_batches`): the share of positions where it is
-    active (`ffkv.memories.active`: |m_i| > tau·s_l, s_l the RMS of the layer's coefficients over the sample;
-    m_i > 0 for ReLU models) and a histogram of m_i.
+    active (`ffkv.memories.active`: |m_i| > tau·s_l, s_l by `layer_scale` over the sample's positions, massive
+    activations left out; m_i > 0 for ReLU models) and a histogram of m_i.
 
     Returns (L, d_m) arrays ``frequency``, ``mean_abs`` (the mean of |m_i| over the positions), ``lo``, ``hi``,
     (L, d_m, bins) ``histogram`` (int64 counts of m_i in `bins` equal-width bins from lo to hi; the last bin
@@ -204,7 +204,8 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
     hi = torch.full((L, d_m), float("-inf"), dtype=torch.float64)
     active_count = torch.zeros(L, d_m, dtype=torch.float64)
     abs_sum = torch.zeros(L, d_m, dtype=torch.float64)
-    squares = torch.zeros(L, dtype=torch.float64)  # sum of m_i² over the layer: s_l of the active rule
+    squares: list[list[torch.Tensor]] = [[] for _ in range(L)]  # per position, Σ_i m_i²: s_l of the active rule
+    scale = np.zeros(L)
     tau = active_fraction(view)
     hist = torch.zeros(L, d_m * bins, dtype=torch.int64)
     state: dict = {}
@@ -216,15 +217,14 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
         x = coefficients(m)
         lo[layer] = torch.minimum(lo[layer], x.amin(0))
         hi[layer] = torch.maximum(hi[layer], x.amax(0))
-        squares[layer] += x.square().sum()
+        squares[layer].append(x.square().sum(1))
 
     def second_pass(quantity: str, layer: int, m: torch.Tensor) -> None:
         x = coefficients(m)
         width = (hi[layer] - lo[layer]).clamp(min=1e-30)
         index = ((x - lo[layer]) / width * bins).floor().long().clamp(0, bins - 1)
         hist[layer].scatter_add_(0, (index + torch.arange(d_m) * bins).ravel(), torch.ones(index.numel(), dtype=torch.int64))
-        s_l = math.sqrt(float(squares[layer]) / max(total * d_m, 1))
-        active_count[layer] += active(x, tau * s_l).sum(0)
+        active_count[layer] += active(x, tau * float(scale[layer])).sum(0)
         abs_sum[layer] += x.abs().sum(0)
 
     total = 0
@@ -237,6 +237,10 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
                     total += batch.n_tokens
                 if bar is not None:
                     bar.update(1)
+        if sink is first_pass:
+            for layer in range(L):
+                if squares[layer]:
+                    scale[layer], _ = layer_scale(torch.cat(squares[layer]).div(d_m).sqrt().numpy())
     empty = total == 0
     return {"frequency": (active_count / max(total, 1)).float().numpy(),
             "mean_abs": (abs_sum / max(total, 1)).numpy(),

@@ -37,7 +37,8 @@ import pyarrow.parquet as pq
 from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.common import RunContext, as_numpy, control_with_interval, progress_bar
+from ffkv.experiments.dead import active_threshold, dead_keys, largest_coefficients
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
 from ffkv.models.token_display import sequence_strings
 from ffkv.presentation.findings import wilson_interval
@@ -57,9 +58,10 @@ TOPIC_WORDS = 3
 
 
 # ------------------------------------------------------------------ shallow
-def suffix_table(ctx: RunContext) -> pd.DataFrame:
-    """One row per trigger entry with its last MAX_SUFFIX tokens (t1 = last; -1 where absent)."""
-    trig = ctx.triggers()[["layer", "key", "rank", "example_id", "position", "coefficient"]].copy()
+def suffix_table(ctx: RunContext, control: bool = False) -> pd.DataFrame:
+    """One row per trigger entry (of the model's keys, or of the random control memories) with its last
+    MAX_SUFFIX tokens (t1 = last; -1 where absent)."""
+    trig = ctx.triggers(1, control)[["layer", "key", "rank", "example_id", "position", "coefficient"]].copy()
     lasts = np.full((len(trig), MAX_SUFFIX), -1, dtype=np.int64)
     for row, (e, p) in enumerate(zip(trig["example_id"].to_numpy(), trig["position"].to_numpy())):
         prefix = ctx.prefix(e, p)
@@ -153,10 +155,11 @@ def semantic_null(ctx: RunContext) -> tuple[semantic.ContentSpace, semantic.Null
     return ctx.once("semantic_null", build)
 
 
-def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, dict]:
-    """Per key semantic score, z and label (`ffkv.experiments.semantic`); per entry whether the prefix is
-    semantic (its key is, and its mean cosine to the key's other prefixes is above the null mean).
-    Entries in (layer, key, rank) order. Keys are scored in chunks: memory does not grow with the keys."""
+def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFrame, label: str = "semantic scores"
+                    ) -> tuple[pd.DataFrame, np.ndarray]:
+    """Per key semantic score and z (`ffkv.experiments.semantic`); per entry whether the prefix is closer to
+    its key's other prefixes than the null mean (it is semantic when its key is). Entries in (layer, key, rank)
+    order. Keys are scored in chunks: memory does not grow with the keys."""
     space, null = semantic_null(ctx)
     docs = corpus_sample(ctx)
     suffix = per_key["shared_suffix"].to_dict()
@@ -166,7 +169,7 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
     columns = {c: np.full(len(starts_all), np.nan) for c in ("S", "mean", "z")}
     n_embedded = np.zeros(len(starts_all), dtype=np.int64)
     prefix_cos = np.full(len(entries), np.nan)
-    bar = progress_bar(ctx.progress, len(starts_all), "semantic scores", "key")
+    bar = progress_bar(ctx.progress, len(starts_all), label, "key")
     for c0 in range(0, len(starts_all), KEY_CHUNK):
         c1 = min(c0 + KEY_CHUNK, len(starts_all))
         sets = [([ctx.prefix(e, p) for e, p in zip(ex_ids[bounds[i]:bounds[i + 1]], pos[bounds[i]:bounds[i + 1]])],
@@ -179,23 +182,58 @@ def semantic_scores(ctx: RunContext, entries: pd.DataFrame, per_key: pd.DataFram
         bar.update(c1 - c0)
     bar.close()
     z = columns["z"]
-    is_semantic = np.nan_to_num(z, nan=-np.inf) >= semantic.SEMANTIC_Z
     index = pd.MultiIndex.from_arrays([layers[starts_all], keys_[starts_all]], names=["layer", "key"])
     out = pd.DataFrame({"semantic_score": columns["S"] - columns["mean"], "mean_pairwise_cosine": columns["S"],
-                        "semantic_z": z, "semantic_p": semantic.normal_sf(z), "is_semantic": is_semantic,
-                        "n_embedded": n_embedded}, index=index)
+                        "semantic_z": z, "semantic_p": semantic.normal_sf(z), "n_embedded": n_embedded}, index=index)
     key_of_row = np.repeat(np.arange(len(starts_all)), np.diff(bounds))
-    prefix_semantic = is_semantic[key_of_row] & (np.nan_to_num(prefix_cos, nan=-np.inf) > columns["mean"][key_of_row])
-    calibration = semantic.calibrate(docs, space, null, shared_suffixes,
-                                     k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)),
-                                     n_sets=CALIBRATION_SETS, seed=ctx.seed)
-    info = {"embedding": "the model's input embeddings of each prefix's content tokens (stop tokens: the most "
+    prefix_coherent = np.nan_to_num(prefix_cos, nan=-np.inf) > columns["mean"][key_of_row]
+    return out, prefix_coherent
+
+
+def calibration(ctx: RunContext) -> semantic.Calibration:
+    """The semantic labeler on planted ground truth from this run's corpus (`semantic.calibrate`)."""
+    def compute() -> semantic.Calibration:
+        space, null = semantic_null(ctx)
+        return semantic.calibrate(corpus_sample(ctx), space, null, shared_suffixes,
+                                  k=max(semantic.MIN_PREFIXES, min(ctx.top_k, 25)), n_sets=CALIBRATION_SETS,
+                                  seed=ctx.seed)
+    return ctx.once("semantic_calibration", compute)
+
+
+def semantic_info(ctx: RunContext) -> dict:
+    """How the semantic score was computed, for the tables' descriptions."""
+    _, null = semantic_null(ctx)
+    return {"embedding": "the model's input embeddings of each prefix's content tokens (stop tokens: the most "
                          f"frequent tokens making {semantic.STOP_MASS:.0%} of the corpus), mean-pooled; trigger "
                          f"token, shared suffix and {CONTEXT} tokens before them left out; null: random corpus "
                          "prefixes with the same body lengths and endings",
             "semantic_z": semantic.SEMANTIC_Z, "random_prefixes": int(null.n_pool),
-            "calibration": f"on this run's corpus: {calibration.line()}"}
-    return out, prefix_semantic, info
+            "calibration": f"on this run's corpus: {calibration(ctx).line()}"}
+
+
+#: Share of a layer's random control memories that may pass the semantic label (SPEC section 3, Controls).
+CONTROL_PASS = 0.05
+
+
+def control_cutoffs(control: pd.DataFrame | None, n_layers: int) -> np.ndarray:
+    """(L,) per layer the z a key must exceed besides `semantic.SEMANTIC_Z`: the (1 - `CONTROL_PASS`) quantile of
+    the z of the layer's live random control memories (the higher order statistic, so that at most
+    `CONTROL_PASS` of them exceed it); -inf without a control (the label then rests on the corpus null alone)."""
+    cut = np.full(n_layers, -np.inf)
+    if control is None:
+        return cut
+    for layer, g in control[~control["dead"]].groupby("layer"):
+        z = np.nan_to_num(g["semantic_z"].to_numpy(float), nan=-np.inf)
+        if len(z):
+            cut[int(layer)] = float(np.quantile(z, 1 - CONTROL_PASS, method="higher"))
+    return cut
+
+
+def semantic_label(z: np.ndarray, cutoff: np.ndarray) -> np.ndarray:
+    """Semantic: z >= `semantic.SEMANTIC_Z` (beyond random corpus prefixes) and z > the layer's control cut-off
+    (beyond random key directions of the same layer); NaN z (too few content prefixes) never is."""
+    z = np.nan_to_num(np.asarray(z, dtype=float), nan=-np.inf)
+    return (z >= semantic.SEMANTIC_Z) & (z > np.asarray(cutoff, dtype=float))
 
 
 def mixed_key_control(ctx: RunContext, entries: pd.DataFrame, layers: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -289,35 +327,80 @@ def _topic_words(ctx, prefixes, masked, special, doc_freq, n_docs) -> list[str]:
 
 
 # ------------------------------------------------------------------ compute
+#: The label of a key that no position of the indexed corpus activates (`ffkv.experiments.dead`).
+DEAD = "dead"
+
+
 def label_of(shallow: bool, semantic: bool) -> str:
     return "both" if shallow and semantic else "shallow" if shallow else "semantic" if semantic else "none"
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
-    entries = suffix_table(ctx).sort_values(["layer", "key", "rank"]).reset_index(drop=True)
+def key_labels(ctx: RunContext, control: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """Shallow and semantic scores of every key (or random control memory), with its dead flag
+    (`ffkv.experiments.dead`). Returns (per key, entries in (layer, key, rank) order, per entry whether the prefix
+    is coherent with its key's others); labels come later (`label_keys`), once the control's cut-offs are known."""
+    entries = suffix_table(ctx, control).sort_values(["layer", "key", "rank"]).reset_index(drop=True)
     per_key = shallow_scores(entries)
-    semantic, prefix_semantic, info = semantic_scores(ctx, entries, per_key)
-    per_key = per_key.join(semantic)
-    per_key["is_semantic"] = per_key["is_semantic"].fillna(False).astype(bool)
-    per_key["label"] = [label_of(a, b) for a, b in zip(per_key["is_shallow"], per_key["is_semantic"])]
+    scores, coherent = semantic_scores(ctx, entries, per_key,
+                                       "semantic scores, random control" if control else "semantic scores")
+    per_key = per_key.join(scores)
+    dead = dead_keys(ctx, control)
+    index = per_key.index
+    per_key["dead"] = dead[index.get_level_values("layer").to_numpy(int), index.get_level_values("key").to_numpy(int)]
+    return per_key, entries, coherent
 
-    # Per prefix: ends with the shallow key's shared suffix; semantic by its own test.
+
+def label_keys(per_key: pd.DataFrame, cutoff: np.ndarray) -> pd.DataFrame:
+    """Labels: dead (never active over the indexed corpus), else shallow, semantic, both or none."""
+    layer = per_key.index.get_level_values("layer").to_numpy(int)
+    per_key = per_key.copy()
+    per_key["semantic_cutoff"] = cutoff[layer]
+    per_key["is_semantic"] = semantic_label(per_key["semantic_z"].to_numpy(float), cutoff[layer]) & ~per_key["dead"]
+    per_key["is_shallow"] = per_key["is_shallow"].astype(bool) & ~per_key["dead"]
+    per_key["label"] = [DEAD if d else label_of(a, b)
+                        for a, b, d in zip(per_key["is_shallow"], per_key["is_semantic"], per_key["dead"])]
+    return per_key
+
+
+def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    per_key, entries, coherent = key_labels(ctx)
+    L = ctx.view.n_layers
+    control = None
+    if ctx.has_control:
+        c_key, _, _ = key_labels(ctx, control=True)
+        control = c_key
+    cutoff = control_cutoffs(None if control is None else control.reset_index(), L)
+    per_key = label_keys(per_key, cutoff)
+    if control is not None:
+        control = label_keys(control, cutoff).reset_index()
+        control["source_key"] = ctx.control_sources()[control["layer"].to_numpy(int), control["key"].to_numpy(int)]
+
+    # Per prefix: ends with the shallow key's shared suffix; semantic when its key is and it is coherent with the rest.
     suffix = per_key["shared_suffix"].to_dict()
     tails = entries[["t1", "t2", "t3"]].to_numpy()
-    shallow_key = per_key["is_shallow"].to_dict()
-    masked, prefix_shallow = [], []
+    shallow_key, semantic_key = per_key["is_shallow"].to_dict(), per_key["is_semantic"].to_dict()
+    masked, prefix_shallow, prefix_semantic = [], [], []
     for i, (l, k) in enumerate(zip(entries["layer"].tolist(), entries["key"].tolist())):
         s = suffix[(l, k)]
         n = masked_length(tails[i], s)
         masked.append(n)
         prefix_shallow.append(bool(shallow_key[(l, k)]) and len(s) > 0 and n == len(s))
-    entries["prefix_label"] = [label_of(a, b) for a, b in zip(prefix_shallow, prefix_semantic)]
+        prefix_semantic.append(bool(semantic_key[(l, k)]) and bool(coherent[i]))
+    dead_entry = per_key["dead"].reindex(pd.MultiIndex.from_arrays([entries["layer"], entries["key"]])).to_numpy(bool)
+    entries["prefix_label"] = [DEAD if d else label_of(a, b)
+                               for a, b, d in zip(prefix_shallow, prefix_semantic, dead_entry)]
 
     doc_freq, n_docs = corpus_document_frequency(ctx)
     descriptions = []
     groups = entries.groupby(["layer", "key"], sort=False).indices
     masked = np.array(masked)
+    largest = largest_coefficients(ctx)
     for key_row in per_key.itertuples():
+        if key_row.dead:
+            l, k = key_row.Index
+            descriptions.append(f"dead: never active over the indexed corpus (largest |m| {largest[l, k]:.3g}, "
+                                f"at or below the active rule's {active_threshold(ctx)[l]:.3g})")
+            continue
         rows = groups[key_row.Index]
         prefixes = [ctx.prefix(e, p) for e, p in zip(entries["example_id"].to_numpy()[rows], entries["position"].to_numpy()[rows])]
         descriptions.append(describe(ctx, key_row, prefixes, masked[rows].tolist(), doc_freq, n_docs))
@@ -327,23 +410,62 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     keys = per_key.reset_index()
     keys = keys.astype({"layer": np.int16, "key": np.int32})
     keys["share_prefixes_shallow"] = entries.assign(v=np.array(prefix_shallow)).groupby(["layer", "key"])["v"].mean().to_numpy()
-    keys["share_prefixes_semantic"] = entries.assign(v=prefix_semantic).groupby(["layer", "key"])["v"].mean().to_numpy()
+    keys["share_prefixes_semantic"] = entries.assign(v=np.array(prefix_semantic)).groupby(["layer", "key"])["v"].mean().to_numpy()
     cols = ["layer", "key", "label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
             "shared_suffix", "shared_suffix_text", "semantic_score", "mean_pairwise_cosine", "semantic_z", "semantic_p",
-            "is_shallow", "is_semantic",
+            "semantic_cutoff", "is_shallow", "is_semantic", "dead",
             "share_prefixes_shallow", "share_prefixes_semantic", "n_triggers", "n_embedded"]
     keys = keys[cols]
     prefixes = entries[["layer", "key", "rank", "example_id", "position", "prefix_label"]].astype(
         {"layer": np.int16, "key": np.int32, "rank": np.int16, "position": np.int32})
-    per_layer = shares(keys, prefixes, ctx.view.n_layers)
+    per_layer = shares(keys, prefixes, L)
+    per_layer["semantic_cutoff"] = cutoff
+    cal = calibration(ctx)
+    per_layer["semantic_recall"] = [float(np.mean(semantic_label(cal.z_topic, np.full(len(cal.z_topic), c))))
+                                    if len(cal.z_topic) else np.nan for c in cutoff]
+    per_layer["semantic_false_positives"] = [float(np.mean(semantic_label(cal.z_random, np.full(len(cal.z_random), c))))
+                                             if len(cal.z_random) else np.nan for c in cutoff]
+    if control is not None:
+        per_layer = per_layer.merge(control_shares(keys, control, L), on="layer")
     per_layer["semantic_control"], per_layer["n_control_sets"] = mixed_key_control(ctx, entries, per_layer["layer"])
-    return {"keys": keys, "prefixes": prefixes, "per_layer": per_layer, "info": info}
+    result = {"keys": keys, "prefixes": prefixes, "per_layer": per_layer, "info": semantic_info(ctx)}
+    if control is not None:
+        result["control"] = control[["layer", "key", "source_key", "label", "shallow_score", "semantic_z",
+                                     "semantic_cutoff", "is_shallow", "is_semantic", "dead"]].astype(
+            {"layer": np.int16, "key": np.int32, "source_key": np.int32})
+    return result
+
+
+def control_shares(keys: pd.DataFrame, control: pd.DataFrame, n_layers: int) -> pd.DataFrame:
+    """Per layer and label, the share of the random control memories with it beside the keys' share
+    (`control_with_interval`: Newcombe's interval of the difference), live keys and memories only."""
+    rows = []
+    for layer in range(n_layers):
+        k = keys[(keys["layer"] == layer) & ~keys["dead"]]["label"].to_numpy()
+        c = control[(control["layer"] == layer) & ~control["dead"]]["label"].to_numpy()
+        row = {"layer": layer, "n_control_keys": len(c),
+               "n_control_dead": int(((control["layer"] == layer) & control["dead"]).sum())}
+        for label in LABELS:
+            got = control_with_interval(k == label, c == label, f"keys_{label}")
+            row.update(got)
+        # A key with a semantic pattern (semantic or both), the quantity the semantic label is calibrated on.
+        row.update(control_with_interval(np.isin(k, ("semantic", "both")), np.isin(c, ("semantic", "both")),
+                                         "keys_any_semantic"))
+        row.update(control_with_interval(np.isin(k, ("shallow", "both")), np.isin(c, ("shallow", "both")),
+                                         "keys_any_shallow"))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, label_column: str = "label") -> pd.DataFrame:
-    """Per layer: share of keys (with its 95% Wilson interval over the layer's keys) and of trigger prefixes
-    in each label."""
+    """Per layer: share of the live keys (with its 95% Wilson interval over them) and of their trigger prefixes
+    in each label; dead keys (label ``dead``) are left out and counted in ``n_dead``."""
     out = pd.DataFrame({"layer": np.arange(n_layers)})
+    dead = keys.groupby("layer")[label_column].apply(lambda v: int((v == DEAD).sum()))
+    out["n_dead"] = dead.reindex(out["layer"]).fillna(0).astype(int).to_numpy()
+    keys = keys[keys[label_column] != DEAD]
+    if prefixes is not None:
+        prefixes = prefixes[prefixes["prefix_label"] != DEAD]
     k = keys.groupby("layer")[label_column].value_counts(normalize=True).unstack(fill_value=0.0)
     for label in LABELS:
         out[f"keys_{label}"] = k[label].reindex(out["layer"]).fillna(0.0).to_numpy() if label in k else 0.0
@@ -360,11 +482,28 @@ def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, lab
 
 def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str = "automatic labels") -> None:
     L = ctx.view.n_layers
-    panels = [("keys", "% keys")] + ([("prefixes", "% trigger prefixes")] if "prefixes_none" in per_layer else [])
+    panels = [("keys", "% live keys")] + ([("prefixes", "% trigger prefixes")] if "prefixes_none" in per_layer else [])
+    controlled = "keys_any_semantic_control" in per_layer
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.6), constrained_layout=True, squeeze=False)
+    n_panels = len(panels) + controlled
+    fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.8), constrained_layout=True, squeeze=False)
     x = per_layer["layer"].to_numpy()
+    if controlled:  # each key-side share beside the random key directions of the same layer
+        ax = axes[0][-1]
+        for kind, color in (("shallow", COLORS["shallow"]), ("semantic", COLORS["semantic"])):
+            column = f"keys_any_{kind}"
+            keys_share = 100 * (per_layer[f"keys_{kind}"] + per_layer["keys_both"]).to_numpy(float)
+            ax.plot(x, keys_share, "o-", color=color, label=f"keys with a {kind} pattern")
+            ax.plot(x, 100 * per_layer[f"{column}_control"], "--", marker="_", ms=10, color=color,
+                    label=f"random key directions, {kind}")
+            ax.fill_between(x, 100 * per_layer[f"{column}_control_ci_low"], 100 * per_layer[f"{column}_control_ci_high"],
+                            color=color, alpha=0.15, lw=0)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("% live keys / random directions")
+        ax.set_title("Against random key directions", loc="left")
+        layer_axis(ax, L)
+        ax.legend(fontsize=7, frameon=False, loc="upper left")
     for ax, (prefix, ylabel) in zip(axes[0], panels):
         bottom = np.zeros(len(x))
         for label in ("shallow", "both", "semantic", "none"):
@@ -409,15 +548,25 @@ def human_agreement(ctx: RunContext, keys: pd.DataFrame) -> pd.DataFrame | None:
 def run(ctx: RunContext) -> dict:
     result = compute(ctx)
     meta = {"shallow_share": SHALLOW_SHARE, "max_suffix": MAX_SUFFIX, **result["info"], "top_t": ctx.top_k,
-            "labels": (f"shallow: shallow_score >= {SHALLOW_SHARE:g}; semantic: z >= {semantic.SEMANTIC_Z:g}, z = "
-                       "(mean pairwise cosine of the prefixes' content-token embeddings - its mean over random "
-                       "length-matched corpus prefixes) / its sd; calibrated on ffkv-tiny: "
-                       f"{semantic.CALIBRATION_NOTE}")}
+            "labels": (f"dead: never active over the indexed corpus (left out of the shares; n_dead); shallow: "
+                       f"shallow_score >= {SHALLOW_SHARE:g}; semantic: z >= {semantic.SEMANTIC_Z:g} (beyond random "
+                       "corpus prefixes: z = (mean pairwise cosine of the prefixes' content-token embeddings - its "
+                       "mean over random length-matched corpus prefixes) / its sd, calibrated on ffkv-tiny: "
+                       f"{semantic.CALIBRATION_NOTE}) and z above semantic_cutoff, the {1 - CONTROL_PASS:.0%} "
+                       "quantile of the z of the layer's random key directions (beyond what any linear read-out "
+                       "of the residual gives: at most 5% of random directions pass)"),
+            "control": (f"{ctx.manifest.control_keys} random key directions per layer (ffkv.memories.controls), "
+                        "labelled by the same rule; *_minus_control: Newcombe's 95% interval of the difference"
+                        if ctx.has_control else "none: the run holds no random-key control (index again); the "
+                        "semantic label rests on the corpus null alone")}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
     ctx.write_table(f"{NAME}_prefixes", result["prefixes"], **meta)
     draw(ctx, result["per_layer"])
     tables, figures = [NAME, f"{NAME}_keys", f"{NAME}_prefixes"], [NAME]
+    if "control" in result:
+        ctx.write_table(f"{NAME}_control", result["control"], **meta)
+        tables.append(f"{NAME}_control")
     human = human_agreement(ctx, result["keys"])
     if human is not None:
         ctx.write_table(f"{NAME}_human", human, **meta)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RESIDUAL_CHOICE, RunContext, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.common import (RESIDUAL_CHOICE, RunContext, chance_with_interval, sample_size_warnings,
+                                     share_with_interval)
+from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
+                                      save_figure)
 from ffkv.experiments.heldout import ResidualTops, capture_eval
 from ffkv.parallel import is_writer
 from ffkv.store.run import RunDir
@@ -33,6 +35,11 @@ SHOWN_DIFFERENCE = 0.05
 #: Per-layer columns compared between the projections.
 COMPARED = ("residual_agreement", "mean_confidence", KEPT, OVERRIDE, COMPOSITION)
 FIGURES = (NAME, f"{NAME}_agreement", f"{NAME}_confidence")
+#: How the chance levels of Figures 9-11 are made, for tables and figures.
+CHANCE = ("permutation chance level: each example paired with another (a seeded cyclic shift within each batch of "
+          "the held-out pass): Figure 9 the residual's top token against the other's final prediction, Figure 10 "
+          "the residual's probability of it, Figure 11 the layer's output against the other's FF top token; "
+          "*_minus_chance is observed - chance over the same examples, mean +- 1.96 standard errors")
 
 
 def categories(r: np.ndarray, f: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -40,21 +47,32 @@ def categories(r: np.ndarray, f: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y == r, KEPT, np.where(y == f, OVERRIDE, COMPOSITION))
 
 
-def per_layer(tops: ResidualTops, final: np.ndarray) -> pd.DataFrame:
-    """Figures 9-11's numbers under one projection, each share with its 95% Wilson interval."""
+def per_layer(tops: ResidualTops, final: np.ndarray, partner: np.ndarray | None = None,
+              paired: np.ndarray | None = None) -> pd.DataFrame:
+    """Figures 9-11's numbers under one projection, each share with its 95% Wilson interval, and beside each its
+    permutation chance level (`CHANCE`) where `partner` (each example's partner row) is given."""
     N, L = tops.resid_top.shape
     cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
     rows = []
     for layer in range(L):
         c = cat[:, layer]
-        rows.append({
-            "layer": layer, **share_with_interval(tops.resid_top[:, layer] == final, "residual_agreement"),
+        r, f, y = tops.resid_top[:, layer], tops.ff_top[:, layer], tops.post_top[:, layer]
+        row = {
+            "layer": layer, **share_with_interval(r == final, "residual_agreement"),
             "mean_confidence": float(tops.confidence[:, layer].mean()),
             "median_confidence": float(np.median(tops.confidence[:, layer])),
             **share_with_interval(c == KEPT, KEPT), **share_with_interval(c == OVERRIDE, OVERRIDE),
             **share_with_interval(c == COMPOSITION, COMPOSITION),
-            "post_agreement": float((tops.post_top[:, layer] == final).mean()), "n_examples": N,
-        })
+            "post_agreement": float((y == final).mean()), "n_examples": N,
+        }
+        if partner is not None:
+            shuffled = categories(r, f[partner], y)  # the FF's own prediction taken from another example
+            row.update({**chance_with_interval(r == final, r == final[partner], "residual_agreement", paired),
+                        **chance_with_interval(tops.confidence[:, layer], tops.confidence_chance[:, layer],
+                                               "mean_confidence", paired),
+                        **chance_with_interval(c == OVERRIDE, shuffled == OVERRIDE, OVERRIDE, paired),
+                        **chance_with_interval(c == COMPOSITION, shuffled == COMPOSITION, COMPOSITION, paired)})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -65,7 +83,8 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     N, L = tops.resid_top.shape
     o = cap.final[:, None]
     cat = categories(tops.resid_top, tops.ff_top, tops.post_top)
-    both = pd.concat([per_layer(t, cap.final).assign(projection=name, choice=RESIDUAL_CHOICE[name])
+    both = pd.concat([per_layer(t, cap.final, cap.partner, cap.paired).assign(projection=name,
+                                                                              choice=RESIDUAL_CHOICE[name])
                       for name, t in cap.residual.items() if name in RESIDUAL_CHOICE], ignore_index=True)
     chosen = both[both["projection"] == ctx.projections.residuals].drop(columns=["projection", "choice"])
     examples = pd.DataFrame({
@@ -118,17 +137,20 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     x = per_layer_df["layer"].to_numpy()
     under = f"{projection} projection ({RESIDUAL_CHOICE[projection]}), n = {int(per_layer_df['n_examples'].iloc[0]):,}"
     fig, ax = new_figure()
-    ax.plot(x, 100 * per_layer_df["residual_agreement"], "o-", color="#4C72B0")
+    ax.plot(x, 100 * per_layer_df["residual_agreement"], "o-", color="#4C72B0", label="observed")
     interval_bars(ax, x, per_layer_df, "residual_agreement")
+    chance_line(ax, x, per_layer_df, "residual_agreement", "chance (another example's final prediction)")
     ax.set_ylim(0, 100)
     ax.set_ylabel("% examples: residual's top token = final prediction")
     ax.set_title(f"Residual agreement with the model's prediction (paper Fig. 9)\n{under}")
     layer_axis(ax, L)
+    legend_outside(ax)
     save_figure(fig, ctx.run.path, f"{NAME}_agreement{suffix}")
 
     fig, ax = new_figure()
     ax.plot(x, per_layer_df["mean_confidence"], "o-", color="#DD8452", label="mean")
     ax.plot(x, per_layer_df["median_confidence"], "s--", color="#DD8452", alpha=0.6, label="median")
+    chance_line(ax, x, per_layer_df, "mean_confidence", "chance (another example's final prediction)", scale=1.0)
     ax.set_ylim(0, 1)
     ax.set_ylabel("p(resid_mid) of the final prediction")
     ax.set_title(f"Residual's probability of the final prediction (paper Fig. 10)\n{under}")
@@ -143,6 +165,10 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
         ax.bar(x, 100 * per_layer_df[name], bottom=bottom, color=COLORS[name], label=label)
         bottom += 100 * per_layer_df[name].to_numpy()
     interval_bars(ax, x, per_layer_df, KEPT)  # the kept share's interval, at the top of its bar
+    if f"{OVERRIDE}_chance" in per_layer_df:  # the override share expected from another example's FF prediction
+        level = 100 * (per_layer_df[KEPT] + per_layer_df[f"{OVERRIDE}_chance"]).to_numpy(float)
+        ax.plot(x, level, color="black", ls="--", lw=1.1, marker="_", ms=10,
+                label="kept + override at chance (another example's FF prediction)")
     ax.set_ylim(0, 100)
     ax.set_ylabel("% examples")
     ax.set_title(f"How the FF layer changes the residual's prediction (paper Fig. 11)\n{under}")
@@ -174,6 +200,7 @@ def run(ctx: RunContext) -> dict:
             "projection_difference": round(difference, 4), "other_projection_shown": shown,
             "final_prediction": "the model's LM head (bias included)",
             "resid_mid": ctx.view.resid_mid_definition, "interval": "95% Wilson score interval", "n_examples": n,
+            "chance": CHANCE,
             "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
             "warnings": sample_size_warnings(NAME, n)}
     ctx.write_table(NAME, result["per_layer"], **meta)

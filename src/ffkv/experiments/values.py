@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
+from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
+                                     share_with_interval)
 from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
@@ -77,14 +78,41 @@ def compute(ctx: RunContext, direction: int = 1, projection: str | None = None) 
         }))
     keys = pd.concat(keys, ignore_index=True)
     keys["top_token"] = ctx.tokens(keys["top_token_id"])
-    result = {"keys": keys, "per_layer": per_layer(keys, V)}
+    control = control_keys(ctx, direction, projection) if ctx.has_control else None
+    result = {"keys": keys, "per_layer": per_layer(keys, V, control)}
+    if control is not None:
+        result["control"] = control
     if direction == 1:
         result["confident"] = most_confident(ctx, keys, trig)
     return result
 
 
-def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
-    """Figure 4 and 5 numbers: agreement rate (with chance), and the target rank's distribution."""
+def control_keys(ctx: RunContext, direction: int, projection: str) -> pd.DataFrame:
+    """Figures 4-5 for the random control memories (`ffkv.memories.controls`): each one's borrowed value (the value
+    of its source key) against the target of its own top trigger example."""
+    view = ctx.view
+    trig = ctx.trigger_targets(direction, control=True)
+    first = trig[trig["rank"] == 0]
+    n = ctx.manifest.control_keys
+    targets = np.full((view.n_layers, n), -1, dtype=np.int64)
+    targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
+    sources = ctx.control_sources()
+    rows = []
+    for layer in range(view.n_layers):
+        s = scan_values(view, layer, projection, targets[layer], top=1, sign=direction, keys=sources[layer])
+        rows.append(pd.DataFrame({
+            "layer": np.full(n, layer, np.int16), "key": np.arange(n, dtype=np.int32),
+            "source_key": sources[layer].astype(np.int32), "top_token_id": s["top_token_id"].astype(np.int32),
+            "trigger_target_id": targets[layer].astype(np.int32),
+            "agrees": (targets[layer] >= 0) & (s["top_token_id"] == targets[layer]),
+            "target_rank": s["target_rank"].astype(np.int64)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def per_layer(keys: pd.DataFrame, vocab_size: int, control: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Figure 4 and 5 numbers: agreement rate (with chance: 1/|V| and the layer's pairing shuffled, exactly in
+    expectation; and beside the random control memories where `control` is given), and the target rank's
+    distribution."""
     rows = []
     for layer, g in keys.groupby("layer", sort=True):
         with_target = g[g["trigger_target_id"] >= 0]
@@ -95,15 +123,30 @@ def per_layer(keys: pd.DataFrame, vocab_size: int) -> pd.DataFrame:
         target_share = with_target["trigger_target_id"].value_counts(normalize=True)
         paired = float((top_share * target_share.reindex(top_share.index, fill_value=0)).sum()) if n else math.nan
         q = np.quantile(ranks, [0.1, 0.25, 0.5, 0.75, 0.9]) if n else [math.nan] * 5
-        rows.append({
-            "layer": int(layer), **share_with_interval(with_target["agrees"].to_numpy(bool), "agreement_rate"),
+        observed = share_with_interval(with_target["agrees"].to_numpy(bool), "agreement_rate")
+        chance = max(paired, 1.0 / vocab_size) if n else math.nan
+        row = {
+            "layer": int(layer), **observed,
             "chance_rate": 1.0 / vocab_size, "chance_rate_shuffled": paired,
+            # The observed share against the larger chance level, with the observed share's interval.
+            "agreement_rate_minus_chance": observed["agreement_rate"] - chance,
+            "agreement_rate_minus_chance_ci_low": observed["agreement_rate_ci_low"] - chance,
+            "agreement_rate_minus_chance_ci_high": observed["agreement_rate_ci_high"] - chance,
             "n_keys": int(len(g)), "n_keys_with_target": n,
             "mean_top_prob": float(g["top_prob"].mean()), "mean_entropy": float(g["entropy"].mean()),
             "rank_p10": q[0], "rank_p25": q[1], "rank_median": q[2], "rank_p75": q[3], "rank_p90": q[4],
             "mean_log10_rank": float(np.log10(ranks).mean()) if n else math.nan,
             **share_with_interval(ranks <= 10, "share_rank_top10"),
-        })
+        }
+        if control is not None:
+            c = control[(control["layer"] == layer) & (control["trigger_target_id"] >= 0)]
+            c_ranks = c["target_rank"].to_numpy(float)
+            row.update({**control_with_interval(with_target["agrees"].to_numpy(bool), c["agrees"].to_numpy(bool),
+                                                "agreement_rate"),
+                        "rank_median_control": float(np.median(c_ranks)) if len(c_ranks) else math.nan,
+                        **control_with_interval(ranks <= 10, c_ranks <= 10, "share_rank_top10"),
+                        "n_control_keys": int(len(c))})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -140,6 +183,9 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: 
     interval_bars(ax, x - 0.2, per_layer_df, "agreement_rate")
     ax.bar(x + 0.2, 100 * per_layer_df["chance_rate_shuffled"], width=0.4, label="chance (shuffled pairs)",
            color=COLORS["chance"])
+    if "agreement_rate_control" in per_layer_df:
+        ax.plot(x, 100 * per_layer_df["agreement_rate_control"], color="black", ls="--", marker="_", ms=10, lw=1.1,
+                label="random key directions (their borrowed values)")
     ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
     ax.set_ylabel("% keys: top token =\ntrigger's next token")
     ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {ctx.projections.values} projection"
@@ -152,6 +198,10 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: 
     data = [keys.loc[(keys["layer"] == l) & (keys["trigger_target_id"] >= 0), "target_rank"].to_numpy()
             for l in range(L)]
     ax.boxplot([d if len(d) else [np.nan] for d in data], positions=range(L), showfliers=False, widths=0.6)
+    if "rank_median_control" in per_layer_df:
+        ax.plot(per_layer_df["layer"], per_layer_df["rank_median_control"], color="black", ls="--", marker="_",
+                ms=10, lw=1.1, label="median, random key directions")
+        legend_outside(ax)
     ax.set_yscale("log")
     ax.set_ylabel("rank of trigger's next token in p_i (1 = top)")
     ax.set_title(f"Rank of the trigger's next token (paper Fig. 5; {ctx.projections.values} projection{which})")
@@ -166,7 +216,10 @@ def run(ctx: RunContext) -> dict:
             "vocab_size": ctx.view.vocab_size, "interval": "95% Wilson score interval",
             "warnings": sample_size_warnings(NAME, n, "keys with a trigger target"),
             "target": TARGET_DESCRIPTION[ctx.view.encoder],
-            "rank": "1 + number of tokens with a strictly higher logit", "direction": 1}
+            "rank": "1 + number of tokens with a strictly higher logit", "direction": 1,
+            "control": (f"{ctx.manifest.control_keys} random key directions per layer, each with a real key's norm, "
+                        "bias and value (ffkv.memories.controls); *_minus_control: Newcombe's 95% interval"
+                        if ctx.has_control else "none: the run holds no random-key control (index again)")}
     ctx.write_table(NAME, result["per_layer"], **meta)
     ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
     ctx.write_table(f"{NAME}_confident", result["confident"], **meta)

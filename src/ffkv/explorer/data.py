@@ -346,6 +346,8 @@ class ExplorerData:
             "surface": {"token": common_last, "share": n_last / len(positive) if positive else 0.0},
             "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
             "census": self.census_of(layer, key),
+            # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.
+            "dead": labels["auto"].get("label") == "dead",
         }
 
     def layer_keys(self, layer: int) -> pd.DataFrame:

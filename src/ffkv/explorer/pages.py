@@ -19,7 +19,7 @@ from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
 from ffkv.presentation.findings import paper_finding, paper_order
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
-from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
+from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.store.annotations import LABELS
 
@@ -123,9 +123,11 @@ def overview(data: ExplorerData, root: str = "") -> str:
     layers = table_view(summary, titles=LAYER_SUMMARY_TITLES,
                         links={"layer": lambda r: f"/layer/{layer_number(r['layer'])}"})
     fidelity = fidelity_view(data.run.read_metric("fidelity")) if data.run.has_metric("fidelity") else None
+    massive = massive_view(data.run.read_metric("composition_massive")) \
+        if data.run.has_metric("composition_massive") else None
     positions = data.lookup_info.get("activation_sample", {}).get("positions", 0)
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
-                  numbering=NUMBERING, layers=layers, fidelity=fidelity, figures=figures_of(data),
+                  numbering=NUMBERING, layers=layers, fidelity=fidelity, massive=massive, figures=figures_of(data),
                   has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
                   uniform=1.0 / data.vocab_size)
 

@@ -25,6 +25,10 @@ TEMPLATES = {
 <p class="note" id="numbering">{{ numbering }}</p>
 {% if fidelity %}<h2>Does this model reproduce the paper?</h2>
 <div class="scroll">{{ table(fidelity, "fidelity", "fidelity", root) }}</div>{% endif %}
+{% if massive %}<h2>Massive activations</h2>
+<p class="note">Analysed positions whose coefficients are massive (their RMS over the layer's memories more than 20 times the
+median position's; Sun et al. 2024): left out of the active rule's scale s_l (docs/definitions.md), named here.</p>
+<div class="scroll">{{ table(massive, "massive", "", root) }}</div>{% endif %}
 <h2>Layers</h2>
 <p class="note" id="layers-note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
 paper) is the trigger target of the key's top-1 trigger example; active, the mean
@@ -92,7 +96,10 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 {% else %}<p class="muted">No corpus sample.</p>{% endif %}
 <h2>Next tokens of the trigger examples</h2>
 <p id="next-tokens">{% for t in m.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
-{% for group in m.triggers %}<h2>Trigger examples: {{ group.title }}</h2>
+{% if m.dead %}<p class="warn" id="never-fired"><strong>This memory never fired.</strong> No position of the indexed corpus makes it active
+(|m| &gt; tau·s_l; docs/definitions.md, dead keys): the rows below are only its largest coefficients, none of them active, not trigger examples.
+It is left out of the pattern shares (Figure 2).</p>{% endif %}
+{% for group in m.triggers %}<h2>{% if m.dead %}Largest coefficients, none active{% else %}Trigger examples{% endif %}: {{ group.title }}</h2>
 <p class="note">{% if group.direction < 0 %}Here m &lt; 0: the memory promotes its value's bottom tokens. {% endif %}Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
 The trigger position is boxed, the next token underlined.</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>

@@ -42,10 +42,12 @@ class Checkpoint:
         elapsed: seconds of indexing so far.
         n_cut: examples indexed so far that were cut to the maximum length (`ffkv.corpus.Example.cut`).
         cutting: the batching that cut windows and batches (`CUTTING`, device type included).
+        control: the running top-k of the random control memories (`ffkv.memories.controls`), or None.
     """
 
     state: TopKState
     cutting: dict[str, Any]
+    control: TopKState | None = None
     consumed: int = 0
     n_tokens: int = 0
     n_parts: int = 0
@@ -60,6 +62,8 @@ class Checkpoint:
         data = {"state": self.state.state_dict(), "cutting": dict(self.cutting), "consumed": self.consumed,
                 "n_tokens": self.n_tokens, "n_parts": self.n_parts, "groups_done": self.groups_done,
                 "windows": self.windows, "elapsed": self.elapsed, "n_cut": self.n_cut}
+        if self.control is not None:
+            data["control"] = self.control.state_dict()
         atomic.write_with(path, lambda handle: torch.save(data, handle))
         self.saved = True
 
@@ -74,7 +78,8 @@ class Checkpoint:
             if cutting is None:
                 raise FfkvError(f"the checkpoint {path} was written by an older ffkv and does not record the "
                                 "batching it was cut with, so it cannot be resumed exactly; choose a new --out")
-            return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting),
+            control = TopKState.from_state_dict(data["control"]) if data.get("control") is not None else None
+            return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting), control=control,
                        consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
                        groups_done=int(data["groups_done"]), windows=int(data["windows"]),
                        elapsed=float(data["elapsed"]), n_cut=int(data.get("n_cut", 0)), saved=True)

@@ -37,9 +37,12 @@ from ffkv.index.reducer import MODES, TriggerReducer
 from ffkv.index.interrupt import deferred_interrupt
 from ffkv.index.prefetch import default_workers, prefetched_examples
 from ffkv.index.progress import IndexBar
+from ffkv.index.sinks import ControlledReducer
 from ffkv.index.topk import SIGNS, TopKState
+from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 from ffkv.models.loading import LoadedModel
-from ffkv.index.tables import examples_table, parquet_batches, write_examples, write_triggers
+from ffkv.index.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, examples_table, parquet_batches, write_control,
+                               write_examples, write_triggers)
 from ffkv.store import atomic
 from ffkv.store.manifest import Identity, Manifest, ModelInfo, library_versions
 from ffkv.store.run import RunDir
@@ -54,6 +57,9 @@ class IndexOptions:
 
     Attributes:
         top_k: trigger examples kept per key (per direction).
+        control_keys: random control memories indexed per layer beside the model's keys, through the same
+            reduction (`ffkv.memories.controls`; 0: none, and key-side findings then have no control).
+        control_seed: the seed of their random directions.
         mode: ``example`` (an example counts once per key, at its best prefix) or ``prefix``.
         sign: ``positive`` (the largest coefficients of each key) or ``both`` (also the most negative
             ones); None: ``both`` when the model's coefficients can be negative (gated, GELU, SiLU:
@@ -63,10 +69,17 @@ class IndexOptions:
     top_k: int = 50
     mode: str = "example"
     sign: str | None = None
+    control_keys: int = DEFAULT_CONTROL_KEYS
+    control_seed: int = 0
 
     def validate(self) -> None:
         if not isinstance(self.top_k, int) or not 1 <= self.top_k <= 32767:
             raise FfkvError(f"--top-k must be an integer from 1 to 32767, got {self.top_k!r}")
+        if isinstance(self.control_keys, bool) or not isinstance(self.control_keys, int) \
+                or not 0 <= self.control_keys <= 65536:
+            raise FfkvError(f"--control-keys must be an integer from 0 to 65536, got {self.control_keys!r}")
+        if isinstance(self.control_seed, bool) or not isinstance(self.control_seed, int):
+            raise FfkvError(f"--control-seed must be an integer, got {self.control_seed!r}")
         if self.mode not in MODES:
             raise FfkvError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.sign is not None and self.sign not in SIGNS:
@@ -219,13 +232,14 @@ def run_forward(loaded: LoadedModel, batch: Batch) -> None:
     loaded.view.forward(batch.input_ids, model_mask(loaded, batch))
 
 
-def index_capture(loaded: LoadedModel, reducer: TriggerReducer) -> ContextManager:
-    """The capture that the index's forward passes run in: every layer's coefficients go to
-    `reducer`, and each pass ends there (the last layer's down-projection is never read)."""
-    return loaded.view.capture(("coefficients",), sink=reducer, stop_early=True)
+def index_capture(loaded: LoadedModel, reducer: TriggerReducer | ControlledReducer) -> ContextManager:
+    """The capture that the index's forward passes run in: every layer's coefficients (and, for a
+    control, its FF input) go to `reducer`, and each pass ends there (the last layer's down-projection is
+    never read)."""
+    return loaded.view.capture(reducer.quantities, sink=reducer, stop_early=True)
 
 
-def index_batch(loaded: LoadedModel, reducer: TriggerReducer, batch: Batch) -> None:
+def index_batch(loaded: LoadedModel, reducer: TriggerReducer | ControlledReducer, batch: Batch) -> None:
     """One batch of the index: the forward pass, reduced inside it by `reducer` (a capture
     sink that must be open on the model's coefficients), then committed (`reducer.flush`
     merges what the reducer still buffers into its state)."""
@@ -286,7 +300,8 @@ def build_index(
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
                         "shorter than the minimum length); check --corpus, --format and --unit")
     identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress)
-    check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k * len(options.directions)))
+    check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k * len(options.directions),
+                                                 options.control_keys))
     with run.lock("index", create=True) as holder:
         previous = run.prepare(identity, resume)
         manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
@@ -318,14 +333,24 @@ class _IndexJob:
     def start(self, resume: bool) -> None:
         """Load the checkpoint to continue from (refused if its batching differs), or start empty."""
         view, cutting = self.loaded.view, self.batching.cutting(self.device)
+        n_control, directions = self.options.control_keys, len(self.options.directions)
         if resume and self.checkpoint_path.exists():
             self.at = Checkpoint.load(self.checkpoint_path, self.device)
             self.at.check_cutting(cutting)
+            if (self.at.control is None) != (n_control == 0):
+                raise FfkvError(f"the checkpoint {self.checkpoint_path} does not hold the control this run asks for "
+                                "(--control-keys); choose a new --out")
         else:
-            rows = view.d_m * len(self.options.directions)
-            self.at = Checkpoint(TopKState.empty(view.n_layers, rows, self.options.top_k, self.device), cutting)
+            empty = lambda rows: TopKState.empty(view.n_layers, rows, self.options.top_k, self.device)  # noqa: E731
+            self.at = Checkpoint(empty(view.d_m * directions), cutting,
+                                 control=empty(n_control * directions) if n_control else None)
         self.elapsed_before = self.at.elapsed
-        self.reducer = TriggerReducer(self.at.state, self.options.mode, signed=self.options.sign == "both")
+        signed = self.options.sign == "both"
+        self.reducer = TriggerReducer(self.at.state, self.options.mode, signed=signed)
+        if n_control:
+            self.reducer = ControlledReducer(self.reducer,
+                                             TriggerReducer(self.at.control, self.options.mode, signed=signed),
+                                             RandomKeys(view, n_control, self.options.control_seed))
         self.run.partial.mkdir(parents=True, exist_ok=True)
         self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
 
@@ -410,7 +435,10 @@ class _IndexJob:
         self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
         n_examples = self.parts.assemble(run.table("examples"))
         write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
-        for table in ("examples", "trigger_examples"):
+        if at.control is not None:
+            write_control(run, at.control, self.reducer.keys, self.options.directions)
+        control = (CONTROL_TRIGGERS, CONTROL_KEYS) if at.control is not None else ()
+        for table in ("examples", "trigger_examples", *control):
             run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
         left_out = excluded.count(run.table("examples"), getattr(self.loaded.tokenizer, "special_ids", ()) or ())

@@ -16,8 +16,10 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.index import excluded
-from ffkv.index.tables import parquet_batches, state_from_table, write_examples, write_triggers
-from ffkv.index.topk import SIGNS
+from ffkv.index.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, parquet_batches, state_from_table, write_examples,
+                               write_triggers)
+from ffkv.index.topk import SIGNS, TopKState
+from ffkv.store import atomic
 from ffkv.store.manifest import FORMAT_VERSION
 from ffkv.store.run import RunDir
 
@@ -50,20 +52,31 @@ def merge_runs(shards: Sequence[str | Path], out: str | Path) -> RunDir:
     return target
 
 
-def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest) -> None:
-    first = manifests[0]
-    directions = SIGNS[first.sign]
+def _merged_state(runs: list[RunDir], table: str, n_layers: int, rows: int, first) -> TopKState:
+    """The exact merge of one trigger table of every shard."""
     state = None
     for run in runs:
-        shard_state = state_from_table(pq.read_table(run.table("trigger_examples")),
-                                       first.model.n_layers, first.model.d_m, first.top_k, directions)
+        shard_state = state_from_table(pq.read_table(run.table(table)), n_layers, rows, first.top_k,
+                                       SIGNS[first.sign])
         if state is None:
             state = shard_state
         else:
             state.merge(shard_state, one_per_example=first.mode == "example")
+    return state
+
+
+def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest) -> None:
+    first = manifests[0]
+    directions = SIGNS[first.sign]
+    state = _merged_state(runs, "trigger_examples", first.model.n_layers, first.model.d_m, first)
     n_examples = write_examples(target.table("examples"), [parquet_batches(r.table("examples")) for r in runs])
     write_triggers(target.table("trigger_examples"), state, directions)
-    for table in ("examples", "trigger_examples"):
+    if first.control_keys:  # every shard drew the same control (same seed): its keys are copied, its triggers merged
+        control = _merged_state(runs, CONTROL_TRIGGERS, first.model.n_layers, first.control_keys, first)
+        write_triggers(target.table(CONTROL_TRIGGERS), control, directions)
+        atomic.write_parquet(target.table(CONTROL_KEYS), pq.read_table(runs[0].table(CONTROL_KEYS)))
+    control = (CONTROL_TRIGGERS, CONTROL_KEYS) if first.control_keys else ()
+    for table in ("examples", "trigger_examples", *control):
         target.record_table(manifest, target.table(table).name, "merge")
     manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests),
                        "examples_cut": sum(int(m.counts.get("examples_cut", 0)) for m in manifests)}

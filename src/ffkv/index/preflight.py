@@ -66,15 +66,16 @@ def check_output(path: Path) -> None:
                         f"({'read-only file system' if read_only else 'permission denied'}): choose another --out")
 
 
-def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int) -> int:
-    """A lower bound of the disk a run needs at its peak: the checkpoint, the trigger table,
-    and the examples twice (parts and the assembled table coexist for a moment).
+def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int, control_keys: int = 0) -> int:
+    """A lower bound of the disk a run needs at its peak: the checkpoint, the trigger tables (the model's
+    keys and their random control), and the examples twice (parts and the assembled table coexist for a moment).
 
     Args:
         per_key: trigger entries kept per key (top-k times the directions kept).
+        control_keys: random control memories per layer.
     """
     view = loaded.view
-    entries = view.n_layers * view.d_m * per_key
+    entries = view.n_layers * (view.d_m + control_keys) * per_key
     corpus = 0
     if not is_hf(spec) and spec.max_examples is None:  # a subset's share of the files is unknown
         corpus = sum(source.path.stat().st_size for source in source_files(spec))

@@ -103,6 +103,9 @@ class TriggerReducer:
     two row blocks of the layer, so that one selection and one merge serve both.
     """
 
+    #: What the forward pass must capture for this sink.
+    quantities = ("coefficients",)
+
     def __init__(self, state: TopKState, mode: str = "example", signed: bool = False,
                  buffer_columns: int | None = None) -> None:
         """Args:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ffkv.index.topk import EMPTY, TopKState
+from ffkv.memories.controls import RandomKeys
 from ffkv.store import atomic, schemas
 
 ROW_GROUP = 65_536
@@ -149,3 +150,26 @@ def state_from_table(table: pa.Table, n_layers: int, d_m: int, k: int,
 def write_triggers(path: Path, state: TopKState, directions: tuple[int, ...] = (1,)) -> None:
     """Write trigger_examples.parquet atomically."""
     atomic.write_parquet(path, trigger_table(state, directions))
+
+
+#: The control's tables in a run directory (`ffkv.memories.controls`): its trigger examples, and its keys.
+CONTROL_TRIGGERS, CONTROL_KEYS = "control_trigger_examples", "control_keys"
+
+
+def control_keys_table(keys: RandomKeys) -> pa.Table:
+    """Per layer and control memory: the real key it borrows its norms, biases and value from, and its norm."""
+    layers = range(keys.view.n_layers)
+    source = [keys.source(layer).numpy() for layer in layers]
+    norms = [keys.layers[layer].keys.float().norm(dim=1).cpu().numpy() for layer in layers]
+    return pa.table({
+        "layer": pa.array(np.repeat(np.arange(len(source)), keys.n).astype(np.int16)),
+        "key": pa.array(np.tile(np.arange(keys.n), len(source)).astype(np.int32)),
+        "source_key": pa.array(np.concatenate(source).astype(np.int32)),
+        "key_norm": pa.array(np.concatenate(norms).astype(np.float32)),
+    }, schema=schemas.CONTROL_KEYS)
+
+
+def write_control(run, state: TopKState, keys: RandomKeys, directions: tuple[int, ...] = (1,)) -> None:
+    """Write the control's trigger examples (the layout of trigger_examples.parquet) and its keys."""
+    write_triggers(run.table(CONTROL_TRIGGERS), state, directions)
+    atomic.write_parquet(run.table(CONTROL_KEYS), control_keys_table(keys))

@@ -4,6 +4,8 @@
     view.py           `MemoryView`: keys, values, norms, the unembedding, and captures (every hook)
     projection.py     p(h) = softmax(N(h)·Eᵀ); the chunked projection of a layer's values
     targets.py        the trigger target: the token a key's value should predict
+    active.py         which memories are active: the one rule, and its scale without massive activations
+    controls.py       random key directions of each layer's shape: the control of every key-side finding
     interventions.py  switch memories off, scale or set their coefficients
     pruning.py        remove memories: masked (m_i = 0) or cut out of the weights (a smaller model)
 """

@@ -90,20 +90,25 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.ndarray, "d_m"],
-                chunk: int | None = None, top: int = TOP_TOKENS, sign: int = 1) -> dict[str, np.ndarray]:
+def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.ndarray, "n"],
+                chunk: int | None = None, top: int = TOP_TOKENS, sign: int = 1,
+                keys: Int[np.ndarray, "n"] | None = None) -> dict[str, np.ndarray]:
     """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
 
     Args:
         targets: token id per key whose rank and probability are wanted; -1 for none.
         sign: -1 projects -v_i instead: what a memory with a negative coefficient writes (SPEC section 7).
+        keys: the values to read, as key indices (repeats allowed: the control memories borrow values,
+            `ffkv.memories.controls`); None: every key of the layer, in order.
 
-    Returns arrays of length d_m: top_token_id, bottom_token_id (argmin: what a negative
+    Returns arrays of length d_m (or len(keys)): top_token_id, bottom_token_id (argmin: what a negative
     coefficient promotes, SPEC section 7), top_prob, entropy, logsumexp, target_rank
     (1 = the value's top token; ties count in the target's favour), target_prob, and
     (d_m, top) top_token_ids / top_probs.
     """
     values = view.values(layer)
+    if keys is not None:
+        values = values[torch.as_tensor(np.asarray(keys), dtype=torch.long, device=values.device)]
     d_m = values.shape[0]
     chunk = chunk or chunk_size(view.vocab_size)
     device = values.device

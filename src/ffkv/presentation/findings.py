@@ -48,6 +48,20 @@ PAPER_FINDINGS: dict[str, dict[str, str]] = {
     "composition_active": {"figure": "Figure 7", "finding": (
         "Hundreds of the 4,096 memories of a layer are active (m > 0) for one prefix, with a drop around "
         "layer 10.")},
+    "composition_tau": {"figure": "Figure 7", "finding": (
+        "(Not in the paper, whose ReLU coefficients are zero when inactive.) For signed coefficients 'active' needs a "
+        "threshold |m_i| > tau·s_l: the share counted active and the share of the FF output the others write, over "
+        "tau; the verdict of Figure 7 uses the rule's tau.")},
+    "composition_scale": {"figure": "Figure 7", "finding": (
+        "(Not in the paper.) s_l, the scale of the active rule, per layer, with the positions that carry massive "
+        "activations (Sun et al. 2024) left out, beside what every position would give.")},
+    "composition_massive": {"figure": "Figure 7", "finding": (
+        "(Not in the paper.) Positions whose coefficients are massive (their RMS more than 20 times the median "
+        "position's; Sun et al. 2024 found such first-token outliers in most large models): named, and left out of "
+        "the active rule's scale.")},
+    "census_control": {"figure": "Voita et al. 2023", "finding": (
+        "(Not in the paper.) Each census class beside the same rules applied to random key directions of the layer: "
+        "a class is a finding about trained keys only where it is more common among them.")},
     "composition_matches": {"figure": "Figure 8", "finding": (
         "Where the FF output's top token equals an active memory's, the token is mostly a stop word.")},
     "refinement": {"figure": "Figure 11", "finding": (
@@ -161,16 +175,22 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                 f"({first.loss_auc_ci_low:.3f}-{first.loss_auc_ci_high:.3f}); {n}.")
     if name == "values" and "agreement_rate" in t:
         n = "n_keys_with_target" if "n_keys_with_target" in t else "n_keys" if "n_keys" in t else None
+        control = (f"; random key directions with the same values agree in {_pct(first.agreement_rate_control)} "
+                   f"({n_first}) and {_pct(last.agreement_rate_control)} ({n_last})"
+                   if "agreement_rate_control" in t else "")
         return (f"In this model the agreement rate goes from {_share_ci(first.agreement_rate, first[n] if n else None)} "
                 f"in {n_first} to {_share_ci(last.agreement_rate, last[n] if n else None)} in {n_last} "
                 f"(n: keys whose top trigger has a next token); chance is {_pct(first.chance_rate)} (1/|V|), "
-                f"{_pct(t['chance_rate_shuffled'].mean())} for shuffled pairs.")
+                f"{_pct(t['chance_rate_shuffled'].mean())} for shuffled pairs{control}.")
     if name == "composition" and "composition_rate" in t:
         low = t.loc[t["composition_rate"].idxmin()]
         n = low["n_examples"] if "n_examples" in t else None
         out = (f"In this model the FF output's top token differs from every active memory's in "
                f"{_pct(t['composition_rate'].min())}-{_pct(t['composition_rate'].max())} of examples per layer; "
                f"the lowest, layer {layer_number(low.layer)}: {_share_ci(low.composition_rate, n)}")
+        if "composition_rate_chance" in t:
+            out += (f"; with another example's FF output (chance) "
+                    f"{_pct(t['composition_rate_chance'].min())}-{_pct(t['composition_rate_chance'].max())}")
         if "mean_active" in t:
             of = f" of {int(first.d_m):,}" if "d_m" in t else ""
             out += f"; {t['mean_active'].min():.0f}-{t['mean_active'].max():.0f}{of} memories are active on average"
@@ -214,13 +234,30 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                     f"pattern ({_pct(row.keys_shallow)} shallow only, {_pct(row.keys_both)} both) and "
                     f"{_pct(row.keys_semantic + row.keys_both)} a semantic one ({_pct(row.keys_semantic)} semantic "
                     f"only)")
-        return f"In this model, in {n_first}, {shares(first)}; in {n_last}, {shares(last)}."
+        out = f"In this model, in {n_first}, {shares(first)}; in {n_last}, {shares(last)}"
+        if "keys_any_semantic_control" in t:
+            out += (f". Random key directions of the same layers: a shallow pattern in "
+                    f"{_pct(first.keys_any_shallow_control)} and {_pct(last.keys_any_shallow_control)}, a semantic one "
+                    f"in {_pct(first.keys_any_semantic_control)} and {_pct(last.keys_any_semantic_control)} (the "
+                    "semantic label admits at most 5% of them by construction)")
+        if "n_dead" in t and int(t["n_dead"].sum()):
+            out += f"; {int(t['n_dead'].sum()):,} dead keys are left out"
+        return out + "."
     return None
 
 
 # ------------------------------------------------------------------ fidelity
 #: Columns of metrics/fidelity.parquet (docs/run-directory.md).
-FIDELITY_COLUMNS = ("figure", "finding", "measured", "rule", "reproduces", "table", "projection")
+FIDELITY_COLUMNS = ("figure", "finding", "measured", "chance", "rule", "verdict", "reproduces", "n", "table",
+                    "projection")
+#: Below this many examples (or keys) in the layers a rule reads, no verdict is given (its 95% intervals are then
+#: wider than about ±10 points): the row says so and how to get more.
+MIN_VERDICT_N = 100
+#: Below this recall on planted topics (the semantic labeler's calibration on the run's own corpus, at the
+#: layer's cut-off), a finding about semantic keys gets no verdict: the detector would miss most of them.
+MIN_SEMANTIC_RECALL = 0.5
+#: What the held-out findings' too-few verdict tells the user to do.
+MORE_EXAMPLES = "pass --eval-corpus or --eval-split all (and --n-eval)"
 
 
 def _first_last(t: pd.DataFrame, column: str) -> tuple[float, float]:
@@ -228,86 +265,178 @@ def _first_last(t: pd.DataFrame, column: str) -> tuple[float, float]:
     return float(t[column].iloc[0]), float(t[column].iloc[-1])
 
 
+def _points(x: float) -> str:
+    """A difference of shares in percentage points."""
+    return f"{100 * x:+.1f} points"
+
+
+def _diff(row, column: str, against: str = "chance") -> str:
+    """"observed - chance +3.1 points (95% CI +1.0 to +5.2)" of a per-layer row."""
+    d = f"{column}_minus_{against}"
+    return (f"{_points(row[d])} (95% CI {_points(row[d + '_ci_low'])} to {_points(row[d + '_ci_high'])})"
+            if d in row and np.isfinite(row[d]) else "n/a")
+
+
+def _n_of(t: pd.DataFrame, *columns: str) -> int | None:
+    """The smallest n over the table's layers, from the first of `columns` it has."""
+    for c in columns:
+        if c in t and len(t):
+            return int(pd.to_numeric(t[c]).min())
+    return None
+
+
+def _row(key: str, figure: str, measured: str, rule: str, ok: bool, n: int | None, chance: str = "",
+         unit: str = "examples", blocked: str | None = None) -> dict:
+    """One fidelity row; the verdict is withheld below `MIN_VERDICT_N` or for the `blocked` reason."""
+    if blocked is not None:
+        verdict, reproduces = blocked, None
+    elif n is not None and n < MIN_VERDICT_N:
+        more = f": {MORE_EXAMPLES}" if unit == "examples" else ""
+        verdict, reproduces = f"too few {unit} (n = {n:,}, fewer than {MIN_VERDICT_N}){more}", None
+    else:
+        verdict, reproduces = ("yes" if ok else "no"), bool(ok)
+    return {"key": key, "figure": figure, "measured": measured, "chance": chance, "rule": rule, "verdict": verdict,
+            "reproduces": reproduces, "n": n}
+
+
 def _rows_for(name: str, t: pd.DataFrame, projection: str, label: str = "") -> list[dict]:
-    """Fidelity rows for one per-layer table: (figure, measured, rule, reproduces)."""
-    rows: list[tuple[str, str, str, str, bool]] = []  # (finding key, figure, measured, rule, reproduces)
+    """Fidelity rows for one per-layer table: what it measured, its chance or control level, the rule and the
+    verdict (`_row`)."""
+    rows: list[dict] = []
+    tt = t.sort_values("layer").reset_index(drop=True)
     L = len(t)
+    first, last = (tt.iloc[0], tt.iloc[-1]) if L else (None, None)
     if name == "patterns" and {"keys_shallow", "keys_semantic", "keys_both"} <= set(t.columns):
-        sh = t.sort_values("layer")["keys_shallow"] + t.sort_values("layer")["keys_both"]
-        se = t.sort_values("layer")["keys_semantic"] + t.sort_values("layer")["keys_both"]
-        rows.append(("patterns", "Figure 2",
-                     f"shallow keys (labelled shallow or both) {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} "
-                     f"(layer {L}); semantic (semantic or both) {_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}",
-                     "the shallow share of keys is larger in layer 1 than in the top layer, and the semantic share "
-                     "larger in the top layer than in layer 1",
-                     bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])))
+        sh = tt["keys_shallow"] + tt["keys_both"]
+        se = tt["keys_semantic"] + tt["keys_both"]
+        controlled = "keys_any_semantic_minus_control" in tt
+        rule = ("the shallow share of live keys is larger in layer 1 than in the top layer, and the semantic share "
+                "larger in the top layer than in layer 1")
+        ok = bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])
+        chance, blocked = "", None
+        if controlled:
+            rule += (", and the top layer's semantic share lies above its random key directions' (95% interval of "
+                     "the difference above 0)")
+            ok = ok and float(last["keys_any_semantic_minus_control_ci_low"]) > 0
+            chance = (f"random key directions: shallow {_pct(first.keys_any_shallow_control)} (layer 1), semantic "
+                      f"{_pct(last.keys_any_semantic_control)} (layer {L}); top layer's semantic share minus "
+                      f"theirs {_diff(last, 'keys_any_semantic', 'control')}")
+        else:
+            blocked = "no verdict: the run holds no random-key control (index again with ffkv's current version)"
+        recall = float(last["semantic_recall"]) if "semantic_recall" in tt else math.nan
+        if blocked is None and np.isfinite(recall) and recall < MIN_SEMANTIC_RECALL:
+            blocked = (f"no verdict: on this corpus the semantic labeler finds only {_pct(recall)} of planted topics "
+                       f"at the top layer's cut-off (its calibration); a 'no' would say little")
+        dead = f"; dead keys left out: {int(tt['n_dead'].sum()):,}" if "n_dead" in tt else ""
+        rows.append(_row("patterns", "Figure 2",
+                         f"shallow keys (labelled shallow or both) {_pct(sh.iloc[0])} (layer 1) -> {_pct(sh.iloc[-1])} (layer {L}); semantic "
+                         f"(semantic or both) {_pct(se.iloc[0])} -> {_pct(se.iloc[-1])}{dead}", rule, ok,
+                         _n_of(tt, "n_keys"), chance, "live keys", blocked))
     if name == "ablations" and {"mean_change_last", "mean_change_first", "mean_change_random"} <= set(t.columns):
-        last, first, rand = (float(t[c].mean()) for c in ("mean_change_last", "mean_change_first",
-                                                            "mean_change_random"))
-        rows.append(("ablations", "Figure 3",
-                     f"mean change removing the last token {_pct(last)}, the first {_pct(first)}, a random one "
-                     f"{_pct(rand)} (mean over layers)",
-                     "removing the last token lowers the coefficient more than removing the first or a random one "
-                     "(means over layers)", bool(last < first and last < rand)))
+        last_, first_, rand = (float(t[c].mean()) for c in ("mean_change_last", "mean_change_first",
+                                                              "mean_change_random"))
+        rows.append(_row("ablations", "Figure 3",
+                         f"mean change removing the last token {_pct(last_)}, the first {_pct(first_)}, a random one "
+                         f"{_pct(rand)} (mean over layers)",
+                         "removing the last token lowers the coefficient more than removing the first or a random one "
+                         "(means over layers)", bool(last_ < first_ and last_ < rand), _n_of(tt, "n_last"),
+                         "removing the first or a random token is the comparison", "trigger prefixes"))
     if name == "values" and {"agreement_rate", "chance_rate_shuffled"} <= set(t.columns):
-        first, last = _first_last(t, "agreement_rate")
-        low = float(t.sort_values("layer")["agreement_rate_ci_low"].iloc[-1]) \
-            if "agreement_rate_ci_low" in t else last
-        chance = max(float(t["chance_rate_shuffled"].max()), float(t["chance_rate"].max()))
-        rows.append(("values", "Figure 4",
-                     f"agreement {_pct(first)} (layer 1) -> {_pct(last)} (layer {L}); top layer's 95% interval "
-                     f"from {_pct(low)}; chance at most {_pct(chance)}",
-                     "the top layer's agreement exceeds layer 1's, and its 95% interval lies above chance (1/|V| "
-                     "and shuffled pairs)", bool(last > first and low > chance)))
+        a0, a1 = _first_last(t, "agreement_rate")
+        low = float(last["agreement_rate_ci_low"]) if "agreement_rate_ci_low" in tt else a1
+        chance_level = max(float(t["chance_rate_shuffled"].max()), float(t["chance_rate"].max()))
+        rule = ("the top layer's agreement exceeds layer 1's, and its 95% interval lies above chance (1/|V| and "
+                "shuffled pairs)")
+        ok = bool(a1 > a0 and low > chance_level)
+        chance = f"chance at most {_pct(chance_level)} (1/|V|, shuffled pairs)"
+        if "agreement_rate_minus_control" in tt:
+            rule += ", and above the random key directions' agreement (95% interval of the difference above 0)"
+            ok = ok and float(last["agreement_rate_minus_control_ci_low"]) > 0
+            chance += (f"; random key directions {_pct(last.agreement_rate_control)} in layer {L}, difference "
+                       f"{_diff(last, 'agreement_rate', 'control')}")
+        rows.append(_row("values", "Figure 4", f"agreement {_pct(a0)} (layer 1) -> {_pct(a1)} (layer {L}); top "
+                         f"layer's 95% interval from {_pct(low)}", rule, ok,
+                         _n_of(tt, "n_keys_with_target", "n_keys"), chance, "keys"))
     if name == "values" and "rank_median" in t:
-        first, last = _first_last(t, "rank_median")
-        rows.append(("values_rank", "Figure 5", f"median rank {first:g} (layer 1) -> {last:g} (layer {L})",
-                     "the median rank of the trigger's next token is lower in the top layer than in layer 1",
-                     bool(last < first)))
+        r0, r1 = _first_last(t, "rank_median")
+        rule = "the median rank of the trigger's next token is lower in the top layer than in layer 1"
+        ok, chance = bool(r1 < r0), ""
+        if "rank_median_control" in tt and np.isfinite(float(last["rank_median_control"])):
+            rule += ", and lower than the random key directions' median rank there"
+            ok = ok and r1 < float(last["rank_median_control"])
+            chance = f"random key directions: median rank {float(last['rank_median_control']):g} in layer {L}"
+        rows.append(_row("values_rank", "Figure 5", f"median rank {r0:g} (layer 1) -> {r1:g} (layer {L})", rule, ok,
+                         _n_of(tt, "n_keys_with_target", "n_keys"), chance, "keys"))
     if name == "values_confident" and "any_trigger_agrees" in t:
         share = float(t["any_trigger_agrees"].mean()) if len(t) else math.nan
-        rows.append(("values_confident", "Table 2", f"{_pct(share)} of the {len(t)} most confident values",
-                     "at least a quarter of the most confident values have a trigger example whose target is the "
-                     "value's top token (paper: almost half)", bool(share >= 0.25)))
+        rows.append(_row("values_confident", "Table 2", f"{_pct(share)} of the {len(t)} most confident values",
+                         "at least a quarter of the most confident values have a trigger example whose target is the "
+                         "value's top token (paper: almost half)", bool(share >= 0.25), None))
     if name == "composition" and "share_active" in t:
         low, high = float(t["share_active"].min()), float(t["share_active"].max())
-        rows.append(("composition_active", "Figure 7", f"{_pct(low)}-{_pct(high)} of the memories active per layer",
-                     "a minority of memories is active: under 50% of the layer's memories on average in every layer "
-                     "(paper: hundreds of 4,096, 2-10%)", bool(high < 0.5)))
+        rows.append(_row("composition_active", "Figure 7", f"{_pct(low)}-{_pct(high)} of the memories active per layer",
+                         "a minority of memories is active: under 50% of the layer's memories on average in every layer "
+                         "(paper: hundreds of 4,096, 2-10%)", bool(high < 0.5), _n_of(tt, "n_examples")))
     if name == "composition" and "composition_rate" in t:
         low = float(t["composition_rate"].min())
-        rows.append(("composition", "Figure 8", f"composition in {_pct(low)}-{_pct(t['composition_rate'].max())} "
-                     "of examples per layer",
-                     "the FF output's top token differs from every active memory's in at least 68% of examples in "
-                     "every layer (the paper's lowest layer)", bool(low >= 0.68)))
+        rule = ("the FF output's top token differs from every active memory's in at least 68% of examples in every "
+                "layer (the paper's lowest layer)")
+        ok, chance = bool(low >= 0.68), ""
+        if "composition_rate_minus_chance" in tt:
+            rule += (", and in no layer is it a single memory's more often than an unrelated example's top token would "
+                     "be (the 95% interval of observed - chance reaches 0 or above)")
+            ok = ok and bool((tt["composition_rate_minus_chance_ci_high"] >= 0).all())
+            worst = tt.loc[tt["composition_rate_minus_chance"].idxmin()]
+            chance = (f"chance {_pct(tt['composition_rate_chance'].min())}-{_pct(tt['composition_rate_chance'].max())}"
+                      f" per layer (FF output of another example); observed - chance lowest in layer "
+                      f"{layer_number(worst.layer)}: {_diff(worst, 'composition_rate')}")
+        rows.append(_row("composition", "Figure 8", f"composition in {_pct(low)}-{_pct(t['composition_rate'].max())} "
+                         "of examples per layer", rule, ok, _n_of(tt, "n_examples"), chance))
     if name == "refinement" and "residual_agreement" in t:
-        first, last = _first_last(t, "residual_agreement")
-        tt = t.sort_values("layer")
+        a0, a1 = _first_last(t, "residual_agreement")
         separated = ("residual_agreement_ci_high" not in t
-                     or float(tt["residual_agreement_ci_low"].iloc[-1]) > float(tt["residual_agreement_ci_high"].iloc[0]))
-        rows.append(("refinement_agreement", "Figure 9",
-                     f"residual agreement {_pct(first)} (layer 1) -> {_pct(last)} (layer {L})",
-                     "the top layer's residual agreement exceeds layer 1's, the 95% intervals apart",
-                     bool(last > first and separated)))
+                     or float(last["residual_agreement_ci_low"]) > float(first["residual_agreement_ci_high"]))
+        rule = "the top layer's residual agreement exceeds layer 1's, the 95% intervals apart"
+        ok, chance = bool(a1 > a0 and separated), ""
+        if "residual_agreement_minus_chance" in tt:
+            rule += ", and lies above chance there (95% interval of observed - chance above 0)"
+            ok = ok and float(last["residual_agreement_minus_chance_ci_low"]) > 0
+            chance = (f"chance {_pct(first.residual_agreement_chance)} (layer 1), "
+                      f"{_pct(last.residual_agreement_chance)} (layer {L}; another example's final prediction); "
+                      f"top layer observed - chance {_diff(last, 'residual_agreement')}")
+        rows.append(_row("refinement_agreement", "Figure 9",
+                         f"residual agreement {_pct(a0)} (layer 1) -> {_pct(a1)} (layer {L})", rule, ok,
+                         _n_of(tt, "n_examples"), chance))
     if name == "refinement" and "mean_confidence" in t:
-        first, last = _first_last(t, "mean_confidence")
-        rows.append(("refinement_confidence", "Figure 10",
-                     f"mean p(final prediction) {first:.3f} (layer 1) -> {last:.3f} (layer {L})",
-                     "the residual's mean probability of the final prediction is higher in the top layer than in "
-                     "layer 1", bool(last > first)))
+        c0, c1 = _first_last(t, "mean_confidence")
+        rule = "the residual's mean probability of the final prediction is higher in the top layer than in layer 1"
+        ok, chance = bool(c1 > c0), ""
+        if "mean_confidence_minus_chance" in tt:
+            rule += ", and above chance there (95% interval of observed - chance above 0)"
+            ok = ok and float(last["mean_confidence_minus_chance_ci_low"]) > 0
+            chance = (f"chance {float(last.mean_confidence_chance):.3f} in layer {L} (another example's final "
+                      "prediction)")
+        rows.append(_row("refinement_confidence", "Figure 10",
+                         f"mean p(final prediction) {c0:.3f} (layer 1) -> {c1:.3f} (layer {L})", rule, ok,
+                         _n_of(tt, "n_examples"), chance))
     if name == "refinement" and {"kept", "override", "composition"} <= set(t.columns):
         kept = float(t["kept"].min())
         over, comp = float(t["override"].mean()), float(t["composition"].mean())
-        rows.append(("refinement", "Figure 11",
-                     f"kept in at least {_pct(kept)} per layer; on average override {_pct(over)}, composition "
-                     f"{_pct(comp)}",
-                     "the residual's prediction is kept in at least half the examples in every layer, and where it "
-                     "changes, a compromise (y ∉ {r, f}) is at least as common as the FF's own prediction",
-                     bool(kept >= 0.5 and comp >= over)))
+        chance = ""
+        if "override_chance" in tt:
+            chance = (f"override at chance {_pct(float(tt['override_chance'].mean()))} on average (another example's "
+                      f"FF prediction); observed - chance in layer {L}: {_diff(last, 'override')}")
+        rows.append(_row("refinement", "Figure 11",
+                         f"kept in at least {_pct(kept)} per layer; on average override {_pct(over)}, composition "
+                         f"{_pct(comp)}",
+                         "the residual's prediction is kept in at least half the examples in every layer, and where it "
+                         "changes, a compromise (y ∉ {r, f}) is at least as common as the FF's own prediction",
+                         bool(kept >= 0.5 and comp >= over), _n_of(tt, "n_examples"), chance))
     out = []
-    for key, figure, measured, rule, ok in rows:
-        out.append({"figure": figure + label, "finding": PAPER_FINDINGS[key]["finding"], "measured": measured,
-                    "rule": rule, "reproduces": ok, "table": name, "projection": projection})
+    for row in rows:
+        key = row.pop("key")
+        out.append({**row, "figure": row["figure"] + label, "finding": PAPER_FINDINGS[key]["finding"], "table": name,
+                    "projection": projection})
     return out
 
 
@@ -319,9 +448,12 @@ def fidelity(tables: Mapping[str, pd.DataFrame], projections: Mapping[str, str] 
             refinement, refinement_projections); the others are ignored.
         projections: table name -> the projection its numbers were read under (for the `projection` column).
 
-    Each row: the paper's `figure` and `finding`, what this model `measured`, the `rule` that decides
-    whether it `reproduces` (stated with the row, so that a reader can disagree with it), the `table` it
-    was read from and the `projection`. Figures 9-11 are also given under the other residual
+    Each row: the paper's `figure` and `finding`, what this model `measured`, its `chance` or control level
+    (a permutation chance level or the random key directions, SPEC section 3 Controls), the `rule` that decides
+    whether it reproduces (stated with the row, so that a reader can disagree with it), the `verdict` (yes, no,
+    or why none is given: fewer than `MIN_VERDICT_N` examples or keys, no control, a detector with too little
+    recall), `reproduces` (True, False, or null without a verdict), the smallest `n` over the layers read, the
+    `table` it was read from and the `projection`. Figures 9-11 are also given under the other residual
     projection, from refinement_projections, labelled with it.
     """
     projections = dict(projections or {})
@@ -340,4 +472,7 @@ def fidelity(tables: Mapping[str, pd.DataFrame], projections: Mapping[str, str] 
             for row in _rows_for("refinement", t.drop(columns=["projection", "choice"], errors="ignore"), projection,
                                  f" ({choice}: {projection} projection)"):
                 rows.append({**row, "table": "refinement_projections"})
-    return pd.DataFrame(rows, columns=list(FIDELITY_COLUMNS))
+    table = pd.DataFrame(rows, columns=list(FIDELITY_COLUMNS))
+    table["reproduces"] = table["reproduces"].astype("boolean")
+    table["n"] = table["n"].astype("Int64")
+    return table

@@ -44,6 +44,7 @@ figure { margin: .5rem 0 1rem; } figure img { max-width: 100%; border: 1px solid
 td.pred { white-space: nowrap; }
 .changed { background: #fff1cc; font-weight: 600; }
 .error { border-left: 4px solid var(--bad); padding: .6rem 1rem; background: #fdf0ef; }
+.warn { border-left: 4px solid #c98a00; padding: .5rem 1rem; background: #fff8e6; }
 .chip { display: inline-block; margin: 0 .35rem .25rem 0; padding: 0 .3rem; border: 1px solid var(--line);
         border-radius: 4px; background: var(--bg); white-space: nowrap; font-size: .85rem; }
 .chip input[type=number] { width: 4.2em; }

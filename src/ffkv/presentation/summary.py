@@ -35,3 +35,19 @@ def fidelity_view(table: pd.DataFrame) -> TableView:
     """metrics/fidelity.parquet (one row per paper finding: finding, figure, this model's value, whether it
     reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no."""
     return table_view(table)
+
+
+def massive_view(table: pd.DataFrame) -> TableView | None:
+    """metrics/composition_massive.parquet summarised per layer (layers from 1): how many analysed positions carry a
+    massive activation, at which positions and tokens, the largest |m_i| and RMS over the median position's; None
+    when no layer has one."""
+    if table is None or table.empty:
+        return None
+    rows = []
+    for layer, g in table.groupby("layer", sort=True):
+        tokens = g["token"].value_counts()
+        rows.append({"layer": int(layer), "positions": len(g),
+                     "at position": ", ".join(str(p) for p in sorted(g["position"].unique())[:5]),
+                     "tokens": ", ".join(f"{t!r} ×{n}" for t, n in tokens.head(3).items()),
+                     "largest |m|": float(g["max_abs"].max()), "RMS / median": float(g["times_median"].max())})
+    return table_view(pd.DataFrame(rows))

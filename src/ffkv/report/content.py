@@ -41,6 +41,7 @@ ORDER = tuple(EXPERIMENTS)
 MAX_LAYER_ROWS = 64
 #: Tables meant to be read row by row: rows shown in the report.
 READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
+                "composition_massive": 20, "composition_tau": 5 * MAX_LAYER_ROWS,
                 "census_typical": 30, "suppressed_examples": 12, "pruning_summary": 10,
                 "translators": 3 * MAX_LAYER_ROWS, "translators_findings": 16, "encoder_applicability": 10}
 #: Description fields that say how a table was computed, shown with each section (others are in the file).
@@ -49,7 +50,8 @@ HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
               "relative_change", "labels", "embedding", "calibration", "final_prediction",
               "positions", "thresholds", "sign", "value_type_null_rate", "suppressed", "delta_p", "statistic", "rule",
-              "splits", "n_tokens", "removal", "perplexity", "census", "translator", "changes_under_translator")
+              "splits", "n_tokens", "removal", "perplexity", "census", "translator", "changes_under_translator",
+              "chance", "control", "massive_factor")
 #: Tables the report shows apart, above the sections (metrics/fidelity.parquet: does this model reproduce the paper).
 SHOWN_APART = ("fidelity",)
 #: Columns left out of the rows shown (identifiers that mean nothing out of context).

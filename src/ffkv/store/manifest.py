@@ -251,6 +251,12 @@ class Manifest:
         return str(self.identity.index.get("sign") or "positive")
 
     @property
+    def control_keys(self) -> int:
+        """Random control memories indexed per layer (`ffkv.memories.controls`); 0 for runs indexed without
+        (before ffkv indexed a control, or with ``--control-keys 0``)."""
+        return int(self.identity.index.get("control_keys") or 0)
+
+    @property
     def complete(self) -> bool:
         return self.status == "complete"
 

@@ -285,13 +285,17 @@ class RunDir:
         return True
 
     # ---------------------------------------------------------- trigger table
-    def read_triggers(self, direction: str = "positive", filters: list | None = None) -> pd.DataFrame:
+    def read_triggers(self, direction: str = "positive", filters: list | None = None,
+                      control: bool = False) -> pd.DataFrame:
         """Rows of trigger_examples.parquet of one direction, in file order (layer, key, direction, rank).
 
         Args:
             direction: ``positive`` (a key's largest coefficients, the paper's trigger examples),
                 ``negative`` (its most negative ones, indexed with ``--sign both``) or ``both``.
             filters: more pyarrow filters, e.g. ``[("layer", "=", 3)]``.
+            control: read the random control memories' trigger examples instead
+                (control_trigger_examples.parquet, `ffkv.memories.controls`); an error for a run indexed
+                without a control.
 
         Returns:
             The table's columns, `direction` included (+1 for every row of a run of format 1 or 2,
@@ -302,7 +306,12 @@ class RunDir:
         """
         if direction not in (*schemas.DIRECTIONS, "both"):
             raise FfkvError(f"direction must be one of {', '.join(schemas.DIRECTIONS)} or both, got {direction!r}")
-        path = self.table("trigger_examples")
+        path = self.table("control_trigger_examples" if control else "trigger_examples")
+        if control and not path.is_file():
+            raise FfkvError(f"{self.path} holds no random-key control (indexed before ffkv indexed one, or with "
+                            "--control-keys 0); index again to get it")
+        if control:
+            self.require_table(path.name)
         try:
             signed = "direction" in pq.read_schema(path).names
         except (pa.ArrowException, OSError) as error:

@@ -26,11 +26,22 @@ TRIGGER_EXAMPLES = pa.schema([
     ("next_token_id", pa.int32()),
 ])
 
+#: RUN/control_keys.parquet: the random control memories indexed beside the model's keys (`ffkv.memories.controls`),
+#: one row per (layer, key); their trigger examples are in RUN/control_trigger_examples.parquet (TRIGGER_EXAMPLES).
+CONTROL_KEYS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("source_key", pa.int32()),
+    ("key_norm", pa.float32()),
+])
+
 #: What a reader needs of each index table (relative path -> columns): trigger_examples of format 1 and 2
 #: have no `direction` column, so it is not required.
 INDEX_EXPECTED = {
     "examples.parquet": EXAMPLES,
     "trigger_examples.parquet": TRIGGER_EXAMPLES.remove(TRIGGER_EXAMPLES.get_field_index("direction")),
+    "control_trigger_examples.parquet": TRIGGER_EXAMPLES,
+    "control_keys.parquet": CONTROL_KEYS,
 }
 
 #: Values of trigger_examples' `direction`, by name: +1 the largest coefficients of a key, -1 the most negative
