@@ -38,3 +38,45 @@ def test_a_y_label_longer_than_its_axis_is_wrapped_and_stays_inside_the_saved_fi
     assert ax.yaxis.label.get_window_extent(renderer).height <= ax.get_window_extent(renderer).height
     paths = save_figure(fig, tmp_path, "long_label")
     assert [p.name for p in paths] == ["long_label.png", "long_label.svg"] and RunDir(tmp_path).figure_names()
+
+
+def test_figure_2_with_its_control_stays_legible(tmp_path, monkeypatch):
+    """Figure 2 (patterns) beside its random-key control, as `legible` leaves it: no panel collapses (each at
+    least 1.5 inches wide where the figure is shown, a column STANDARD_WIDTH wide), no two titles overlap, and
+    a legend names the bars' label colours. Three panels in a row, their text scaled by 2.5, collapsed."""
+    import types
+
+    import numpy as np
+    import pandas as pd
+    from matplotlib.legend import Legend
+    from matplotlib.text import Text
+
+    from ffkv.experiments import patterns
+
+    table = {"layer": np.arange(6)}
+    for prefix in ("keys", "prefixes"):
+        for label, share in (("shallow", 0.5), ("both", 0.1), ("semantic", 0.05), ("none", 0.35)):
+            table[f"{prefix}_{label}"] = np.full(6, share)
+    for kind in ("shallow", "semantic"):
+        for suffix, share in (("", 0.5), ("_ci_low", 0.45), ("_ci_high", 0.55)):
+            table[f"keys_any_{kind}_control{suffix}"] = np.full(6, share)
+    seen = {}
+
+    def inspect(fig, run_path, name):
+        legible(fig)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        shown = STANDARD_WIDTH / fig.get_figwidth()
+        seen["widths"] = [ax.get_window_extent(renderer).width / fig.dpi * shown for ax in fig.get_axes()]
+        titles = {ax.get_title(loc) for ax in fig.get_axes() for loc in ("left", "center")} - {""}
+        seen["titles"] = [t.get_window_extent(renderer) for t in fig.findobj(Text) if t.get_text() in titles]
+        seen["legend"] = {t.get_text() for legend in fig.findobj(Legend) for t in legend.get_texts()}
+        plt.close(fig)
+
+    monkeypatch.setattr(patterns, "save_figure", inspect)
+    ctx = types.SimpleNamespace(view=types.SimpleNamespace(n_layers=6), run=types.SimpleNamespace(path=tmp_path))
+    patterns.draw(ctx, pd.DataFrame(table))
+    assert len(seen["widths"]) == 3 and min(seen["widths"]) >= 1.5, seen["widths"]
+    titles = seen["titles"]
+    assert len(titles) == 2 and not titles[0].overlaps(titles[1])
+    assert {"shallow", "both", "semantic", "none"} <= seen["legend"]

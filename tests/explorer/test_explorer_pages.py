@@ -223,3 +223,42 @@ def test_negative_memories_read_right(client, analyzed):
     np.testing.assert_allclose(table.loc[strongest.index, "negative_strength"], (-strongest).clip(lower=0), rtol=1e-6)
     shown = keys_in_order(client.get("/layer/2?sort=negative%20strength&order=desc").text, 2)
     assert [table.loc[k, "negative_strength"] for k in shown[:10]] == sorted(expected.to_numpy(), reverse=True)[:10]
+
+
+def test_a_positive_only_index_has_no_negative_strength_column(tmp_path):
+    """An index that kept only each key's largest coefficients (`--sign positive`, a ReLU model's default) says
+    nothing of m < 0: the layer page has no 'strength m < 0' column of zeros and no note about m < 0."""
+    from ffkv.corpus import CorpusSpec
+    from ffkv.index.indexer import IndexOptions, build_index
+    from support.helpers import loaded_tiny
+    from support.runs import corpus_lines, sharpen
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(corpus_lines()) + "\n")
+    loaded = sharpen(loaded_tiny("gpt2"))
+    run = tmp_path / "run"
+    build_index(loaded, CorpusSpec(source=str(corpus), unit="line"), run, IndexOptions(top_k=3, sign="positive"),
+                progress=False)
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded), raise_server_exceptions=False) as c:
+        assert "negative_strength" not in c.app.state.data.layer_keys(0).columns
+        page = c.get("/layer/1").text
+        assert "largest m" in page and "strength m &lt; 0" not in page and 'id="signed-note"' not in page
+        assert c.get("/layer/1?sort=negative%20strength").status_code == 422
+
+
+def test_the_histogram_note_quotes_the_strongest_trigger_with_its_sign(tmp_path):
+    """A gated key whose most negative trigger example is its strongest: the note under the activation histogram
+    quotes that m with its minus sign (it said m = 8.152 for a key whose strongest example had m = -8.152)."""
+    from ffkv.presentation.style import number
+    from support.runs import index_run
+
+    run, loaded = index_run(tmp_path, family="llama")
+    te = pd.read_parquet(RunDir(run).table("trigger_examples")).query("layer == 0")
+    extremes = te.groupby("key")["coefficient"].agg(["min", "max"])
+    negative = extremes[-extremes["min"] > extremes["max"]]
+    assert len(negative), "the tiny gated model has a key whose strongest trigger example is negative"
+    key = int(negative.index[0])
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
+        page = c.get(f"/memory/1/{key}").text
+    assert f"The strongest trigger example reaches m = {number(negative.loc[key, 'min'])}." in page
+    assert number(negative.loc[key, "min"]).startswith("-")

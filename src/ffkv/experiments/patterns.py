@@ -486,11 +486,17 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
     controlled = "keys_any_semantic_control" in per_layer
     import matplotlib.pyplot as plt
 
-    n_panels = len(panels) + controlled
-    fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.8), constrained_layout=True, squeeze=False)
+    # At most two panels in a row: the report and the explorer show a figure in one column and
+    # `figures.legible` scales a wider figure's text up by its width, so three panels in a row collapse. With
+    # both bar panels, the control gets a row of its own (a subfigure) below them.
+    rows = 2 if len(panels) + controlled > 2 else 1
+    fig = plt.figure(figsize=(4.6 * min(2, len(panels) + controlled), 3.8 * rows), layout="constrained")
+    top, below = fig.subfigures(2, 1) if rows == 2 else (fig, fig)
+    row = top.subplots(1, len(panels) + (controlled and rows == 1), squeeze=False)[0]
+    axes = [list(row[:len(panels)])]
     x = per_layer["layer"].to_numpy()
     if controlled:  # each key-side share beside the random key directions of the same layer
-        ax = axes[0][-1]
+        ax = row[-1] if rows == 1 else below.subplots()
         for kind, color in (("shallow", COLORS["shallow"]), ("semantic", COLORS["semantic"])):
             column = f"keys_any_{kind}"
             keys_share = 100 * (per_layer[f"keys_{kind}"] + per_layer["keys_both"]).to_numpy(float)
@@ -503,7 +509,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
         ax.set_ylabel("% live keys / random directions")
         ax.set_title("Against random key directions", loc="left")
         layer_axis(ax, L)
-        ax.legend(fontsize=7, frameon=False, loc="upper left")
+        ax.legend(fontsize=7, frameon=False, loc="best")  # clear of the lines, wherever they run
     for ax, (prefix, ylabel) in zip(axes[0], panels):
         bottom = np.zeros(len(x))
         for label in ("shallow", "both", "semantic", "none"):
@@ -514,7 +520,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
         ax.set_ylabel(ylabel)
         layer_axis(ax, L)
     axes[0][0].set_title(f"Key patterns per layer, {title} (paper Fig. 2)", loc="left")
-    legend_outside(axes[0][-1], ncol=4)
+    legend_outside(axes[0][0], ncol=4)  # the label colours of the bars
     save_figure(fig, ctx.run.path, name)
 
 

@@ -370,11 +370,14 @@ class ExplorerData:
         """Per key of a layer (0-based): ``top_coefficient``, its largest m over the index (its rank-1 trigger
         example), and, where the index kept the most negative ones (``--sign both``), ``negative_strength``: -m of
         its most negative trigger example, 0 when even that one is positive."""
+        # NULL where the index kept no m < 0 (DuckDB's greatest() would read that NULL as 0: a column of zeros).
         table = self._query("SELECT key, max(coefficient) FILTER (WHERE direction = 1) AS top_coefficient, "
-                            "greatest(-min(coefficient) FILTER (WHERE direction = -1), 0) AS negative_strength "
+                            "-min(coefficient) FILTER (WHERE direction = -1) AS negative_strength "
                             "FROM triggers WHERE layer = ? AND rank = 0 GROUP BY key", [layer])
         if table["negative_strength"].isna().all():
             table = table.drop(columns="negative_strength")
+        else:
+            table["negative_strength"] = table["negative_strength"].clip(lower=0)
         return table.astype({"key": "int64"})
 
     def layer_summary(self) -> pd.DataFrame:

@@ -268,7 +268,8 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
     """What the memory templates need for layer index `layer` and key `key`."""
     m = data.memory(layer, key, projection)
     hist = m["histogram"]
-    top = max([abs(e["coefficient"]) for g in m["triggers"] for e in g["examples"]] or [0.0])
+    # The trigger example of largest |m|, with its sign (a gated key's strongest may be its most negative one).
+    top = max([e["coefficient"] for g in m["triggers"] for e in g["examples"]] or [0.0], key=abs)
     extreme = {d: [e["coefficient"] for g in m["triggers"] if g["direction"] == d for e in g["examples"]] for d in (1, -1)}
     strongest = {"positive": max(extreme[1], default=None), "negative": min(extreme[-1], default=None)}
     return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": PROJECTIONS,
