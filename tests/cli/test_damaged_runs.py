@@ -23,20 +23,9 @@ from ffkv.errors import DamagedRun
 from ffkv.models import loading
 from ffkv.store import atomic
 from support import tiny_cli
+from support.cli_runs import error_line, run
 
 TESTS = Path(__file__).resolve().parents[1]
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("ffkv: warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("ffkv: error: "), err
-    return lines[0]
 
 
 @pytest.fixture
@@ -53,9 +42,9 @@ def tables_of(run: Path) -> list[str]:
 def test_the_run_reads_whole(damaged, capsys):
     manifest = json.loads((damaged / "manifest.json").read_text())
     recorded = set(manifest["tables"])
-    assert {"examples.parquet", "trigger_examples.parquet"} <= recorded
-    assert {f"metrics/{name}.parquet" for name in tables_of(damaged)} == recorded - {"examples.parquet",
-                                                                                       "trigger_examples.parquet"}
+    index = {"examples.parquet", "trigger_examples.parquet", "control_trigger_examples.parquet", "control_keys.parquet"}
+    assert index <= recorded
+    assert {f"metrics/{name}.parquet" for name in tables_of(damaged)} == recorded - index
     code, out, _ = run(capsys, "status", "--verify", damaged)
     assert code == 0 and out.splitlines()[0] == f"{damaged}: complete" and "all as written" in out, out
 

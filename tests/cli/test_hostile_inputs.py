@@ -24,20 +24,9 @@ from ffkv.models import loading
 from ffkv.store import atomic
 from ffkv.store.annotations import read_labels
 from support import tiny_cli
+from support.cli_runs import error_line, run
 
 TESTS = Path(__file__).resolve().parents[1]
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("ffkv: warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("ffkv: error: "), err
-    return lines[0]
 
 
 @pytest.fixture
@@ -289,3 +278,33 @@ def test_host_headers_with_user_info_are_refused(analyzed, host):
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         r = c.get("/memory/1/0.json", headers={"host": host})
     assert r.status_code == 400 and "Host header" in r.text and "triggers" not in r.text
+
+
+def test_a_model_config_holding_a_list(tmp_path, capsys):
+    """The audit: a config.json holding a JSON list ended in an AttributeError."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("[1, 2]")
+    (tmp_path / "corpus.txt").write_text("a b\n")
+    code, _, err = run(capsys, "index", "--model", tmp_path / "model", "--corpus", tmp_path / "corpus.txt",
+                       "--out", tmp_path / "run", "--no-progress")
+    assert code == 2 and "its config.json is missing or not a model's configuration" in error_line(err)
+
+
+def test_analyze_on_a_full_disk_exits_1_and_status_names_it(analyzed, tmp_path, capsys, monkeypatch, tiny_gpt2):
+    """The audit: a full disk gave exit status 2 in `index` (now 1, tests/cli/test_failures.py) and 1 in
+    `analyze`; both are the file system's status, 1. ENOSPC at the third file analyze syncs."""
+    run_dir = Path(shutil.copytree(analyzed[0], tmp_path / "run"))
+    real, calls = atomic.fsync, []
+
+    def full(path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path)
+
+    monkeypatch.setattr(atomic, "fsync", full)
+    code, _, err = run(capsys, "analyze", run_dir, "--only", "values", "--no-progress")
+    assert code == 1 and f"No space left on device ({calls[2]})" in error_line(err)
+    monkeypatch.setattr(atomic, "fsync", real)
+    code, out, _ = run(capsys, "status", run_dir)
+    assert code == 3 and "the last `ffkv analyze` failed (No space left on device" in out

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from support.experiment_runs import make_run
+from support.helpers import replace_triggers
 from ffkv.errors import FfkvError
 from ffkv.experiments import analyze, export_sample
 from ffkv.store.annotations import import_csv
 from ffkv.experiments.patterns import cohen_kappa, masked_length
-from ffkv.store import atomic, schemas
 
 
 def set_triggers(run, rows):
@@ -21,9 +20,7 @@ def set_triggers(run, rows):
     df["coefficient"] = 1.0 - 0.01 * df["rank"]
     df["next_token_id"] = -1
     df["direction"] = 1
-    df = df[[f.name for f in schemas.TRIGGER_EXAMPLES]]
-    atomic.write_parquet(run / "trigger_examples.parquet",
-                         pa.Table.from_pandas(df, schema=schemas.TRIGGER_EXAMPLES, preserve_index=False))
+    replace_triggers(run, df)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from ffkv.memories.active import ACTIVE_FRACTION
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.store.run import RunDir
-from support.helpers import CharTokenizer
+from support.helpers import CharTokenizer, replace_triggers
 
 GATE_BIAS = 10.0
 PLANTED = {1: [(0, 3.0, {0: 1.0, 1: -2.0}), (1, -2.0, {2: 1.0, 3: -2.0}), (2, -0.05, {4: 1.0, 5: -2.0})],
@@ -132,7 +132,7 @@ def test_values_read_each_direction_apart(tmp_path):
     planted = (te["direction"] == -1) & (te["rank"] == 0) & (te["key"] % 2 == 0)
     te.loc[planted, "next_token_id"] = np.array([bottoms[int(l)][int(k)] for l, k in zip(
         te.loc[planted, "layer"], te.loc[planted, "key"])], dtype=te["next_token_id"].dtype)
-    te.to_parquet(run / "trigger_examples.parquet", index=False)
+    replace_triggers(run, te)
     analyze(run, only="values", loaded=loaded, progress=False)
     after = pd.read_parquet(run / "metrics" / "values.parquet")
     pd.testing.assert_frame_equal(before, after)  # the +1 direction alone, untouched by the -1 rows

@@ -31,7 +31,8 @@ def test_report_has_the_census_and_suppressed_sections(analyzed):
     census = page[page.index('id="analysis-census"'):page.index('id="analysis-suppressed"')]
     assert "metrics/census_layers.parquet" in census and "metrics/census_typical.parquet" in census
     assert "Voita et al. 2023" in census and "Measured here:" in census and "are dead" in census
-    assert census.count("<img") == 2  # the classes and the value types
+    assert census.count("<img") == 3  # the classes, the value types, and the classes of the random key directions
+    assert "metrics/census_control.parquet" in census
     suppressed = page[page.index('id="analysis-suppressed"'):]
     suppressed = suppressed[:suppressed.index("</section>")]
     assert "metrics/suppressed_examples.parquet" in suppressed and "metrics/suppressed.parquet" in suppressed

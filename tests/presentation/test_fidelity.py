@@ -89,20 +89,24 @@ def test_no_verdict_below_the_minimum_n_naming_the_fix():
     assert row["verdict"].startswith("too few examples (n = 4") and "--eval-corpus or --eval-split all" in row["verdict"]
 
 
-def patterns_table(semantic_top, control_top, control_low, recall=0.8, n=200):
+def patterns_table(semantic_top, control_top, control_low, recall=0.8, n=200, shallow_low=0.3):
     return pd.DataFrame({"layer": [0, 1], "keys_shallow": [0.5, 0.1], "keys_both": [0.0, 0.0],
                          "keys_semantic": [0.1, semantic_top], "keys_none": [0.4, 0.9 - semantic_top],
                          "n_keys": [n, n], "n_dead": [3, 0], "semantic_recall": [recall, recall],
                          "keys_any_shallow_control": [0.1, 0.1], "keys_any_semantic_control": [0.04, control_top],
                          "keys_any_semantic_minus_control": [0.06, semantic_top - control_top],
                          "keys_any_semantic_minus_control_ci_low": [0.01, control_low],
-                         "keys_any_semantic_minus_control_ci_high": [0.1, 0.3]})
+                         "keys_any_semantic_minus_control_ci_high": [0.1, 0.3],
+                         "keys_any_shallow_minus_control": [0.4, 0.0], "keys_any_shallow_minus_control_ci_low": [
+                             shallow_low, -0.05], "keys_any_shallow_minus_control_ci_high": [0.5, 0.05]})
 
 
 def test_figure_2_is_read_against_random_key_directions_and_the_labelers_recall():
     assert by_figure(fidelity({"patterns": patterns_table(0.3, 0.05, 0.1)}))["Figure 2"] is True
     # More semantic keys at the top than at the bottom, but no more than random directions give there.
     assert by_figure(fidelity({"patterns": patterns_table(0.3, 0.28, -0.05)}))["Figure 2"] is False
+    # Shallow keys at the bottom, but random directions of layer 1 end their prefixes alike as often (stories260K).
+    assert by_figure(fidelity({"patterns": patterns_table(0.3, 0.05, 0.1, shallow_low=-0.02)}))["Figure 2"] is False
     row = fidelity({"patterns": patterns_table(0.3, 0.05, 0.1, recall=0.06)}).set_index("figure").loc["Figure 2"]
     assert pd.isna(row["reproduces"]) and "finds only 6.0% of planted topics" in row["verdict"]
     no_control = patterns_table(0.3, 0.05, 0.1).drop(columns=[c for c in patterns_table(0, 0, 0) if "control" in c])

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
+
+import pandas as pd
+import pyarrow as pa
 
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
+from ffkv.store import atomic, schemas
+from ffkv.store.run import RunDir
 from support.tiny_models import VOCAB, tiny_model
 
 
@@ -57,3 +63,15 @@ def assert_memory_view_consistent(view, cap, activation=None) -> None:
             ff = ff + view.value_bias(layer)
         torch.testing.assert_close(cap["ff_out"][layer], ff, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cap["resid_post"][layer], cap["resid_mid"][layer] + cap["ff_out"][layer])
+
+
+def replace_triggers(run: str | Path, triggers: pd.DataFrame) -> None:
+    """Replace a run's trigger_examples.parquet by hand-set rows (its schema) and record the new table in the
+    manifest as the index would, so that the integrity check (`ffkv.store.integrity`) reads it as written."""
+    run = RunDir(run)
+    table = pa.Table.from_pandas(triggers[[f.name for f in schemas.TRIGGER_EXAMPLES]], schema=schemas.TRIGGER_EXAMPLES,
+                                 preserve_index=False)
+    atomic.write_parquet(run.table("trigger_examples"), table)
+    manifest = run.manifest()
+    run.record_table(manifest, run.table("trigger_examples").name, "index")
+    run.write_manifest(manifest)

@@ -167,7 +167,7 @@ def draw_tau(ctx: RunContext, curve: pd.DataFrame) -> bool:
         return False
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 1, figsize=(5.5, 6.4), constrained_layout=True, sharex=True)
     colors = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(TAU_CURVE)))
     for (t, g), color in zip(curve.groupby("tau"), colors):
         g = g.sort_values("layer")
@@ -177,12 +177,13 @@ def draw_tau(ctx: RunContext, curve: pd.DataFrame) -> bool:
         axes[0].plot(g["layer"], 100 * g["mean_share_active"], **style)
         axes[1].plot(g["layer"], 100 * g["mean_left_out"], **style)
     axes[0].set_ylabel(f"% of the {ctx.view.d_m:,} memories active")
-    axes[1].set_ylabel("% of ‖FF(x)‖ written by the\nmemories counted inactive")
+    axes[1].set_ylabel("% of ‖FF(x)‖ written by\nthe memories counted inactive")
     axes[0].set_ylim(0, 100)
     axes[1].set_ylim(0, max(5.0, 110 * float(curve["mean_left_out"].max())))
     for ax in axes:
         layer_axis(ax, ctx.view.n_layers)
-    axes[0].set_title(f"Active memories over the rule's tau (paper Fig. 7), n = {int(curve['n_examples'].iloc[0]):,}",
+    axes[0].set_xlabel("")
+    axes[0].set_title(f"Active memories over tau (paper Fig. 7), n = {int(curve['n_examples'].iloc[0]):,}",
                       loc="left")
     legend_outside(axes[1])
     save_figure(fig, ctx.run.path, f"{NAME}_tau")

@@ -315,12 +315,15 @@ def _rows_for(name: str, t: pd.DataFrame, projection: str, label: str = "") -> l
         ok = bool(sh.iloc[0] > sh.iloc[-1] and se.iloc[-1] > se.iloc[0])
         chance, blocked = "", None
         if controlled:
-            rule += (", and the top layer's semantic share lies above its random key directions' (95% interval of "
-                     "the difference above 0)")
+            rule += (", and layer 1's shallow share and the top layer's semantic share each lie above their random "
+                     "key directions' (95% interval of the difference above 0)")
             ok = ok and float(last["keys_any_semantic_minus_control_ci_low"]) > 0
+            if "keys_any_shallow_minus_control_ci_low" in tt:
+                ok = ok and float(first["keys_any_shallow_minus_control_ci_low"]) > 0
             chance = (f"random key directions: shallow {_pct(first.keys_any_shallow_control)} (layer 1), semantic "
-                      f"{_pct(last.keys_any_semantic_control)} (layer {L}); top layer's semantic share minus "
-                      f"theirs {_diff(last, 'keys_any_semantic', 'control')}")
+                      f"{_pct(last.keys_any_semantic_control)} (layer {L}); layer 1's shallow share minus theirs "
+                      f"{_diff(first, 'keys_any_shallow', 'control')}, top layer's semantic share minus theirs "
+                      f"{_diff(last, 'keys_any_semantic', 'control')}")
         else:
             blocked = "no verdict: the run holds no random-key control (index again with ffkv's current version)"
         recall = float(last["semantic_recall"]) if "semantic_recall" in tt else math.nan
