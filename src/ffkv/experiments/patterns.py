@@ -398,7 +398,7 @@ def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
     for key_row in per_key.itertuples():
         if key_row.dead:
             l, k = key_row.Index
-            descriptions.append(f"dead: never active over the indexed corpus (largest |m| {largest[l, k]:.3g}, "
+            descriptions.append(f"never active over the indexed corpus (largest |m| {largest[l, k]:.3g}, "
                                 f"at or below the active rule's {active_threshold(ctx)[l]:.3g})")
             continue
         rows = groups[key_row.Index]

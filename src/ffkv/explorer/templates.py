@@ -99,7 +99,7 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 {% if m.dead %}<p class="warn" id="never-fired"><strong>This memory never fired.</strong> No position of the indexed corpus makes it active
 (|m| &gt; tau·s_l; docs/definitions.md, dead keys): the rows below are only its largest coefficients, none of them active, not trigger examples.
 It is left out of the pattern shares (Figure 2).</p>{% endif %}
-{% for group in m.triggers %}<h2>{% if m.dead %}Largest coefficients, none active{% else %}Trigger examples{% endif %}: {{ group.title }}</h2>
+{% for group in m.triggers %}<h2>{% if m.dead %}None active, {{ group.title }}{% else %}Trigger examples: {{ group.title }}{% endif %}</h2>
 <p class="note">{% if group.direction < 0 %}Here m &lt; 0: the memory promotes its value's bottom tokens. {% endif %}Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
 The trigger position is boxed, the next token underlined.</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
