@@ -140,3 +140,24 @@ def test_chance_levels_equal_a_brute_force_over_the_same_pairs(both):
     per_layer = run.read_metric("composition").set_index("layer")
     paired = layer0[layer0["partner_example_id"] != layer0["example_id"]]
     assert per_layer.loc[0, "composition_rate_chance"] == pytest.approx(1 - paired["ff_matches_partner"].mean())
+
+
+def test_the_explorer_says_the_dead_key_never_fired_and_names_the_massive_activation(both, tmp_path):
+    """What a reader sees, from the tables the real pipeline wrote: the dead key's page says it never fired and
+    heads its rows as inactive; the overview of the run with the planted outlier names it, the other's does not."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from ffkv.explorer import create_app
+
+    (plain, plain_loaded), (massive, massive_loaded) = both
+    for name, run, loaded in (("plain", plain, plain_loaded), ("massive", massive, massive_loaded)):
+        copy = RunDir(shutil.copytree(run.path, tmp_path / name))
+        analyze(copy.path, only="lookups", loaded=loaded, progress=False)
+        with TestClient(base_url="http://127.0.0.1:8000", app=create_app(copy.path, loaded=loaded)) as client:
+            dead, live = client.get("/memory/1/0").text, client.get("/memory/1/1").text
+            overview = client.get("/").text
+        assert 'id="never-fired"' in dead and "None active" in dead  # planted in both models
+        assert 'id="never-fired"' not in live and "None active" not in live
+        assert ("<h2>Massive activations</h2>" in overview) is (run is massive)
