@@ -58,9 +58,9 @@ import torch
 from ffkv.batching import RowBatches, length_batches
 from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
-from ffkv.experiments.dead import active_threshold, dead_keys
+from ffkv.experiments.dead import dead_keys
 from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.heldout import active_scale
+from ffkv.experiments.heldout import active_scale, active_threshold
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.active import active as active_memories
 from ffkv.memories.controls import RandomKeys

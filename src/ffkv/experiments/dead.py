@@ -2,7 +2,7 @@
 
 The index holds, for every key, its largest coefficient over the whole indexed corpus (its rank-0 trigger
 example) and, for signed models, its most negative one. A key is **dead** when neither passes the active rule
-of `ffkv.memories.active` (|m_i| > tau·s_l, s_l of `ffkv.experiments.heldout.active_scale`; m_i > 0 for ReLU):
+of `ffkv.memories.active` (|m_i| > tau·s_l, `ffkv.experiments.heldout.active_threshold`; m_i > 0 for ReLU):
 no position of the corpus activates it. A dead key's "trigger examples" are only its least inactive prefixes,
 so every study treats it as dead: the patterns label it ``dead`` and leave it out of Figure 2's shares, the
 census classes it dead, the explorer says it never fired.
@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ffkv.experiments.common import RunContext
-from ffkv.experiments.heldout import coefficient_scale
-from ffkv.memories.active import active_fraction
+from ffkv.experiments.heldout import active_threshold
 
 
 def largest_coefficients(ctx: RunContext, control: bool = False) -> np.ndarray:
@@ -33,14 +32,6 @@ def largest_coefficients(ctx: RunContext, control: bool = False) -> np.ndarray:
     return largest
 
 
-def active_threshold(ctx: RunContext) -> np.ndarray:
-    """(L,) tau·s_l of the active rule (0 for ReLU models, whose rule is m_i > 0)."""
-    tau = active_fraction(ctx.view)
-    if tau == 0:
-        return np.zeros(ctx.view.n_layers)
-    return tau * coefficient_scale(ctx)
-
-
 def dead_keys(ctx: RunContext, control: bool = False) -> np.ndarray:
     """(L, n) bool: the keys (or control memories) that no position of the indexed corpus activates."""
     def compute() -> np.ndarray:
@@ -48,4 +39,4 @@ def dead_keys(ctx: RunContext, control: bool = False) -> np.ndarray:
     return ctx.once(("dead_keys", control), compute)
 
 
-__all__ = ["active_threshold", "dead_keys", "largest_coefficients"]
+__all__ = ["dead_keys", "largest_coefficients"]

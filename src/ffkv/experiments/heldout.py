@@ -237,6 +237,13 @@ def coefficient_scale(ctx: RunContext) -> np.ndarray:
     return active_scale(ctx).scale
 
 
+def active_threshold(ctx: RunContext) -> np.ndarray:
+    """(L,) tau·s_l of the active rule, the one threshold every study uses (0 for ReLU models, whose rule is
+    m_i > 0)."""
+    tau = active_fraction(ctx.view)
+    return tau * coefficient_scale(ctx) if tau > 0 else np.zeros(ctx.view.n_layers)
+
+
 def _partners(n: int, seed: int, first_row: int) -> np.ndarray:
     """A seeded cyclic shift of n rows (positions within a batch): each row's partner for the chance levels,
     never itself when n > 1."""
@@ -258,7 +265,7 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
     pv = ctx.projections.values
     device = view.device
     tau = active_fraction(view)
-    threshold = tau * coefficient_scale(ctx) if tau > 0 else np.zeros(L)
+    threshold = active_threshold(ctx)
     tokens = [value_tokens(ctx, layer) for layer in range(L)]
     tops = [torch.as_tensor(t, device=device) for t, _ in tokens]
     bottoms = [torch.as_tensor(b, device=device) for _, b in tokens]

@@ -38,7 +38,8 @@ from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.experiments.common import RunContext, as_numpy, control_with_interval, progress_bar
-from ffkv.experiments.dead import active_threshold, dead_keys, largest_coefficients
+from ffkv.experiments.dead import dead_keys, largest_coefficients
+from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
 from ffkv.models.token_display import sequence_strings
 from ffkv.presentation.findings import wilson_interval

@@ -27,7 +27,7 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.heldout import (_final_logits, _rows, analysed_positions, coefficient_scale,
+from ffkv.experiments.heldout import (_final_logits, _rows, active_threshold, analysed_positions,
                                       memory_predictions)
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
@@ -73,8 +73,7 @@ def capture(ctx: RunContext) -> dict[str, np.ndarray]:
     view, held = ctx.view, ctx.held_out()
     L, N = view.n_layers, len(held.examples)
     pv, pr = ctx.projections.values, ctx.projections.residuals
-    tau = active_fraction(view)
-    threshold = tau * coefficient_scale(ctx) if tau > 0 else np.zeros(L)
+    threshold = active_threshold(ctx)
     tokens = [value_tokens(ctx, layer) for layer in range(L)] if pv == "identity" else None
     out = {"n_knowing": np.zeros((N, L), np.int32), "best_key": np.full((N, L), -1, np.int32),
            "best_coefficient": np.zeros((N, L), np.float32), "best_delta_p": np.full((N, L), np.nan, np.float32),
