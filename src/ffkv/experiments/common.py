@@ -28,6 +28,7 @@ from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
 from ffkv.presentation.findings import MIN_VERDICT_N, wilson_interval
+from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -108,15 +109,10 @@ def chance_with_interval(observed: np.ndarray, chance: np.ndarray, name: str,
     if b.dtype == bool:
         out.update({k.replace(name, f"{name}_chance", 1): v for k, v in share_with_interval(b, name).items()})
     else:
-        b = b.astype(np.float64)
-        half = 1.959963984540054 * b.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan
-        mean = float(b.mean()) if n else float("nan")
-        out.update({f"{name}_chance": mean, f"{name}_chance_ci_low": mean - half, f"{name}_chance_ci_high": mean + half})
-    d = a.astype(np.float64) - b.astype(np.float64)
-    mean = float(d.mean()) if n else float("nan")
-    half = 1.959963984540054 * d.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
-    out.update({f"{name}_minus_chance": mean, f"{name}_minus_chance_ci_low": mean - half,
-                f"{name}_minus_chance_ci_high": mean + half})
+        mean, low, high = paired_mean_interval(b)
+        out.update({f"{name}_chance": mean, f"{name}_chance_ci_low": low, f"{name}_chance_ci_high": high})
+    mean, low, high = paired_mean_interval(a.astype(np.float64) - b.astype(np.float64))
+    out.update({f"{name}_minus_chance": mean, f"{name}_minus_chance_ci_low": low, f"{name}_minus_chance_ci_high": high})
     return out
 
 

@@ -22,6 +22,7 @@ from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_
                                      save_figure)
 from ffkv.experiments.heldout import TAU_CURVE, active_scale, capture_eval
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
+from ffkv.presentation.intervals import paired_mean_interval
 
 NAME = "composition"
 TOP_MATCH_TOKENS = 20
@@ -92,11 +93,10 @@ def tau_curve(cap, d_m: int) -> pd.DataFrame:
             for c, t in enumerate(TAU_CURVE):
                 left = cap.tau_left_out[:, layer, c].astype(np.float64)
                 share = cap.tau_active[:, layer, c] / d_m
-                half = 1.959963984540054 * left.std(ddof=1) / np.sqrt(len(left)) if len(left) > 1 else np.nan
+                mean, low, high = paired_mean_interval(left)
                 rows.append({"layer": layer, "tau": t, "chosen": bool(np.isclose(t, cap.tau)),
                              "mean_share_active": float(share.mean()), "median_share_active": float(np.median(share)),
-                             "mean_left_out": float(left.mean()), "mean_left_out_ci_low": float(left.mean() - half),
-                             "mean_left_out_ci_high": float(left.mean() + half),
+                             "mean_left_out": mean, "mean_left_out_ci_low": low, "mean_left_out_ci_high": high,
                              "median_left_out": float(np.median(left)), "n_examples": len(left)})
     return pd.DataFrame(rows, columns=["layer", "tau", "chosen", "mean_share_active", "median_share_active",
                                        "mean_left_out", "mean_left_out_ci_low", "mean_left_out_ci_high",
