@@ -9,7 +9,7 @@
 # then one device `run` per part, each under its 10-minute limit, naming `.gpu` in `carry`:
 #
 #     bash benchmarks/gpu_session.sh tests     # GPU tests: same triggers as the CPU, no host sync, reducer on CUDA
-#     bash benchmarks/gpu_session.sh ratios    # GPT-2 small (with its per-batch timing) and the paper's shape
+#     bash benchmarks/gpu_session.sh ratios    # GPT-2 small (per-batch timing, a profiler timeline) and the paper's shape
 #     bash benchmarks/gpu_session.sh llama     # the 8B shape: tokens/s, ratio, peak memory, 95M-token projection
 #     bash benchmarks/gpu_session.sh compile   # torch.compile and the capture
 #
@@ -44,7 +44,7 @@ case "$part" in
         ;;
     ratios)
         python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 --batch-size 512 \
-            --max-batch-tokens 65536 --repeats 2 --per-batch 2>&1 | tee -a "$log"
+            --max-batch-tokens 65536 --repeats 2 --per-batch --timeline "${OUT:-/tmp}/timeline" 2>&1 | tee -a "$log"
         python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --shape paper --sentences 20000 \
             --corpus-repeats 8 --batch-size 512 --max-batch-tokens 65536 --repeats 2 2>&1 | tee -a "$log"
         ;;

@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--control-keys", type=int, default=None,
                         help="random control memories per layer indexed beside the keys (default: ffkv index's)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeline", type=Path, default=None,
+                        help="also profile a few batches, plain and indexed, into this folder (Chrome traces) "
+                             "and print the operations that take the most time")
     parser.add_argument("--per-batch", action="store_true",
                         help="also time each batch's forward with and without the index's reduction, back to back")
     args = parser.parse_args()
@@ -61,7 +64,9 @@ def main() -> None:
     from ffkv.batching import collate, length_batches, windows
     from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture, run_forward
     from ffkv.index.reducer import TriggerReducer
+    from ffkv.index.sinks import ControlledReducer
     from ffkv.index.topk import TopKState
+    from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 
     n_layers = args.layers or SHAPES[args.shape][0]
     d_m = SHAPES[args.shape][3]
@@ -90,13 +95,23 @@ def main() -> None:
         for b in batches:
             run_forward(loaded, b)
 
-    def per_batch() -> tuple[float, float]:
-        """Each batch's plain forward and its forward with reduction and merge, timed back to back
-        (alternating which goes first), with the state carried through the corpus as in a run."""
+    def new_reducer():
+        """The index's reducer of this shape, empty: the keys' and, by default, the random control keys'."""
         view = loaded.view
         rows = view.d_m * (2 if args.sign == "both" else 1)
-        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, args.top_k, view.device), args.mode,
-                                 signed=args.sign == "both")
+        signed = args.sign == "both"
+        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, args.top_k, view.device), args.mode, signed=signed)
+        n_control = DEFAULT_CONTROL_KEYS if args.control_keys is None else args.control_keys
+        if n_control:  # the random control keys ride in the same pass, as in `ffkv index`
+            control_rows = n_control * (2 if signed else 1)
+            control = TriggerReducer(TopKState.empty(view.n_layers, control_rows, args.top_k, view.device),
+                                     args.mode, signed=signed)
+            reducer = ControlledReducer(reducer, control, RandomKeys(view, n_control))
+        return reducer
+
+    def passes():
+        """One batch's plain forward, and its forward with the reduction and merge of a new reducer."""
+        reducer = new_reducer()
 
         def plain_pass(b):
             run_forward(loaded, b)
@@ -105,6 +120,12 @@ def main() -> None:
             with index_capture(loaded, reducer):
                 index_batch(loaded, reducer, b)
 
+        return plain_pass, reduced_pass, reducer
+
+    def per_batch() -> tuple[float, float]:
+        """Each batch's plain forward and its forward with reduction and merge, timed back to back
+        (alternating which goes first), with the state carried through the corpus as in a run."""
+        plain_pass, reduced_pass, reducer = passes()
         plain = reduce = 0.0
         for n, b in enumerate(batches):
             order = (plain_pass, reduced_pass) if n % 2 == 0 else (reduced_pass, plain_pass)
@@ -112,6 +133,29 @@ def main() -> None:
             plain += seconds[plain_pass]
             reduce += seconds[reduced_pass]
         return plain, reduce + timed(reducer.flush)  # candidates the CPU still buffers
+
+    def timeline(folder: Path, n: int = 8) -> None:
+        """A profiler's timeline of n batches, plain and with the index's reduction and merge (a warm-up
+        batch first): the operations that take the most device (or CPU) time, and a Chrome trace of each."""
+        from torch.profiler import ProfilerActivity, profile
+
+        folder.mkdir(parents=True, exist_ok=True)
+        plain_pass, reduced_pass, reducer = passes()
+        some = batches[:n + 1]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        for name, step in (("forward", plain_pass), ("index", reduced_pass)):
+            step(some[0])
+            with profile(activities=activities) as prof:
+                for b in some[1:]:
+                    step(b)
+                if name == "index":
+                    reducer.flush()
+                if cuda:
+                    torch.cuda.synchronize()
+            prof.export_chrome_trace(str(folder / f"timeline-{name}.json"))
+            print(f"timeline, {name}, {len(some) - 1} batches (trace: {folder / f'timeline-{name}.json'}):")
+            print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
 
     streaming: list[float] = []  # each index run's pass over the corpus, before its tables are written
 
@@ -158,6 +202,8 @@ def main() -> None:
         scale = SHAPES[args.shape][0] / n_layers
         print(f"  the full {SHAPES[args.shape][0]} layers, extrapolated linearly in depth (blocks only): "
               f"forward {hours(f) * scale:.2f} h, index pass {hours(s) * scale:.2f} h")
+    if args.timeline is not None:
+        timeline(args.timeline)
     if args.per_batch:
         plain, reduce = per_batch()
         print(f"per batch, back to back: forward {plain:.2f} s, forward with reduction and merge {reduce:.2f} s: "

@@ -13,7 +13,9 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import CorpusReader, CorpusSpec
 from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture
 from ffkv.index.reducer import TriggerReducer
+from ffkv.index.sinks import ControlledReducer
 from ffkv.index.topk import TopKState
+from ffkv.memories.controls import RandomKeys
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from support.helpers import loaded_tiny
@@ -38,29 +40,35 @@ def corpus(tmp_path):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_gpu_index_names_the_cpu_index_triggers(tmp_path, corpus, family):
-    """float32 on both devices: the same trigger ids, positions and order; coefficients within 1e-4 (the GPU's
-    matrix products sum in another order)."""
-    options, batching = IndexOptions(top_k=5), BatchOptions(batch_size=8)
+    """float32 on both devices: the same trigger ids, positions and order, for the model's keys and for the
+    random control keys indexed beside them; coefficients within 1e-4 (the GPU's matrix products sum in another
+    order)."""
+    options, batching = IndexOptions(top_k=5, control_keys=16), BatchOptions(batch_size=8)
     cpu = build_index(loaded_tiny(family), corpus, tmp_path / "cpu", options, batching, progress=False)
     gpu = build_index(_on_gpu(loaded_tiny(family)), corpus, tmp_path / "gpu", options, batching, progress=False)
-    a = pq.read_table(cpu.table("trigger_examples")).to_pandas()
-    b = pq.read_table(gpu.table("trigger_examples")).to_pandas()
-    assert len(a) == len(b) > 0
-    assert a[IDENTITY].equals(b[IDENTITY])
-    torch.testing.assert_close(torch.tensor(b["coefficient"].to_numpy()), torch.tensor(a["coefficient"].to_numpy()),
-                               rtol=1e-4, atol=1e-5)
+    for table in ("trigger_examples", "control_trigger_examples"):
+        a = pq.read_table(cpu.table(table)).to_pandas()
+        b = pq.read_table(gpu.table(table)).to_pandas()
+        assert len(a) == len(b) > 0, table
+        assert a[IDENTITY].equals(b[IDENTITY]), table
+        torch.testing.assert_close(torch.tensor(b["coefficient"].to_numpy()),
+                                   torch.tensor(a["coefficient"].to_numpy()), rtol=1e-4, atol=1e-5)
 
 
-def test_index_loop_never_waits_for_the_gpu(corpus):
+@pytest.mark.parametrize("controlled", [False, True])
+def test_index_loop_never_waits_for_the_gpu(corpus, controlled):
     """Reducing and merging a batch launch work only: no op in the loop copies a result back to the host
-    (torch's sync debug mode raises on any that does). Batches are moved to the GPU beforehand, as the
-    prefetching workers do."""
+    (torch's sync debug mode raises on any that does), with or without the random control keys. Batches are
+    moved to the GPU beforehand, as the prefetching workers do."""
     loaded = _on_gpu(loaded_tiny("gpt2"))
     view = loaded.view
     examples = list(CorpusReader(corpus, loaded.tokenizer))
     batches = [collate(group, loaded.tokenizer.pad_id, (), 32).to("cuda") for group in length_batches(examples, 8, None)]
     state = TopKState.empty(view.n_layers, 2 * view.d_m, 5, "cuda")
     reducer = TriggerReducer(state, "example", signed=True)
+    if controlled:
+        control = TopKState.empty(view.n_layers, 2 * 16, 5, "cuda")
+        reducer = ControlledReducer(reducer, TriggerReducer(control, "example", signed=True), RandomKeys(view, 16))
     with index_capture(loaded, reducer):
         index_batch(loaded, reducer, batches[0])  # first use: allocations and kernel loading
         torch.cuda.synchronize()

@@ -133,7 +133,7 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> Loaded
 
     Args:
         name: ``ffkv-tiny`` (or another registered name), a local directory in
-            Hugging Face (or fairseq) format, or a hub id.
+            Hugging Face (or fairseq) format, a GGUF file (``ffkv.models.gguf_lm``), or a hub id.
         dtype: ``float32`` (exact reference), ``float16`` or ``bfloat16``.
         device: a torch device string such as ``cpu`` or ``cuda:0``.
     """
@@ -145,14 +145,14 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> Loaded
         raise FfkvError(f"unknown device {device!r}; use e.g. cpu, cuda or cuda:1") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise FfkvError(f"device {device!r} asked for, but no CUDA GPU is available here; use --device cpu")
-    if Path(name).exists() and not Path(name).is_dir():
-        raise FfkvError(f"model path {name!r} is a file; give the model's directory")
     for loader in LOADERS:
         found = loader(name, DTYPES[dtype], device)
         if found is not None:
             model, tokenizer = found
             break
     else:
+        if Path(name).exists() and not Path(name).is_dir():
+            raise FfkvError(f"model path {name!r} is a file; give the model's directory (or a .gguf file)")
         model, tokenizer = _load_hf(name, DTYPES[dtype], device)
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
     model.requires_grad_(False)
