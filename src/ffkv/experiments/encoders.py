@@ -11,7 +11,8 @@ the whole example (both directions), and the experiments that carry over run at 
   its MLM head's output there.
 
 Each experiment states whether it applies (`ffkv.experiments.registry.Encoder`). Those marked as not
-applying are skipped by `analyze` for an encoder (nothing is computed for them) and the run's ``encoder_applicability`` table says so, figure by figure, in the report.
+applying are skipped by `analyze` for an encoder (nothing is computed for them) and the run's
+``encoder_applicability`` table says so, figure by figure, in the report.
 """
 
 from __future__ import annotations

@@ -53,4 +53,5 @@ def write_fidelity(run: RunDir) -> None:
         return
     projections = {name: str(run.metric_description(name).get("projection", "")) for name in tables}
     run.write_metric("fidelity", fidelity(tables, projections), {
-        "sources": sorted(tables), "rule": "each row states its own rule; reproduces is that rule on this run's tables"})
+        "sources": sorted(tables),
+        "rule": "each row states its own rule; reproduces is that rule on this run's tables"})

@@ -170,15 +170,12 @@ def run(ctx: RunContext) -> dict:
 
 
 # ------------------------------------------------ membership: the paper's findings, its reading and fidelity rules
-#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
-FINDINGS: dict[str, Finding] = {
-    "membership": Finding("Section 8", (
-        "(Beyond the paper, which names it as future work.) Memories that store training text should fire "
-        "differently on training examples than on unseen ones: a membership signal, compared here with the "
-        "standard loss-based baseline on the same examples.")),
-}
-# The other tables and figures of the study stand beside the finding they belong to.
-FINDINGS.update({"membership_examples": FINDINGS["membership"]})
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Section 8", (
+    "(Beyond the paper, which names it as future work.) Memories that store training text should fire "
+    "differently on training examples than on unseen ones: a membership signal, compared here with the "
+    "standard loss-based baseline on the same examples."))
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:

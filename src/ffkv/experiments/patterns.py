@@ -662,7 +662,8 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
         dead = f"; dead keys left out: {int(tt['n_dead'].sum()):,}" if "n_dead" in tt else ""
         rows.append(verdict_row(
             "patterns", "Figure 2",
-            f"shallow keys (labelled shallow or both) {pct(sh.iloc[0])} (layer 1) -> {pct(sh.iloc[-1])} (layer {L}); semantic "
+            f"shallow keys (labelled shallow or both) {pct(sh.iloc[0])} (layer 1) -> {pct(sh.iloc[-1])} "
+            f"(layer {L}); semantic "
             f"(semantic or both) {pct(se.iloc[0])} -> {pct(se.iloc[-1])}{dead}", rule, ok,
             n_of(tt, "n_keys"), chance, "live keys", blocked))
     return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)

@@ -515,16 +515,12 @@ def summary_line(table: pd.DataFrame) -> str:
 
 # ------------------------------------------------ the paper's findings, the fidelity rules, the reading
 
-#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
-FINDINGS: dict[str, Finding] = {
-    "pruning": Finding("Beyond the paper", (
-        "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every "
-        "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
-        "criterion must beat.")),
-}
-# The other tables and figures of the study stand beside the finding they belong to.
-FINDINGS.update({"pruning_summary": FINDINGS["pruning"]})
-
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Beyond the paper", (
+    "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every "
+    "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
+    "criterion must beat."))
+FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}
 
 
 EXPERIMENT = Experiment(

@@ -215,20 +215,18 @@ def run(ctx: RunContext) -> dict:
 
 
 # ------------------------------------------------ suppressed: the paper's findings, its reading and fidelity rules
-#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
-FINDINGS: dict[str, Finding] = {
-    "suppressed": Finding("Beyond the paper", (
-        "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an "
-        "active memory's own sub-update ranked the gold next token first, and how much it moved the gold "
-        "token's probability.")),
-}
-# The other tables and figures of the study stand beside the finding they belong to.
-FINDINGS.update({"suppressed_examples": FINDINGS["suppressed"]})
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Beyond the paper", (
+    "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an "
+    "active memory's own sub-update ranked the gold next token first, and how much it moved the gold "
+    "token's probability."))
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
     """Suppressed memories on this model: where the prediction is wrong, how often an active memory's
-    sub-update ranked the gold token first, in the first and last layers; None for its other tables. Layers count from 1."""
+    sub-update ranked the gold token first, in the first and last layers; None for its other tables. Layers count
+    from 1."""
     t, first, last, n_first, n_last = layer_ends(table)
     if name == "suppressed" and "suppressed_rate" in t:
         top = t.loc[t["suppressed_rate"].idxmax()]

@@ -2,12 +2,12 @@
 
 Tables and figures are found through the run directory (`RunDir.metric_names`, `figure_names`)
 and grouped by the experiment whose name they start with; the experiments, their titles, findings,
-reading sentences and tables for reading are the registry's (`ffkv.experiments.registry`). A section shows its figures beside
-the paper's finding, the sentence on this model that `ffkv.presentation.findings` gives (none
-when it gives none: a sentence is never made up from an arbitrary column), how the numbers were
-computed (projection, n), the warnings of its tables, its per-layer tables in full, a few rows
-of the tables meant for reading (the paper's Tables 2 and 3, the matched tokens), and the
-names of its larger tables.
+reading sentences and tables for reading are the registry's (`ffkv.experiments.registry`). A section
+shows its figures beside the paper's finding, the sentence on this model that its experiment gives
+(none when it gives none: a sentence is never made up from an arbitrary column), how the numbers were
+computed (projection, n), the warnings of its tables, its per-layer tables in full, a few rows of the
+tables meant for reading (the paper's Tables 2 and 3, the matched tokens), and the names of its larger
+tables.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
             description = run.metric_description(name)
             section.warnings += [str(w) for w in description.get("warnings", []) or []]
             if name == group:
-                fields = HOW_FIELDS + tuple(registry.experiments()[group].how if group in registry.experiments() else ())
+                own = registry.experiments().get(group)
+                fields = HOW_FIELDS + (own.how if own is not None else ())
                 section.how = [(k.replace("_", " "), _text(description[k])) for k in dict.fromkeys(fields)
                                if k in description]
                 finding = registry.paper_finding(name) or {}
