@@ -66,8 +66,8 @@ def _seconds(text: str) -> float:
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="ffkv-tiny",
-                   help="ffkv-tiny (embedded), a local Hugging Face or fairseq model directory, a GGUF file (pip install 'ffkv[gguf]'), or a hub id "
-                        "(default: %(default)s)")
+                   help="ffkv-tiny (embedded), a local Hugging Face or fairseq model directory, a GGUF file "
+                        "(pip install 'ffkv[gguf]'), or a hub id (default: %(default)s)")
     g.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                    help="float32 is the exact reference (default: %(default)s)")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")

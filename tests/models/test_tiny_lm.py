@@ -98,6 +98,23 @@ def test_save_load_roundtrip(tmp_path):
     assert loaded.view.n_layers == LAYERS
 
 
+def test_generate_after_loading_with_the_auto_classes_is_the_greedy_loop(tmp_path):
+    """A saved ffkv_lm (as `ffkv prune` and `ffkv train` write one) loads with transformers' Auto class and
+    generates: greedy `generate` equals appending each step's argmax by hand."""
+    from transformers import AutoModelForCausalLM
+
+    _tiny().save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(model).__name__ == "FfkvLMForCausalLM"
+    ids = _batch()[0][:, :4]
+    out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = ids
+    with torch.no_grad():
+        for _ in range(6):
+            expected = torch.cat([expected, model(expected).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert out.shape == (3, 10) and torch.equal(out, expected)
+
+
 @pytest.mark.skipif(not (tiny_path() / "config.json").is_file(), reason="ffkv-tiny checkpoint not built")
 def test_embedded_ffkv_tiny():
     loaded = load_model("ffkv-tiny")

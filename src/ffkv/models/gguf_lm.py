@@ -54,8 +54,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types; the user needs one line
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise FfkvError(f"cannot read {str(path)!r} as a GGUF model ({type(exc).__name__}: {first})") from None
+        raise FfkvError(f"cannot read {str(path)!r} as a GGUF model ({_first_line(exc)})") from None
     arch = next((a for a in ARCHITECTURES if config.model_type in a.model_types and not a.encoder), None)
     if arch is None:
         raise FfkvError(f"unsupported architecture {config.model_type!r} in {str(path)!r}; ffkv supports: "
@@ -64,9 +63,13 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise FfkvError(f"cannot load the model in {str(path)!r} ({type(exc).__name__}: {first})") from None
+        raise FfkvError(f"cannot load the model in {str(path)!r} ({_first_line(exc)})") from None
     return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
+
+
+def _first_line(exc: Exception) -> str:
+    """An exception as one line: its type and the start of its message's first line."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 @register_loader

@@ -149,7 +149,7 @@ def _named(defined: dict) -> dict:
 
 
 def _define_classes() -> dict:
-    from transformers import AutoModelForCausalLM, PreTrainedModel
+    from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
     from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 
     FfkvLMConfig = __getattr__("FfkvLMConfig")
@@ -258,8 +258,9 @@ def _define_classes() -> dict:
                 hidden = block(hidden, mask)
             return BaseModelOutput(last_hidden_state=self.ln_f(hidden))
 
-    class FfkvLMForCausalLM(FfkvLMPreTrainedModel):
-        """ffkv_lm with its (tied) LM head; ``labels`` gives the mean next-token cross-entropy."""
+    class FfkvLMForCausalLM(FfkvLMPreTrainedModel, GenerationMixin):
+        """ffkv_lm with its (tied) LM head; ``labels`` gives the mean next-token cross-entropy. ``generate``
+        works as for any causal LM, without a key-value cache (each step reads the whole prefix again)."""
 
         _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
 
