@@ -116,7 +116,72 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _LazyHelp(str):
+    """A help text made only when a help page is printed (the experiments' list imports them: seconds)."""
+
+    def __new__(cls, make: Callable[[], str]) -> "_LazyHelp":
+        text = super().__new__(cls, "(the registered experiments)")
+        text.make = make
+        return text
+
+    def __mod__(self, params) -> str:
+        return self.make() % params
+
+
+def _only_help() -> str:
+    from ffkv.experiments.registry import only_help
+
+    return only_help().replace("%", "%%")
+
+
+def _add_experiment_options(p: argparse.ArgumentParser) -> None:
+    """Each registered experiment's own options (`Experiment.options`, the fields with a "flag"), in a group named
+    after it; `_experiment_options` reads them back."""
+    from dataclasses import MISSING, fields
+
+    from ffkv.experiments.registry import experiments
+
+    for name, experiment in experiments().items():
+        flagged = [f for f in fields(experiment.options) if "flag" in f.metadata] if experiment.options else []
+        if not flagged:
+            continue
+        g = p.add_argument_group(f"{name} (--only {name})")
+        for f in flagged:
+            kind = _positive_int if f.metadata.get("positive") else (int if f.type in (int, "int") else None)
+            g.add_argument(f.metadata["flag"], dest=f"option:{name}:{f.name}", type=kind,
+                           metavar=f.metadata["flag"].lstrip("-").upper().replace("-", "_"),
+                           default=None if f.default is MISSING else f.default, help=f.metadata.get("help"))
+
+
+def _experiment_options(args: argparse.Namespace) -> dict[str, dict]:
+    """experiment name -> its options as the command line gave them (`_add_experiment_options`)."""
+    options: dict[str, dict] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith("option:"):
+            _, name, field = dest.split(":", 2)
+            options.setdefault(name, {})[field] = value
+    return options
+
+
+#: The commands that take ``--plugin FILE.py`` (an experiment from outside the package).
+PLUGIN_COMMANDS = ("analyze", "report", "serve")
+
+
+def _plugins_named(argv: Sequence[str]) -> list[str]:
+    """The files `ffkv analyze ... --plugin FILE.py` names, read before the parser is built (their experiments and
+    options join it)."""
+    named = []
+    for i, arg in enumerate(argv):
+        if arg == "--plugin" and i + 1 < len(argv):
+            named.append(argv[i + 1])
+        elif arg.startswith("--plugin="):
+            named.append(arg.split("=", 1)[1])
+    return named
+
+
+def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
+    """The command line. `experiments`: give `ffkv analyze` the registered experiments' own options (imports
+    them: seconds; `main` asks only when the command is analyze)."""
     parser = argparse.ArgumentParser(
         prog="ffkv",
         description="Read transformer feed-forward layers as key-value memories (Geva et al. 2021).",
@@ -182,10 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Adds metrics/NAME.parquet and figures/NAME.{png,svg} per experiment "
                                    "(the paper's Sections 3-5; beyond the paper: docs/definitions.md).")
     p.add_argument("run", help="a complete run directory")
-    p.add_argument("--only", default=None, help="comma-separated experiments (default: all): "
-                   "patterns, ablations, values, composition, refinement; beyond the paper (docs/definitions.md): census, "
-                   "suppressed, membership, pruning; lookups; and, only when named, translators (fits a per-layer "
-                   "translator, the tuned lens)")
+    p.add_argument("--only", default=None, help=_LazyHelp(_only_help))
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="also run the experiment FILE.py declares (EXPERIMENT = Experiment(...); docs/extending.md): "
+                        "its code runs, as you ask by naming it (repeatable)")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
@@ -201,13 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampled keys, held-out positions and corpus samples (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
-    g = p.add_argument_group("membership (--only membership)")
-    g.add_argument("--member-corpus", default=None,
-                   help="text the model was trained on (members); with --nonmember-corpus. Default: the model's own "
-                        "known split (ffkv-tiny: its training verses); other models need both")
-    g.add_argument("--nonmember-corpus", default=None, help="text the model never saw in training (non-members)")
-    g.add_argument("--n-membership", type=_positive_int, default=1000,
-                   help="examples drawn from each split, seeded (default: %(default)s; fewer if a split holds fewer)")
+    if experiments:
+        _add_experiment_options(p)
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
 
@@ -290,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
                        description="One self-contained HTML file (figures embedded, opens offline).")
     p.add_argument("run", help="a run directory")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="also read the experiment FILE.py declares (docs/extending.md): its title, findings and "
+                        "columns; its code runs, as you ask by naming it (repeatable)")
     p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
                    help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
 
@@ -299,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with per-token coefficients, JSON export), search, trace a prompt at any "
                                    "position, switch memories off and generate, annotate. Layers count from 1.")
     p.add_argument("run", help="a run directory")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                   help="also read the experiment FILE.py declares (docs/extending.md): its title, findings and "
+                        "columns; its code runs, as you ask by naming it (repeatable)")
     p.add_argument("--host", default="127.0.0.1",
                    help="interface to listen on (default: %(default)s, this machine only); any other address "
                         "prints a warning and requires an access token")
@@ -320,8 +386,7 @@ def _analyze(args: argparse.Namespace) -> int:
     done = analyze(args.run, only=args.only, eval_corpus=args.eval_corpus, eval_split=args.eval_split,
                    n_eval=args.n_eval, projection=args.projection,
                    progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed,
-                   options={"membership": {"member_corpus": args.member_corpus,
-                                           "nonmember_corpus": args.nonmember_corpus, "n": args.n_membership}})
+                   options=_experiment_options(args))
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
         ran = [name for name, info in done.items() if not info.get("skipped")]
         print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(ran) or 'none'}")
@@ -533,7 +598,19 @@ def _progress_bars(show: bool):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `ffkv` command."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    analyzing = command == "analyze"
+    if command in PLUGIN_COMMANDS:
+        from ffkv.experiments.registry import load_plugin
+
+        try:
+            for path in _plugins_named(argv):  # the user's own code, named on this command line
+                load_plugin(path)
+        except FfkvError as exc:
+            print(f"ffkv: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+    parser = build_parser(experiments=analyzing)
     args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()

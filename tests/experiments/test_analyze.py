@@ -12,7 +12,7 @@ from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.experiments import EXPERIMENTS, analyze
 from ffkv.experiments.common import eval_spec
-from ffkv.presentation.findings import PAPER_FINDINGS, reading
+from ffkv.experiments.registry import paper_finding, reading
 from ffkv.store.run import RunDir
 
 FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "composition_active",
@@ -35,7 +35,7 @@ def test_every_experiment_writes_tables_figures_and_manifest(tmp_path, family):
             continue
         for fmt in ("png", "svg"):
             assert (run / "figures" / f"{name}.{fmt}").stat().st_size > 0
-        assert name in PAPER_FINDINGS
+        assert paper_finding(name) is not None
     assert not list(run.rglob("*.tmp"))  # atomic writes leave no temporary files
     manifest = json.loads((run / "manifest.json").read_text())
     assert set(manifest["analyses"]) == set(EXPERIMENTS)

@@ -332,6 +332,9 @@ def test_the_curve_has_a_census_criterion_when_the_census_exists(tmp_path):
 
     run, loaded = make_run(tmp_path, "gpt2", n=20, top_k=3)
     L, d_m = loaded.view.n_layers, loaded.view.d_m
+    # A census of this run's seed and held-out examples (pruning reads no other: its record says on what), whose
+    # classes are then planted: a known answer.
+    analyze(run, only="census", loaded=loaded, n_eval=5, progress=False)
     RunDir(run).write_metric("census", pd.DataFrame({
         "layer": np.repeat(np.arange(L), d_m), "key": np.tile(np.arange(d_m), L),
         "class": (["dead"] * 4 + ["other"] * (d_m - 4)) * L, "value_type": "neither"}), {})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ffkv.presentation.findings import FIDELITY_COLUMNS, fidelity
+from ffkv.experiments.fidelity import fidelity
+from ffkv.presentation.findings import FIDELITY_COLUMNS
 
 
 def refinement(agreement, kept, override, composition, low=None, high=None):

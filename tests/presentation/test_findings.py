@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ffkv.presentation.findings import reading, wilson_interval
+from ffkv.experiments.registry import reading
+from ffkv.presentation.findings import wilson_interval
 
 
 @pytest.mark.parametrize("share, n", [(0.5, 100), (0.035, 1000), (0.0, 50), (1.0, 7), (0.57, 1024)])

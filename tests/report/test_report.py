@@ -7,8 +7,8 @@ import re
 import pytest
 
 from ffkv.errors import FfkvError
-from ffkv.presentation import findings
-from ffkv.presentation.findings import PAPER_FINDINGS, paper_finding
+from ffkv.experiments import registry, values
+from ffkv.experiments.registry import paper_finding
 from ffkv.report import write_report
 from ffkv.report.content import SHOWN_APART
 from ffkv.store.run import RunDir
@@ -51,7 +51,7 @@ def test_sentences_come_from_the_findings_and_tables_say_true_things(analyzed):
     page = write_report(run).read_text()
     # Every sentence on this model is the findings' reading of a table; none is made up from an arbitrary column.
     sentences = [unescape(t) for t in re.findall(r'<strong>Measured here:</strong> ([^<]+)</div>', page)]
-    readings = {findings.reading(name, rd.read_metric(name)) for name in rd.metric_names()} - {None}
+    readings = {registry.reading(name, rd.read_metric(name)) for name in rd.metric_names()} - {None}
     assert sentences and set(sentences) <= readings and readings <= set(sentences)
     assert "This model: This model" not in page and "example_id" not in page and "example id" not in page
     # One numbering: layers counted from 1 in every table, said once.
@@ -122,7 +122,7 @@ def test_every_name_analyze_writes_has_one_paper_finding(analyzed):
     assert "fidelity" in RunDir(run).metric_names()
     assert all(paper_finding(name) for name in names), [n for n in names if not paper_finding(n)]
     assert paper_finding("composition")["figure"] == "Figure 8"
-    assert paper_finding("values_rank") is PAPER_FINDINGS["values_rank"]
+    assert paper_finding("values_rank") == values.FINDINGS["values_rank"].as_dict()
     assert paper_finding("something_else") is None
 
 

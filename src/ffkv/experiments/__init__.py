@@ -1,5 +1,9 @@
 """The paper's experiments on a run directory, one module per study (compute -> table -> figure).
 
+Each study declares itself at its end (``EXPERIMENT = Experiment(...)``, `ffkv.experiments.registry`): `analyze`,
+the report, the command and the explorer read the studies from the registry, and a new study is one file
+(here, or outside the package: docs/extending.md).
+
     patterns.py     SPEC 4, Fig. 2: shallow / semantic key patterns, descriptions, agreement with human labels
     ablations.py    SPEC 5, Fig. 3: coefficient change when a prefix token is removed
     values.py       SPEC 6, Figs. 4-5, Table 2: values as distributions over the vocabulary
@@ -15,10 +19,23 @@
     annotation.py   a sample of keys for human labelling (SPEC 4's human workflow)
     common.py       the run context, projections, held-out examples, tables
     figures.py      PNG + SVG figures, written atomically
+    registry.py     the experiments, as their modules declare them; plugins (--plugin FILE.py, entry points)
+    fidelity.py     metrics/fidelity.parquet from the experiments' own fidelity rules
     analyze.py      `analyze(run_dir, ...)`, what `ffkv analyze` calls
 """
 
-from ffkv.experiments.analyze import EXPERIMENTS, analyze
+from ffkv.experiments.analyze import analyze
 from ffkv.experiments.annotation import export_sample
+
+
+def __getattr__(name: str):
+    """``EXPERIMENTS``: what `analyze` runs by default, in its order (every registered experiment but the optional
+    ones), read from the registry when asked, so that a plugin registered since counts."""
+    if name == "EXPERIMENTS":
+        from ffkv.experiments.registry import default_names
+
+        return tuple(default_names())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["EXPERIMENTS", "analyze", "export_sample"]

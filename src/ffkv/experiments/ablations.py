@@ -13,6 +13,7 @@ empty are left out and counted.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,9 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.figures import COLORS, legend_outside, layer_axis, new_figure, save_figure
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.parallel import gather_rows
+from ffkv.presentation.findings import layer_ends, n_of, n_range, pct, rule_frame, verdict_row, verdict_rows
 
 NAME = "ablations"
 KEYS_PER_LAYER = 10
@@ -171,3 +174,58 @@ def run(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict:
     draw(ctx, result["per_layer"])
     ctx.record(NAME, tables=[NAME, f"{NAME}_prefixes"], figures=[NAME], **meta)
     return result
+
+
+# ------------------------------------------------ ablations: the paper's findings, its reading and fidelity rules
+#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
+FINDINGS: dict[str, Finding] = {
+    "ablations": Finding("Figure 3", (
+        "Removing the last token of a trigger prefix lowers the key's coefficient most; less so in upper "
+        "layers. Removing the first or a random token matters much less.")),
+}
+# The other tables and figures of the study stand beside the finding they belong to.
+FINDINGS.update({"ablations_prefixes": FINDINGS["ablations"]})
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """Figure 3 on this model: the mean change of the coefficient when the last, the first or a random
+    token of the trigger prefix is removed, over the layers; None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "ablations" and "mean_change_last" in t:
+        def variant(v: str) -> str:
+            mean, sem = t[f"mean_change_{v}"], t.get(f"sem_{v}")
+            ci = f", 95% CIs within ±{pct(1.96 * sem.max())}" if sem is not None else ""
+            return f"{pct(mean.mean())} (per layer {pct(mean.min())} to {pct(mean.max())}{ci})"
+        n = f"; n = {n_range(t['n_last'])} prefixes per layer" if "n_last" in t else ""
+        return (f"In this model removing the last token changes the key's coefficient by {variant('last')} on "
+                f"average over layers, the first token by {variant('first')}, a random one by "
+                f"{variant('random')}{n}.")
+    return None
+
+
+def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
+    """Figure 3's row of metrics/fidelity.parquet: removing a trigger prefix's last token lowers the
+    coefficient more than removing its first or a random one (`ffkv.presentation.findings.verdict_row`)."""
+    rows: list[dict] = []
+    tt, L, first, last = rule_frame(t)
+    if name == "ablations" and {"mean_change_last", "mean_change_first", "mean_change_random"} <= set(t.columns):
+        last_, first_, rand = (float(t[c].mean()) for c in ("mean_change_last", "mean_change_first",
+                                                              "mean_change_random"))
+        rows.append(verdict_row(
+            "ablations", "Figure 3",
+            f"mean change removing the last token {pct(last_)}, the first {pct(first_)}, a random one "
+            f"{pct(rand)} (mean over layers)",
+            "removing the last token lowers the coefficient more than removing the first or a random one "
+            "(means over layers)", bool(last_ < first_ and last_ < rand), n_of(tt, "n_last"),
+            "removing the first or a random token is the comparison", "trigger prefixes"))
+    return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)
+
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Local modifications of trigger prefixes (paper Figure 3)", section="paper Section 3.2, Figure 3",
+    order=2, run=run,
+    encoder=Encoder(False, "Figure 3", "not computed: it recomputes the coefficient on the prefix alone and removes "
+                    "its last token, but an encoder's trigger coefficient is read over the whole example and its last "
+                    "prefix token is the trigger token itself; the figure measures nothing the paper's does"),
+    findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading, module=__name__)

@@ -20,35 +20,14 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ffkv.experiments import (ablations, census, composition, lookups, membership, patterns, pruning, refinement,
-                               suppressed, translators, values)
+from ffkv.experiments import registry
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
-from ffkv.experiments.encoders import applicability_table, applies, skipped_reason
+from ffkv.experiments.encoders import applicability_table, skipped_reason
+from ffkv.experiments.fidelity import write_fidelity
 from ffkv.errors import DamagedRun, FfkvError, one_line
 from ffkv.parallel import is_writer, local_device, process_group
-from ffkv.presentation.findings import fidelity
 from ffkv.store import integrity
 from ffkv.store.run import RunDir
-
-#: Experiment name -> module, in the paper's order; then the explorer's lookup tables (not a study:
-#: built here so that `ffkv serve` answers at once).
-MODULES = {"patterns": patterns, "ablations": ablations, "values": values,
-           # before the held-out pass that composition and refinement share, so that it reads the translators too
-           "translators": translators,
-           "composition": composition, "refinement": refinement,
-           # Beyond the paper (SPEC section 9); pruning after the census, which its census criterion reads.
-           "census": census, "suppressed": suppressed, "membership": membership, "pruning": pruning,
-           "lookups": lookups}
-#: Run only when named in `only` (they fit parameters: minutes on a GPU at the paper's shape).
-OPTIONAL = ("translators",)
-#: What `analyze` runs by default: every experiment but the `OPTIONAL` ones.
-EXPERIMENTS: tuple[str, ...] = tuple(name for name in MODULES if name not in OPTIONAL)
-#: Tables the fidelity table reads (whichever the run holds, from this call or an earlier one).
-FIDELITY_SOURCES = ("patterns", "ablations", "values", "values_confident", "composition", "refinement",
-                    "refinement_projections")
-#: Experiments that read held-out examples (the others use the run's trigger examples only).
-#: patterns reads them for the active rule's scale, which decides its dead keys (`ffkv.experiments.dead`).
-HELD_OUT = ("patterns", "composition", "refinement", "census", "suppressed", "pruning", "translators")
 
 
 def analyze(
@@ -69,8 +48,9 @@ def analyze(
 
     Args:
         run_dir: a run directory written by `ffkv index`.
-        only: experiment names (or "a,b") to run; default `EXPERIMENTS` (every one but the `OPTIONAL`
-            ones, which run only when named: ``only="translators"``).
+        only: experiment names (or "a,b") to run; default every registered experiment but the optional ones,
+            which run only when named (``only="translators"``). They run in the order their declared needs
+            allow (`ffkv.experiments.registry.ordered`).
         eval_corpus: the held-out examples: None for the run's own corpus (split "heldout"),
             a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
@@ -95,12 +75,15 @@ def analyze(
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
     """
-    names = check_only(only, tuple(MODULES)) if only is not None else list(EXPERIMENTS)
+    every = registry.experiments()
+    for name in dict(options or {}):  # an option of no experiment, or one it does not take, is refused
+        registry.get(name).parse_options((options or {})[name])
+    names = (registry.ordered(check_only(only, tuple(every))) if only is not None else registry.default_names())
     projections = Projections.choose(projection)
     run = RunDir(run_dir)
     refuse_damaged(run, run.require_complete(), names)  # before the model loads
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
-    spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if set(names) & set(HELD_OUT) else None
+    spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      options=dict(options or {}))
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
@@ -117,7 +100,7 @@ def analyze(
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
             ctx.step = name
-            MODULES[name].run(ctx)
+            every[name].run(ctx)
             ctx.step = None
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
             if holder is not None:
@@ -129,7 +112,7 @@ def analyze(
         if spec is not None:
             held = ctx.held_out()
             indexed = manifest.identity.corpus
-            for name in set(names) & set(HELD_OUT) - set(skipped):
+            for name in (n for n in names if every[n].held_out and n not in skipped):
                 ctx.analyses[name]["held_out_overlaps_index"] = (
                     spec.source == indexed.get("source") and indexed.get("split", "all") in ("all", "heldout"))
                 ctx.analyses[name]["n_examples"] = len(held.examples)
@@ -138,7 +121,7 @@ def analyze(
             current = run.manifest().analyses
             for name, info in ctx.analyses.items():
                 current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
-                                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                                 "provenance": ctx.provenance(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             run.update_manifest(analyses=current, analyzing=None)
     return ctx.analyses
 
@@ -188,17 +171,8 @@ def skip_reason(name: str, ctx: RunContext) -> str | None:
     """Why experiment `name` cannot run on this run (None when it can): it does not apply to a masked-LM encoder
     (`ffkv.experiments.encoders`), or the module's own ``skip_reason(ctx)`` (e.g. membership without a known
     training split). The one rule `analyze` skips (not named) or refuses (named in `only`) by."""
-    if not applies(name, ctx.view.encoder):
+    experiment = registry.get(name)
+    if not experiment.applies(ctx.view.encoder):
         return skipped_reason(name)
-    return getattr(MODULES[name], "skip_reason", lambda _: None)(ctx)
+    return experiment.skip_reason(ctx) if experiment.skip_reason is not None else None
 
-
-def write_fidelity(run: RunDir) -> None:
-    """RUN/metrics/fidelity.parquet: each finding of the paper, this model's number and whether it reproduces, by the
-    rule stated in the row (`ffkv.presentation.findings.fidelity`), from the per-layer tables the run holds."""
-    tables = {name: run.read_metric(name) for name in FIDELITY_SOURCES if run.has_metric(name)}
-    if not tables:
-        return
-    projections = {name: str(run.metric_description(name).get("projection", "")) for name in tables}
-    run.write_metric("fidelity", fidelity(tables, projections), {
-        "sources": sorted(tables), "rule": "each row states its own rule; reproduces is that rule on this run's tables"})

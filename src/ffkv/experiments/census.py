@@ -61,11 +61,13 @@ from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval
 from ffkv.experiments.dead import dead_keys
 from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
 from ffkv.experiments.heldout import active_scale, active_threshold
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.active import active as active_memories
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
+from ffkv.presentation.findings import layer_ends, share_ci
 
 NAME = "census"
 #: n-gram lengths of the detector rules (1: the token at the position; 2: it and the one before).
@@ -710,3 +712,44 @@ def run(ctx: RunContext) -> dict:
     ctx.record(NAME, tables=tables, figures=figures,
                **{k: v for k, v in meta.items() if k != "warnings"})
     return result
+
+
+# ------------------------------------------------ census: the paper's findings, its reading and fidelity rules
+#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
+FINDINGS: dict[str, Finding] = {
+    "census": Finding("Voita et al. 2023", (
+        "(Not in the paper.) In OPT models over 70% of the neurons of some early layers never activate; many "
+        "live early-layer neurons detect a token or n-gram and their values remove that token from the "
+        "residual stream; some fire by position alone.")),
+    "census_values": Finding("Gurnee et al. 2024", (
+        "(Not in the paper.) In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
+        "layers and suppression neurons (a few tokens pushed down) take over in the last layers.")),
+    "census_control": Finding("Voita et al. 2023", (
+        "(Not in the paper.) Each census class beside the same rules applied to random key directions of the "
+        "layer: a class is a finding about trained keys only where it is more common among them.")),
+}
+# The other tables and figures of the study stand beside the finding they belong to.
+FINDINGS.update({"census_layers": FINDINGS["census"], "census_typical": FINDINGS["census"]})
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """The census on this model: the shares of dead keys and of token or n-gram detectors in the first and
+    last layers (n, 95% intervals); None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "census" and {"class", "key"} <= set(t.columns):
+        def share(kind: str, g: pd.DataFrame) -> str:
+            return share_ci(float((g["class"] == kind).mean()), len(g))
+        lo, hi = t[t["layer"] == first.layer], t[t["layer"] == last.layer]
+        return (f"In this model {share('dead', lo)} of the keys of {n_first} are dead and {share('detector', lo)} "
+                f"are token or n-gram detectors; in {n_last}: dead {share('dead', hi)}, detectors "
+                f"{share('detector', hi)} (n: keys per layer; positions: every token of the held-out sample).")
+    return None
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Census of memories: dead, token detectors, positional, value types (beyond the paper)",
+    section="beyond the paper: Voita et al. 2023, Gurnee et al. 2024", order=6, run=run, held_out=True,
+    encoder=Encoder(True, "census (beyond the paper)", "over every token of the held-out examples, unmasked: "
+                    "activation, detector and positional statistics describe the keys; value types through the "
+                    "values projection"),
+    findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_typical": 30}, module=__name__)

@@ -9,6 +9,8 @@ how it was computed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -223,6 +225,51 @@ class RunContext:
     def batches(self, rows: Sequence[tuple[int, np.ndarray]]) -> RowBatches:
         """This rank's padded batches of (row index, token ids) rows on the model's device."""
         return row_batches(rows, self.tokenizer.pad_id, self.special_ids, self.view.device)
+
+    # ----------------------------------------------------------- what a step reads of another
+    def provenance(self) -> dict[str, Any]:
+        """What an experiment's result depends on besides its code: this run's identity (model, weights, corpus,
+        index options: a digest), the seed, the held-out examples and the projections. `analyze` records it with
+        each experiment (manifest['analyses'][NAME]['provenance']); `need` compares it."""
+        identity = json.dumps(self.manifest.identity.to_dict(), sort_keys=True, default=str)
+        return {"identity": hashlib.sha256(identity.encode()).hexdigest(), "seed": self.seed,
+                "eval_corpus": self.eval_spec.to_dict() if self.eval_spec is not None else None,
+                "projections": self.projections.to_dict()}
+
+    def need(self, experiment: str, table: str | None = None, optional: bool = False) -> pd.DataFrame | None:
+        """metrics/TABLE.parquet (default: the experiment's own table) of another experiment, only where it was
+        computed on this run's identity, seed, held-out examples and projections: in this `analyze` call, or by
+        an earlier one whose record says so (`provenance`). Otherwise refused with one line naming the command
+        that computes it (None when `optional`)."""
+        table = table or experiment
+        why = self.provenance_mismatch(experiment)
+        if why is None and not self.run.has_metric(table):
+            why = f"{self.run.metric_path(table)} is missing"
+        if why is None:
+            return self.run.read_metric(table)
+        if optional:
+            return None
+        raise FfkvError(f"{self.step or 'this step'} needs {experiment}: {why}; run "
+                        f"`ffkv analyze {self.run.path} --only {experiment},{self.step or experiment}`")
+
+    def provenance_mismatch(self, experiment: str) -> str | None:
+        """Why the run's results of `experiment` are not this call's to read (None when they are)."""
+        from ffkv.experiments.registry import get
+
+        if experiment in self.analyses:  # this call
+            return f"it was skipped ({self.analyses[experiment]['skipped']})" if "skipped" in self.analyses[
+                experiment] else None
+        record = self.run.manifest().analyses.get(experiment)
+        if not record or "skipped" in record:
+            return "the run holds no result of it"
+        then, now = record.get("provenance"), self.provenance()
+        if then is None:
+            return "it was computed by an analyze that did not record on what (seed, held-out examples)"
+        if not get(experiment).held_out:
+            then, now = {**then, "eval_corpus": None}, {**now, "eval_corpus": None}
+        differ = [k for k in now if then.get(k) != now[k]]
+        return (f"it was computed on another {' and '.join(k.replace('_', ' ') for k in differ)} than this call's"
+                if differ else None)
 
     # ----------------------------------------------------------- run tables
     def triggers(self, direction: int = 1, control: bool = False) -> pd.DataFrame:

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from typing import Mapping
 
 from ffkv.experiments.common import RunContext, chance_with_interval, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
                                      save_figure)
 from ffkv.experiments.heldout import TAU_CURVE, active_scale, capture_eval
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
+from ffkv.presentation.findings import diff, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row, verdict_rows
 from ffkv.presentation.intervals import paired_mean_interval
+from ffkv.presentation.style import layer_number
 
 NAME = "composition"
 TOP_MATCH_TOKENS = 20
@@ -216,3 +220,94 @@ def run(ctx: RunContext) -> dict:
     ctx.record(NAME, tables=[NAME, f"{NAME}_examples", f"{NAME}_matches", f"{NAME}_tau", f"{NAME}_scale",
                              f"{NAME}_massive"], figures=figures, **meta)
     return result
+
+
+# ------------------------------------------------ composition: the paper's findings, its reading and fidelity rules
+#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
+FINDINGS: dict[str, Finding] = {
+    "composition": Finding("Figure 8", (
+        "In at least ~68% of examples in every layer, the FF layer's top prediction differs from that of "
+        "every active memory: the output is a composition. The matching cases are mostly stop words.")),
+    "composition_active": Finding("Figure 7", (
+        "Hundreds of the 4,096 memories of a layer are active (m > 0) for one prefix, with a drop around "
+        "layer 10.")),
+    "composition_tau": Finding("Figure 7", (
+        "(Not in the paper, whose ReLU coefficients are zero when inactive.) For signed coefficients 'active' "
+        "needs a threshold |m_i| > tau·s_l: the share counted active and the share of the FF output the "
+        "others write, over tau; the verdict of Figure 7 uses the rule's tau.")),
+    "composition_scale": Finding("Figure 7", (
+        "(Not in the paper.) s_l, the scale of the active rule, per layer, with the positions that carry "
+        "massive activations (Sun et al. 2024) left out, beside what every position would give.")),
+    "composition_massive": Finding("Figure 7", (
+        "(Not in the paper.) Positions whose coefficients are massive (their RMS more than 20 times the "
+        "median position's; Sun et al. 2024 found such first-token outliers in most large models): named, and "
+        "left out of the active rule's scale.")),
+    "composition_matches": Finding("Figure 8", (
+        "Where the FF output's top token equals an active memory's, the token is mostly a stop word.")),
+}
+# The other tables and figures of the study stand beside the finding they belong to.
+FINDINGS.update({"composition_examples": FINDINGS["composition"]})
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """Figure 8 on this model: the share of examples whose FF output's top token is no active memory's,
+    beside chance, and how many memories are active; None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "composition" and "composition_rate" in t:
+        low = t.loc[t["composition_rate"].idxmin()]
+        n = low["n_examples"] if "n_examples" in t else None
+        out = (f"In this model the FF output's top token differs from every active memory's in "
+               f"{pct(t['composition_rate'].min())}-{pct(t['composition_rate'].max())} of examples per layer; "
+               f"the lowest, layer {layer_number(low.layer)}: {share_ci(low.composition_rate, n)}")
+        if "composition_rate_chance" in t:
+            out += (f"; with another example's FF output (chance) "
+                    f"{pct(t['composition_rate_chance'].min())}-{pct(t['composition_rate_chance'].max())}")
+        if "mean_active" in t:
+            of = f" of {int(first.d_m):,}" if "d_m" in t else ""
+            out += f"; {t['mean_active'].min():.0f}-{t['mean_active'].max():.0f}{of} memories are active on average"
+            if "mean_negative" in t and t["mean_negative"].max() > 0:
+                out += (f" ({t['mean_positive'].min():.0f}-{t['mean_positive'].max():.0f} with m > 0, "
+                        f"{t['mean_negative'].min():.0f}-{t['mean_negative'].max():.0f} with m < 0)")
+        return out + "."
+    return None
+
+
+def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
+    """The rows of Figures 7-8 in metrics/fidelity.parquet: a minority of memories is active, and the FF
+    output is a composition, not one memory's prediction (`ffkv.presentation.findings.verdict_row`)."""
+    rows: list[dict] = []
+    tt, L, first, last = rule_frame(t)
+    if name == "composition" and "share_active" in t:
+        low, high = float(t["share_active"].min()), float(t["share_active"].max())
+        rows.append(verdict_row(
+            "composition_active", "Figure 7", f"{pct(low)}-{pct(high)} of the memories active per layer",
+            "a minority of memories is active: under 50% of the layer's memories on average in every layer "
+            "(paper: hundreds of 4,096, 2-10%)", bool(high < 0.5), n_of(tt, "n_examples")))
+    if name == "composition" and "composition_rate" in t:
+        low = float(t["composition_rate"].min())
+        rule = ("the FF output's top token differs from every active memory's in at least 68% of examples in every "
+                "layer (the paper's lowest layer)")
+        ok, chance = bool(low >= 0.68), ""
+        if "composition_rate_minus_chance" in tt:
+            rule += (", and in no layer is it a single memory's more often than an unrelated example's top token would "
+                     "be (the 95% interval of observed - chance reaches 0 or above)")
+            ok = ok and bool((tt["composition_rate_minus_chance_ci_high"] >= 0).all())
+            worst = tt.loc[tt["composition_rate_minus_chance"].idxmin()]
+            chance = (f"chance {pct(tt['composition_rate_chance'].min())}-{pct(tt['composition_rate_chance'].max())}"
+                      f" per layer (FF output of another example); observed - chance lowest in layer "
+                      f"{layer_number(worst.layer)}: {diff(worst, 'composition_rate')}")
+        rows.append(verdict_row(
+            "composition", "Figure 8", f"composition in {pct(low)}-{pct(t['composition_rate'].max())} "
+            "of examples per layer", rule, ok, n_of(tt, "n_examples"), chance))
+    return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)
+
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Composition inside a layer (paper Section 5.1)", section="paper Section 5.1, Figures 7-8",
+    order=4, run=run, held_out=True,
+    after=("translators",),  # the held-out pass it shares with refinement then reads the fitted translators too
+    encoder=Encoder(True, "Figures 6-8", "at the masked held-out position; sub-updates and the FF output through "
+                    "the values projection (the decoder weights)"),
+    findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading,
+    reading_rows={f"{NAME}_matches": 12, f"{NAME}_massive": 20, f"{NAME}_tau": 5 * 64}, module=__name__)

@@ -37,6 +37,7 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import RunContext, progress_bar
+from ffkv.experiments.registry import Experiment
 from ffkv.memories.active import active, active_fraction, layer_scale
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.targets import trigger_targets
@@ -326,3 +327,9 @@ def run(ctx: RunContext) -> dict:
             "projection": DEFAULT_FOR_VALUES, "sample_examples": SAMPLE_EXAMPLES}
     ctx.record(NAME, **info)
     return info
+
+
+
+#: Not a study: the explorer's lookup tables, built by `analyze` so that `ffkv serve` answers at once.
+EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11, run=run,
+                        module=__name__)

@@ -23,6 +23,8 @@ note (`skip_reason`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 
@@ -30,8 +32,11 @@ from ffkv.corpus import iter_examples
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, eval_spec, sample_size_warnings
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.experiments.scoring import TOP_K, score_examples
+from ffkv.presentation.findings import layer_ends
 from ffkv.presentation.intervals import auc_interval
+from ffkv.presentation.style import layer_number
 
 NAME = "membership"
 #: Examples drawn from each split by default (fewer when a split holds fewer usable examples).
@@ -162,3 +167,49 @@ def run(ctx: RunContext) -> dict:
     draw(ctx, result["per_layer"], loss)
     ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME], **meta)
     return result
+
+
+# ------------------------------------------------ membership: the paper's findings, its reading and fidelity rules
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Section 8", (
+    "(Beyond the paper, which names it as future work.) Memories that store training text should fire "
+    "differently on training examples than on unseen ones: a membership signal, compared here with the "
+    "standard loss-based baseline on the same examples."))
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """The membership signal on this model: the layer whose coefficient statistic is furthest from
+    chance (ROC AUC, DeLong interval), beside the loss baseline; None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "membership" and "auc" in t and "loss_auc" in t:
+        best = t.loc[(t["auc"] - 0.5).abs().idxmax()]
+        n = f"n = {int(first.n_member):,} training + {int(first.n_nonmember):,} held-out examples"
+        return (f"In this model the coefficient statistic's ROC AUC is furthest from 0.5 in layer "
+                f"{layer_number(best.layer)}: {best.auc:.3f} (95% DeLong CI {best.auc_ci_low:.3f}-"
+                f"{best.auc_ci_high:.3f}); the loss baseline's AUC is {first.loss_auc:.3f} "
+                f"({first.loss_auc_ci_low:.3f}-{first.loss_auc_ci_high:.3f}); {n}.")
+    return None
+
+
+@dataclass(frozen=True)
+class Options:
+    """Membership's options (`analyze(options={"membership": {...}})`, the command's flags)."""
+
+    member_corpus: str | None = field(default=None, metadata={
+        "flag": "--member-corpus", "help": "text the model was trained on (members); with --nonmember-corpus. "
+        "Default: the model's own known split (ffkv-tiny: its training verses); other models need both"})
+    nonmember_corpus: str | None = field(default=None, metadata={
+        "flag": "--nonmember-corpus", "help": "text the model never saw in training (non-members)"})
+    n: int = field(default=N_PER_SPLIT, metadata={
+        "flag": "--n-membership", "positive": True,
+        "help": "examples drawn from each split, seeded (default: %(default)s; fewer if a split holds fewer)"})
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Membership signal: training vs held-out text (beyond the paper)",
+    section="beyond the paper (its Section 8 names it as future work)",
+    order=8, run=run, options=Options, skip_reason=skip_reason,
+    encoder=Encoder(False, "membership (beyond the paper)", "not computed: its baseline and statistic score "
+                    "next-token loss, which a masked-LM encoder does not define"),
+    findings=FINDINGS, reading=reading, module=__name__)

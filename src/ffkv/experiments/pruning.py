@@ -47,8 +47,9 @@ from jaxtyping import Float
 
 from ffkv.errors import FfkvError, StorageError, one_line
 from ffkv.experiments.common import RunContext, as_numpy, open_run, progress_bar
-from ffkv.experiments.scoring import score_examples
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
+from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.scoring import score_examples
 from ffkv.memories.active import RULE
 from ffkv.memories.pruning import Removed, intermediate_size_field, masked, removal_count, removal_edits, shrink_model
 from ffkv.memories.view import MemoryView
@@ -310,7 +311,11 @@ def run(ctx: RunContext) -> dict:
     """`ffkv analyze`'s step: metrics/pruning.parquet, metrics/pruning_summary.parquet, figures/pruning."""
     view = ctx.view
     census, census_note, warnings = None, "metrics/census.parquet absent: run `ffkv analyze RUN --only census`", []
-    if ctx.run.has_metric("census"):
+    stale = ctx.provenance_mismatch("census") if ctx.run.has_metric("census") else None
+    if stale is not None:  # an earlier census, of another seed or held-out set: not this call's to read
+        census_note = f"metrics/census.parquet not used: {stale}; run `ffkv analyze RUN --only census,pruning`"
+        warnings.append(f"pruning: the census criterion was left out ({census_note})")
+    elif ctx.run.has_metric("census"):
         try:
             census, census_note = read_census(ctx.run), "used"
         except Exception as exc:  # noqa: BLE001 - another experiment's table: the other criteria still run
@@ -506,6 +511,25 @@ def summary_line(table: pd.DataFrame) -> str:
         cells = ", ".join(f"{int(round(s * 100))}%: {row[f'perplexity_{int(round(s * 100))}']:.2f}" for s in SUMMARY_SHARES)
         lines.append(f"{row['criterion']}: 0%: {row['perplexity_0']:.2f}, {cells} (n = {int(row['n_tokens']):,} tokens)")
     return "\n".join(lines)
+
+
+# ------------------------------------------------ the paper's findings, the fidelity rules, the reading
+
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Beyond the paper", (
+    "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every "
+    "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
+    "criterion must beat."))
+FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Pruning memories: held-out perplexity against the share of keys removed (beyond the paper)",
+    section="beyond the paper", order=9, run=run, held_out=True,
+    after=("census",),  # its census criterion reads the census of this call
+    encoder=Encoder(False, "pruning curves (beyond the paper)", "not computed: perplexity is a causal LM's; `ffkv "
+                    "prune` still writes a smaller encoder"),
+    findings=FINDINGS, reading_rows={f"{NAME}_summary": 10}, module=__name__)
 
 
 __all__ = ["CENSUS_GROUPS", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from typing import Mapping
 
 from ffkv.experiments.common import (RESIDUAL_CHOICE, RunContext, chance_with_interval, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
                                       save_figure)
 from ffkv.experiments.heldout import ResidualTops, capture_eval
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.parallel import is_writer
+from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
+                                        verdict_rows)
 from ffkv.store.run import RunDir
 
 NAME = "refinement"
@@ -219,3 +223,114 @@ def run(ctx: RunContext) -> dict:
     ctx.record(NAME, tables=[NAME, f"{NAME}_projections", f"{NAME}_examples", f"{NAME}_last_layer"],
                figures=figures, **meta)
     return result
+
+
+# ------------------------------------------------ refinement: the paper's findings, its reading and fidelity rules
+#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
+FINDINGS: dict[str, Finding] = {
+    "refinement": Finding("Figure 11", (
+        "The FF layer mostly keeps the residual's prediction; when it changes it, rarely to the FF layer's "
+        "own top prediction: the result is a compromise.")),
+    "refinement_agreement": Finding("Figure 9", (
+        "About a third of the residual's top predictions already equal the model's final prediction in the "
+        "bottom layers; the share rises quickly from layer 10.")),
+    "refinement_confidence": Finding("Figure 10", (
+        "The probability the residual gives to the final prediction rises through the layers.")),
+    "refinement_last_layer": Finding("Table 3", (
+        "Examples where the last layer changes the residual's prediction: often to a related token or a "
+        "compromise, for reading.")),
+}
+# The other tables and figures of the study stand beside the finding they belong to.
+FINDINGS.update({
+    "refinement_projections": FINDINGS["refinement"],
+    "refinement_examples": FINDINGS["refinement"],
+    "refinement_paper": FINDINGS["refinement"],
+    "refinement_default": FINDINGS["refinement"],
+    "refinement_agreement_paper": FINDINGS["refinement_agreement"],
+    "refinement_agreement_default": FINDINGS["refinement_agreement"],
+    "refinement_confidence_paper": FINDINGS["refinement_confidence"],
+    "refinement_confidence_default": FINDINGS["refinement_confidence"],
+})
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """Figure 11 on this model: how often the residual's prediction is kept, overridden by the FF layer's
+    own, or composed, on average and in the last layer; None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "refinement" and "kept" in t:
+        n = last["n_examples"] if "n_examples" in t else None
+        return (f"In this model, averaged over the {len(t)} layers, the residual's prediction is kept in "
+                f"{pct(t['kept'].mean())} of examples, overridden by the FF's own prediction in "
+                f"{pct(t['override'].mean())}, composed in {pct(t['composition'].mean())}; in {n_last}: kept "
+                f"{share_ci(last.kept, n)}, overridden {pct(last.override)}, composed {pct(last.composition)}.")
+    return None
+
+
+def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
+    """Rows of metrics/fidelity.parquet for Figures 9-11: what they measured, the chance level, the rule and the
+    verdict (`ffkv.presentation.findings.verdict_row`); from refinement_projections, the same under the residual
+    projection that was not chosen, labelled with it."""
+    if name == f"{NAME}_projections":
+        rows = []
+        for projection, other in t.groupby("projection", sort=True) if "projection" in t else ():
+            if projection == projections.get(NAME):
+                continue
+            choice = str(other["choice"].iloc[0]) if "choice" in other else projection
+            for row in fidelity_rows(NAME, other.drop(columns=["projection", "choice"], errors="ignore"),
+                                     {NAME: projection}, f" ({choice}: {projection} projection)"):
+                rows.append({**row, "table": name})
+        return rows
+    rows: list[dict] = []
+    tt, L, first, last = rule_frame(t)
+    if name == "refinement" and "residual_agreement" in t:
+        a0, a1 = first_last(t, "residual_agreement")
+        separated = ("residual_agreement_ci_high" not in t
+                     or float(last["residual_agreement_ci_low"]) > float(first["residual_agreement_ci_high"]))
+        rule = "the top layer's residual agreement exceeds layer 1's, the 95% intervals apart"
+        ok, chance = bool(a1 > a0 and separated), ""
+        if "residual_agreement_minus_chance" in tt:
+            rule += ", and lies above chance there (95% interval of observed - chance above 0)"
+            ok = ok and float(last["residual_agreement_minus_chance_ci_low"]) > 0
+            chance = (f"chance {pct(first.residual_agreement_chance)} (layer 1), "
+                      f"{pct(last.residual_agreement_chance)} (layer {L}; another example's final prediction); "
+                      f"top layer observed - chance {diff(last, 'residual_agreement')}")
+        rows.append(verdict_row("refinement_agreement", "Figure 9",
+                                f"residual agreement {pct(a0)} (layer 1) -> {pct(a1)} (layer {L})", rule, ok,
+                                n_of(tt, "n_examples"), chance))
+    if name == "refinement" and "mean_confidence" in t:
+        c0, c1 = first_last(t, "mean_confidence")
+        rule = "the residual's mean probability of the final prediction is higher in the top layer than in layer 1"
+        ok, chance = bool(c1 > c0), ""
+        if "mean_confidence_minus_chance" in tt:
+            rule += ", and above chance there (95% interval of observed - chance above 0)"
+            ok = ok and float(last["mean_confidence_minus_chance_ci_low"]) > 0
+            chance = (f"chance {float(last.mean_confidence_chance):.3f} in layer {L} (another example's final "
+                      "prediction)")
+        rows.append(verdict_row("refinement_confidence", "Figure 10",
+                                f"mean p(final prediction) {c0:.3f} (layer 1) -> {c1:.3f} (layer {L})", rule, ok,
+                                n_of(tt, "n_examples"), chance))
+    if name == "refinement" and {"kept", "override", "composition"} <= set(t.columns):
+        kept = float(t["kept"].min())
+        over, comp = float(t["override"].mean()), float(t["composition"].mean())
+        chance = ""
+        if "override_chance" in tt:
+            chance = (f"override at chance {pct(float(tt['override_chance'].mean()))} on average (another example's "
+                      f"FF prediction); observed - chance in layer {L}: {diff(last, 'override')}")
+        rows.append(verdict_row(
+            "refinement", "Figure 11",
+            f"kept in at least {pct(kept)} per layer; on average override {pct(over)}, composition "
+            f"{pct(comp)}",
+            "the residual's prediction is kept in at least half the examples in every layer, and where it "
+            "changes, a compromise (y ∉ {r, f}) is at least as common as the FF's own prediction",
+            bool(kept >= 0.5 and comp >= over), n_of(tt, "n_examples"), chance))
+    return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)
+
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Refinement across layers (paper Section 5.2)", section="paper Section 5.2, Figures 9-11, Table 3",
+    order=5, run=run, held_out=True, after=("translators",),
+    encoder=Encoder(True, "Figures 9-11, Table 3", "at the masked held-out position; residuals through the MLM head "
+                    "(transform, then decoder); o is the MLM head's prediction of the masked token"),
+    findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_projections"), fidelity=fidelity_rows, reading=reading,
+    reading_rows={f"{NAME}_last_layer": 10}, module=__name__)

@@ -29,10 +29,13 @@ from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, 
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
 from ffkv.experiments.heldout import (_final_logits, _rows, active_threshold, analysed_positions,
                                       memory_predictions)
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
+from ffkv.presentation.findings import layer_ends, pct, share_ci
+from ffkv.presentation.style import layer_number
 
 NAME = "suppressed"
 #: Rows of the examples table (the strongest knowing memory of each wrong example and layer), most delta_p first.
@@ -209,3 +212,34 @@ def run(ctx: RunContext) -> dict:
     ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME],
                **{k: v for k, v in meta.items() if k != "warnings"})
     return {"per_layer": table, "capture": cap}
+
+
+# ------------------------------------------------ suppressed: the paper's findings, its reading and fidelity rules
+#: The paper's finding (or the reference's) beside its figure and every table of the study.
+FINDING = Finding("Beyond the paper", (
+    "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an "
+    "active memory's own sub-update ranked the gold next token first, and how much it moved the gold "
+    "token's probability."))
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """Suppressed memories on this model: where the prediction is wrong, how often an active memory's
+    sub-update ranked the gold token first, in the first and last layers; None for its other tables. Layers count
+    from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "suppressed" and "suppressed_rate" in t:
+        top = t.loc[t["suppressed_rate"].idxmax()]
+        return (f"In this model, where the prediction is wrong, an active memory's sub-update ranks the gold token "
+                f"first in {share_ci(first.suppressed_rate, first.n_wrong)} of examples in {n_first} and "
+                f"{share_ci(last.suppressed_rate, last.n_wrong)} in {n_last} (highest: layer "
+                f"{layer_number(top.layer)}, {pct(top.suppressed_rate)}).")
+    return None
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Suppressed memories: an active memory knew the gold token (beyond the paper)",
+    section="beyond the paper", order=7, run=run, held_out=True,
+    encoder=Encoder(True, "suppressed memories (beyond the paper)", "at the masked held-out position, the gold token "
+                    "being the masked one"),
+    findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_examples": 12}, module=__name__)

@@ -11,7 +11,7 @@ RUN/translators/translators.npz, then on the held-out examples:
   residual agreement, confidence, kept / override / composition) under the three projections side by
   side, each from the experiment's own code path with the projection as a parameter
   (`ffkv.experiments.values.compute`, the shared held-out pass of `ffkv.experiments.heldout`);
-- translators_findings: the fidelity rules (`ffkv.presentation.findings.fidelity`) of Figures 4, 9-11
+- translators_findings: the fidelity rules (`ffkv.experiments.fidelity`) of Figures 4, 9-11
   evaluated under each projection, and whether the verdict changes under the translators.
 """
 
@@ -27,14 +27,15 @@ import torch
 from ffkv.batching import row_batches
 from ffkv.experiments import refinement, values
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings
+from ffkv.experiments.fidelity import fidelity
 from ffkv.experiments.figures import legend_outside, layer_axis, new_figure, save_figure
 from ffkv.experiments.heldout import capture_eval
+from ffkv.experiments.registry import Encoder, Experiment
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, chunk_size, unembed_logits
 from ffkv.memories.projection import logits as project
 from ffkv.memories.translators import (EPOCHS, LEARNING_RATE, MIN_STEPS, RUN_FILE, Translators, fit_translators,
                                        kl_rows, mean_interval)
 from ffkv.parallel import is_writer
-from ffkv.presentation.findings import fidelity
 from ffkv.store.atomic import write_json
 
 NAME = "translators"
@@ -255,3 +256,13 @@ def run(ctx: RunContext) -> dict:
                figures=[f"{NAME}_kl", f"{NAME}_values", f"{NAME}_agreement", f"{NAME}_confidence", f"{NAME}_kept"],
                file="translators/translators.npz", **{k: v for k, v in meta.items() if k != "fitted_on"})
     return {"kl": kl, "spaces": df, "findings": findings, "translators": fitted}
+
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Projection spaces: fitted per-layer translators (beyond the paper)",
+    section="beyond the paper: the tuned lens (Belrose et al. 2023)", order=10, run=run, held_out=True,
+    optional=True,  # fits parameters: minutes on a GPU at the paper's shape
+    encoder=Encoder(True, "KL-to-final, Figures 4, 9-11 side by side", "translators fitted at every (unmasked) "
+                    "position of the training examples against the MLM head's output there"),
+    reading_rows={NAME: 3 * 64, f"{NAME}_findings": 16}, module=__name__)

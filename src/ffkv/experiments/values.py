@@ -11,6 +11,7 @@ L x d_m x |V| at once.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -18,9 +19,12 @@ import pandas as pd
 from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
+from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
 from ffkv.parallel import gather_rows, owned
+from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
+                                        verdict_rows)
 
 NAME = "values"
 N_CONFIDENT = 100
@@ -239,3 +243,96 @@ def run(ctx: RunContext) -> dict:
     info = {"tables": tables, "figures": figures, **meta, "chunk_keys": chunk_size(ctx.view.vocab_size)}
     ctx.record(NAME, **info)
     return result
+
+
+# ------------------------------------------------ values: the paper's findings, its reading and fidelity rules
+#: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
+FINDINGS: dict[str, Finding] = {
+    "values": Finding("Figure 4", (
+        "The agreement between a value's top token and the next token of its key's top trigger example is "
+        "near zero in layers 1-10 and rises to about 3.5% by layer 16, far above the chance rate 1/|V|.")),
+    "values_rank": Finding("Figure 5", (
+        "The rank of the top trigger example's next token in the value's distribution improves (gets lower) "
+        "through the layers.")),
+    "values_keys": Finding("Figure 4", (
+        "Per key: the value's distribution over the vocabulary.")),
+    "values_negative": Finding("Figure 4", (
+        "(Not in the paper, whose ReLU coefficients are never negative.) The same agreement for the most "
+        "negative trigger examples: the top token of p(-v_i), what a negative coefficient writes, against the "
+        "next token of the key's most negative trigger example.")),
+    "values_negative_rank": Finding("Figure 5", (
+        "(Not in the paper.) The rank of the most negative trigger example's next token in p(-v_i).")),
+    "values_confident": Finding("Table 2", (
+        "Of the 100 most confident values (highest max p), almost half have a top trigger example whose next "
+        "token is the value's top token.")),
+}
+# The other tables and figures of the study stand beside the finding they belong to.
+FINDINGS.update({"values_negative_keys": FINDINGS["values_negative"]})
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """Figure 4 on this model: the agreement rate in the first and last layers (n, 95% intervals), beside
+    1/|V|, shuffled pairs and the random key directions; None for its other tables. Layers count from 1."""
+    t, first, last, n_first, n_last = layer_ends(table)
+    if name == "values" and "agreement_rate" in t:
+        n = "n_keys_with_target" if "n_keys_with_target" in t else "n_keys" if "n_keys" in t else None
+        control = (f"; random key directions with the same values agree in {pct(first.agreement_rate_control)} "
+                   f"({n_first}) and {pct(last.agreement_rate_control)} ({n_last})"
+                   if "agreement_rate_control" in t else "")
+        return (f"In this model the agreement rate goes from {share_ci(first.agreement_rate, first[n] if n else None)} "
+                f"in {n_first} to {share_ci(last.agreement_rate, last[n] if n else None)} in {n_last} "
+                f"(n: keys whose top trigger has a next token); chance is {pct(first.chance_rate)} (1/|V|), "
+                f"{pct(t['chance_rate_shuffled'].mean())} for shuffled pairs{control}.")
+    return None
+
+
+def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
+    """The rows of Figures 4-5 and Table 2 in metrics/fidelity.parquet: agreement and rank improve with depth,
+    above chance and the random key directions; confident values agree (`ffkv.presentation.findings.verdict_row`)."""
+    rows: list[dict] = []
+    tt, L, first, last = rule_frame(t)
+    if name == "values" and {"agreement_rate", "chance_rate_shuffled"} <= set(t.columns):
+        a0, a1 = first_last(t, "agreement_rate")
+        low = float(last["agreement_rate_ci_low"]) if "agreement_rate_ci_low" in tt else a1
+        chance_level = max(float(t["chance_rate_shuffled"].max()), float(t["chance_rate"].max()))
+        rule = ("the top layer's agreement exceeds layer 1's, and its 95% interval lies above chance (1/|V| and "
+                "shuffled pairs)")
+        ok = bool(a1 > a0 and low > chance_level)
+        chance = f"chance at most {pct(chance_level)} (1/|V|, shuffled pairs)"
+        if "agreement_rate_minus_control" in tt:
+            rule += ", and above the random key directions' agreement (95% interval of the difference above 0)"
+            ok = ok and float(last["agreement_rate_minus_control_ci_low"]) > 0
+            chance += (f"; random key directions {pct(last.agreement_rate_control)} in layer {L}, difference "
+                       f"{diff(last, 'agreement_rate', 'control')}")
+        rows.append(verdict_row("values", "Figure 4", f"agreement {pct(a0)} (layer 1) -> {pct(a1)} (layer {L}); top "
+                                f"layer's 95% interval from {pct(low)}", rule, ok,
+                                n_of(tt, "n_keys_with_target", "n_keys"), chance, "keys"))
+    if name == "values" and "rank_median" in t:
+        r0, r1 = first_last(t, "rank_median")
+        rule = "the median rank of the trigger's next token is lower in the top layer than in layer 1"
+        ok, chance = bool(r1 < r0), ""
+        if "rank_median_control" in tt and np.isfinite(float(last["rank_median_control"])):
+            rule += ", and lower than the random key directions' median rank there"
+            ok = ok and r1 < float(last["rank_median_control"])
+            chance = f"random key directions: median rank {float(last['rank_median_control']):g} in layer {L}"
+        rows.append(verdict_row(
+            "values_rank", "Figure 5", f"median rank {r0:g} (layer 1) -> {r1:g} (layer {L})", rule, ok,
+            n_of(tt, "n_keys_with_target", "n_keys"), chance, "keys"))
+    if name == "values_confident" and "any_trigger_agrees" in t:
+        share = float(t["any_trigger_agrees"].mean()) if len(t) else math.nan
+        rows.append(verdict_row(
+            "values_confident", "Table 2", f"{pct(share)} of the {len(t)} most confident values",
+            "at least a quarter of the most confident values have a trigger example whose target is the "
+            "value's top token (paper: almost half)", bool(share >= 0.25), None))
+    return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)
+
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Values as distributions over the vocabulary (paper Section 4)",
+    section="paper Section 4, Figures 4-5, Table 2", order=3, run=run,
+    encoder=Encoder(True, "Figures 4-5, Table 2", "the trigger target is the token at the trigger position; values "
+                    "are projected with the MLM head's decoder weights (its transform only under --projection "
+                    "final-norm)"),
+    findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_confident"), fidelity=fidelity_rows, reading=reading,
+    reading_rows={f"{NAME}_confident": 10}, module=__name__)

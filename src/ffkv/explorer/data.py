@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from ffkv.experiments.registry import key_columns
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
@@ -77,6 +78,7 @@ class ExplorerData:
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
+        self.experiment_columns = self._load_experiment_columns()
         self._tokens: list[str] | None = None
         self._token_array: np.ndarray | None = None
         self._summary: pd.DataFrame | None = None  # per-layer aggregates of the (fixed) lookup tables
@@ -121,6 +123,20 @@ class ExplorerData:
         table = self.run.read_metric(CENSUS_KEYS, columns=["layer", "key", *CENSUS_COLUMNS])
         table = table.astype({"layer": "int64", "key": "int64"}).rename(columns=CENSUS_COLUMNS)
         return table.set_index(["layer", "key"]).sort_index()
+
+    def _load_experiment_columns(self) -> pd.DataFrame | None:
+        """The per-key columns the registered experiments declare (`ffkv.experiments.registry.KeyColumn`), from
+        whichever of their tables the run holds, indexed by (layer, key); None when it holds none."""
+        joined = None
+        for table in dict.fromkeys(c.table for c in key_columns()):
+            if not self.run.has_metric(table):
+                continue
+            wanted = [c for c in key_columns() if c.table == table]
+            t = self.run.read_metric(table, columns=["layer", "key", *(c.column for c in wanted)])
+            t = t.astype({"layer": "int64", "key": "int64"}).rename(columns={c.column: c.name for c in wanted})
+            t = t.set_index(["layer", "key"]).sort_index()
+            joined = t if joined is None else joined.join(t, how="outer")
+        return joined
 
     def census_of(self, layer: int, key: int) -> dict | None:
         """The census row of a key (columns of `CENSUS_COLUMNS`' new names), or None before the census ran."""
@@ -361,6 +377,8 @@ class ExplorerData:
             table = table.join(self.census.xs(layer, level="layer"), on="key")
             # What a detector detects: its rule, where the census calls the key a detector.
             table["census_detects"] = table["census_rule"].where(table["census_class"] == "detector", "")
+        if self.experiment_columns is not None and layer in self.experiment_columns.index.get_level_values(0):
+            table = table.join(self.experiment_columns.xs(layer, level="layer"), on="key")
         human = self.annotations.all()
         human = human[human.layer == layer].sort_values("time").drop_duplicates("key", keep="last")
         return table.merge(human[["key", "label", "description"]].rename(

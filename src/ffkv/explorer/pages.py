@@ -11,13 +11,14 @@ import math
 from typing import TYPE_CHECKING
 
 import jinja2
+import pandas as pd
 from markupsafe import Markup, escape
 
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
-from ffkv.presentation.findings import paper_finding, paper_order
+from ffkv.experiments.registry import key_columns, paper_finding, paper_order
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
@@ -167,6 +168,13 @@ CENSUS_FILTER_GROUPS = (("class", [(f, f) for f in ("dead", "detector", "positio
                         ("value type", [(f, f) for f in ("prediction", "suppression", "neither")]),
                         ("", [("eraser", "eraser"), ("two_way", "fires both ways")]))
 PERCENT_COLUMNS = {"shallow_score", "activation_frequency"}
+
+
+def layer_columns() -> tuple[tuple[str, str, str], ...]:
+    """`LAYER_COLUMNS` with the per-key columns the registered experiments declare (`ffkv.experiments.registry
+    .KeyColumn`) before the human label."""
+    declared = tuple((c.name, c.header, c.sort or c.header) for c in key_columns())
+    return LAYER_COLUMNS[:-1] + declared + LAYER_COLUMNS[-1:]
 FLAG_COLUMNS = {"agreement", "census_eraser", "census_two_way"}
 
 
@@ -184,7 +192,7 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         column, value = CENSUS_FILTERS[census]
         table = table[(table[column] == value).to_numpy(bool)]
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
-    present = [c for c in LAYER_COLUMNS if c[0] in table.columns]
+    present = [c for c in layer_columns() if c[0] in table.columns]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
     if sort not in sort_column:
         hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
@@ -226,7 +234,8 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
                 cell.update(text=str(value))
             row.append(cell)
         rows.append(row)
-    numeric = PERCENT_COLUMNS | {"key", "top_coefficient", "negative_strength"}
+    numeric = PERCENT_COLUMNS | {"key", "top_coefficient", "negative_strength"} | {
+        c.name for c in key_columns() if c.name in table and pd.api.types.is_numeric_dtype(table[c.name])}
     columns = [{"title": title, "sort": s, "num": name in numeric or name.endswith("score")}
                for name, title, s in present]
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,

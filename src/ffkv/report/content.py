@@ -1,12 +1,13 @@
 """What a run holds for the report, arranged for a reader: one section per experiment, in the paper's order.
 
 Tables and figures are found through the run directory (`RunDir.metric_names`, `figure_names`)
-and grouped by the experiment whose name they start with. A section shows its figures beside
-the paper's finding, the sentence on this model that `ffkv.presentation.findings` gives (none
-when it gives none: a sentence is never made up from an arbitrary column), how the numbers were
-computed (projection, n), the warnings of its tables, its per-layer tables in full, a few rows
-of the tables meant for reading (the paper's Tables 2 and 3, the matched tokens), and the
-names of its larger tables.
+and grouped by the experiment whose name they start with; the experiments, their titles, findings,
+reading sentences and tables for reading are the registry's (`ffkv.experiments.registry`). A section
+shows its figures beside the paper's finding, the sentence on this model that its experiment gives
+(none when it gives none: a sentence is never made up from an arbitrary column), how the numbers were
+computed (projection, n), the warnings of its tables, its per-layer tables in full, a few rows of the
+tables meant for reading (the paper's Tables 2 and 3, the matched tokens), and the names of its larger
+tables.
 """
 
 from __future__ import annotations
@@ -17,34 +18,15 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ffkv.presentation import findings
+from ffkv.experiments import encoders, registry
 from ffkv.presentation.tables import TableView, table_view
 from ffkv.store.integrity import Problem
 from ffkv.store.run import RunDir
 
-#: The experiments of `ffkv analyze`, in the paper's order (the report follows it), with their titles.
-EXPERIMENTS = {
-    "patterns": "Patterns in the keys (paper Section 3.2)",
-    "ablations": "Local modifications of trigger prefixes (paper Figure 3)",
-    "values": "Values as distributions over the vocabulary (paper Section 4)",
-    "composition": "Composition inside a layer (paper Section 5.1)",
-    "refinement": "Refinement across layers (paper Section 5.2)",
-    "census": "Census of memories: dead, token detectors, positional, value types (beyond the paper)",
-    "suppressed": "Suppressed memories: an active memory knew the gold token (beyond the paper)",
-    "membership": "Membership signal: training vs held-out text (beyond the paper)",
-    "pruning": "Pruning memories: held-out perplexity against the share of keys removed (beyond the paper)",
-    "translators": "Projection spaces: fitted per-layer translators (beyond the paper)",
-    "encoder_applicability": "Which figures apply to this masked-LM encoder, and why (beyond the paper)",
-}
-ORDER = tuple(EXPERIMENTS)
 #: Most rows of a per-layer table shown (the rest are in the Parquet file).
 MAX_LAYER_ROWS = 64
-#: Tables meant to be read row by row: rows shown in the report.
-READING_ROWS = {"values_confident": 10, "refinement_last_layer": 10, "composition_matches": 12,
-                "composition_massive": 20, "composition_tau": 5 * MAX_LAYER_ROWS,
-                "census_typical": 30, "suppressed_examples": 12, "pruning_summary": 10,
-                "translators": 3 * MAX_LAYER_ROWS, "translators_findings": 16, "encoder_applicability": 10}
-#: Description fields that say how a table was computed, shown with each section (others are in the file).
+#: Description fields that say how a table was computed, shown with each section (others are in the file; an
+#: experiment adds its own with `Experiment.how`).
 HOW_FIELDS = ("projection", "projection_choice", "residual_projection", "ff_out_projection",
               "resid_post_variant_projection", "other_projection", "projection_difference", "target", "active",
               "memory_prediction", "n_examples", "interval", "keys_per_layer", "top_t", "vocab_size", "rank",
@@ -58,17 +40,23 @@ SHOWN_APART = ("fidelity",)
 HIDDEN = ("example_id", "position", "removed_index", "trigger_example_ids", "trigger_positions")
 
 
-def order_key(name: str) -> tuple[int, str]:
-    group = experiment_of(name)
-    return (ORDER.index(group) if group in ORDER else len(ORDER)), name
+def titles() -> dict[str, str]:
+    """Section name -> title, in the paper's order: the registered experiments (`ffkv.experiments.registry`),
+    then the encoder applicability table `ffkv analyze` writes for a masked-LM encoder."""
+    return {**{name: e.title for name, e in registry.experiments().items()},
+            "encoder_applicability": encoders.TITLE}
 
 
-def experiment_of(name: str) -> str:
-    """The experiment a table or figure belongs to: the longest experiment name it starts with, else itself."""
-    for experiment in sorted(ORDER, key=len, reverse=True):
-        if name == experiment or name.startswith(experiment + "_"):
-            return experiment
-    return name
+def reading_rows() -> dict[str, int]:
+    """Tables meant to be read row by row -> rows shown in the report (each experiment's `reading_rows`)."""
+    rows = {name: n for e in registry.experiments().values() for name, n in e.reading_rows.items()}
+    return {**rows, "encoder_applicability": encoders.READING_ROWS}
+
+
+def order_key(name: str, order: Sequence[str] | None = None) -> tuple[int, str]:
+    order = tuple(order if order is not None else titles())
+    group = registry.experiment_of(name, order)
+    return (order.index(group) if group in order else len(order)), name
 
 
 def is_per_layer(table: pd.DataFrame) -> bool:
@@ -119,7 +107,7 @@ def _text(value: Any) -> str:
 def _reading(name: str, table: pd.DataFrame | None) -> str | None:
     if table is None or table.empty:
         return None
-    return findings.reading(name, table)
+    return registry.reading(name, table)
 
 
 def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mapping[str, str] | None = None
@@ -131,12 +119,13 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
     one-line reason `ffkv analyze` recorded) gives each skipped study a section that says so.
     """
     metrics, figures = set(run.metric_names()) - set(SHOWN_APART), run.figure_names()
+    title, order, rows_shown = titles(), tuple(titles()), reading_rows()
     marks = [p for p in problems if p.path.startswith(("metrics/", "figures/")) and p.state in ("missing", "out of date")]
-    names = sorted(metrics | set(figures) | {Path(p.path).stem for p in marks}, key=order_key)
+    names = sorted(metrics | set(figures) | {Path(p.path).stem for p in marks}, key=lambda n: order_key(n, order))
     sections: dict[str, Section] = {}
     for name in names:
-        group = experiment_of(name)
-        section = sections.setdefault(group, Section(group, EXPERIMENTS.get(group, group.replace("_", " "))))
+        group = registry.experiment_of(name, order)
+        section = sections.setdefault(group, Section(group, title.get(group, group.replace("_", " "))))
         for mark in (p for p in marks if Path(p.path).stem == name):
             if mark.state == "missing":
                 section.missing.append(f"not computed: {mark.path} is missing; {mark.fix}")
@@ -148,31 +137,34 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
             description = run.metric_description(name)
             section.warnings += [str(w) for w in description.get("warnings", []) or []]
             if name == group:
-                section.how = [(k.replace("_", " "), _text(description[k])) for k in HOW_FIELDS if k in description]
-                finding = findings.paper_finding(name) or {}
+                own = registry.experiments().get(group)
+                fields = HOW_FIELDS + (own.how if own is not None else ())
+                section.how = [(k.replace("_", " "), _text(description[k])) for k in dict.fromkeys(fields)
+                               if k in description]
+                finding = registry.paper_finding(name) or {}
                 section.finding, section.paper_figure = finding.get("finding"), finding.get("figure")
                 section.reading = _reading(name, table)
-            own = findings.paper_finding(name) or {} if name != group and name not in figures else {}
+            own = registry.paper_finding(name) or {} if name != group and name not in figures else {}
             if is_per_layer(table):
                 shown = table.head(MAX_LAYER_ROWS)
                 note = "" if len(table) <= MAX_LAYER_ROWS else f"First {MAX_LAYER_ROWS} of {len(table):,} layers."
                 section.tables.append(Table(name, len(table), table_view(shown, drop=HIDDEN), note,
                                             own.get("finding"), own.get("figure")))
-            elif name in READING_ROWS:
-                n = READING_ROWS[name]
+            elif name in rows_shown:
+                n = rows_shown[name]
                 section.tables.append(Table(name, len(table), table_view(table.head(n), drop=HIDDEN),
                                             f"First {min(n, len(table))} of {len(table):,} rows.",
                                             own.get("finding"), own.get("figure")))
             else:
                 section.listed.append((name, len(table)))
         if name in figures:
-            finding = findings.paper_finding(name) or {}
+            finding = registry.paper_finding(name) or {}
             section.figures.append(Figure(name, figures[name], finding.get("finding"), finding.get("figure"),
                                           _reading(name, table) if name != group else None))
     for name, why in (skipped or {}).items():
-        section = sections.setdefault(name, Section(name, EXPERIMENTS.get(name, name.replace("_", " "))))
+        section = sections.setdefault(name, Section(name, title.get(name, name.replace("_", " "))))
         section.skipped = why
-    sections = dict(sorted(sections.items(), key=lambda item: order_key(item[0])))
+    sections = dict(sorted(sections.items(), key=lambda item: order_key(item[0], order)))
     for section in sections.values():
         section.warnings = list(dict.fromkeys(section.warnings))  # once each, in order
         if section.figures and section.finding and section.figures[0].name == section.name:
