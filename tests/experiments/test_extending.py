@@ -70,6 +70,8 @@ def test_the_documented_experiment_runs_as_written_through_the_real_pipeline(tmp
     assert "Value norms: how long each memory&#39;s value vector is (a plugin)" in section
     assert "bounds how far one memory can move" in section and "In this model the mean value norm" in section
     assert "metrics/value_norms.parquet" in section
+    # Its per-key table listed, without the claim that ffkv's docs describe a plugin's rows.
+    assert "metrics/value_norms_keys.parquet" in section and "run-directory.md" not in section
     # Its column on the explorer's layer page, sortable, with the table's numbers.
     with TestClient(base_url="http://127.0.0.1:8000", app=_app(run)) as client:
         r = client.get("/layer/1?sort=value norm&order=desc")

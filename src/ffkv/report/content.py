@@ -96,6 +96,7 @@ class Section:
     listed: list[tuple[str, int]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # tables and figures not computed, each with its command
     skipped: str | None = None  # why `ffkv analyze` skipped this study (the manifest's analyses[name]["skipped"])
+    documented: bool = True  # its tables are described in docs/run-directory.md (ffkv's own; not a plugin's)
 
 
 def _text(value: Any) -> str:
@@ -125,7 +126,8 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
     sections: dict[str, Section] = {}
     for name in names:
         group = registry.experiment_of(name, order)
-        section = sections.setdefault(group, Section(group, title.get(group, group.replace("_", " "))))
+        section = sections.setdefault(group, Section(group, title.get(group, group.replace("_", " ")),
+                                                     documented=group in registry.builtin()))
         for mark in (p for p in marks if Path(p.path).stem == name):
             if mark.state == "missing":
                 section.missing.append(f"not computed: {mark.path} is missing; {mark.fix}")

@@ -79,7 +79,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% if s.how %}<dl class="how">{% for k, v in s.how %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>{% endif %}
 {% for t in s.tables %}<h4 class="small">metrics/{{ t.name }}.parquet</h4>
 {% if t.finding %}<div class="finding"><strong>Paper{% if t.paper_figure %} ({{ t.paper_figure }}){% endif %}:</strong> {{ t.finding }}</div>{% endif %}<div class="scroll">{{ tables[t.name] }}</div>{% if t.note %}<p class="small muted">{{ t.note }}</p>{% endif %}{% endfor %}
-{% if s.listed %}<p class="small muted">Also: {% for name, n in s.listed %}<code>metrics/{{ name }}.parquet</code> ({{ "{:,}".format(n) }} rows){% if not loop.last %}, {% endif %}{% endfor %} (docs/run-directory.md says what each row is).</p>{% endif %}
+{% if s.listed %}<p class="small muted">Also: {% for name, n in s.listed %}<code>metrics/{{ name }}.parquet</code> ({{ "{:,}".format(n) }} rows){% if not loop.last %}, {% endif %}{% endfor %}{% if s.documented %} (docs/run-directory.md says what each row is){% endif %}.</p>{% endif %}
 </section>{% endfor %}
 </main></body></html>"""
 
