@@ -126,8 +126,9 @@ def test_two_gloo_processes_analyze_like_one(tmp_path):
     assert dist.stdout.count("analyses written") == 1  # rank 0 alone reports
 
     tables = sorted(p.name for p in (one / "metrics").glob("*.parquet"))
-    # census 4 (its control), suppressed 2, pruning 2, composition 4 (tau, scale, massive), patterns' control
-    assert len(tables) == 28 and tables == sorted(p.name for p in (two / "metrics").glob("*.parquet"))
+    # census 4 (its control), suppressed 2, pruning 2, composition 4 (tau, scale, massive), patterns' control,
+    # vocabulary classes 2
+    assert len(tables) == 30 and tables == sorted(p.name for p in (two / "metrics").glob("*.parquet"))
     for name in tables:
         pd.testing.assert_frame_equal(pd.read_parquet(two / "metrics" / name), pd.read_parquet(one / "metrics" / name),
                                       check_exact=True, obj=name)

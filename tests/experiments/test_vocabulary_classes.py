@@ -128,7 +128,10 @@ def test_the_pipeline_writes_its_tables_report_section_and_explorer_column(fresh
     section = section[:section.index("</section>")]
     assert "Gurnee et al. 2024" in section and "prediction memories" in section
     with TestClient(create_app(run, loaded=loaded), base_url="http://127.0.0.1:8000") as client:
-        r = client.get("/layer/1?sort=vocab kurtosis&order=desc")
+        r = client.get("/layer/1?sort=vocab class&order=desc")
     assert r.status_code == 200, r.text[:300]
-    top = keys[keys.layer == 0].sort_values(["vocab_kurtosis", "key"], ascending=[False, True]).iloc[0]
-    assert "vocab kurtosis" in html.unescape(r.text) and f'href="/memory/1/{int(top.key)}"' in r.text
+    top = keys[keys.layer == 0].sort_values(["class", "key"], ascending=[False, True]).iloc[0]
+    text = html.unescape(r.text)
+    assert "vocab class" in text and f'href="/memory/1/{int(top.key)}"' in r.text
+    first_row = text[text.index(f'href="/memory/1/{int(top.key)}"'):]
+    assert top["class"] in first_row[:first_row.index("</tr>")]

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from starlette.testclient import TestClient
 
+from ffkv.experiments.registry import key_columns
 from ffkv.explorer import create_app
 from ffkv.explorer.pages import CHANGE_THRESHOLD, LAYER_COLUMNS, PAGE_SIZE, highlight, trace_view
 from ffkv.store.run import RunDir
@@ -28,10 +29,14 @@ def keys_in_order(html: str, layer_number: int) -> list[int]:
     return [int(k) for k in re.findall(rf'<a href="/memory/{layer_number}/(\d+)">', html)]
 
 
-def test_layer_page_has_the_curated_columns_only(client):
+def test_layer_page_has_the_curated_columns_only(client, analyzed):
     html = client.get("/layer/2").text
     headers = re.findall(r"<th[^>]*>(?:<a [^>]*>)?([^<▲▼]+?)\s*(?:[▲▼])?(?:</a>)?</th>", html)
-    assert [unescape(h) for h in headers] == [title for _, title, _ in LAYER_COLUMNS]
+    # The curated columns, with those the run's experiments declare (`KeyColumn`: the vocabulary class) before the
+    # human label.
+    declared = [c.header for c in key_columns() if RunDir(analyzed[0]).has_metric(c.table)]
+    curated = [title for _, title, _ in LAYER_COLUMNS]
+    assert declared and [unescape(h) for h in headers] == curated[:-1] + declared + curated[-1:]
     for noise in ("example_id", "removed_index", "ablations_prefixes", "logsumexp", "rank</th>"):
         assert noise not in html
 

@@ -227,6 +227,5 @@ EXPERIMENT = Experiment(
     encoder=Encoder(False, "vocabulary classes (beyond the paper)", "not computed: an encoder's values reach the vocabulary "
                     "through the MLM head's dense transform, which the cosines with its decoder rows leave out"),
     findings=FINDINGS, reading=reading, how=("rule", "control"),
-    key_columns=(KeyColumn(f"{NAME}_keys", "class", "vocab class", "vocab class"),
-                 KeyColumn(f"{NAME}_keys", "vocab_kurtosis", "vocab kurtosis", "vocab kurtosis")),
+    key_columns=(KeyColumn(f"{NAME}_keys", "class", "vocab class", "vocab class"),),
     module=__name__)
