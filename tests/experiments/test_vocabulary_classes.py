@@ -65,7 +65,7 @@ def test_statistics_match_a_brute_force(family):
         assert list(rows["class"]) == list(rule)
         row = layers[layers.layer == layer].iloc[0]
         assert row.n_keys == view.d_m and row.prediction_share == pytest.approx(float((rule == "prediction").mean()))
-        assert row.null_space_expected == pytest.approx(k / view.d_model)
+        assert row.null_space_share_expected == pytest.approx(k / view.d_model)
 
 
 def test_hand_set_values_get_their_known_class():

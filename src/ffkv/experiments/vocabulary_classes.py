@@ -160,7 +160,7 @@ def compute(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progres
             row.update(share_with_interval(control_kinds == kind, f"{kind}_share_control"))
         row["null_space_share_mean"] = float(table["null_space_share"].mean())
         row["null_space_share_mean_control"] = float(null_space_share(control_dirs, basis).mean())
-        row["null_space_expected"] = basis.shape[0] / units.shape[1]
+        row["null_space_share_expected"] = basis.shape[0] / units.shape[1]
         per_layer.append(row)
         bar.update(1)
     bar.close()
