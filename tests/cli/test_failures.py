@@ -11,7 +11,6 @@ tiny random GPT-2 as ``--model tiny-gpt2``).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -32,6 +31,7 @@ from ffkv.models import loading
 from ffkv.store import atomic
 from ffkv.store.run import RunDir
 from support import tiny_cli
+from support.cli_runs import disk_full_at
 
 TESTS = Path(__file__).resolve().parents[1]
 LINES = [f"the cat sat on the mat {i}. a part of the city {i * 7}." for i in range(80)]
@@ -137,15 +137,7 @@ def test_two_writers_of_other_commands_exclude_each_other(tmp_path, capsys, tiny
 
 def test_disk_full_at_a_write_marks_the_run_failed_then_resumes(tmp_path, capsys, tiny_gpt2, corpus, monkeypatch):
     """ENOSPC injected where a file is synced (the write's last step), at the fourth file of the run."""
-    real, calls = atomic.fsync, []
-
-    def full(path):
-        calls.append(path)
-        if len(calls) == 4:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path)
-
-    monkeypatch.setattr(atomic, "fsync", full)
+    real, calls = atomic.fsync, disk_full_at(monkeypatch, 4)
     out = tmp_path / "run"
     code, _, err = run(capsys, *index_args(corpus, out, "--checkpoint-seconds", "0"))
     line = error_line(err)

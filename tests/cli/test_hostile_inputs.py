@@ -24,7 +24,7 @@ from ffkv.models import loading
 from ffkv.store import atomic
 from ffkv.store.annotations import read_labels
 from support import tiny_cli
-from support.cli_runs import error_line, run
+from support.cli_runs import disk_full_at, error_line, run
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -294,15 +294,7 @@ def test_analyze_on_a_full_disk_exits_1_and_status_names_it(analyzed, tmp_path, 
     """The audit: a full disk gave exit status 2 in `index` (now 1, tests/cli/test_failures.py) and 1 in
     `analyze`; both are the file system's status, 1. ENOSPC at the third file analyze syncs."""
     run_dir = Path(shutil.copytree(analyzed[0], tmp_path / "run"))
-    real, calls = atomic.fsync, []
-
-    def full(path):
-        calls.append(path)
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path)
-
-    monkeypatch.setattr(atomic, "fsync", full)
+    real, calls = atomic.fsync, disk_full_at(monkeypatch, 3)
     code, _, err = run(capsys, "analyze", run_dir, "--only", "values", "--no-progress")
     assert code == 1 and f"No space left on device ({calls[2]})" in error_line(err)
     monkeypatch.setattr(atomic, "fsync", real)
