@@ -34,6 +34,7 @@ import torch
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
 from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
+from ffkv.memories.controls import layer_generator
 from ffkv.memories.view import MemoryView
 from ffkv.presentation.findings import layer_ends, pct, share_ci
 
@@ -118,7 +119,7 @@ def random_directions(view: MemoryView, layer: int, n: int, seed: int) -> torch.
     """n seeded random mixtures of the layer's values, Σ_i a_i v_i with a_i ~ N(0, 1): directions with the second
     moment of the layer's values (the same anisotropy in the residual space, none of one value's own structure),
     each scaled to the norm of a random value of the layer."""
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + 7_919 * int(layer) + 29)
+    gen = layer_generator(seed, layer, salt=29)
     values = view.values(layer).detach().double().cpu()
     norms = values.norm(dim=1)[torch.randint(0, values.shape[0], (n,), generator=gen)]
     mixed = torch.randn(n, values.shape[0], generator=gen, dtype=torch.float64) @ values

@@ -31,8 +31,10 @@ from ffkv.memories.view import MemoryView
 DEFAULT_CONTROL_KEYS = 256
 
 
-def _generator(seed: int, layer: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(int(seed) * 1_000_003 + 7_919 * int(layer) + 17)
+def layer_generator(seed: int, layer: int, salt: int = 17) -> torch.Generator:
+    """A CPU generator seeded by (seed, layer) alone; `salt` keeps different draws of one seed apart (17: the
+    control keys; other draws name their own)."""
+    return torch.Generator(device="cpu").manual_seed(int(seed) * 1_000_003 + 7_919 * int(layer) + int(salt))
 
 
 def _directions(n: int, d: int, norms: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -76,7 +78,7 @@ class RandomKeys:
 
     def _draw(self, layer: int) -> ControlLayer:
         view = self.view
-        gen = _generator(self.seed, layer)
+        gen = layer_generator(self.seed, layer)
         keys = view.keys(layer).detach()
         source = torch.randint(0, keys.shape[0], (self.n,), generator=gen)
         dtype, device = keys.dtype, keys.device
@@ -110,4 +112,4 @@ class RandomKeys:
         return self.layers[layer].source
 
 
-__all__ = ["DEFAULT_CONTROL_KEYS", "ControlLayer", "RandomKeys"]
+__all__ = ["DEFAULT_CONTROL_KEYS", "ControlLayer", "RandomKeys", "layer_generator"]
