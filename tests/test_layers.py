@@ -35,6 +35,7 @@ def test_the_layers_are_kept():
     ("experiments/values.py", "from ffkv.index import merge"),       # index and experiments are siblings
     ("memories/view.py", "from ffkv.corpus import CorpusSpec"),      # the model side never reads corpora
     ("store/run.py", "import ffkv.experiments.common"),              # the run contract sits below everything
+    ("experiments/census.py", "import ffkv.tools"),                  # the tools sit above the analysis core
 ])
 def test_a_forbidden_import_breaks_the_contract(tmp_path, module, forbidden):
     copy = tmp_path / "src" / "ffkv"
