@@ -41,6 +41,7 @@ class Architecture:
         base: model -> the module that runs the blocks without the LM head.
         conv1d: weights stored as (in, out), as in GPT-2's Conv1D.
         encoder: masked-LM encoder (bidirectional attention) rather than a causal LM.
+        embed: model -> the input token embedding (its output is what causal tracing corrupts).
     """
 
     family: str
@@ -58,6 +59,7 @@ class Architecture:
     parallel: Callable[[nn.Module], bool] = lambda model: False
     conv1d: bool = False
     encoder: bool = False
+    embed: Getter = lambda model: model.get_input_embeddings()
     notes: str = field(default="", compare=False)
 
 
@@ -212,6 +214,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         final_norm=lambda m: m.decoder.layer_norm,
         unembed=lambda m: m.decoder.output_layer,
         base=lambda m: m.decoder,
+        embed=lambda m: m.decoder.embed_tokens,
         notes="adaptive softmax: the unembedding's call gives exact log-probabilities; "
         "its weight is the effective (|V|, d) matrix (see ffkv.models.fairseq_lm)",
     ),
