@@ -103,7 +103,9 @@ def target_value(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: 
         keep = torch.zeros_like(chosen)
         keep[torch.arange(len(chosen)), last] = True
         chosen = chosen & keep
-    picked = logits[chosen].float()
+    picked = logits[chosen]
+    if picked.dtype in (torch.float16, torch.bfloat16):  # float32 and float64 models keep their precision
+        picked = picked.float()
     if target.token is None:
         gold = input_ids[:, 1:][chosen]
         return -torch.log_softmax(picked, -1).gather(1, gold[:, None]).sum()
@@ -158,7 +160,7 @@ def attribution_pass(loaded: LoadedModel, examples: Iterable, target: Target, op
                 for t in cap["ff_out"].values():
                     t.retain_grad()
                 value.backward()
-            sums.target += float(value)
+            sums.target += float(value.detach())
             for layer in range(L):
                 sums.grad_x_coef[layer] += gates[layer].grad.double().cpu().numpy()
                 sums.value_grads[layer] += value_gradient(cap["coefficients"][layer].detach(),
