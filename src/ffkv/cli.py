@@ -376,7 +376,127 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="the access token to require (default beyond loopback: a random one, printed in the URL)")
     p.add_argument("--no-token", action="store_true",
                    help="require no access token even beyond loopback (anyone who can reach the port gets in)")
+    _add_tool_commands(sub)
     return parser
+
+
+def _add_tool_commands(sub) -> None:
+    """The tools that act on memories (`ffkv.tools`): locate, attribute."""
+    p = sub.add_parser("locate", help="causal tracing: which layers and memories carry a fact (Meng et al. 2022)",
+                       description="Corrupt the subject's input embeddings with Gaussian noise (3 standard deviations "
+                                   "of the embeddings, seeded, several draws averaged) and restore, per layer and "
+                                   "token, the hidden state, the FF output and the attention output (a window of "
+                                   "layers): the indirect effect on p(answer) of each, as tables and heatmaps; then "
+                                   "single memories restored at the best FF layer, with the `ffkv intervene` command "
+                                   "that switches them off (docs/causal.md, docs/definitions.md).")
+    _add_model_options(p)
+    p.add_argument("--run", default=None, help="trace the model of this run (instead of --model); the printed "
+                                               "`ffkv intervene` commands name it")
+    p.add_argument("--facts", default=None, help="a JSONL file: one object per line with prompt, subject and "
+                                                 "optionally answer (or attribute)")
+    p.add_argument("--prompt", default=None, help="one prompt (with --subject)")
+    p.add_argument("--subject", default=None, help="the subject: a substring of --prompt made of whole tokens")
+    p.add_argument("--answer", default=None, help="the answer that continues --prompt (default: the model's own "
+                                                  "top prediction)")
+    p.add_argument("--out", required=True, help="folder for the tables (Parquet), locate.json and figures/")
+    p.add_argument("--samples", type=_positive_int, default=10, help="noise draws per cell (default: %(default)s)")
+    p.add_argument("--noise", type=float, default=3.0,
+                   help="noise standard deviation in multiples of the embeddings' (default: %(default)s)")
+    p.add_argument("--window", type=_positive_int, default=None,
+                   help="layers restored together for FF and attention outputs (default: round(10*L/48), "
+                        "ROME's 10 of 48 in proportion)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the noise (default: %(default)s)")
+    p.add_argument("--candidates", type=_positive_int, default=256,
+                   help="memories whose single restoration is measured (default: %(default)s)")
+    p.add_argument("--top-memories", type=_positive_int, default=10,
+                   help="memories listed and named in the intervene command (default: %(default)s)")
+    p.add_argument("--layer", type=_positive_int, default=None,
+                   help="trace the memories of this layer (from 1; default: the FF layer with the largest "
+                        "indirect effect)")
+    p.add_argument("--position", type=int, default=None,
+                   help="trace the memories at this token position (from 0; e.g. the subject's last token, "
+                        "ROME's early site; default: the one with the largest FF indirect effect)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+    p = sub.add_parser("attribute", help="per-memory attribution of the loss or a token over a corpus, "
+                                         "checked against switching memories off",
+                       description="Gradient x coefficient and integrated gradients (over the coefficient scale "
+                                   "0 to 1, --steps points) of every memory for a target summed over a corpus, "
+                                   "Spearman's rank correlation of each with the exact effect of switching memories "
+                                   "off (--check of them), and the vocabulary projection of the values' gradients "
+                                   "(the Backward Lens) (docs/causal.md, docs/definitions.md).")
+    _add_model_options(p)
+    _add_corpus_options(p, required=True)
+    p.add_argument("--run", default=None, help="attribute in the model of this run (instead of --model)")
+    p.add_argument("--target", default="loss",
+                   help='"loss" (default), or a token: one token as it reads in text (e.g. " Paris") or its id')
+    p.add_argument("--measure", default="logprob", choices=("logprob", "logit"),
+                   help="for a token target: its log-probability or its logit (default: %(default)s)")
+    p.add_argument("--positions", default="all", choices=("all", "last"),
+                   help="every position of each example, or its last (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=16, help="integrated-gradients points; 0: none (default: %(default)s)")
+    p.add_argument("--check", type=int, default=32,
+                   help="memories switched off exactly for the rank correlation; 0: none (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="examples per pass (default: %(default)s)")
+    p.add_argument("--top", type=_positive_int, default=10, help="memories printed (default: %(default)s)")
+    p.add_argument("--out", required=True, help="folder for attribute_memories.parquet, attribute_lens.parquet "
+                                                "and attribute.json")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def _tool_model(args: argparse.Namespace):
+    """The model of --run (its manifest's id and dtype) or of --model."""
+    from ffkv.models import load_model
+
+    if args.run is None:
+        return load_model(args.model, dtype=args.dtype, device=args.device)
+    from ffkv.store.run import RunDir
+
+    manifest = RunDir(args.run).require_complete()
+    return load_model(manifest.model.id, dtype=manifest.model.dtype, device=args.device)
+
+
+@command("locate")
+def _locate(args: argparse.Namespace) -> int:
+    from ffkv.tools.locate import Fact, LocateOptions, locate, read_facts, to_text, write_locate
+
+    if (args.facts is None) == (args.prompt is None):
+        raise FfkvError("give --facts FILE.jsonl, or --prompt with --subject")
+    if args.prompt is not None and args.subject is None:
+        raise FfkvError("--prompt needs --subject (a substring of the prompt)")
+    facts = read_facts(args.facts) if args.facts else [Fact(args.prompt, args.subject, args.answer)]
+    options = LocateOptions(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed,
+                            candidates=args.candidates, top_memories=args.top_memories,
+                            layer=None if args.layer is None else args.layer - 1, position=args.position)
+    loaded = _tool_model(args)
+    options.validate(loaded.view.n_layers)
+    tracings = locate(loaded, facts, options, progress=not args.no_progress)
+    for t in tracings:
+        print(to_text(t, args.top_memories, args.run))
+    write_locate(tracings, args.out, options, loaded.model_id)
+    print(f"tables and heatmaps written to {args.out} (figures/locate_fact_I.png)")
+    return 0
+
+
+@command("attribute")
+def _attribute(args: argparse.Namespace) -> int:
+    from ffkv.corpus import iter_examples
+    from ffkv.experiments.corpus_interventions import token_ids
+    from ffkv.tools.attribute import AttributeOptions, Target, attribute
+
+    loaded = _tool_model(args)
+    token = None
+    if args.target != "loss":
+        token = int(args.target) if args.target.strip().isdigit() else token_ids(loaded, [args.target])[0]
+    target = Target(token=token, measure=args.measure, positions=args.positions)
+    options = AttributeOptions(steps=args.steps, check=args.check, batch_size=args.batch_size)
+    spec = _corpus_spec(args, args.corpus)
+    result = attribute(loaded, lambda: iter_examples(spec, loaded.tokenizer), target, options,
+                       progress=not args.no_progress, total=args.max_examples, corpus=spec.to_dict())
+    print(result.to_text(args.top))
+    result.write(args.out)
+    print(f"tables written to {args.out}")
+    return 0
 
 
 @command("analyze")

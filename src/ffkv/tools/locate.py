@@ -14,7 +14,7 @@ For a fact (a prompt, its subject, and the answer the prompt should continue wit
 
    Indirect effect IE(l, t) = p_restored(l, t) - p_corrupted; total effect TE = p_clean - p_corrupted.
 
-4. **Memories**: at the FF cell with the largest IE among the subject's tokens (or the one asked for),
+4. **Memories**: at the FF cell with the largest IE (or the layer and/or position asked for),
    the memories' coefficients are restored one at a time (only m_i at layer l, position t, from the clean
    run: its contribution m_i·v_i): IE_i = p_restored_i - p_corrupted, measured exactly for the
    `candidates` memories whose restoration changes the FF output most (|m_i,clean - m_i,corrupted|·‖v_i‖),
@@ -73,7 +73,8 @@ class LocateOptions:
         kinds: which states are restored (`KINDS`).
         candidates: memories whose single restoration is measured at the best FF cell.
         top_memories: memories listed (and given to `ffkv intervene`).
-        layer, position: the FF cell the memories are traced at (None: the best among the subject's tokens).
+        layer, position: the FF cell the memories are traced at (None: the cell, or the layer's or position's
+            cell, with the largest FF indirect effect).
         max_rows: batch rows per forward pass (speed and memory only).
     """
 
@@ -319,7 +320,7 @@ def _trace_memories(loaded: LoadedModel, passes: _Passes, tracing: Tracing, ff: 
     if options.layer is not None and options.position is not None:
         layer, position = options.layer, options.position
     else:
-        columns = [options.position] if options.position is not None else tracing.subject
+        columns = [options.position] if options.position is not None else range(len(tracing.token_ids))
         rows = [options.layer] if options.layer is not None else range(view.n_layers)
         layer, position = max(((lay, t) for lay in rows for t in columns), key=lambda c: ff[c])
     tracing.cell = (layer, position)
@@ -449,6 +450,9 @@ def to_text(tracing: Tracing, top: int, run: str | None = None) -> str:
              f"{', '.join(str(p) for p in tracing.subject)}), answer {tracing.answer_token!r}",
              f"p clean {tracing.p_clean:.4f}, corrupted {tracing.p_corrupted:.4f}, total effect {tracing.total_effect:+.4f} "
              f"(noise std {tracing.noise_std:.4g})"]
+    if tracing.total_effect <= 0:
+        lines.append("  the corruption does not lower p(answer): the prediction does not rest on the subject here, "
+                     "and the effects below locate nothing")
     for kind, table in tracing.effects.items():
         ie = table - tracing.p_corrupted
         layer, position = np.unravel_index(int(np.argmax(ie)), ie.shape)
@@ -461,5 +465,6 @@ def to_text(tracing: Tracing, top: int, run: str | None = None) -> str:
         for r in tracing.memories.head(top).itertuples():
             lines.append(f"  {layer + 1}:{int(r.key):<6} indirect effect {r.indirect_effect:+.4f}  "
                          f"m clean {r.coefficient_clean:+.3f}, corrupted {r.coefficient_corrupted:+.3f}")
-        lines.append("switch them off on a corpus: " + intervene_command(tracing, top, run))
+        lines.append("switch them off on a corpus: " + intervene_command(tracing, top, run)
+                     + ("" if run else "   (RUN: an indexed run of this model, `ffkv index`)"))
     return "\n".join(lines)
