@@ -207,3 +207,18 @@ def test_damaged_facts_files_are_named(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(FfkvError, match=message):
         read_facts(path)
+
+
+def test_the_papers_fairseq_model_traces(tmp_path):
+    """The adaptive input's output is what is corrupted (`Architecture.embed` names it for fairseq)."""
+    import ffkv.models  # noqa: F401 - registers the loaders
+    from ffkv.models.loading import load_model
+    from models.test_fairseq_lm import _write_checkpoint
+
+    _write_checkpoint(tmp_path, cfg=True)
+    loaded = load_model(str(tmp_path))
+    t = trace_fact(loaded, Fact("w3 w20 w7 well", "w20"), LocateOptions(samples=2, candidates=4))
+    L, T = loaded.view.n_layers, len(t.token_ids)
+    assert t.p_corrupted != pytest.approx(t.p_clean, abs=1e-6)
+    assert t.effects["hidden"][L - 1, T - 1] == pytest.approx(t.p_clean, abs=1e-6)
+    np.testing.assert_allclose(t.effects["ff_out"][:, :t.subject[0]], t.p_corrupted, atol=1e-6)
