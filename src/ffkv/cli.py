@@ -481,8 +481,8 @@ def _locate(args: argparse.Namespace) -> int:
 @command("attribute")
 def _attribute(args: argparse.Namespace) -> int:
     from ffkv.corpus import iter_examples
-    from ffkv.experiments.corpus_interventions import token_ids
     from ffkv.tools.attribute import AttributeOptions, Target, attribute
+    from ffkv.tools.intervene import token_ids
 
     loaded = _tool_model(args)
     token = None

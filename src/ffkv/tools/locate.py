@@ -40,8 +40,10 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import progress_bar
-from ffkv.experiments.heldout import _final_logits
+from ffkv.memories.address import edit_text
+from ffkv.memories.interventions import Intervention
 from ffkv.memories.patching import Restore, corrupt_and_restore, embedding_std
+from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic
 
@@ -231,7 +233,7 @@ class _Passes:
             view.forward(ids, torch.ones_like(ids), with_head=True)
         head = cap["head_in"].get(-1)
         last = cap["resid_post"][view.n_layers - 1][:, -1] if head is None else None
-        logits = _final_logits(view, None if head is None else head[:, -1], last)
+        logits = final_logits(view, None if head is None else head[:, -1], last)
         p = logits.float().softmax(-1)[:, self.answer].double().cpu()
         m = cap["coefficients"][capture_layer].float().cpu() if capture_layer is not None else None
         return p, m
@@ -385,7 +387,8 @@ def memories_table(tracings: Sequence[Tracing]) -> pd.DataFrame:
 def intervene_command(tracing: Tracing, top: int, run: str | None = None) -> str:
     """The `ffkv intervene` command that switches the fact's top memories off (layers from 1 on the command line)."""
     memories = tracing.memories.head(top)
-    offs = " ".join(f"--off {int(r.layer) + 1}:{int(r.key)}" for r in memories.itertuples())
+    offs = " ".join("--off " + edit_text(Intervention(int(r.layer), int(r.key), "off"))[1]
+                    for r in memories.itertuples())
     return f"ffkv intervene {run or 'RUN'} {offs}"
 
 
