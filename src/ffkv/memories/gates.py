@@ -8,32 +8,23 @@ constants, outside autograd); leaving the block removes it.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import torch
 from jaxtyping import Float
 
 from ffkv.errors import FfkvError
+from ffkv.memories.interventions import rewrite_coefficients
 from ffkv.memories.view import MemoryView
 
 
-@contextmanager
-def gate_coefficients(view: MemoryView, gates: Mapping[int, Float[torch.Tensor, "d_m"]]) -> Iterator[None]:
-    """Within the block, layer l's coefficients are multiplied by gates[l] (d_m,) at every position."""
-    handles = []
+def gate_coefficients(view: MemoryView, gates: Mapping[int, Float[torch.Tensor, "d_m"]]):
+    """Within the block (a context manager), layer l's coefficients are multiplied by gates[l] (d_m,) at every
+    position (`ffkv.memories.interventions.rewrite_coefficients`)."""
     for layer, gate in gates.items():
         if not 0 <= layer < view.n_layers:
             raise FfkvError(f"layer {layer} does not exist: this model has layers 0..{view.n_layers - 1}")
         if tuple(gate.shape) != (view.d_m,):
             raise FfkvError(f"a gate of layer {layer} has shape {tuple(gate.shape)}, expected ({view.d_m},)")
-
-        def pre(module, args, gate=gate):
-            return (args[0] * gate.to(args[0].dtype), *args[1:])
-
-        handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(pre))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return rewrite_coefficients(view, {layer: (lambda m, gate=gate: m * gate.to(m.dtype))
+                                       for layer, gate in gates.items()})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal, Mapping
 
 import torch
 
@@ -55,9 +55,27 @@ def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[
 
 
 @contextmanager
-def intervene(view: MemoryView, interventions: Iterable[Intervention]) -> Iterator[None]:
-    """Within the block, each listed memory's coefficient is rewritten at every position."""
+def rewrite_coefficients(view: MemoryView, rewrites: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]
+                         ) -> Iterator[None]:
+    """Within the block, layer l's coefficients m (batch, pos, d_m) are replaced by rewrites[l](m) on their way
+    into the second FF matrix: the one hook every rewrite of m uses (`intervene`, the gates of
+    `ffkv.memories.gates`). Leaving the block, also on an error, removes every hook."""
     handles = []
+    try:
+        for layer, rewrite in rewrites.items():
+            def pre(module, args, rewrite=rewrite):
+                return (rewrite(args[0]), *args[1:])
+
+            handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(pre))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def intervene(view: MemoryView, interventions: Iterable[Intervention]):
+    """Within the block (a context manager), each listed memory's coefficient is rewritten at every position."""
+    rewrites = {}
     for layer, edits in _per_layer(view, interventions).items():
         keys = torch.tensor(sorted(edits), dtype=torch.long, device=view.device)
         ordered = [edits[k] for k in sorted(edits)]
@@ -65,15 +83,10 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention]) -> Iterat
         is_set = torch.tensor([e.op == "set" for e in ordered], device=view.device)
         setting = torch.tensor([e.value for e in ordered], device=view.device)
 
-        def pre(module, args, keys=keys, factor=factor, is_set=is_set, setting=setting):
-            m = args[0].clone()
-            chosen = m[..., keys]
-            m[..., keys] = torch.where(is_set, setting.to(m.dtype), chosen * factor.to(m.dtype))
-            return (m, *args[1:])
+        def rewrite(m, keys=keys, factor=factor, is_set=is_set, setting=setting):
+            m = m.clone()
+            m[..., keys] = torch.where(is_set, setting.to(m.dtype), m[..., keys] * factor.to(m.dtype))
+            return m
 
-        handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(pre))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+        rewrites[layer] = rewrite
+    return rewrite_coefficients(view, rewrites)
