@@ -369,6 +369,8 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--sample", type=_positive_int, default=10, help="memories per layer, seeded (default: %(default)s)")
     p.add_argument("--controls", type=int, default=0, metavar="N",
                    help="also explain N random control memories per layer, the baseline (default: %(default)s)")
+    p.add_argument("--direction", default="both", choices=("both", "positive", "negative"),
+                   help="which directions of a signed model's memories (default: %(default)s, each on its own)")
     p.add_argument("--projection", default=None, choices=("default", "paper", "identity", "final-norm"),
                    help="the value projection whose top tokens are shown (default: the run's default, identity)")
 
@@ -556,7 +558,8 @@ def _explain(args: argparse.Namespace) -> int:
     backend = open_backend(args.backend, concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
                            device=args.device)
     rows = explain(args.run, backend, layers=_layer_list(args.layers), memories=_memory_list(args.memories),
-                   sample=args.sample, controls=args.controls, seed=args.seed, projection=args.projection,
+                   sample=args.sample, controls=args.controls, seed=args.seed, direction=args.direction,
+                   projection=args.projection,
                    loaded=_run_model(args), progress=not args.no_progress)
     spent = int(rows["prompt_tokens"].sum() + rows["completion_tokens"].sum()) if len(rows) else 0
     print(f"explanations written: {len(rows)} rows in {args.run}/metrics/explanations.parquet "

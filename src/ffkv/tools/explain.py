@@ -92,14 +92,17 @@ def window(n_tokens: int, position: int, width: int = WINDOW, after: int = AFTER
 
 
 def prompt_hash(identity: str, messages: Sequence[Message], max_tokens: int) -> str:
-    """The SHA-256 a request is stored and de-duplicated by: who answers, what is asked, how long an answer."""
+    """The SHA-256 a request is stored and de-duplicated by: which model answers (`Backend.answerer`), what is
+    asked, how long an answer may be."""
     text = json.dumps({"by": identity, "messages": list(messages), "max_tokens": max_tokens}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def choose_targets(ctx: RunContext, layers: Sequence[int] | None = None, memories: Sequence[tuple[int, int]] = (),
-                   sample: int = DEFAULT_SAMPLE, controls: int = 0, seed: int = 0) -> list[Target]:
-    """The memories to explain (layers 0-based), each in every direction the run holds.
+                   sample: int = DEFAULT_SAMPLE, controls: int = 0, seed: int = 0,
+                   direction: str = "both") -> list[Target]:
+    """The memories to explain (layers 0-based), each in every direction the run holds (`direction` "both"), or
+    in one ("positive", "negative").
 
     Args:
         layers: layers to sample from (default all; ignored when `memories` names some).
@@ -109,6 +112,12 @@ def choose_targets(ctx: RunContext, layers: Sequence[int] | None = None, memorie
     """
     view = ctx.view
     directions = (1, -1) if ctx.manifest.sign == "both" else (1,)
+    if direction not in ("both", "positive", "negative"):
+        raise FfkvError(f"direction must be both, positive or negative, got {direction!r}")
+    if direction == "negative" and -1 not in directions:
+        raise FfkvError(f"{ctx.run.path} holds only the positive direction (indexed with --sign positive)")
+    if direction != "both":
+        directions = (1,) if direction == "positive" else (-1,)
     if controls and not ctx.has_control:
         raise FfkvError(f"{ctx.run.path} holds no random-key control; index again with --control-keys N, or "
                         "leave out --controls")
@@ -297,14 +306,14 @@ def run_requests(backend: Backend, jobs: Sequence[tuple[str, Callable[[], dict]]
 
 def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
             memories: Sequence[tuple[int, int]] = (), sample: int = DEFAULT_SAMPLE, controls: int = 0,
-            seed: int = 0, projection: str | None = None, loaded=None, progress: bool = True,
-            say: Callable[[str], None] | None = None) -> pd.DataFrame:
+            seed: int = 0, direction: str = "both", projection: str | None = None, loaded=None,
+            progress: bool = True, say: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Explain memories of a complete run (module docstring); the explanations table's rows, every one stored.
 
     Args:
         run: the run directory.
         backend: the explainer (`ffkv.tools.llm_backends.open_backend`).
-        layers, memories, sample, controls, seed: which memories (`choose_targets`; 0-based layers).
+        layers, memories, sample, controls, seed, direction: which memories (`choose_targets`; 0-based layers).
         projection: the value projection (`ffkv analyze --projection`; default the run's default, identity).
         say: where the line before starting goes (default stderr).
     """
@@ -313,7 +322,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
     ctx = RunContext(run_dir, manifest, loaded, projections=Projections.choose(projection), progress=progress,
                      seed=seed)
     with run_dir.lock(TABLE):
-        targets = choose_targets(ctx, layers, memories, sample, controls, seed)
+        targets = choose_targets(ctx, layers, memories, sample, controls, seed, direction)
         shown = gather(ctx, targets, ctx.projections.values)
         journal = Journal(run_dir, TABLE, metric=True, step="explain", every=max(4, backend.concurrency), key="row")
         done = journal.done()
@@ -323,7 +332,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
         sent: set[str] = set()
         for t in targets:
             messages = explain_messages(ctx, t, shown[t])
-            h = prompt_hash(backend.identity, messages, MAX_TOKENS)
+            h = prompt_hash(backend.answerer, messages, MAX_TOKENS)
             row_key = f"{t.name}|{h}"
             if row_key in stored:
                 continue

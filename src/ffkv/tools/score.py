@@ -164,7 +164,7 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
                 for e, start, end in texts[t]:
                     pieces = [piece(ctx, x) for x in tokens[e][start:end]]
                     messages = simulation_messages(explanation, pieces)
-                    h = prompt_hash(simulator.identity, messages, 0)
+                    h = prompt_hash(simulator.answerer, messages, 0)
                     hashes.append(h)
                     if h in done or h in asked:
                         continue
