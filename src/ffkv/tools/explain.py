@@ -34,6 +34,7 @@ import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import Projections, RunContext, open_run, progress_bar
+from ffkv.experiments.explanations import EXPLANATIONS
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import scan_values
 from ffkv.store.lock import now_iso
@@ -41,8 +42,8 @@ from ffkv.tools.activations import token_coefficients
 from ffkv.tools.journal import Journal
 from ffkv.tools.llm_backends import Backend, Message
 
-#: The metrics table.
-TABLE = "explanations"
+#: The metrics table (its name's owner: `ffkv.experiments.explanations`, the report's section).
+TABLE = EXPLANATIONS
 #: Memories per layer when none are named (seeded).
 DEFAULT_SAMPLE = 10
 #: Trigger examples shown to the explainer (the even ranks), tokens per example window, tokens after the trigger.

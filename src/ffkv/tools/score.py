@@ -35,14 +35,13 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
+from ffkv.experiments.explanations import BY_LAYER, SCORES
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.tools.explain import (TABLE, WINDOW, Target, coefficients_of, held_out_ranks, piece, prompt_hash,
                                 run_requests, shown_ranks, trigger_rows, window)
 from ffkv.tools.journal import KEY, Journal
 from ffkv.tools.llm_backends import Backend, Message
 
-SCORES = "explanation_scores"
-BY_LAYER = "explanation_scores_by_layer"
 SIMULATIONS = "explanation_simulations"
 #: Held-out texts per explanation: top-activating (odd trigger ranks) and random.
 TOP_EXAMPLES = 5
