@@ -223,3 +223,26 @@ def test_the_key_is_sent_and_never_written(fresh, monkeypatch):
     for path in Path(run).rglob("*"):
         if path.is_file():
             assert b"sk-secret-test-key" not in path.read_bytes(), path
+
+
+def test_the_commands_print_the_plan_the_scores_and_one_line_errors(fresh, capsys):
+    from ffkv import cli
+    from support.explain_runs import install
+
+    install()
+    run, _ = fresh
+    with ChatServer() as server:
+        backend = f"openai:{server.url}#rule"
+        assert cli.main(["explain", str(run), "--explainer", backend, "--memories", "1:5,1:1,2:3", "--controls", "1",
+                         "--no-progress"]) == 0
+        assert cli.main(["score", str(run), "--simulator", backend, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    # 3 memories and 1 control memory in each of the 2 layers they are in, both directions
+    assert "explain: 10 requests to openai:" in err and "explanations written: 10 rows" in out
+    assert "layer 1: score" in out and "layer 2: score" in out and "shuffled" in out and "control" in out
+    assert cli.main(["explain", str(run), "--explainer", "openai:http://127.0.0.1:9/v1#m", "--retries", "0",
+                     "--memories", "1:7", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ffkv: error: the server http://127.0.0.1:9/v1 could not be reached after 1 tries")
+    assert cli.main(["explain", str(run), "--explainer", "gpt4", "--no-progress"]) == 2
+    assert "unknown backend 'gpt4'" in capsys.readouterr().err
