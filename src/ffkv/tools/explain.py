@@ -322,7 +322,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
     run_dir, manifest, loaded = open_run(run, loaded)
     ctx = RunContext(run_dir, manifest, loaded, projections=Projections.choose(projection), progress=progress,
                      seed=seed)
-    with run_dir.lock(TABLE):
+    with run_dir.lock("explain"):
         targets = choose_targets(ctx, layers, memories, sample, controls, seed, direction)
         shown = gather(ctx, targets, ctx.projections.values)
         journal = Journal(run_dir, TABLE, metric=True, step="explain", every=max(4, backend.concurrency), key="row")
