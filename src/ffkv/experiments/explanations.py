@@ -48,7 +48,8 @@ def memory_explanations(run) -> pd.DataFrame:
         rows = rows.merge(own, on=on, how="left").merge(shuffled, on=on, how="left")
     else:
         rows = rows.assign(score=np.nan, shuffled_score=np.nan, simulator=None)
-    return rows[columns].sort_values(["layer", "key", "direction"], ascending=[True, True, False]).reset_index(drop=True)
+    rows = rows[columns].sort_values(["layer", "key", "direction"], ascending=[True, True, False])
+    return rows.reset_index(drop=True)
 
 
 def skip_reason(ctx: RunContext) -> str | None:
