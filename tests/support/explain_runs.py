@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ffkv.corpus import CorpusSpec
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.models import loading
 from ffkv.models.loading import LoadedModel
 from support.helpers import loaded_tiny
