@@ -117,6 +117,14 @@ class Run:
             self.dir.read_metric(name)  # the clear error
         return self.dir.metric_description(name)
 
+    def explanations(self) -> pd.DataFrame:
+        """The memories' explanations (`ffkv explain`) with their simulation score and the shuffled baseline's
+        (`ffkv score`; NaN before it): layer (0-based), key, direction, explanation, explainer, score,
+        shuffled_score, simulator. Empty before `ffkv explain`."""
+        from ffkv.experiments.explanations import memory_explanations
+
+        return memory_explanations(self.dir)
+
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.metric(name)
 

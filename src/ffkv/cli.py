@@ -356,6 +356,37 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
                    help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
 
+    p = sub.add_parser("explain", help="one sentence per memory from a language model (Bills et al. 2023)",
+                       description="Show a language model each chosen memory's top trigger examples (even ranks; "
+                                   "each token's activation marked 0-10) and its value's top tokens, and store its "
+                                   "one-sentence explanation in RUN/metrics/explanations.parquet (both directions "
+                                   "of a signed model, each on its own). Resumable: what is stored is never asked "
+                                   "again. Layers count from 1 (docs/explain.md).")
+    _add_llm_options(p, "--explainer")
+    p.add_argument("--layers", default=None, metavar="L,L,...", help="layers to sample from, from 1 (default: all)")
+    p.add_argument("--memories", default=None, metavar="L:K,...",
+                   help="explain these memories (layer from 1, key from 0) instead of a sample")
+    p.add_argument("--sample", type=_positive_int, default=10, help="memories per layer, seeded (default: %(default)s)")
+    p.add_argument("--controls", type=int, default=0, metavar="N",
+                   help="also explain N random control memories per layer, the baseline (default: %(default)s)")
+    p.add_argument("--direction", default="both", choices=("both", "positive", "negative"),
+                   help="which directions of a signed model's memories (default: %(default)s, each on its own)")
+    p.add_argument("--projection", default=None, choices=("default", "paper", "identity", "final-norm"),
+                   help="the value projection whose top tokens are shown (default: the run's default, identity)")
+
+    p = sub.add_parser("score", help="score the stored explanations by simulation on held-out text",
+                       description="A simulator sees only an explanation and predicts the memory's activation 0-10 "
+                                   "at every token of held-out texts (odd-rank trigger examples and random windows, "
+                                   "never shown to the explainer); the score is the correlation with the true "
+                                   "coefficients. Baselines: shuffled explanations and the control memories'. "
+                                   "Writes RUN/metrics/explanation_scores*.parquet (docs/explain.md).")
+    _add_llm_options(p, "--simulator")
+    p.add_argument("--layers", default=None, metavar="L,L,...", help="score only these layers, from 1 (default: all)")
+    p.add_argument("--top-examples", type=int, default=5,
+                   help="held-out top-activating examples per explanation (default: %(default)s)")
+    p.add_argument("--random-examples", type=int, default=5,
+                   help="random windows of the corpus per explanation (default: %(default)s)")
+
     p = sub.add_parser("serve", help="explore a run in the browser: memories, search, trace, intervene, annotate",
                        description="The explorer at http://HOST:PORT/: the overview, every layer's keys, every "
                                    "memory (value under a chosen projection, activation histogram, trigger examples "
@@ -588,6 +619,91 @@ def _demo(args: argparse.Namespace) -> int:
     from ffkv.demo import run_demo
 
     run_demo(args.out, n_eval=args.n_eval, progress=not args.no_progress)
+    return 0
+
+
+def _add_llm_options(p: argparse.ArgumentParser, flag: str) -> None:
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument(flag, dest="backend", required=True, metavar="BACKEND",
+                   help="openai:URL#MODEL (a chat-completions server; key from $FFKV_LLM_API_KEY or "
+                        "$OPENAI_API_KEY) or local:PATH (a transformers model directory or a GGUF file)")
+    p.add_argument("--concurrency", type=_positive_int, default=4, help="requests at once to a server (default: %(default)s)")
+    p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request (default: %(default)s)")
+    p.add_argument("--retries", type=int, default=2, help="retries of a failed request (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="where a local model and the run's model run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the samples and the shuffle (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _layer_list(text: str | None, what: str = "--layers") -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) - 1 for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise FfkvError(f"{what} takes layers from 1, comma-separated (e.g. 1,15,30), got {text!r}") from None
+
+
+def _memory_list(text: str | None) -> list[tuple[int, int]]:
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        layer, sep, key = item.partition(":")
+        try:
+            out.append((int(layer) - 1, int(key)))
+        except ValueError:
+            raise FfkvError(f"--memories takes L:K pairs (layer from 1, key from 0), got {item!r}") from None
+        if not sep:
+            raise FfkvError(f"--memories takes L:K pairs (layer from 1, key from 0), got {item!r}")
+    return out
+
+
+def _run_model(args: argparse.Namespace):
+    """The run's model on --device (None on the CPU: the tool loads it itself)."""
+    if args.device == "cpu":
+        return None
+    from ffkv.models import load_model
+    from ffkv.store.run import RunDir
+
+    model = RunDir(args.run).require_complete().model
+    return load_model(model.id, dtype=model.dtype, device=args.device)
+
+
+@command("explain")
+def _explain(args: argparse.Namespace) -> int:
+    from ffkv.tools.explain import explain
+    from ffkv.tools.llm_backends import open_backend
+
+    if args.controls < 0:
+        raise FfkvError("--controls must be 0 or more")
+    backend = open_backend(args.backend, concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
+                           device=args.device)
+    rows = explain(args.run, backend, layers=_layer_list(args.layers), memories=_memory_list(args.memories),
+                   sample=args.sample, controls=args.controls, seed=args.seed, direction=args.direction,
+                   projection=args.projection,
+                   loaded=_run_model(args), progress=not args.no_progress)
+    spent = int(rows["prompt_tokens"].sum() + rows["completion_tokens"].sum()) if len(rows) else 0
+    print(f"explanations written: {len(rows)} rows in {args.run}/metrics/explanations.parquet "
+          f"({spent:,} tokens spent in all)")
+    return 0
+
+
+@command("score")
+def _score(args: argparse.Namespace) -> int:
+    from ffkv.tools.llm_backends import open_backend
+    from ffkv.tools.score import score
+
+    backend = open_backend(args.backend, concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
+                           device=args.device)
+    _, layers = score(args.run, backend, top_examples=args.top_examples, random_examples=args.random_examples,
+                      seed=args.seed, layers=_layer_list(args.layers), loaded=_run_model(args),
+                      progress=not args.no_progress)
+    for r in layers.itertuples():
+        print(f"layer {r.layer + 1}: score {r.score:.3f} [{r.score_ci_low:.3f}, {r.score_ci_high:.3f}] (n {r.n_score}); "
+              f"shuffled {r.shuffled:.3f} [{r.shuffled_ci_low:.3f}, {r.shuffled_ci_high:.3f}]; "
+              f"control {r.control:.3f} [{r.control_ci_low:.3f}, {r.control_ci_high:.3f}] (n {r.n_control})")
+    print(f"scores written: {args.run}/metrics/explanation_scores.parquet and explanation_scores_by_layer.parquet")
     return 0
 
 

@@ -79,6 +79,7 @@ class ExplorerData:
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
+        self.explanations = self._load_explanations()
         self.experiment_columns = self._load_experiment_columns()
         self._tokens: list[str] | None = None
         self._token_array: np.ndarray | None = None
@@ -138,6 +139,23 @@ class ExplorerData:
             t = t.set_index(["layer", "key"]).sort_index()
             joined = t if joined is None else joined.join(t, how="outer")
         return joined
+
+    def _load_explanations(self) -> pd.DataFrame:
+        """Every memory's explanations and scores (`ffkv explain`, `ffkv score`), indexed by (layer, key)."""
+        from ffkv.experiments.explanations import memory_explanations
+
+        return memory_explanations(self.run).set_index(["layer", "key"], drop=False).sort_index()
+
+    def explanations_of(self, layer: int, key: int) -> list[dict]:
+        """A memory's explanations (one per direction and explainer), with score and shuffled baseline (None
+        before `ffkv score`)."""
+        if (layer, key) not in self.explanations.index:
+            return []
+        rows = self.explanations.loc[[(layer, key)]]
+        return [{"direction": int(r.direction), "explanation": r.explanation, "explainer": r.explainer,
+                 "score": None if pd.isna(r.score) else float(r.score),
+                 "shuffled_score": None if pd.isna(r.shuffled_score) else float(r.shuffled_score),
+                 "simulator": r.simulator if isinstance(r.simulator, str) else None} for r in rows.itertuples()]
 
     def census_of(self, layer: int, key: int) -> dict | None:
         """The census row of a key (columns of `CENSUS_COLUMNS`' new names), or None before the census ran."""
@@ -363,6 +381,7 @@ class ExplorerData:
             "surface": {"token": common_last, "share": n_last / len(positive) if positive else 0.0},
             "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
             "census": self.census_of(layer, key),
+            "explanations": self.explanations_of(layer, key),
             # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.
             "dead": labels["auto"].get("label") == "dead",
         }

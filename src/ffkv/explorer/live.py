@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ffkv.batching import collate, length_batches
-from ffkv.corpus import Example
 from ffkv.memories.projection import logits
 from ffkv.models.loading import LoadedModel
+from ffkv.tools.activations import token_coefficients
 
 #: The projections the memory page offers: name -> (N of SPEC section 1, shown as).
 VALUE_PROJECTIONS = {"identity": ("identity", "p"), "final-norm": ("final-norm", "p"), "logits": ("identity", "logit")}
@@ -44,23 +43,12 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
             "target_rank": 1 + int((z > z[int(target)]).sum()) if known else None}
 
 
-@torch.no_grad()
 def context_coefficients(loaded: LoadedModel, layer: int, key: int, token_lists: list[list[int]],
                          batch_size: int = 16) -> list[np.ndarray]:
-    """m_i of key `key` of `layer` at every position of each whole example (float32 arrays, in input order).
+    """m_i of key `key` of `layer` at every position of each whole example (float32 arrays, in input order;
+    `ffkv.tools.activations.token_coefficients`, the owner).
 
     For a causal model the value at position j is the prefix x_1..x_{j+1}'s coefficient, so the
     trigger position's value equals the stored one; an encoder sees the whole example, as the index does.
     """
-    view = loaded.view
-    examples = [Example(i, np.asarray(t, dtype=np.int64), "") for i, t in enumerate(token_lists)]
-    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(examples)
-    special = loaded.special_ids
-    for group in length_batches([e for e in examples if len(e.token_ids)], batch_size):
-        batch = collate(group, loaded.tokenizer.pad_id, special)
-        with view.capture(("coefficients",), layers=[layer], stop_early=True) as cap:
-            view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))
-        m = cap["coefficients"][layer][..., key].float().cpu().numpy()
-        for row, example_id in enumerate(batch.example_ids.tolist()):
-            out[example_id] = m[row, :len(examples[example_id].token_ids)].copy()
-    return out
+    return [m[:, 0] for m in token_coefficients(loaded, layer, [key], token_lists, batch_size=batch_size)]

@@ -330,6 +330,7 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
                           for t in m["value"]["top"]],
                   "bottom": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
                              for t in m["value"]["bottom"]]},
+        "explanations": m["explanations"],
         "statistics": {k: _plain(v) for k, v in m["stats"].items() if k != "activation_histogram"},
         "activation_histogram": m["histogram"],
         "trigger_examples": [

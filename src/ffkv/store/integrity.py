@@ -87,11 +87,17 @@ class Problem:
         return f"{Path(run) / self.path} is {self.state}{why}: {self.fix}"
 
 
+#: Tables written by a command of their own rather than an `ffkv analyze` step: step -> that command.
+TOOL_STEPS = {"explain": "ffkv explain", "score": "ffkv score"}
+
+
 def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
     """How a table of the run is written again: by its `ffkv analyze` step, or (an index table) not in place."""
     if rel in INDEX_TABLES:
         return ("the index cannot be rewritten in place: index the corpus again into a new folder "
                 f"(`ffkv index`, with the options in {Path(run) / 'manifest.json'})")
+    if step in TOOL_STEPS:
+        return f"rewrite it with `{TOOL_STEPS[step]} {run}`"
     if step is None or step in EVERY_ANALYZE:
         return f"rewrite it with `ffkv analyze {run} --only lookups` (it is written at the end of every analyze)"
     return f"rewrite it with `ffkv analyze {run} --only {step}`"

