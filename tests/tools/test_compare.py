@@ -118,3 +118,31 @@ def test_runs_on_other_corpora_or_tokenizers_are_refused_with_one_line(tmp_path,
     with pytest.raises(FfkvError, match="tokenized the corpus differently"):
         cmp.compare_runs(run_a, run_c, loaded=(a, bos), progress=False)
     assert not (run_a / "compare").exists()
+
+
+def test_the_command_compares_two_runs_and_refuses_other_corpora_with_one_line(tmp_path, corpus, capsys, monkeypatch):
+    """`ffkv compare` on two runs of one model (tiny-gpt2, loaded from the manifests): every key matches itself with
+    correlation 1, one line per layer; runs on another corpus: one error line, exit 2, nothing written."""
+    from ffkv import cli
+    from ffkv.models import loading
+    from support import tiny_cli
+    from support.cli_runs import error_line
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(reversed(corpus_lines(24))) + "\n")
+    for name, text in (("a", corpus), ("b", corpus), ("c", other)):
+        assert cli.main(["index", "--model", "tiny-gpt2", "--corpus", str(text), "--unit", "line",
+                         "--out", str(tmp_path / name), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp"),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("layer ") == 3 and "written:" in out
+    keys = pd.read_parquet(tmp_path / "cmp" / "keys.parquet")
+    live = keys["correlation"].notna()
+    assert (keys.loc[live, "best_match"] == keys.loc[live, "key"]).all()
+    np.testing.assert_allclose(keys.loc[live, "correlation"], 1.0, atol=1e-6)
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--no-progress"]) == 2
+    assert "different corpora" in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "a" / "compare").exists()
