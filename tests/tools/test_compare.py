@@ -73,6 +73,18 @@ def test_a_permuted_copy_is_matched_key_for_key_with_correlation_one(tmp_path, c
         row = layers[layers.layer == layer].iloc[0]
         assert row.n_keys == live.sum() and row.universal_share == pytest.approx((own["excess"] > 0.5).sum() / live.sum())
         assert row.universal_share_ci_low <= row.universal_share <= row.universal_share_ci_high
+    # The explorer's memory page names the matched memory.
+    from starlette.testclient import TestClient
+
+    from ffkv.explorer import create_app
+
+    key = int(np.flatnonzero(keys[keys.layer == 0].sort_values("key")["correlation"].notna())[0])
+    with TestClient(create_app(run_a, loaded=a), base_url="http://127.0.0.1:8000") as client:
+        page = client.get(f"/memory/1/{key}")
+    assert page.status_code == 200, page.text[:300]
+    line = page.text[page.text.index('id="compare-match"'):]
+    line = line[:line.index("</p>")]
+    assert f">1:{int(np.argsort(perms[0])[key])}</code>" in line and "correlation 1.000" in line
 
 
 def test_streamed_correlations_and_the_rotation_baseline_match_a_brute_force(tmp_path, corpus):

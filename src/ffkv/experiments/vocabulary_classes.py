@@ -14,8 +14,8 @@ For each memory i of layer l, with value v_i (its w_out):
 - **null-space share**: the share of ‖v_i‖² in the span of the k = max(1, round(d/100)) right singular directions
   of the prepared unembedding with the smallest singular values, the statistic of Stolfo et al. 2024's entropy
   neurons (a random direction's expected share: k/d). Entropy neurons also need their total effect through the
-  final normalization measured on text, far above the direct one; that is not computed here, so no memory is
-  called one.
+  final normalization measured on text, far above the direct one: `ffkv.experiments.confidence_neurons` measures
+  it, with the token-frequency and GLU classes.
 
 The null: `N_CONTROL` random directions per layer, each a seeded random mixture of the layer's values (Gaussian
 weights, so with the second moment of the values: a trained layer's values crowd into a few directions of the

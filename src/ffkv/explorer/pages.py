@@ -23,6 +23,7 @@ from ffkv.presentation.style import CSS, layer_number, number, percent, token_ht
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.store.annotations import LABELS
+from ffkv.tools.compare import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
     from ffkv.explorer.tracing import TraceResult
@@ -285,7 +286,8 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
             "signed": bool(extreme[-1]), "strongest": strongest,
             "projection_note": PROJECTION_NOTES[m["projection"]],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
-            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size,
+            "match": match_of(data.run.path, layer, key)}
 
 
 def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,

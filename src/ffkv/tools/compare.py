@@ -225,6 +225,22 @@ def read_matches(run: str | Path) -> pd.DataFrame | None:
     return table
 
 
+def match_of(run: str | Path, layer: int, key: int) -> dict | None:
+    """The best match of memory (layer, key) (0-based) in the model RUN/compare compared this run's with, as the
+    explorer's memory page shows it: model_b, run_b, layer, key, correlation, excess, universal; None without one."""
+    table = read_matches(run)
+    if table is None:
+        return None
+    row = table[(table["layer"] == layer) & (table["key"] == key)]
+    if row.empty or int(row["best_match"].iloc[0]) < 0:
+        return None
+    about = describe(Path(run) / FOLDER)
+    excess = float(row["excess"].iloc[0])
+    return {"model_b": about.get("model_b"), "run_b": about.get("run_b"), "layer": layer,
+            "key": int(row["best_match"].iloc[0]), "correlation": float(row["correlation"].iloc[0]),
+            "excess": excess, "universal": excess > EXCESS_CUT}
+
+
 def describe(folder: str | Path) -> dict:
     """compare.json of a written comparison."""
     return json.loads((Path(folder) / "compare.json").read_text())
