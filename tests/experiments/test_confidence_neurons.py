@@ -132,8 +132,8 @@ def test_planted_entropy_and_token_frequency_memories_are_classed_right(tmp_path
     assert planted["total_effect"] > 1e-2 and planted["direct_effect"] < 1e-3 * planted["total_effect"]
     assert keys.loc[(last, 4), "entropy_candidate"] == False  # noqa: E712 - large, but along a token
     assert keys.loc[(freq_layer, freq_key), "class"] == "token_frequency"
-    assert keys.loc[(freq_layer, freq_key), "frequency_cos"] == pytest.approx(1.0, abs=1e-5)
-    assert keys.loc[(last, entropy_key), "frequency_cos"] == pytest.approx(0.0, abs=1e-5)
+    assert keys.loc[(freq_layer, freq_key), "unigram_cos"] == pytest.approx(1.0, abs=1e-5)
+    assert keys.loc[(last, entropy_key), "unigram_cos"] == pytest.approx(0.0, abs=1e-5)
     assert not keys.loc[(freq_layer, freq_key), "entropy_candidate"]
     assert measured.loc[(last, entropy_key), "n_examples"] == N_LINES and measured["why"].eq("").all()
     layers = rd.read_metric(cn.NAME).set_index("layer")
@@ -207,3 +207,16 @@ def _check_effects_by_brute_force(loaded, corpus, layer: int, key: int, measured
     assert row["mean_coefficient"] == pytest.approx(mean, rel=1e-5)
     assert row["total_effect"] == pytest.approx(float(te), rel=1e-4, abs=1e-7)
     assert row["direct_effect"] == pytest.approx(float(de), rel=1e-4, abs=1e-7)
+
+
+def test_a_model_without_a_gate_shows_no_glu_column(fresh_run):
+    """The real pipeline's tiny GPT-2 (every experiment): the confidence class is on the layer page, the GLU class,
+    empty for a model without a gate, is not."""
+    from starlette.testclient import TestClient
+
+    from ffkv.explorer import create_app
+
+    run, loaded = fresh_run
+    with TestClient(create_app(run, loaded=loaded), base_url="http://127.0.0.1:8000") as client:
+        page = client.get("/layer/1").text
+    assert "confidence class" in page and "GLU class" not in page

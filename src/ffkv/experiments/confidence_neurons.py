@@ -16,8 +16,8 @@ from its per-key table, never computed again). For each memory i of layer l, v_i
 - **token-frequency memories** (Stolfo et al. 2024): cos(v_i, f), f the unigram log-frequency direction: the
   counts of the run's corpus tokens, log(1 + count) centred over the vocabulary, mapped into the residual space by
   the prepared unembedding (f = Σ_j (log(1 + c_j) − mean)·u_j). A memory is one when |cos| is above the
-  `FREQUENCY_QUANTILE` quantile of the same cosine of the null's random directions; its sign says whether it
-  raises (+) or lowers (−) the frequent tokens.
+  `FREQUENCY_QUANTILE` quantile of the same cosine of the null's random directions (``moves_unigram``); the sign of
+  ``unigram_cos`` says whether it raises (+) or lowers (−) the frequent tokens.
 - **GLU classes** (Gerstner and Schütze 2025, gated FF layers only), from c_g = cos(gate_i, v_i) and
   c_in = cos(up_i, v_i), a cosine counting as non-zero when |c| > τ = `GLU_Z` / √d (what an isotropic random pair
   exceeds 1% of the time). Read as what the memory does to an input along its own value direction (the gate then
@@ -264,16 +264,16 @@ def compute(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
                              & (vc.moments(controls, units)[:, 1] < np.quantile(own["vocab_var"], VARIANCE_QUANTILE))
                              & (vc.null_space_share(controls, basis) > NULL_SPACE_MOST))
         table = pd.DataFrame({"layer": layer, "key": np.arange(view.d_m), "entropy_candidate": is_candidate,
-                              "frequency_cos": cos_f, "token_frequency": np.abs(cos_f) > f_cut,
+                              "unigram_cos": cos_f, "moves_unigram": np.abs(cos_f) > f_cut,
                               "glu_class": pd.Series([None] * view.d_m, dtype=object)})
         ranked = np.flatnonzero(is_candidate)
         ranked = ranked[np.argsort(-(own["value_norm"].to_numpy() * own["null_space_share"].to_numpy())[ranked],
                                    kind="stable")][:MAX_MEASURED]
         chosen += [(layer, int(k)) for k in ranked]
-        row = {"layer": layer, "n_keys": view.d_m, "n_control": n_control, "frequency_cut": f_cut}
+        row = {"layer": layer, "n_keys": view.d_m, "n_control": n_control, "unigram_cos_cut": f_cut}
         row.update(share_with_interval(is_candidate, "entropy_candidate_share"))
         row.update(share_with_interval(control_candidate, "entropy_candidate_share_control"))
-        row.update(share_with_interval(table["token_frequency"].to_numpy(), "token_frequency_share"))
+        row.update(share_with_interval(table["moves_unigram"].to_numpy(), "token_frequency_share"))
         row.update(share_with_interval(np.abs(control_cos_f) > f_cut, "token_frequency_share_control"))
         if view.gated:
             kinds = glu_classes(own["cos_key_value"], own["cos_up_value"], tau)
@@ -297,7 +297,7 @@ def compute(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
     keys = keys.merge(measured[["layer", "key", "total_effect", "direct_effect", "entropy"]], on=["layer", "key"],
                       how="left")
     keys["entropy"] = keys["entropy"].fillna(False).astype(bool)
-    keys["class"] = np.select([keys["entropy"], keys["token_frequency"]], list(CLASSES), default="none")
+    keys["class"] = np.select([keys["entropy"], keys["moves_unigram"]], list(CLASSES), default="none")
     layers = pd.DataFrame(layers_out)
     for i, layer in enumerate(layers["layer"]):
         own = keys[keys["layer"] == layer]
@@ -381,8 +381,9 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         return None
     t, first, last, n_first, n_last = layer_ends(table)
     text = (f"In {n_last} of this model {share_ci(last.entropy_share, last.n_keys)} of the memories are entropy "
-            f"memories ({int(last.n_measured)} measured of {share_ci(last.entropy_candidate_share, last.n_keys)} "
-            f"candidates; random mixtures of values: {pct(last.entropy_candidate_share_control)} candidates) and "
+            f"memories ({int(last.n_measured)} measured; candidates by the weights: "
+            f"{share_ci(last.entropy_candidate_share, last.n_keys)}, random mixtures of values: "
+            f"{pct(last.entropy_candidate_share_control)}) and "
             f"{share_ci(last.token_frequency_share, last.n_keys)} token-frequency memories (null: "
             f"{pct(last.token_frequency_share_control)}).")
     if "enrichment_share" in table:

@@ -193,7 +193,10 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         column, value = CENSUS_FILTERS[census]
         table = table[(table[column] == value).to_numpy(bool)]
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
-    present = [c for c in layer_columns() if c[0] in table.columns]
+    declared = {c.name for c in key_columns()}
+    # a declared column with nothing for this model (the GLU class of a model without a gate) is left out
+    present = [c for c in layer_columns() if c[0] in table.columns
+               and not (c[0] in declared and table[c[0]].isna().all())]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
     if sort not in sort_column:
         hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
