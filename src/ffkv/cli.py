@@ -417,7 +417,8 @@ def _analyze(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from ffkv.tools.compare import EXCESS_CUT, compare_runs
+    from ffkv.tools.compare import compare_runs
+    from ffkv.tools.matches import EXCESS_CUT
 
     folder = compare_runs(args.run_a, args.run_b, out=args.out, max_examples=args.max_examples, seed=args.seed,
                           device=args.device, progress=not args.no_progress)

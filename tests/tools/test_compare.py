@@ -15,6 +15,7 @@ from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.index.indexer import IndexOptions, build_index
 from ffkv.tools import compare as cmp
+from ffkv.tools import matches
 from support.helpers import loaded_tiny
 from support.runs import corpus_lines, sharpen
 
@@ -61,7 +62,7 @@ def test_a_permuted_copy_is_matched_key_for_key_with_correlation_one(tmp_path, c
     run_a, run_b = _index(a, tmp_path / "a", corpus), _index(b, tmp_path / "b", corpus)
     folder = cmp.compare_runs(run_a, run_b, loaded=(a, b), progress=False)
     keys, layers = pd.read_parquet(folder / "keys.parquet"), pd.read_parquet(folder / "layers.parquet")
-    assert folder == run_a / "compare" and cmp.describe(folder)["examples"] == 24
+    assert folder == run_a / "compare" and matches.describe(folder)["examples"] == 24
     for layer, perm in enumerate(perms):
         own = keys[keys.layer == layer].sort_values("key")
         live = own["correlation"].notna().to_numpy()

@@ -44,7 +44,7 @@ import torch
 from ffkv.errors import FfkvError
 from ffkv.experiments import vocabulary_classes as vc
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.figures import share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.interventions import Intervention, intervene
@@ -309,33 +309,18 @@ def compute(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
 
 
 def draw(layers: pd.DataFrame, run_path) -> list:
-    """The entropy-candidate, entropy and token-frequency shares per layer with 95% intervals, the null dashed."""
-    fig, ax = new_figure()
-    x = layers["layer"].to_numpy()
-    for name, label, color in (("entropy_candidate_share", "entropy candidates (weights)", "tab:orange"),
-                               ("entropy_share", "entropy (measured)", "tab:red"),
-                               ("token_frequency_share", "token frequency", "tab:blue")):
-        ax.plot(x, 100 * layers[name], "o-", color=color, label=label, markersize=3)
-        interval_bars(ax, x, layers, name)
-        if f"{name}_control" in layers:
-            ax.plot(x, 100 * layers[f"{name}_control"], "--", color=color, alpha=0.6,
-                    label=f"{label}, random mixtures of values")
-    layer_axis(ax, len(layers))
-    ax.set_ylabel("% of the layer's memories")
-    ax.set_title("Confidence-regulation memories (Stolfo et al. 2024)", fontsize=9)
-    legend_outside(ax)
-    figures = save_figure(fig, run_path, NAME)
+    """The entropy-candidate, entropy and token-frequency shares per layer with 95% intervals, the null dashed; for a
+    gated model the GLU classes' shares."""
+    figures = share_curves(layers, [("entropy_candidate_share", "entropy candidates (weights)", "tab:orange"),
+                                    ("entropy_share", "entropy (measured)", "tab:red"),
+                                    ("token_frequency_share", "token frequency", "tab:blue")],
+                           "Confidence-regulation memories (Stolfo et al. 2024)", run_path, NAME,
+                           null="random mixtures of values")
     if "enrichment_share" in layers:
-        fig, ax = new_figure()
-        for kind, color in zip(GLU_CLASSES, ("tab:green", "tab:red", "tab:olive", "tab:purple", "tab:gray",
-                                             "tab:cyan")):
-            ax.plot(x, 100 * layers[f"{_slug(kind)}_share"], "o-", color=color, label=kind, markersize=3)
-            interval_bars(ax, x, layers, f"{_slug(kind)}_share")
-        layer_axis(ax, len(layers))
-        ax.set_ylabel("% of the layer's memories")
-        ax.set_title("GLU classes from cos(gate, value) and cos(up, value) (Gerstner and Schütze 2025)", fontsize=9)
-        legend_outside(ax)
-        figures += save_figure(fig, run_path, f"{NAME}_glu")
+        colors = ("tab:green", "tab:red", "tab:olive", "tab:purple", "tab:gray", "tab:cyan")
+        figures += share_curves(layers, [(f"{_slug(k)}_share", k, c) for k, c in zip(GLU_CLASSES, colors)],
+                                "GLU classes from cos(gate, value) and cos(up, value) (Gerstner and Schütze 2025)",
+                                run_path, f"{NAME}_glu")
     return figures
 
 

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.figures import share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.view import MemoryView
@@ -170,18 +170,10 @@ def compute(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progres
 
 def draw(layers: pd.DataFrame, run_path) -> list:
     """Each class's share per layer with its 95% interval, the null's share dashed beside it."""
-    fig, ax = new_figure()
-    x = layers["layer"].to_numpy()
-    for kind, color in zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green")):
-        ax.plot(x, 100 * layers[f"{kind}_share"], "o-", color=color, label=kind, markersize=3)
-        interval_bars(ax, x, layers, f"{kind}_share")
-        ax.plot(x, 100 * layers[f"{kind}_share_control"], "--", color=color, alpha=0.6,
-                label=f"{kind}, random mixtures of values")
-    layer_axis(ax, len(layers))
-    ax.set_ylabel("% of the layer's memories")
-    ax.set_title("Vocabulary classes of the values (kurtosis > 10: prediction, suppression)", fontsize=9)
-    legend_outside(ax)
-    return save_figure(fig, run_path, NAME)
+    return share_curves(layers, [(f"{kind}_share", kind, color) for kind, color in
+                                 zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
+                        "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)", run_path, NAME,
+                        null="random mixtures of values")
 
 
 def run(ctx: RunContext) -> dict:

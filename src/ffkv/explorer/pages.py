@@ -23,7 +23,7 @@ from ffkv.presentation.style import CSS, layer_number, number, percent, token_ht
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.store.annotations import LABELS
-from ffkv.tools.compare import match_of
+from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
     from ffkv.explorer.tracing import TraceResult

@@ -18,7 +18,6 @@ A key that never varies (constant coefficient) has no correlation: NaN, left out
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +35,10 @@ from ffkv.presentation.findings import wilson_interval
 from ffkv.store import atomic
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
+from ffkv.tools.matches import EXCESS_CUT, FOLDER
 
-#: Gurnee et al. 2024's cut-off on the excess correlation of a universal neuron.
-EXCESS_CUT = 0.5
 #: Examples read by default (from run A's examples table, in order).
 MAX_EXAMPLES = 2000
-#: The folder under run A the tables go to by default.
-FOLDER = "compare"
 
 
 @dataclass
@@ -211,36 +207,3 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out: str | Path | None = 
         "statistic": "Pearson correlation over every token position of the examples, every key pair per layer; "
                      "baseline: a seeded random orthogonal rotation of B's key space (Gurnee et al. 2024)"})
     return folder
-
-
-def read_matches(run: str | Path) -> pd.DataFrame | None:
-    """RUN/compare/keys.parquet where a comparison was written there (for the explorer), else None."""
-    path = Path(run) / FOLDER / "keys.parquet"
-    if not path.is_file():
-        return None
-    table = pd.read_parquet(path)
-    missing = {"layer", "key", "best_match", "correlation", "excess"} - set(table.columns)
-    if missing:
-        raise FfkvError(f"{path}: not a compare table (missing {', '.join(sorted(missing))})")
-    return table
-
-
-def match_of(run: str | Path, layer: int, key: int) -> dict | None:
-    """The best match of memory (layer, key) (0-based) in the model RUN/compare compared this run's with, as the
-    explorer's memory page shows it: model_b, run_b, layer, key, correlation, excess, universal; None without one."""
-    table = read_matches(run)
-    if table is None:
-        return None
-    row = table[(table["layer"] == layer) & (table["key"] == key)]
-    if row.empty or int(row["best_match"].iloc[0]) < 0:
-        return None
-    about = describe(Path(run) / FOLDER)
-    excess = float(row["excess"].iloc[0])
-    return {"model_b": about.get("model_b"), "run_b": about.get("run_b"), "layer": layer,
-            "key": int(row["best_match"].iloc[0]), "correlation": float(row["correlation"].iloc[0]),
-            "excess": excess, "universal": excess > EXCESS_CUT}
-
-
-def describe(folder: str | Path) -> dict:
-    """compare.json of a written comparison."""
-    return json.loads((Path(folder) / "compare.json").read_text())
