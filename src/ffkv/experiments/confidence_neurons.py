@@ -83,8 +83,9 @@ def unigram_counts(paths: Iterable, vocab_size: int) -> np.ndarray:
     for path in paths:
         for batch in pq.ParquetFile(path).iter_batches(columns=["token_ids"]):
             ids = batch.column(0).flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-            if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
-                raise FfkvError(f"{path}: token id {int(ids.max())} outside the model's vocabulary of {vocab_size}")
+            bad = ids[(ids < 0) | (ids >= vocab_size)]
+            if len(bad):
+                raise FfkvError(f"{path}: token id {int(bad[0])} outside the model's vocabulary of {vocab_size}")
             counts += np.bincount(ids, minlength=vocab_size)
     return counts
 
