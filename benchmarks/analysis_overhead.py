@@ -109,7 +109,7 @@ def main() -> None:
     from ffkv.corpus import CorpusSpec
     from ffkv.experiments import composition, refinement, values
     from ffkv.experiments.common import Projections, RunContext, eval_spec, open_run
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 
     loaded = gpt2_shaped(args.device, args.dtype, layers=args.layers)
     folder = Path(tempfile.mkdtemp())

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 
     spec = CorpusSpec(source=str(corpus_file(args.sentences)), unit="sentence", max_examples=args.sentences)
     options, batching = IndexOptions(top_k=10), BatchOptions(batch_size=16)

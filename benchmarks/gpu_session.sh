@@ -40,7 +40,7 @@ log="${OUT:-/tmp}/$part.log"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || echo "no nvidia-smi"; } | tee "$log"
 case "$part" in
     tests)
-        python3 -m pytest -p no:cacheprovider -q tests/index/test_gpu_index.py tests/index/test_signed.py 2>&1 | tee -a "$log"
+        python3 -m pytest -p no:cacheprovider -q tests/indexing/test_gpu_index.py tests/indexing/test_signed.py 2>&1 | tee -a "$log"
         ;;
     ratios)
         python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 --batch-size 512 \

@@ -62,10 +62,10 @@ def main() -> None:
 
     from ffkv.corpus import CorpusReader, CorpusSpec
     from ffkv.batching import collate, length_batches, windows
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture, run_forward
-    from ffkv.index.reducer import TriggerReducer
-    from ffkv.index.sinks import ControlledReducer
-    from ffkv.index.topk import TopKState
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture, run_forward
+    from ffkv.indexing.reducer import TriggerReducer
+    from ffkv.indexing.sinks import ControlledReducer
+    from ffkv.indexing.topk import TopKState
     from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 
     n_layers = args.layers or SHAPES[args.shape][0]

@@ -46,8 +46,8 @@ def main() -> None:
 
     from ffkv.corpus import CorpusReader, CorpusSpec
     from ffkv.batching import collate
-    from ffkv.index.reducer import TriggerReducer
-    from ffkv.index.topk import TopKState
+    from ffkv.indexing.reducer import TriggerReducer
+    from ffkv.indexing.topk import TopKState
 
     loaded = gpt2_shaped(args.device, args.dtype)
     view, k = loaded.view, 50

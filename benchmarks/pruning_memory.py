@@ -45,7 +45,7 @@ def step(name: str, run: Path, model: Path, n_eval: int, out: Path) -> dict:
 
         analyze(run, only="pruning", n_eval=n_eval, eval_corpus=str(run.parent / "corpus.txt"), progress=False)
     elif name == "prune":
-        from ffkv.experiments.pruning import prune
+        from ffkv.tools.prune import prune
 
         prune(run, "contribution", 0.5, out)
     return {"step": name, "seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak_mib())}
@@ -67,7 +67,7 @@ def main() -> None:
     import torch
 
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from ffkv.models import load_model
 
     torch.set_num_threads(torch.get_num_threads())

@@ -43,9 +43,9 @@ def main() -> None:
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     from ffkv.batching import collate, length_batches, windows
     from ffkv.corpus import CorpusReader, CorpusSpec
-    from ffkv.index.indexer import BatchOptions
-    from ffkv.index.reducer import TriggerReducer
-    from ffkv.index.topk import TopKState
+    from ffkv.indexing.indexer import BatchOptions
+    from ffkv.indexing.reducer import TriggerReducer
+    from ffkv.indexing.topk import TopKState
     from ffkv.models.loading import load_model
 
     args.work.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def test_the_layers_are_kept():
 
 @pytest.mark.parametrize("module, forbidden", [
     ("report/html.py", "from ffkv.explorer import pages"),           # siblings never import each other
-    ("experiments/values.py", "from ffkv.index import merge"),       # index and experiments are siblings
+    ("experiments/values.py", "from ffkv.indexing import merge"),       # index and experiments are siblings
     ("memories/view.py", "from ffkv.corpus import CorpusSpec"),      # the model side never reads corpora
     ("store/run.py", "import ffkv.experiments.common"),              # the run contract sits below everything
     ("experiments/census.py", "import ffkv.tools"),                  # the tools sit above the analysis core

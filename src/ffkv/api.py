@@ -24,6 +24,7 @@ import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.store.run import RunDir
+from ffkv.store.schemas import Direction
 
 __all__ = ["Run", "open_run", "index", "analyze", "intervene", "embedded_corpus"]
 
@@ -119,15 +120,16 @@ class Run:
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.metric(name)
 
-    def triggers(self, layer: int, key: int, direction: str = "positive") -> pd.DataFrame:
+    def triggers(self, layer: int, key: int, direction: "Direction | str | int" = "positive") -> pd.DataFrame:
         """The trigger examples of key `key` of layer `layer` (0-based), strongest first: the columns of
         trigger_examples.parquet, then ``trigger_token``, ``next_token``, ``prefix`` (the text up to and
         including the trigger position) and ``text`` (the whole example).
 
         Args:
-            direction: ``positive`` (the largest coefficients, the paper's trigger examples), ``negative``
-                (the most negative coefficients: runs indexed with ``--sign both``, the default for
-                gated and GELU models) or ``both`` (positive rows first, then negative).
+            direction: a `ffkv.store.schemas.Direction`, by name or as the tables' integer: ``positive`` / 1
+                (the largest coefficients, the paper's trigger examples), ``negative`` / -1 (the most negative
+                coefficients: runs indexed with ``--sign both``, the default for gated and GELU models), or
+                ``both`` (positive rows first, then negative).
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -171,29 +173,38 @@ class Run:
 
     def trace(self, prompt: str, position: int = -1, target: str | int | None = None,
               off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
-              generate: int = 0, lens: str = "final-norm"):
+              set: Mapping[tuple[int, int], float] | None = None, generate: int = 0, lens: str = "final-norm"):
         """Trace a prompt at a position: per layer, predictions and the memories that push the target token most.
 
         Args:
             position: which token to read (negative: from the end).
             target: the token whose contributions rank the memories (default: the model's prediction).
-            off: memories (layer, key), 0-based layers, switched off at every position.
-            scale: {(layer, key): factor} for memories scaled instead.
-            generate: also continue the prompt greedily by this many tokens, with and without the interventions.
+            off, scale, set: edits applied at every position, as `intervene` takes them: memories (layer, key),
+                0-based layers, switched off; {(layer, key): factor} scaled; {(layer, key): value} set.
+            generate: also continue the prompt greedily by this many tokens, with and without the edits.
             lens: how the residual is read per layer: "final-norm" (the logit lens) or "translator" (the run's
                 fitted translators, `ffkv analyze RUN --only translators`: the tuned lens).
         """
         from ffkv.explorer.notebook import run_trace
 
-        edits = {self._check(int(lay), int(k)): float(f) for (lay, k), f in dict(scale or {}).items()}
-        edits.update({self._check(int(lay), int(k)): 0.0 for lay, k in off})
-        return run_trace(self._explorer(), prompt, position, target, edits, generate, lens=lens)
+        return run_trace(self._explorer(), prompt, position, target, self._edits(off, scale, set), generate,
+                         lens=lens)
 
+    def _edits(self, off: Iterable[tuple[int, int]], scale: Mapping[tuple[int, int], float] | None,
+               set: Mapping[tuple[int, int], float] | None) -> list:
+        """The library's edits (0-based layers) as `Intervention`s, one per memory (`ffkv.memories.address`)."""
+        from ffkv.memories import Intervention
+        from ffkv.memories.address import one_per_memory
+
+        edits = [Intervention(*self._check(int(lay), int(k)), "off") for lay, k in off]
+        edits += [Intervention.scaled(*self._check(int(lay), int(k)), float(f)) for (lay, k), f in dict(scale or {}).items()]
+        edits += [Intervention(*self._check(int(lay), int(k)), "set", float(v)) for (lay, k), v in dict(set or {}).items()]
+        return one_per_memory(edits)
 
     def concepts(self, layers: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Values grouped by shared top tokens (`ffkv.experiments.concepts.concepts`; layers 0-based, default
+        """Values grouped by shared top tokens (`ffkv.tools.concepts.concepts`; layers 0-based, default
         all): (concepts, members), so a concept's memories can be promoted or suppressed with `intervene`."""
-        from ffkv.experiments.concepts import concepts
+        from ffkv.tools.concepts import concepts
 
         return concepts(self.model, layers)
 
@@ -205,7 +216,7 @@ def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | N
               progress: bool = False):
     """`ffkv intervene` as a function: rewrite memories at every position and measure, over held-out examples,
     the change in perplexity and in the probability mass of a token set, with n and 95% intervals
-    (`ffkv.experiments.corpus_interventions`).
+    (`ffkv.tools.intervene`).
 
     Args:
         set, off, scale: {(layer, key): value}, [(layer, key)], {(layer, key): factor}; layers 0-based, as in
@@ -219,13 +230,10 @@ def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | N
         An `InterventionResult` (``summary`` and ``examples`` DataFrames, ``to_text()``).
     """
     from ffkv.experiments.common import eval_spec
-    from ffkv.experiments.corpus_interventions import evaluate_corpus, token_ids
-    from ffkv.memories import Intervention
+    from ffkv.tools.intervene import evaluate_corpus, token_ids
 
     run = run if isinstance(run, Run) else Run(run)
-    edits = [Intervention(*run._check(int(lay), int(k)), "set", float(v)) for (lay, k), v in dict(set or {}).items()]
-    edits += [Intervention(*run._check(int(lay), int(k)), "off") for lay, k in off]
-    edits += [Intervention.scaled(*run._check(int(lay), int(k)), float(f)) for (lay, k), f in dict(scale or {}).items()]
+    edits = run._edits(off, scale, set)
     spec = eval_spec(run.manifest, eval_corpus, eval_split, n_eval, seed)
     chosen = token_ids(run.model, tokens) if tokens is not None else None
     result = evaluate_corpus(run.model, spec, edits, chosen, progress=progress)
@@ -252,11 +260,11 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
         out: the run directory to create (or, with `resume`, to continue).
         top_k, mode: trigger examples kept per key (and direction); ``example`` or ``prefix`` (as `ffkv index`).
         sign: ``positive`` or ``both`` trigger directions; None: ``both`` when the model's coefficients can
-            be negative (gated, GELU, SiLU), else ``positive`` (`ffkv.index.indexer.IndexOptions`).
+            be negative (gated, GELU, SiLU), else ``positive`` (`ffkv.indexing.indexer.IndexOptions`).
         control_keys: random control memories per layer (`ffkv.memories.controls`); None: the default.
     """
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
     from ffkv.models import load_model
 
     loaded = load_model(model, dtype=dtype, device=device) if isinstance(model, (str, Path)) else model

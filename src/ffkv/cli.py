@@ -434,10 +434,12 @@ def _compare(args: argparse.Namespace) -> int:
 @command("intervene")
 def _intervene(args: argparse.Namespace) -> int:
     from ffkv.api import Run, intervene
-    from ffkv.experiments.corpus_interventions import parse_interventions
+    from ffkv.memories.address import parse_edits
 
     run = Run(args.run)
-    edits = parse_interventions(args.set_, args.off, args.scale, n_layers=run.n_layers, d_m=run.d_m)
+    edits = parse_edits(args.off, args.scale, args.set_, n_layers=run.n_layers, d_m=run.d_m)
+    if not edits:
+        raise FfkvError("no intervention given: use --off L:K, --scale L:K=FACTOR or --set L:K=VALUE")
     if args.device != "cpu":
         from ffkv.models import load_model
 
@@ -455,7 +457,7 @@ def _intervene(args: argparse.Namespace) -> int:
 
 @command("prune")
 def _prune(args: argparse.Namespace) -> int:
-    from ffkv.experiments.pruning import prune
+    from ffkv.tools.prune import prune
 
     out = prune(args.run, args.criterion, args.share, args.out, seed=args.seed, device=args.device)
     print(f"pruned model written to {out} ({args.criterion}, {args.share:.0%} of each layer's keys removed; "
@@ -466,14 +468,14 @@ def _prune(args: argparse.Namespace) -> int:
 @command("annotate")
 def _annotate(args: argparse.Namespace) -> int:
     if args.verb == "export":
-        from ffkv.experiments import export_sample
+        from ffkv.tools.annotate import export_sample
 
         path = export_sample(args.run, args.out, keys_per_layer=args.keys_per_layer, top=args.top, seed=args.seed)
         print(f"sample for annotation written: {path}")
     else:
-        from ffkv.store.annotations import import_csv
+        from ffkv.tools.annotate import import_labels
 
-        n = import_csv(args.run, args.labels, annotator=args.annotator)
+        n = import_labels(args.run, args.labels, annotator=args.annotator)
         print(f"imported {n} labels into {args.run}/annotations/labels.parquet")
     return 0
 
@@ -540,10 +542,10 @@ def _status(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ffkv.index.distributed import build_index_distributed
-    from ffkv.index.excluded import sentence as excluded_sentence
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
-    from ffkv.index.preflight import check_output, fit_positions
+    from ffkv.indexing.distributed import build_index_distributed
+    from ffkv.indexing.excluded import sentence as excluded_sentence
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.preflight import check_output, fit_positions
     from ffkv.models import load_model
     from ffkv.parallel import launched_by_torchrun, local_device
 
@@ -576,7 +578,7 @@ def _index(args: argparse.Namespace) -> int:
 
 @command("merge")
 def _merge(args: argparse.Namespace) -> int:
-    from ffkv.index.merge import merge_runs
+    from ffkv.indexing.merge import merge_runs
 
     run = merge_runs(args.shards, args.out)
     counts = run.manifest().counts

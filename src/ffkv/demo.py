@@ -25,7 +25,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     """Index, analyze and report on ffkv-tiny; a finished index in `out` is reused. Returns the `RunDir`."""
     from ffkv.corpus import CorpusSpec
     from ffkv.experiments import analyze
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from ffkv.models import load_model
     from ffkv.models.default_corpus import default_corpus_path
     from ffkv.report import write_report

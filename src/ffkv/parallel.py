@@ -1,6 +1,6 @@
 """Work shared across torchrun ranks: process groups, which rank owns which batch, gathering rows.
 
-The ground floor of every parallel job, used by `ffkv.index` and `ffkv.experiments` alike.
+The ground floor of every parallel job, used by `ffkv.indexing` and `ffkv.experiments` alike.
 
 Under torchrun (WORLD_SIZE > 1) a job opens one process group (`process_group`: Gloo on
 CPU, NCCL on GPU). A forward pass over many rows (held-out examples, ablated prefixes,

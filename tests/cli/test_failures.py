@@ -251,7 +251,7 @@ def test_no_permission(tmp_path, corpus):
 
 def test_temporary_files_left_by_a_kill_are_cleaned(tmp_path, capsys, tiny_gpt2, corpus):
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
     from support.helpers import loaded_tiny
 
     out = tmp_path / "run"

@@ -42,6 +42,13 @@ def own_run(index_only, tmp_path):
 # ------------------------------------------------------------------------------------------ annotate import
 
 @pytest.mark.parametrize("content, expected", [
+    (b"memory,label\nx:1,shallow\n", "line 2: memory 'x:1': LAYER and KEY of a memory must be integers"),
+    (b"memory,label\n1:1,shallow\n99:1,shallow\n", "line 3: memory '99:1': layer 99 does not exist: this model has "
+                                                    "layers 1..3"),
+    (b"memory,label\n1:99999,none\n", "line 2: memory '1:99999': key 99999 does not exist"),
+    (b"memory,label\n1:1.5,none\n", "line 2: memory '1:1.5': LAYER and KEY of a memory must be integers"),
+    (b"memory,label\n0:1,none\n", "line 2: memory '0:1': layer 0 does not exist"),
+    # An older export's layer and key columns, counted from 0, are read by their own convention.
     (b"layer,key,label\nx,1,shallow\n", "line 2: layer 'x' is not an integer"),
     (b"layer,key,label\n0,1,shallow\n99,1,shallow\n", "line 3: layer '99' is not a layer of this run (0 to 2, 0-based"),
     (b"layer,key,label\n0,99999,none\n", "line 2: key '99999' is not a key of this run (0 to "),
@@ -49,7 +56,8 @@ def own_run(index_only, tmp_path):
     (b"layer,key,label\n-1,1,none\n", "line 2: layer '-1' is not a layer of this run"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe\x00binary", "is not UTF-8 text"),
     (b"", "is not a CSV table"),
-    (b"layer,key\n0,1\n", "lacks column(s) label"),
+    (b"memory\n1:1\n", "lacks a label column"),
+    (b"label\nshallow\n", "lacks a memory column"),
 ])
 def test_annotate_import_refuses_what_the_run_cannot_hold(own_run, tmp_path, capsys, content, expected):
     """The audit: a non-numeric layer (ValueError) or a binary file (UnicodeDecodeError) gave tracebacks, and
@@ -61,9 +69,12 @@ def test_annotate_import_refuses_what_the_run_cannot_hold(own_run, tmp_path, cap
     assert read_labels(own_run).empty
 
 
-def test_annotate_import_stores_good_labels(own_run, tmp_path, capsys):
+@pytest.mark.parametrize("content", ["memory,label,description\n 2:3 ,Shallow,ends\n1:0,,\n",
+                                     "layer,key,label,description\n1, 3 ,Shallow,ends\n0,0,,\n"])
+def test_annotate_import_stores_good_labels(own_run, tmp_path, capsys, content):
+    """Memory 2:3 (layers from 1), or layer 1 and key 3 of an older export (from 0): the same key."""
     labels = tmp_path / "labels.csv"
-    labels.write_text("layer,key,label,description\n1, 3 ,Shallow,ends\n0,0,,\n")
+    labels.write_text(content)
     assert run(capsys, "annotate", "import", own_run, labels)[0] == 0
     saved = read_labels(own_run)
     assert saved[["layer", "key", "label"]].values.tolist() == [[1, 3, "shallow"]]
@@ -162,7 +173,7 @@ def tiny_lm_run(tmp_path_factory):
     """ffkv-tiny indexed on 40 verses by the real pipeline (a model `ffkv prune` can write and load back)."""
     import ffkv
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from ffkv.models import load_model
 
     folder = tmp_path_factory.mktemp("tiny_lm_run")

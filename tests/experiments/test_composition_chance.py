@@ -22,7 +22,7 @@ import transformers as tf
 
 from ffkv.corpus import CorpusSpec
 from ffkv.experiments import analyze
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.store.run import RunDir

@@ -9,8 +9,8 @@ import pytest
 from support.experiment_runs import make_run
 from support.helpers import replace_triggers
 from ffkv.errors import FfkvError
-from ffkv.experiments import analyze, export_sample
-from ffkv.store.annotations import import_csv
+from ffkv.experiments import analyze
+from ffkv.tools.annotate import export_sample, import_labels
 from ffkv.experiments.patterns import cohen_kappa, masked_length
 
 
@@ -87,11 +87,14 @@ def test_human_workflow_round_trip(patterned, tmp_path):
     run, loaded, keys, tokens, rows = patterned
     sample = export_sample(run, tmp_path / "sample.csv", keys_per_layer=40, top=3, loaded=loaded)
     table = pd.read_csv(sample, keep_default_na=False)
-    assert set(table.columns) >= {"layer", "key", "rank", "prefix", "label"} and (table["rank"] < 3).all()
+    assert set(table.columns) >= {"memory", "rank", "prefix", "label"} and (table["rank"] < 3).all()
+    # Memories are written LAYER:KEY with layers from 1, as the explorer and the command write them.
+    memories = [tuple(int(x) for x in m.split(":")) for m in table["memory"]]
+    assert min(l for l, _ in memories) == 1 and max(l for l, _ in memories) == loaded.view.n_layers
     # Label every exported key with the automatic label: agreement 1, kappa 1.
-    table["label"] = [keys.loc[(l, k), "label"] for l, k in zip(table["layer"], table["key"])]
+    table["label"] = [keys.loc[(l - 1, k), "label"] for l, k in memories]
     table.to_csv(tmp_path / "filled.csv", index=False)
-    assert import_csv(run, tmp_path / "filled.csv", annotator="me") == table.groupby(["layer", "key"]).ngroups
+    assert import_labels(run, tmp_path / "filled.csv", annotator="me") == table["memory"].nunique()
     analyze(run, only="patterns", loaded=loaded, progress=False)
     human = pd.read_parquet(run / "metrics" / "patterns_human.parquet")
     assert (human["agreement"].dropna() == 1.0).all()
@@ -100,13 +103,26 @@ def test_human_workflow_round_trip(patterned, tmp_path):
     flip = {"shallow": "semantic", "semantic": "none", "both": "none", "none": "shallow"}
     table["label"] = table["label"].map(flip)
     table.to_csv(tmp_path / "flipped.csv", index=False)
-    import_csv(run, tmp_path / "flipped.csv", annotator="me")
+    import_labels(run, tmp_path / "flipped.csv", annotator="me")
     analyze(run, only="patterns", loaded=loaded, progress=False)
     assert (pd.read_parquet(run / "metrics" / "patterns_human.parquet")["agreement"].dropna() == 0.0).all()
+    flipped = table.copy()
     table.loc[0, "label"] = "deep"
     table.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(FfkvError, match="unknown label 'deep'"):
-        import_csv(run, tmp_path / "bad.csv")
+        import_labels(run, tmp_path / "bad.csv")
+    # A CSV of an older export names keys by layer and key from 0: read by that convention, the same labels.
+    old = flipped.assign(layer=[l - 1 for l, _ in memories], key=[k for _, k in memories]).drop(columns="memory")
+    old.to_csv(tmp_path / "old.csv", index=False)
+    assert import_labels(run, tmp_path / "old.csv", annotator="old") == table["memory"].nunique()
+    stored = pd.read_parquet(run / "annotations" / "labels.parquet")
+    mine = stored[stored["annotator"] == "me"].set_index(["layer", "key"])["label"]
+    theirs = stored[stored["annotator"] == "old"].set_index(["layer", "key"])["label"]
+    assert len(theirs) == len(mine) and (theirs == mine.reindex(theirs.index)).all()
+    table.loc[0, "memory"] = f"{loaded.view.n_layers + 1}:0"
+    table.to_csv(tmp_path / "outside.csv", index=False)
+    with pytest.raises(FfkvError, match="line 2: memory .* does not exist"):
+        import_labels(run, tmp_path / "outside.csv")
 
 
 def test_cohen_kappa():

@@ -17,12 +17,13 @@ from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.experiments import pruning
 from ffkv.experiments.pruning import (CENSUS_GROUPS, KeyStatistics, heldout_perplexity, key_statistics,
-                                      keys_to_remove, prune, redundancy_order, removal_orders)
-from ffkv.index.indexer import IndexOptions, build_index
+                                      keys_to_remove, redundancy_order, removal_orders)
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.memories.active import ACTIVE_FRACTION
 from ffkv.memories.pruning import masked
 from ffkv.models import load_model
 from ffkv.store.run import RunDir
+from ffkv.tools.prune import prune
 from support.helpers import loaded_tiny
 from support.runs import sharpen
 
@@ -230,15 +231,21 @@ def test_prune_writes_a_smaller_model_with_the_masked_logits(tiny_run, tmp_path,
     run, loaded = tiny_run
     view = loaded.view
     if criterion == "census":
-        dead = set(range(0, view.d_m, 9))
-        census = pd.DataFrame({"layer": np.repeat(np.arange(view.n_layers), view.d_m),
-                               "key": np.tile(np.arange(view.d_m), view.n_layers),
-                               "class": ["dead" if k in dead else "other" for k in range(view.d_m)] * view.n_layers,
-                               "value_type": ["prediction"] * view.d_m * view.n_layers})
         copy_run = tmp_path / "run"
         import shutil
         shutil.copytree(run, copy_run)
+        # A census table the run does not record as computed (written by hand, or by an analyze that failed) is
+        # refused, not read; the census `ffkv analyze` computes is read, and the pruned model says on what.
+        census = pd.DataFrame({"layer": np.repeat(np.arange(view.n_layers), view.d_m),
+                               "key": np.tile(np.arange(view.d_m), view.n_layers),
+                               "class": ["dead"] * view.d_m * view.n_layers,
+                               "value_type": ["prediction"] * view.d_m * view.n_layers})
         RunDir(copy_run).write_metric("census", census, {})
+        with pytest.raises(FfkvError, match="records no census.*--only census"):
+            prune(copy_run, "census", 0.3, tmp_path / "refused")
+        from ffkv.experiments import analyze
+
+        analyze(copy_run, only="census", loaded=loaded, n_eval=20, progress=False)
         run = copy_run
     out = prune(run, criterion, 0.3, tmp_path / "pruned")
     info = json.loads((out / "ffkv_pruning.json").read_text())
@@ -247,7 +254,14 @@ def test_prune_writes_a_smaller_model_with_the_masked_logits(tiny_run, tmp_path,
     removed = {int(layer): keys for layer, keys in info["removed"].items()}
     assert all(len(keys) == n for keys in removed.values())
     if criterion == "census":
-        assert all(dead <= set(keys) for keys in removed.values())  # the dead keys go first
+        assert info["census_provenance"] == RunDir(run).manifest().analyses["census"]["provenance"]
+        census = pruning.read_census(RunDir(run))
+        for layer, keys in removed.items():  # whole census groups go first (CENSUS_GROUPS order)
+            rows = census[census["layer"] == layer].set_index("key")
+            rank = np.array([CENSUS_GROUPS.index(pruning.census_group(rows.loc[k, "class"], rows.loc[k, "value_type"]))
+                             for k in range(view.d_m)])
+            kept = np.setdiff1d(np.arange(view.d_m), keys)
+            assert rank[keys].max() <= rank[kept].min()
     back = load_model(str(out))
     assert back.view.d_m == view.d_m - n
     ids = torch.tensor([loaded.tokenizer.encode("In the beginning God created the heaven and the earth.")])

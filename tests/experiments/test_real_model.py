@@ -7,7 +7,7 @@ import pytest
 
 from ffkv.corpus import CorpusSpec, shared_data_dir
 from ffkv.experiments import analyze
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.models import load_model
 
 

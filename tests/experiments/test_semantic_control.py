@@ -15,7 +15,7 @@ import torch
 
 from ffkv.corpus import CorpusSpec
 from ffkv.experiments import analyze, semantic
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.memories.controls import RandomKeys
 from ffkv.models import load_model
 from ffkv.models.default_corpus import default_corpus_path

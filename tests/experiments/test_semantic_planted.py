@@ -21,7 +21,7 @@ import pytest
 
 from ffkv.corpus import CorpusSpec
 from ffkv.experiments import analyze
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.models import load_model
 from ffkv.models.default_corpus import default_corpus_path
 from ffkv.store.run import RunDir

@@ -88,7 +88,7 @@ def _free_port() -> int:
 def _indexed_run(tmp_path: Path) -> Path:
     """A run of a tiny ffkv_lm (ffkv-tiny's family, trained two steps) that a fresh process loads by path."""
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from ffkv.models import load_model
     from ffkv.models.train import TrainOptions, train
 

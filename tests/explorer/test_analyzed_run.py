@@ -47,7 +47,7 @@ def test_memory_pages_show_triggers_and_the_automatic_label(client, analyzed):
     ("/search?token=%2310", 'id="promoting"'),
     ("/search?q=born", 'id="hits"'),
     ("/trace?prompt=she+was+born+in", 'id="predictions"'),
-    ("/trace?prompt=she+was+born+in&off=3:3&scale=2:4:10", "with interventions"),
+    ("/trace?prompt=she+was+born+in&off=3:3&scale=2:4=10", "with interventions"),
 ])
 def test_every_page_type_answers(client, url, expect):
     r = client.get(url)

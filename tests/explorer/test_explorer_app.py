@@ -33,7 +33,7 @@ def client(analyzed):
     ("/search?token=%23" + "10", 'id="promoting"'),
     ("/trace", 'id="trace-form"'),
     ("/trace?prompt=the+cat+sat", 'id="predictions"'),
-    ("/trace?prompt=the+cat+sat&off=3:3&scale=2:4:10", "with interventions"),
+    ("/trace?prompt=the+cat+sat&off=3:3&scale=2:4=10", "with interventions"),
     ("/trace?prompt=the+cat+sat&position=1&generate=3", 'id="generation"'),
     ("/files/figures/values.png", None),
 ])
@@ -62,8 +62,8 @@ BAD = [
     ("get", "/trace?prompt=", 422), ("get", "/trace?prompt=+++", 422),
     ("get", "/trace?prompt=" + "a" * 60_000, 413), ("get", "/trace?prompt=" + "a" * 3000, 413),  # > model tokens
     ("get", "/trace?prompt=hi&off=1:99", 422), ("get", "/trace?prompt=hi&off=7:1", 422), ("get", "/trace?prompt=hi&off=0:1", 422),
-    ("get", "/trace?prompt=hi&scale=1:1:nan", 422), ("get", "/trace?prompt=hi&scale=1:1:inf", 422),
-    ("get", "/trace?prompt=hi&scale=1:1:abc", 422), ("get", "/trace?prompt=hi&off=01", 422),
+    ("get", "/trace?prompt=hi&scale=1:1=nan", 422), ("get", "/trace?prompt=hi&scale=1:1=inf", 422),
+    ("get", "/trace?prompt=hi&scale=1:1=abc", 422), ("get", "/trace?prompt=hi&off=01", 422),
     ("get", "/trace?prompt=hi&position=2", 422), ("get", "/trace?prompt=hi&generate=1000", 422),
     ("get", "/trace?prompt=hi&target=no+such+token", 404),
     ("get", "/files/%2e%2e/%2e%2e/etc/passwd", 403), ("get", "/files/..%2f..%2fetc%2fpasswd", 403),
@@ -146,9 +146,13 @@ def test_notebook_objects_render_the_same_html(analyzed):
     html = m._repr_html_()
     assert html.startswith('<div class="ffkv-memory">') and 'id="triggers"' in html and "<style>" in html
     assert "Memory 2:7" in html and "Memory(layer=1, key=7" in repr(m)
-    t = opened.trace("the cat sat", off=[(2, 3)], scale={(1, 4): 10})
+    t = opened.trace("the cat sat", off=[(2, 3)], scale={(1, 4): 10}, set={(0, 2): -3.0})
     html = t._repr_html_()
     assert 'id="predictions"' in html and "with interventions" in html and "<input" not in html
+    assert "<strong>=-3</strong>" in html and "<strong>×10</strong>" in html and "<strong>off</strong>" in html
+    assert float(t.edited.layers[0].coefficients[2]) == -3.0  # set, as `ffkv intervene --set 1:2=-3` sets it
+    with pytest.raises(Exception, match="named twice"):
+        opened.trace("the cat sat", off=[(2, 3)], set={(2, 3): 1.0})
     with pytest.raises(Exception, match="empty"):
         opened.trace("")
 
@@ -160,7 +164,7 @@ def test_other_families(tmp_path, family):
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         for url in ("/", "/layer/2?sort=largest%20m", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
-                    "/trace?prompt=the+cat+sat&off=3:3&scale=1:1:3&generate=2"):
+                    "/trace?prompt=the+cat+sat&off=3:3&scale=1:1=3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
         # An index without analyses has no automatic labels: sorting by them says so.
         r = c.get("/layer/2?sort=pattern")

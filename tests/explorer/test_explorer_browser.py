@@ -148,7 +148,7 @@ def planted(tmp_path_factory):
 
     from ffkv.corpus import CorpusSpec
     from ffkv.explorer.tracing import generate
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from support.helpers import loaded_tiny
     from support.runs import corpus_lines, plant_memory, sharpen
 

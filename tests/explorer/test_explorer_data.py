@@ -34,7 +34,7 @@ def test_value_lookups_match_a_direct_projection(data, analyzed):
         nxt = int(te[(te.layer == layer) & (te.key == key) & (te["rank"] == 0) & (te.direction == 1)].next_token_id.iloc[0])
         assert bool(stats.agreement) == (nxt == int(top.indices[0]))
         if nxt >= 0:
-            assert int(stats.next_token_rank) == int((p > p[nxt]).sum())
+            assert int(stats.next_token_rank) == 1 + int((p > p[nxt]).sum())
         assert stats.confidence == pytest.approx(float(top.values[0]), rel=1e-5)
         assert 0 <= stats.activation_frequency <= 1
         assert 0 < stats.shallow_share <= 1

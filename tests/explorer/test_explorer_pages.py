@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 from ffkv.experiments.registry import key_columns
 from ffkv.explorer import create_app
 from ffkv.explorer.pages import CHANGE_THRESHOLD, LAYER_COLUMNS, PAGE_SIZE, highlight, trace_view
+from ffkv.memories import Intervention
 from ffkv.store.run import RunDir
 
 
@@ -134,7 +135,7 @@ def test_intervention_view_highlights_only_changes_above_the_threshold(client, a
     data = client.app.state.data
     ids = loaded.tokenizer.encode("she was born in")
     base = trace(loaded, ids)
-    edited = trace(loaded, ids, {(2, base.layers[2].memories[0]["key"]): 40.0}, target=base.target)
+    edited = trace(loaded, ids, [Intervention(2, base.layers[2].memories[0]["key"], "scale", 40.0)], target=base.target)
     view = trace_view(data, base, edited)
     cells = [(getattr(b, part), getattr(e, part), row[part])
              for b, e, row in zip(base.layers, edited.layers, view["rows"]) for part in ("before", "ff", "after")]
@@ -142,7 +143,7 @@ def test_intervention_view_highlights_only_changes_above_the_threshold(client, a
     assert any(row["changed"] for _, _, row in cells) and not all(row["changed"] for _, _, row in cells)
     for old, new, row in cells:
         assert row["changed"] == (old.token_id != new.token_id or abs(new.prob - old.prob) >= CHANGE_THRESHOLD)
-    html = client.get("/trace?prompt=she+was+born+in&scale=3:%d:40" % base.layers[2].memories[0]["key"]).text
+    html = client.get("/trace?prompt=she+was+born+in&scale=3:%d=40" % base.layers[2].memories[0]["key"]).text
     assert "moved by at least 1 percentage points" in html and 'id="prediction"' in html
     assert np.isclose(CHANGE_THRESHOLD, 0.01)
 
@@ -174,13 +175,13 @@ def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, pro
     te = pd.read_parquet(RunDir(run).table("trigger_examples")).query(
         f"layer == {layer} and key == {key} and direction == 1 and rank == 0").iloc[0]
     target = int(te["next_token_id"])
-    rank = int((z > z[target]).sum())
+    rank = 1 + int((z > z[target]).sum())  # a token's rank in a distribution counts from 1, everywhere
     memory = client.get(f"/memory/{layer + 1}/{key}?projection={projection}").text
     quoted = unescape(re.search(r'id="value-numbers">(.*?)</p>', memory, flags=re.S).group(1))
     top = f"logit {value_format(float(z.max()))}" if projection == "logits" else \
         f"p = {percent(float(z.softmax(-1).max()))} (uniform: {percent(1 / data.vocab_size)})"
     assert f"the top token has {top};" in quoted
-    assert f"ranks {rank + 1}" in quoted
+    assert f"ranks {rank}" in quoted
     if projection == "identity":
         assert rank == int(data.key_stats.loc[(layer, key), "next_token_rank"])
     exported = client.get(f"/memory/{layer + 1}/{key}.json?projection={projection}").json()["value"]
@@ -236,7 +237,7 @@ def test_a_positive_only_index_has_no_negative_strength_column(tmp_path):
     """An index that kept only each key's largest coefficients (`--sign positive`, a ReLU model's default) says
     nothing of m < 0: the layer page has no 'strength m < 0' column of zeros and no note about m < 0."""
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import IndexOptions, build_index
+    from ffkv.indexing.indexer import IndexOptions, build_index
     from support.helpers import loaded_tiny
     from support.runs import corpus_lines, sharpen
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from ffkv.explorer.tracing import generate, trace
+from ffkv.memories import Intervention
 from ffkv.memories.projection import logits
 from support.helpers import loaded_tiny
 from support.runs import plant_memory, sharpen
@@ -63,7 +64,7 @@ def test_generation_with_a_memory_switched_off_on_a_hand_built_model():
     with torch.no_grad():
         without.view.values(2)[5].zero_()
     assert generate(loaded, PROMPT, 6) == [token] * 6  # the planted memory decides every prediction
-    off = generate(loaded, PROMPT, 6, {(2, 5): 0.0})
+    off = generate(loaded, PROMPT, 6, [Intervention(2, 5, "off")])
     assert off == generate(without, PROMPT, 6) and off != [token] * 6
     assert generate(loaded, PROMPT, 6) == [token] * 6  # leaving the block restores the model
     assert len(generate(loaded, PROMPT, 40)) == 40
@@ -72,17 +73,20 @@ def test_generation_with_a_memory_switched_off_on_a_hand_built_model():
 
 def test_a_trace_with_no_edits_leaves_the_model_as_it_was():
     loaded = loaded_tiny("gpt2")
-    off = trace(loaded, PROMPT, {(1, k): 0.0 for k in range(loaded.view.d_m)})
+    off = trace(loaded, PROMPT, [Intervention(1, k, "off") for k in range(loaded.view.d_m)])
     assert off.final[0].prob != trace(loaded, PROMPT).final[0].prob
-    assert trace(loaded, PROMPT).final[0].prob == trace(loaded, PROMPT, {}).final[0].prob
+    assert trace(loaded, PROMPT).final[0].prob == trace(loaded, PROMPT, []).final[0].prob
 
 
 def test_scaling_a_memory_changes_its_sub_update_linearly():
     loaded = loaded_tiny("llama")  # gated FF: m = act(x·Gᵀ) ⊙ (x·Uᵀ)
     key = 3
     base = trace(loaded, PROMPT)
-    edited = trace(loaded, PROMPT, {(0, key): 2.0})
+    edited = trace(loaded, PROMPT, [Intervention(0, key, "scale", 2.0)])
     assert edited.layers[0].coefficients[key] == 2 * base.layers[0].coefficients[key]
-    assert edited.edits == {(0, key): 2.0}
+    assert edited.edits == {(0, key): Intervention(0, key, "scale", 2.0)}
+    set_ = trace(loaded, PROMPT, [Intervention(0, key, "set", -1.5)], position=1)
+    assert float(set_.layers[0].coefficients[key]) == -1.5  # set: m takes the value at the read position
+    assert set_.layers[0].coefficients[key + 1] == trace(loaded, PROMPT, position=1).layers[0].coefficients[key + 1]
     for layer in edited.layers:
         assert len(layer.memories) == 8

@@ -16,7 +16,7 @@ import torch
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.memories.view import MemoryView
 from ffkv.models import load_model
 from ffkv.models.loading import LoadedModel

@@ -139,7 +139,7 @@ def test_a_training_checkpoint_with_a_payload(tmp_path, capsys):
 
 def test_an_index_checkpoint_with_a_payload(tmp_path, capsys):
     from ffkv.corpus import CorpusSpec
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
     from support.helpers import loaded_tiny
 
     corpus, out, marker = tmp_path / "corpus.txt", tmp_path / "run", tmp_path / "ran"

@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 from ffkv.corpus import CorpusSpec
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from support.helpers import loaded_tiny
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "x", "quick", "red", "of"]

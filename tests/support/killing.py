@@ -1,4 +1,4 @@
-"""Kill -9 an index at seeded points, in real processes, then resume it (tests/index/test_kill.py).
+"""Kill -9 an index at seeded points, in real processes, then resume it (tests/indexing/test_kill.py).
 
 Run as ``python -m support.killing JOB.json`` with tests/ on the path. The server loads a
 tiny model once and never runs it; every index attempt runs in a child forked from it,
@@ -27,7 +27,7 @@ from pathlib import Path
 
 def _arm(kill: dict | None, counter: Path | None = None) -> None:
     """In the child: SIGKILL this process at the kill point, or count the events into `counter`."""
-    import ffkv.index.indexer as indexer
+    import ffkv.indexing.indexer as indexer
     from ffkv.store import atomic
 
     if kill is not None and kill["kind"] == "time":
@@ -58,7 +58,7 @@ def _attempt(job: dict, loaded, out: Path, resume: bool, kill: dict | None, work
     """One index attempt in a forked child: "ok", "killed", or "exit N: message"."""
     from ffkv.corpus import CorpusSpec
     from ffkv.errors import FfkvError
-    from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 
     err = out.parent / f".{out.name}.err"
     pid = os.fork()

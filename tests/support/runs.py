@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ffkv.corpus import CorpusSpec
 from ffkv.experiments import EXPERIMENTS, analyze
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from support.helpers import loaded_tiny
 
 WORDS = ("the cat sat on the mat", "a part of the city", "rivers flow into the sea", "she was born in Paris",

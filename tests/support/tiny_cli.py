@@ -37,7 +37,7 @@ def install() -> None:
 
 
 def pause_at_second_batch(folder: Path) -> None:
-    import ffkv.index.indexer as indexer
+    import ffkv.indexing.indexer as indexer
 
     real, seen = indexer.index_batch, [0]
 

@@ -63,7 +63,7 @@ def example_chunks(spec: CorpusSpec, tokenizer: Tokenizer, part: tuple[int, int]
 
     With ``part=(w, n)`` only chunks j with j % n == w are tokenized and yielded: n
     processes that each take one part, read in turn, give the whole stream in order
-    (`ffkv.index.prefetch`). Units are tokenized a chunk at a time: batch encoding
+    (`ffkv.indexing.prefetch`). Units are tokenized a chunk at a time: batch encoding
     (where the tokenizer has it) runs natively, in parallel where it may.
     """
     if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):

@@ -33,6 +33,7 @@ from ffkv.presentation.findings import MIN_VERDICT_N, wilson_interval
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
+from ffkv.store.schemas import Direction
 
 T = TypeVar("T")
 
@@ -210,7 +211,7 @@ class RunContext:
     @property
     def special_ids(self) -> frozenset[int]:
         """Token ids of special tokens (BOS, CLS, SEP, ...)."""
-        return frozenset(int(i) for i in (getattr(self.tokenizer, "special_ids", ()) or ()))
+        return self.loaded.special_ids
 
     @property
     def top_k(self) -> int:
@@ -272,18 +273,19 @@ class RunContext:
                 if differ else None)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self, direction: int = 1, control: bool = False) -> pd.DataFrame:
+    def triggers(self, direction: "Direction | int" = Direction.POSITIVE, control: bool = False) -> pd.DataFrame:
         """The trigger examples of one direction (`RunDir.read_triggers`), sorted by (layer, key, rank): +1
         (the largest coefficients, the paper's) by default, -1 for the most negative ones; -1 is empty for a
         run indexed with one direction. A study that reads triggers sees one direction at a time, never the
         two mixed. `control`: those of the random control memories (`has_control`) instead."""
+        direction = Direction.parse(direction)
+
         def read() -> pd.DataFrame:
-            name = {1: "positive", -1: "negative"}[direction]
-            if name == "negative" and self.manifest.sign != "both":
-                return self.run.read_triggers("positive", control=control).iloc[0:0].reset_index(drop=True)
-            df = self.run.read_triggers(name, control=control)
+            if direction == Direction.NEGATIVE and self.manifest.sign != "both":
+                return self.run.read_triggers(Direction.POSITIVE, control=control).iloc[0:0].reset_index(drop=True)
+            df = self.run.read_triggers(direction, control=control)
             return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once(("triggers", direction, control), read)
+        return self.once(("triggers", int(direction), control), read)
 
     @property
     def has_control(self) -> bool:
@@ -445,7 +447,7 @@ def choose_position(token_ids: np.ndarray, special: frozenset, seed: int, exampl
 
 def select_held_out(loaded: LoadedModel, spec: CorpusSpec, seed: int = 0) -> HeldOut:
     """Read the held-out examples and draw one position in each (examples with none are skipped)."""
-    special = frozenset(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    special = loaded.special_ids
     encoder = loaded.view.encoder
     kept, positions, targets = [], [], []
     with warnings.catch_warnings():

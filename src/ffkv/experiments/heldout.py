@@ -27,7 +27,7 @@ from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progres
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import active as active_memories
 from ffkv.memories.active import active_fraction, layer_scale
-from ffkv.memories.projection import PROJECTIONS, TRANSLATOR
+from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, final_logits
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
 
@@ -116,16 +116,6 @@ class EvalCapture:
     tau_left_out: np.ndarray
 
 
-def _final_logits(view, head_input: torch.Tensor | None, resid_post_last: torch.Tensor) -> torch.Tensor:
-    if head_input is not None:
-        return view.final_logits(head_input)
-    # The model's forward did not call its head as a module: the logit lens of the last layer.
-    z = project(view, resid_post_last, "final-norm")
-    if view.unembedding_bias is not None:
-        z = z + view.unembedding_bias.float()
-    return z
-
-
 @torch.no_grad()
 def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str) -> torch.Tensor:
     """What each memory of `keys` predicts at a position with coefficients m (d_m,): the top token of
@@ -153,7 +143,7 @@ def capture_eval(ctx: RunContext) -> EvalCapture:
     return ctx.once("eval_capture", lambda: _capture_eval(ctx))
 
 
-def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
+def held_out_rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
     """(row, token ids) of every held-out example; an encoder's analysed token is masked."""
     held = ctx.held_out()
     mask_id = mask_token_id(ctx.tokenizer) if ctx.view.encoder else None
@@ -171,10 +161,10 @@ def _rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
 
 def analysed_positions(ctx: RunContext, mine, quantities: tuple[str, ...], label: str,
                        with_head: bool = False) -> Iterator[tuple[np.ndarray, dict]]:
-    """Run the held-out batches `mine` (`ctx.batches(_rows(ctx))`) with `quantities` captured at each
+    """Run the held-out batches `mine` (`ctx.batches(held_out_rows(ctx))`) with `quantities` captured at each
     example's analysed position: yields (rows of the batch, {(quantity, layer): (B, ...) tensor}) per
     batch, with a progress bar. Tensors are float32, except ``head_in``, kept in the model's dtype so
-    that the head is applied to it as the model would (`_final_logits`). The dict is reused by the next
+    that the head is applied to it as the model would (`ffkv.memories.projection.final_logits`). The dict is reused by the next
     batch: read it before asking for one."""
     view, held = ctx.view, ctx.held_out()
     state: dict = {}
@@ -208,7 +198,7 @@ def active_scale(ctx: RunContext) -> ActiveScale:
         L, N = view.n_layers, len(held.examples)
         squares = np.zeros((N, L), dtype=np.float64)
         largest = np.zeros((N, L), dtype=np.float64)
-        mine = ctx.batches(_rows(ctx))
+        mine = ctx.batches(held_out_rows(ctx))
         for idx, got in analysed_positions(ctx, mine, ("coefficients",), "coefficient scale"):
             for layer in range(L):
                 m = got[("coefficients", layer)].double()
@@ -285,10 +275,10 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
             out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
     final = np.zeros(N, dtype=np.int64)
 
-    mine = ctx.batches(_rows(ctx))
+    mine = ctx.batches(held_out_rows(ctx))
     for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"),
                                          "held-out pass", with_head=True):  # the pass ends at the head
-        o = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
+        o = final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
         final[idx] = as_numpy(o)
         shift = _partners(len(idx), ctx.seed, int(idx[0]))
         out["partner"][idx] = np.asarray(idx)[shift]

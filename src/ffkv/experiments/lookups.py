@@ -148,7 +148,7 @@ def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int =
             "top_token_id": s["top_token_id"].astype(np.int32),
             "agreement": has & (s["top_token_id"] == targets),
             # 0-based here (tokens strictly more probable); the pages show it 1-based.
-            "next_token_rank": np.where(has, s["target_rank"] - 1, -1).astype(np.int32),
+            "next_token_rank": np.where(has, s["target_rank"], -1).astype(np.int32),
             "logsumexp": s["logsumexp"].astype(np.float32),
             "value_norm": norms.astype(np.float32),
         }))
@@ -185,7 +185,7 @@ def corpus_sample(run: RunDir, n: int = SAMPLE_EXAMPLES, seed: int = 0,
 def sample_batches(loaded: LoadedModel, token_lists: list[list[int]], batch_size: int = 16) -> list:
     """The sample's padded batches (grouped by length), on the host."""
     examples = [Example(i, np.asarray(t, dtype=np.int64), "") for i, t in enumerate(token_lists) if len(t)]
-    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+    special = loaded.special_ids
     return [collate(g, loaded.tokenizer.pad_id, special) for g in length_batches(examples, batch_size)]
 
 

@@ -32,10 +32,7 @@ once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked
 
 from __future__ import annotations
 
-import copy
-import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -45,17 +42,16 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from ffkv.errors import FfkvError, StorageError, one_line
-from ffkv.experiments.common import RunContext, as_numpy, open_run, progress_bar
+from ffkv.errors import FfkvError
+from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
 from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.experiments.scoring import score_examples
 from ffkv.memories.active import RULE
-from ffkv.memories.pruning import Removed, intermediate_size_field, masked, removal_count, removal_edits, shrink_model
+from ffkv.memories.pruning import Removed, removal_count, removal_edits
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
-from ffkv.store import atomic
 from ffkv.store.run import RunDir
 
 NAME = "pruning"
@@ -199,6 +195,19 @@ def read_census(run: RunDir) -> pd.DataFrame:
     if table.duplicated(["layer", "key"]).any():
         raise FfkvError("metrics/census.parquet holds more than one row for some key; expected one class per key")
     return table
+
+
+def census_provenance(run: RunDir) -> dict:
+    """On what the run's census was computed (its `ffkv analyze` record: seed, held-out examples, projections),
+    for a reader outside `analyze` (`ffkv prune`); refused where the run does not record a whole census."""
+    record = run.manifest().analyses.get("census")
+    why = ("the run records no census" if not record else
+           f"its census was skipped ({record['skipped']})" if "skipped" in record else
+           "its census was computed by an analyze that did not record on what" if not record.get("provenance") else None)
+    if why is not None:
+        raise FfkvError(f"the census criterion reads the run's census, and {why}; run "
+                        f"`ffkv analyze {run.path} --only census` first")
+    return dict(record["provenance"])
 
 
 def census_group(key_class: str, value_type: str) -> str:
@@ -398,110 +407,6 @@ def draw(run: RunDir, table: pd.DataFrame, n_tokens: int) -> list[Path]:
     return save_figure(fig, run.path, NAME)
 
 
-# ----------------------------------------------------------------------- ffkv prune
-#: Most examples of the corpus sample the written model is checked on.
-VERIFY_EXAMPLES = 4
-#: Largest |pruned - masked| logit difference accepted, relative to the largest |logit|, per dtype.
-TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-
-
-def _logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=ids, attention_mask=mask).logits.float()
-
-
-def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, seed: int = 0,
-          loaded: LoadedModel | None = None, device: str = "cpu") -> Path:
-    """Write a smaller model without the keys `criterion` removes at `share`: `ffkv prune`.
-
-    The run's model loses the same number of keys in every layer (`removal_count`); the result is written in
-    its original format (`save_pretrained`, with its tokenizer and ``ffkv_pruning.json``: criterion, share,
-    the removed keys of every layer) into a temporary folder beside `out`, loaded back with
-    `ffkv.models.load_model`, checked to give the masked model's logits on a few of the run's examples, and
-    only then renamed to `out`.
-
-    Args:
-        run_dir: a complete run (its manifest names the model).
-        criterion: one of `CRITERIA`.
-        share: share of each layer's keys to remove, 0 <= share < 1.
-        out: a folder that does not exist yet.
-        seed: the corpus sample's and the random criterion's seed (as `ffkv analyze --seed`).
-        loaded: the run's model, already loaded (it is copied, never changed).
-    """
-    check_criterion(criterion)
-    removal_count(2, share)  # validates the share before any work
-    out = Path(out)
-    if out.exists():
-        raise FfkvError(f"--out {str(out)!r} exists; give a new folder (ffkv prune never overwrites)")
-    census = read_census(RunDir(run_dir)) if criterion == "census" else None  # before loading the model
-    run, manifest, given = open_run(run_dir, loaded, device)
-    if loaded is not None:
-        given = copy.copy(given)
-        given.model = copy.deepcopy(given.model)
-        given.view = MemoryView(given.model)
-    view = given.view
-    intermediate_size_field(view.model)  # refuses unsupported families before any pass
-    if getattr(given.tokenizer, "hf", None) is None:
-        raise FfkvError("ffkv prune saves the model's Hugging Face tokenizer beside it; this model has none")
-    sample = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
-    stats = key_statistics(given, token_lists=sample if criterion in NEEDS_SAMPLE else None)
-    orders = removal_orders(criterion, view, stats, census, seed)
-    removed = keys_to_remove(orders, share)
-
-    probe = sample_batches(given, sample[:VERIFY_EXAMPLES], batch_size=VERIFY_EXAMPLES)
-    probe = probe[0] if probe else None
-    if probe is not None:
-        ids, mask = probe.input_ids.to(view.device), probe.attention_mask.to(view.device)
-        with torch.no_grad(), masked(view, removed):
-            expected = _logits(given.model, ids, mask)
-    d_before = view.d_m
-    d_after = shrink_model(view, removed)
-    try:
-        with atomic.atomic_folder(out) as tmp:
-            from ffkv.models.tiny_lm import quiet_transformers
-
-            with quiet_transformers():  # transformers' own bars; the CLI prints one line
-                given.model.save_pretrained(tmp)
-                given.tokenizer.hf.save_pretrained(tmp)
-            for written in tmp.iterdir():
-                atomic.make_readable(written)  # some writers make 0600 files; a model folder is meant to be shared
-            (tmp / "ffkv_pruning.json").write_text(json.dumps({
-                "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
-                "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
-                "statistics_sample": {"examples": stats.examples, "positions": stats.positions},
-                "removed": {str(layer): keys.tolist() for layer, keys in removed.items()},
-            }, indent=1) + "\n")
-            if probe is not None:
-                _verify(tmp, given, ids, mask, expected, d_after)
-    except FileExistsError:
-        raise FfkvError(f"--out {str(out)!r} appeared while pruning; nothing was written") from None
-    except OSError as error:
-        raise StorageError(f"cannot write the pruned model beside {out}: {one_line(error)}; nothing was written") \
-            from None
-    except Exception as error:  # noqa: BLE001 - safetensors and tokenizers report a full disk as their own errors
-        errno_ = atomic.written_errno(error)
-        if errno_ is None:
-            raise
-        raise StorageError(f"cannot write the pruned model beside {out}: {os.strerror(errno_)}; nothing was "
-                           "written") from None
-    return out
-
-
-def _verify(folder: Path, given: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor,
-            d_m: int) -> None:
-    """The written model, loaded back, has d_m memories per layer and the masked model's logits."""
-    from ffkv.models import load_model
-
-    back = load_model(str(folder), dtype=given.dtype, device=given.device)
-    if back.view.d_m != d_m:
-        raise FfkvError(f"the written model has {back.view.d_m} memories per layer, expected {d_m}")
-    with torch.no_grad():
-        got = _logits(back.model, ids, mask)
-    real = mask.bool()
-    scale = float(expected[real].abs().max()) if real.any() else 1.0
-    worst = float((got[real] - expected[real]).abs().max()) if real.any() else 0.0
-    if worst > TOLERANCE.get(back.model.dtype, 1e-4) * max(scale, 1.0):
-        raise FfkvError(f"the pruned model's logits differ from the masked model's by {worst:.3g} "
-                        f"(largest logit {scale:.3g}); nothing was written")
 
 
 def summary_line(table: pd.DataFrame) -> str:
@@ -533,5 +438,5 @@ EXPERIMENT = Experiment(
 
 
 __all__ = ["CENSUS_GROUPS", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
-           "check_criterion", "heldout_perplexity", "key_statistics", "keys_to_remove", "perplexity", "prune",
-           "read_census", "redundancy_order", "removal_orders", "run", "summarize", "summary_line"]
+           "census_provenance", "check_criterion", "heldout_perplexity", "key_statistics", "keys_to_remove",
+           "perplexity", "read_census", "redundancy_order", "removal_orders", "run", "summarize", "summary_line"]

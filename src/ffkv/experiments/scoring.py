@@ -26,8 +26,8 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import as_numpy, progress_bar
-from ffkv.experiments.heldout import _final_logits
 from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import gather_rows
 
@@ -97,7 +97,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
         elif name == "head_in" or layer == L - 1:  # resid_post: only the last layer's, for models without a head module
             state[(name, layer)] = t
 
-    special = sorted(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    special = loaded.special_ids
     mine = row_batches([(i, np.asarray(t, dtype=np.int64)) for i, t in enumerate(token_lists)],
                        loaded.tokenizer.pad_id, special, view.device)
     quantities = ("coefficients", "head_in", "resid_post") if coefficients else ("head_in", "resid_post")
@@ -119,7 +119,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
                 for s in range(0, len(target), chunk):  # (positions x |V|) logits a chunk at a time: bounded memory
                     h = hidden[s:s + chunk]
-                    logp = torch.log_softmax(_final_logits(view, h if head_in is not None else None, h).float(), dim=-1)
+                    logp = torch.log_softmax(final_logits(view, h if head_in is not None else None, h).float(), dim=-1)
                     row_nll.index_add_(0, where[s:s + chunk], -logp.gather(1, target[s:s + chunk, None])[:, 0].double())
                     if len(S):
                         row_mass.index_add_(0, where[s:s + chunk], logp[:, S].exp().sum(-1).double())

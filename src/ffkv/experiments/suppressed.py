@@ -27,11 +27,11 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.heldout import (_final_logits, _rows, active_threshold, analysed_positions,
-                                      memory_predictions)
+from ffkv.experiments.heldout import active_threshold, analysed_positions, held_out_rows, memory_predictions
 from ffkv.experiments.registry import Encoder, Experiment, Finding
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
+from ffkv.memories.projection import final_logits
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, pct, share_ci
@@ -82,10 +82,10 @@ def capture(ctx: RunContext) -> dict[str, np.ndarray]:
            "best_coefficient": np.zeros((N, L), np.float32), "best_delta_p": np.full((N, L), np.nan, np.float32),
            "sum_delta_p": np.zeros((N, L), np.float64), "n_active": np.zeros((N, L), np.int32),
            "final": np.zeros(N, np.int64), "gold_prob": np.zeros(N, np.float32), "gold_rank": np.zeros(N, np.int64)}
-    mine = ctx.batches(_rows(ctx))
+    mine = ctx.batches(held_out_rows(ctx))
     for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "resid_post", "head_in"),
                                          "suppressed memories", with_head=True):
-        z = _final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
+        z = final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
         gold = torch.as_tensor(held.targets[idx], device=view.device)
         out["final"][idx] = as_numpy(z.argmax(-1))
         out["gold_prob"][idx] = as_numpy(torch.softmax(z, -1).gather(1, gold[:, None])[:, 0])

@@ -83,7 +83,7 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
     order = np.argsort(rows["example_id"], kind="stable")
     example_sorted = rows["example_id"][order]
     examples = [Example(int(e), np.asarray(texts[int(e)], dtype=np.int64), "") for e in np.unique(example_sorted)]
-    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+    special = loaded.special_ids
     state: dict = {}
 
     def sink(quantity: str, layer: int, m: torch.Tensor) -> None:

@@ -8,8 +8,8 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
     /memory/LAYER/KEY.json?projection=      the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
     /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
-    /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.experiments.concepts`)
-    /trace?prompt=&position=&target=&off=L:K&scale=L:K:S&generate=N&lens=final-norm|translator
+    /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.tools.concepts`)
+    /trace?prompt=&position=&target=&off=L:K&scale=L:K=F&set=L:K=V&generate=N&lens=final-norm|translator
                                             (GET, or POST from the form): trace, intervene, generate
     /files/PATH                             figures, metrics and the report of the run (nothing outside it)
 
@@ -160,8 +160,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         prompt = one(params, "prompt")
         if prompt is None:
             return pages.trace_page(data, None, None, None, root)
-        fields = {k: v[-1] for k, v in params.items() if k.startswith("scale:")}
-        edits = validation.edits(params.get("off", []), params.get("scale", []), fields, data.n_layers, data.d_m)
+        edits = validation.edits(params, data.n_layers, data.d_m)
         position = one(params, "position") or one(params, "current_position")
         position = -1 if position in (None, "") else validation.integer(position, "position", 0, 100_000, 422)
         target = (one(params, "target") or "").strip()
@@ -169,7 +168,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         n_generate = 0 if n_generate in (None, "") or one(params, "action") not in (None, "generate") else \
             validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)  # the form always sends it
         lens = one(params, "lens") or DEFAULT_FOR_RESIDUALS
-        t = traced(data, validation.prompt(prompt), position, target or None, edits, n_generate, root, lens)
+        t = traced(data, validation.prompt(prompt), position, target or None, edits.values(), n_generate, root, lens)
         return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
                                 n_generate=n_generate or 20)
 

@@ -27,6 +27,7 @@ from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
 from ffkv.store.run import RunDir
+from ffkv.store.schemas import Direction
 
 #: The per-key table of `ffkv analyze` whose label, description and scores the pages show.
 PATTERN_KEYS = "patterns_keys"
@@ -43,7 +44,7 @@ CENSUS_COLUMNS = {"class": "census_class", "value_type": "census_value_type", "e
 #: 128 tokens of float32: 13 MB).
 CONTEXT_CACHE = 256
 #: Trigger directions (`direction` of trigger_examples.parquet, format 3): largest m, most negative m.
-DIRECTIONS = {1: "largest coefficients", -1: "most negative coefficients"}
+DIRECTIONS = {Direction.POSITIVE: "largest coefficients", Direction.NEGATIVE: "most negative coefficients"}
 
 
 class ExplorerData:

@@ -26,7 +26,8 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
     """The n top and n bottom tokens of value v_i of a layer under `projection` (a `VALUE_PROJECTIONS` name).
 
     Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)], "top_value": the
-    top token's p or logit, "target_rank": how many tokens rank strictly above `target` (None without one)},
+    top token's p or logit, "target_rank": `target`'s rank, 1 for the top token, as every rank of a token in a
+    distribution counts (ties in its favour; None without one)},
     bottom listed from the least likely up.
     """
     norm, shown = VALUE_PROJECTIONS[projection]
@@ -40,7 +41,7 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
             "top": [(int(i), float(values[i])) for i in top.indices],
             "bottom": [(int(i), float(values[i])) for i in bottom.indices],
             "top_value": float(values[top.indices[0]]),
-            "target_rank": int((z > z[int(target)]).sum()) if known else None}
+            "target_rank": 1 + int((z > z[int(target)]).sum()) if known else None}
 
 
 @torch.no_grad()
@@ -54,7 +55,7 @@ def context_coefficients(loaded: LoadedModel, layer: int, key: int, token_lists:
     view = loaded.view
     examples = [Example(i, np.asarray(t, dtype=np.int64), "") for i, t in enumerate(token_lists)]
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(examples)
-    special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+    special = loaded.special_ids
     for group in length_batches([e for e in examples if len(e.token_ids)], batch_size):
         batch = collate(group, loaded.tokenizer.pad_id, special)
         with view.capture(("coefficients",), layers=[layer], stop_early=True) as cap:

@@ -6,9 +6,12 @@ layers are 0-based in code, as in the run's tables, and shown counted from 1.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, trace
+from ffkv.memories.interventions import Intervention
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, TRANSLATOR
 from ffkv.memories.translators import Translators
 
@@ -55,13 +58,13 @@ class Trace:
 
 
 def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str | int | None = None,
-              edits: dict[tuple[int, int], float] | None = None, generate_tokens: int = 0, root: str = "",
+              edits: Iterable[Intervention] = (), generate_tokens: int = 0, root: str = "",
               lens: str = DEFAULT_FOR_RESIDUALS) -> Trace:
     """Trace a prompt at a position (negative: from the end), for the trace page and notebooks alike.
 
     Args:
         target: the token (text, or id) whose memory contributions are listed; default the model's prediction.
-        edits: {(layer index, key): scale}, 0 switches a memory off.
+        edits: memories switched off, scaled or set at every position (layers from 0; a scale of 1 is dropped).
         generate_tokens: also continue the prompt greedily by this many tokens, with and without the edits.
         lens: how the residual columns are read (`ffkv.explorer.tracing.LENSES`): "final-norm" (the logit lens)
             or "translator" (the run's fitted translators, the tuned lens).
@@ -85,7 +88,7 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         raise validation.BadRequest(f"position {position} is outside the prompt's {len(token_ids)} tokens", 422)
     if isinstance(target, str):
         target = data.token_ids_for(target)[0]
-    edits = {k: v for k, v in (edits or {}).items() if v != 1.0}
+    edits = {(e.layer, e.key): e for e in edits if not (e.op == "scale" and e.value == 1.0)}
     for layer, key in edits:
         validation.integer(layer, "layer index", 0, data.n_layers - 1, 422)
         validation.integer(key, "key", 0, data.d_m - 1, 422)
@@ -94,9 +97,10 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         if lens == TRANSLATOR and loaded.view.translators is None:
             loaded.view.translators = Translators.load(data.translators_file, loaded.view.device)
         base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens)
-        edited = trace(loaded, token_ids, edits, position=position, target=base.target, lens=lens) if edits else None
+        edited = trace(loaded, token_ids, edits.values(), position=position, target=base.target, lens=lens) \
+            if edits else None
         if generate_tokens and not data.encoder:
             original = generate(loaded, token_ids, generate_tokens)
-            changed = generate(loaded, token_ids, generate_tokens, edits) if edits else None
+            changed = generate(loaded, token_ids, generate_tokens, edits.values()) if edits else None
             generation = pages.generation_view(data, token_ids, original, changed)
     return Trace(data, prompt, base, edited, root, generation)

@@ -19,6 +19,7 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
 from ffkv.experiments.registry import key_columns, paper_finding, paper_order
+from ffkv.memories.address import edit_label
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
@@ -317,7 +318,8 @@ def _plain(value):
 
 def memory_json(data: ExplorerData, layer, key, projection: str = "identity", root: str = "") -> dict:
     """The memory page as data (`/memory/LAYER/KEY.json`). ``layer`` and ``rank`` are 0-based as in the run's
-    tables; ``layer_number`` is the layer as pages and URLs count it (from 1)."""
+    tables; ``layer_number`` is the layer as pages and URLs count it (from 1); a token's ``target_rank`` in the
+    value's distribution counts from 1 (the top token), as the values table's does."""
     layer, key = data.check(layer, key)
     m = data.memory(layer, key, projection)
     number_ = layer_number(layer)
@@ -327,7 +329,7 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "pattern": {k: _plain(v) for k, v in m["auto"].items()},
         "human_labels": [{k: _plain(v) for k, v in h.items()} for h in m["human"]],
         "value": {"projection": m["projection"], "shown": m["value"]["shown"],
-                  # under this projection: the top token's p or logit, and the top-1 trigger target's rank (0-based)
+                  # under this projection: the top token's p or logit, and the top-1 trigger target's rank (1: the top)
                   "top_value": m["value"]["top_value"], "target_rank": m["value"]["target_rank"],
                   "top": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
                           for t in m["value"]["top"]],
@@ -402,7 +404,9 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             row[part] = cell
         memories = list(layer.memories) + list(layer.suppressing) + list(layer.edited)
         for m in memories:
-            row["memories"].append({**m, "scale": edits.get((layer.layer, m["key"])),
+            edit = edits.get((layer.layer, m["key"]))
+            row["memories"].append({**m, "edit_op": edit.op if edit else None, "edit_value": edit.value if edit else None,
+                                    "edit_label": edit_label(edit),
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
         rows.append(row)
     final = []
@@ -452,21 +456,20 @@ def trace_page(data: ExplorerData, prompt: str | None, base: TraceResult | None,
 
 
 # ------------------------------------------------------------------------ concepts
-#: Concepts shown on the page (largest first); all of them are in `ffkv.experiments.concepts.concepts`.
+#: Concepts shown on the page (largest first); all of them are in `ffkv.tools.concepts.concepts`.
 CONCEPTS_SHOWN = 100
 #: "all layers" is offered while the run has at most this many values (the page compares every pair).
 CONCEPTS_ALL_LIMIT = 16384
 
 
 def warm_up() -> None:
-    """Import the concepts page's module ahead of its first request: it is part of the experiments package, whose
-    import pulls in every experiment and the figures' plotting library (seconds on a busy machine)."""
-    from ffkv.experiments import concepts  # noqa: F401
+    """Import the concepts page's module (`ffkv.tools.concepts`) ahead of its first request."""
+    from ffkv.tools import concepts  # noqa: F401
 
 
 def concepts_page(data: ExplorerData, layer: str | None = None, root: str = "") -> str:
-    """Values clustered by shared top tokens (`ffkv.experiments.concepts`), for one layer (from 1) or all."""
-    from ffkv.experiments import concepts as method
+    """Values clustered by shared top tokens (`ffkv.tools.concepts`), for one layer (from 1) or all."""
+    from ffkv.tools import concepts as method
     from ffkv.explorer.validation import integer
 
     all_ok = data.n_layers * data.d_m <= CONCEPTS_ALL_LIMIT

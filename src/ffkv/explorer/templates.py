@@ -80,7 +80,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 <h2>Value</h2>
 <p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
 <p class="note" id="value-numbers">{{ projection_note }} Under this projection the top token has {% if m.value.top_value is none %}p = {{ pct(m.stats.confidence) }} (identity){% elif m.value.shown == "p" %}p = {{ pct(m.value.top_value) }} (uniform: {{ pct(uniform) }}){% else %}logit {{ value_fmt(m.value.top_value) }}{% endif %};
-the top-1 trigger's {{ target_name }} ranks {% if m.value.target_rank is not none %}{{ m.value.target_rank + 1 }}{% if m.value.target_rank == 0 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖v‖ = {{ fmt(m.stats.value_norm) }}.
+the top-1 trigger's {{ target_name }} ranks {% if m.value.target_rank is not none %}{{ m.value.target_rank }}{% if m.value.target_rank == 1 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖v‖ = {{ fmt(m.stats.value_norm) }}.
 Tokens read as they add to a text: a leading space marks a word start.</p>
 {% if signed %}<p class="note" id="directions">The memory adds m·v. Where m &gt; 0 (its strongest trigger example: m = {{ fmt(strongest.positive) }}) it promotes the top tokens and suppresses the bottom ones;
 where m &lt; 0 ({% if strongest.negative is not none and strongest.negative < 0 %}down to m = {{ fmt(strongest.negative) }}{% else %}none of its trigger examples goes below 0{% endif %}) it does the reverse: it promotes the bottom tokens and suppresses the top ones.</p>{% endif %}
@@ -168,8 +168,9 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 {% for row in t.rows %}<tr data-layer="{{ ln(row.layer) }}"><td class="num"><a href="{{ root }}/layer/{{ ln(row.layer) }}">{{ ln(row.layer) }}</a></td>
 {% for part in ("before", "ff", "after") %}<td class="pred pred-{{ part }}{% if compare and row[part].changed %} changed{% endif %}">{{ tok(row[part].token) }} <span class="small muted">{{ pct(row[part].prob, 1) }}</span>{% if compare %} → {{ tok(row[part].new_token) }} <span class="small muted">{{ pct(row[part].new_prob, 1) }}</span>{% endif %}</td>{% endfor %}
 <td>{% for mem in row.memories %}<span class="chip{% if mem.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ ln(row.layer) }}/{{ mem.key }}">{{ ln(row.layer) }}:{{ mem.key }}</a> <span class="small muted">{{ "%+.2f"|format(mem.contribution) }} (m={{ fmt(mem.coefficient, 2) }}) → {{ tok(mem.top_token) }}</span>
-{% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ ln(row.layer) }}:{{ mem.key }}"{% if mem.scale == 0 %} checked{% endif %}>off</label>
-<input type="number" step="any" name="scale:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.scale is not none and mem.scale != 0 %}{{ mem.scale }}{% endif %}" placeholder="×1" title="scale">{% elif mem.scale is not none %}<strong>×{{ mem.scale }}</strong>{% endif %}</span>{% endfor %}</td></tr>{% endfor %}
+{% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ ln(row.layer) }}:{{ mem.key }}"{% if mem.edit_op == "off" %} checked{% endif %}>off</label>
+<input type="number" step="any" name="scale:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "scale" %}{{ mem.edit_value }}{% endif %}" placeholder="×1" title="scale: multiply m by this factor">
+<input type="number" step="any" name="set:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "set" %}{{ mem.edit_value }}{% endif %}" placeholder="=m" title="set: m takes this value at every position">{% elif mem.edit_label %}<strong>{{ mem.edit_label }}</strong>{% endif %}</span>{% endfor %}</td></tr>{% endfor %}
 </table></div>
 <h3>Model's prediction</h3>
 <table id="final"><tr><th class="num">#</th><th>original</th>{% if compare %}<th>with interventions</th>{% endif %}</tr>
@@ -195,7 +196,7 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <label>memories pushing the token <input type="text" name="target" value="{{ t.target_text }}" size="10" placeholder="prediction" title="a token, or #ID; empty: the model's prediction"></label>
 <a href="{{ root }}/trace?prompt={{ prompt|urlencode }}">reset</a>{% endif %}</p>
 {% if t %}<input type="hidden" name="current_position" value="{{ t.position }}">
-<p class="note">Switch memories off or scale them (applied at every position), then apply: the predictions with the interventions appear beside the original ones{% if can_generate %}, and Generate continues the prompt with and without them{% endif %}.</p>
+<p class="note">Switch memories off, scale them or set their coefficient (applied at every position), then apply: the predictions with the interventions appear beside the original ones{% if can_generate %}, and Generate continues the prompt with and without them{% endif %}.</p>
 {% include "trace_fragment.html" %}{% endif %}
 </form>{% endblock %}""",
 }

@@ -21,10 +21,11 @@ import torch
 
 from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.memories.interventions import Intervention, intervene
-from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, logits
+from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
 
-Edits = dict[tuple[int, int], float]
+#: Edits applied at every position: {(layer from 0, key): the memory's `Intervention` (off, scale or set)}.
+Edits = dict[tuple[int, int], Intervention]
 #: How the residual columns (before and after the FF layer) are read: the logit lens, or the run's fitted
 #: per-layer translators (`ffkv.memories.translators`; T_l for both of layer l's residual vectors).
 LENSES = (DEFAULT_FOR_RESIDUALS, TRANSLATOR)
@@ -42,7 +43,7 @@ class LayerTrace:
     before: Prediction          # argmax p(resid_mid)
     ff: Prediction              # argmax p(ff_out)
     after: Prediction           # argmax p(resid_post)
-    memories: list[dict]        # the top contributors to the target: key, coefficient, contribution, scale
+    memories: list[dict]        # the top contributors to the target: key, coefficient, contribution, edit
     suppressing: list[dict]     # the most negative contributions to the target
     edited: list[dict]          # the other memories of the layer that are edited (or asked to be shown)
     coefficients: torch.Tensor  # m at the position, (d_m,)
@@ -75,28 +76,29 @@ def _top(lg: torch.Tensor) -> Prediction:
     return Prediction(int(index), float(value))
 
 
-def _interventions(edits: Edits) -> list[Intervention]:
-    return [Intervention.scaled(layer, key, factor) for (layer, key), factor in edits.items()]
-
-
-def _final_logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
-    out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    return out.logits if hasattr(out, "logits") else out[0]
+def _run(view, ids: torch.Tensor, quantities: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
+    """One forward pass of a prompt: the model's own output logits (`final_logits`) and the captures of
+    `quantities` (the last layer's output is captured too: the logits of a model whose head is not a module
+    call are read from it)."""
+    asked = tuple(dict.fromkeys(quantities + ("resid_post", "head_in")))
+    with view.capture(asked) as cap:
+        view.forward(ids, torch.ones_like(ids), with_head=True)
+    return final_logits(view, cap["head_in"].get(-1), cap["resid_post"][view.n_layers - 1]), cap
 
 
 def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits, layer: int) -> dict:
     return {"key": key, "coefficient": float(m[key]), "contribution": float(contribution[key]),
-            "scale": edits.get((layer, key))}
+            "edit": edits.get((layer, key))}
 
 
 @torch.no_grad()
-def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None, position: int = -1,
+def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Intervention] = (), position: int = -1,
           target: int | None = None, top_memories: int = 8, suppressing: int = 3,
           show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS) -> TraceResult:
-    """Trace `token_ids` (one prompt) at `position`, optionally with memories scaled or switched off.
+    """Trace `token_ids` (one prompt) at `position`, optionally with memories switched off, scaled or set.
 
     Args:
-        edits: {(layer, key): scale} applied at every position (0: off).
+        edits: memories switched off, scaled or set at every position (layers from 0).
         position: the position to read (negative counts from the end).
         target: the token whose contributions rank the memories; default the model's top prediction.
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
@@ -104,17 +106,15 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
         lens: how resid_mid and resid_post are read (`LENSES`); "translator" needs the view's translators.
     """
     view = loaded.view
-    edits = dict(edits or {})
+    edits = {(e.layer, e.key): e for e in edits}
     listed = set(edits) | set(show)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     pos = position if position >= 0 else len(token_ids) + position
     if not 0 <= pos < len(token_ids):
         raise IndexError(f"position {position} is outside the prompt's {len(token_ids)} tokens")
-    with intervene(view, _interventions(edits)):
-        with view.capture(("coefficients", "resid_mid", "ff_out", "resid_post")) as cap:
-            view.forward(ids, torch.ones_like(ids))
-        final_logits = _final_logits(loaded, ids)
-    probs = final_logits[0, pos].float().softmax(-1)
+    with intervene(view, edits.values()):
+        output, cap = _run(view, ids, ("coefficients", "resid_mid", "ff_out", "resid_post"))
+    probs = output[0, pos].float().softmax(-1)
     top = probs.topk(min(5, probs.numel()))
     final = [Prediction(int(i), float(p)) for p, i in zip(top.values, top.indices)]
     target = final[0].token_id if target is None else int(target)
@@ -142,7 +142,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Edits | None = None,
 
 
 @torch.no_grad()
-def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Edits | None = None,
+def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Iterable[Intervention] = (),
              max_tokens: int | None = None) -> list[int]:
     """The prompt continued greedily by n tokens (fewer at the model's length limit), with `edits` applied
     at every position of every step. Returns the new token ids only."""
@@ -150,11 +150,11 @@ def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Edits | N
     limit = max_tokens or max_prompt_tokens(loaded)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     new: list[int] = []
-    with intervene(view, _interventions(dict(edits or {}))):
+    with intervene(view, list(edits)):
         for _ in range(min(n, MAX_NEW_TOKENS)):
             if ids.shape[1] >= limit:
                 break
-            nxt = int(_final_logits(loaded, ids)[0, -1].argmax())
+            nxt = int(_run(view, ids, ())[0][0, -1].argmax())
             new.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]], device=view.device)], dim=1)
     return new

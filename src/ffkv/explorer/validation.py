@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import math
+from typing import TYPE_CHECKING
 
 from ffkv.errors import FfkvError
 from ffkv.store.annotations import LABELS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ffkv.explorer.tracing import Edits
 
 #: The longest prompt the trace page accepts, in characters (the token limit of the model applies too).
 MAX_PROMPT_CHARS = 4000
 #: The largest request body read at all (a form with a prompt and the memory switches).
 MAX_BODY_BYTES = 256 * 1024
-#: Largest |scale| an intervention may apply to a memory.
+#: Largest |factor| or |value| an edit may give a memory.
 MAX_SCALE = 1e4
 #: Most memories one intervention may touch.
 MAX_EDITS = 4096
@@ -52,44 +55,34 @@ def prompt(text: str | None) -> str:
     return text
 
 
-def scale(text: str, where: str) -> float:
-    """A finite scale factor for a memory."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise BadRequest(f"scale of memory {where} must be a number, got {str(text)[:40]!r}", 422) from None
-    if not math.isfinite(value) or abs(value) > MAX_SCALE:
-        raise BadRequest(f"scale of memory {where} must be a finite number within ±{MAX_SCALE:g}", 422)
-    return value
+def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
+    """The edits a request asks for, written as everywhere (`ffkv.memories.address`, layers from 1): URL
+    parameters ``off=L:K``, ``scale=L:K=F``, ``set=L:K=V``, and the trace form's per-memory fields
+    ``scale:L:K=F`` and ``set:L:K=V`` (empty ones ignored).
 
-
-def edits(off: list[str], scaled: list[str], fields: dict[str, str], n_layers: int, d_m: int
-          ) -> dict[tuple[int, int], float]:
-    """Interventions from a request: `off=L:K`, `scale=L:K:S`, and form fields `scale:L:K=S` (L counted from 1).
-
-    Returns {(layer index, key): scale}; a scale of 1 is no change and is dropped, 0 switches a memory off.
+    One edit per memory: a form's field is overridden by a parameter, and "off" (the form's checkbox) wins over
+    both. A scale of 1 is no change and is dropped. Returns {(layer from 0, key): edit}.
     """
-    out: dict[tuple[int, int], float] = {}
+    from ffkv.memories.address import parse_edit
 
-    def parse_lk(text: str) -> tuple[int, int]:
-        parts = text.split(":")
-        if len(parts) != 2:
-            raise BadRequest(f"a memory is written LAYER:KEY (layers from 1), e.g. 3:17; got {text[:40]!r}", 422)
-        return layer_key(parts[0], parts[1], n_layers, d_m, 422)
-
-    for name, value in fields.items():
-        if name.startswith("scale:") and value.strip() != "":
-            where = name[len("scale:"):]
-            out[parse_lk(where)] = scale(value, where)
-    for text in scaled:
-        head, _, value = text.rpartition(":")
-        lk = parse_lk(head)
-        out[lk] = scale(value, head)
-    for text in off:
-        out[parse_lk(text)] = 0.0
+    given: list[tuple[str, str]] = []
+    for name, values in params.items():
+        op, colon, where = name.partition(":")
+        if colon and op in ("scale", "set") and values and values[-1].strip() != "":
+            given.append((op, f"{where}={values[-1].strip()}"))
+    given += [(op, text) for op in ("scale", "set", "off") for text in params.get(op, [])]
+    out: Edits = {}
+    for op, text in given:
+        try:
+            edit = parse_edit(op, text, n_layers, d_m)
+        except FfkvError as exc:
+            raise BadRequest(str(exc), 422) from None
+        if edit.op != "off" and abs(edit.value) > MAX_SCALE:
+            raise BadRequest(f"{op} of memory {text.partition('=')[0]} must be within ±{MAX_SCALE:g}", 422)
+        out[(edit.layer, edit.key)] = edit
     if len(out) > MAX_EDITS:
         raise BadRequest(f"an intervention may change at most {MAX_EDITS} memories, got {len(out)}", 422)
-    return {lk: s for lk, s in out.items() if s != 1.0}
+    return {lk: e for lk, e in out.items() if not (e.op == "scale" and e.value == 1.0)}
 
 
 def label(text: str | None) -> str:

@@ -67,6 +67,20 @@ def logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
     return unembed_logits(view, h, normalize=projection != "identity")
 
 
+@torch.no_grad()
+def final_logits(view: MemoryView, head_in: Float[torch.Tensor, "*batch d_model"] | None,
+                 resid_post_last: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch vocab"]:
+    """The model's own output logits from one captured forward pass, float32: its LM head applied to the captured
+    ``head_in`` (bias included), or, for a model whose forward does not call its head as a module, the logit lens
+    of the last layer's output with the head's bias. Every reader of a model's prediction asks here."""
+    if head_in is not None:
+        return view.final_logits(head_in)
+    z = unembed_logits(view, resid_post_last, normalize=True)
+    if view.unembedding_bias is not None:
+        z = z + view.unembedding_bias.float()
+    return z
+
+
 def unembed_logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
                    normalize: bool) -> Float[torch.Tensor, "*batch vocab"]:
     """N(h)·Eᵀ (N the final normalization when `normalize`, else the identity), float32, head bias left out;
@@ -87,6 +101,35 @@ def chunk_size(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu").numpy()
+
+
+@torch.no_grad()
+def top_tokens(view: MemoryView, layer: int, keys: Int[np.ndarray, "n"] | None, n: int,
+               projection: str = DEFAULT_FOR_VALUES, sign: int = 1,
+               chunk: int | None = None) -> tuple[Int[np.ndarray, "n top"], Float[np.ndarray, "n top"]]:
+    """The n tokens each value v_i of `keys` (None: every key of the layer) puts highest, best first: the one
+    owner of "a value's top tokens" (concepts, the explorer's memory page, the interventions' own token set).
+
+    Args:
+        sign: -1 reads -v_i: what a memory with a negative coefficient writes (its bottom tokens).
+
+    Returns:
+        (len(keys), n) token ids and their logits N(±v_i)·Eᵀ (float32), `chunk` values at a time.
+    """
+    values = view.values(layer)
+    if keys is not None:
+        values = values[torch.as_tensor(np.asarray(keys), dtype=torch.long, device=values.device)]
+    chunk = chunk or chunk_size(view.vocab_size)
+    ids, top = [], []
+    for start in range(0, values.shape[0], chunk):
+        part = values[start:start + chunk]
+        z = logits(view, part if sign > 0 else -part, projection, layer=layer, update=True)
+        best = torch.topk(z, min(n, z.shape[-1]), dim=-1)
+        ids.append(_numpy(best.indices))
+        top.append(_numpy(best.values))
+    if not ids:
+        return np.zeros((0, n), dtype=np.int64), np.zeros((0, n), dtype=np.float32)
+    return np.concatenate(ids).astype(np.int64), np.concatenate(top)
 
 
 @torch.no_grad()

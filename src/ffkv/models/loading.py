@@ -58,6 +58,12 @@ class LoadedModel:
                 return value
         return None
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Token ids of the tokenizer's special tokens (BOS, EOS, CLS, SEP, ...): never triggers, never removed,
+        never counted as content. Every reader of them asks here."""
+        return frozenset(int(i) for i in (getattr(self.tokenizer, "special_ids", ()) or ()))
+
     def weights_hash(self) -> str:
         """sha256 over every parameter and buffer (names, shapes and bytes), in name order.
 

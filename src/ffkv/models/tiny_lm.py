@@ -149,10 +149,13 @@ def _named(defined: dict) -> dict:
 
 
 def _define_classes() -> dict:
-    from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
-    from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
+    """The model's classes, defined on first use (transformers is imported then): its layers, then the models."""
+    layers = _define_layers(__getattr__("FfkvLMConfig"))
+    return _named({**layers, **_define_models(__getattr__("FfkvLMConfig"), layers["FfkvBlock"])})
 
-    FfkvLMConfig = __getattr__("FfkvLMConfig")
+
+def _define_layers(FfkvLMConfig: type) -> dict:
+    """Attention, the FF layer (keys c_fc, values c_proj) and the pre-norm block: plain torch modules."""
 
     class FfkvSelfAttention(nn.Module):
         """Causal multi-head self-attention (scaled dot product), padding-aware."""
@@ -197,6 +200,15 @@ def _define_classes() -> dict:
         def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
             hidden_states = hidden_states + self.attn(self.ln_1(hidden_states), attn_mask)
             return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+    return {"FfkvSelfAttention": FfkvSelfAttention, "FfkvMLP": FfkvMLP, "FfkvBlock": FfkvBlock}
+
+
+def _define_models(FfkvLMConfig: type, FfkvBlock: type) -> dict:
+    """The transformers models: the blocks with embeddings (`FfkvLMModel`) and with the tied LM head
+    (`FfkvLMForCausalLM`, registered with `AutoModelForCausalLM`)."""
+    from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+    from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 
     class FfkvLMPreTrainedModel(PreTrainedModel):
         config_class = FfkvLMConfig
@@ -300,8 +312,8 @@ def _define_classes() -> dict:
             return CausalLMOutput(loss=loss, logits=logits)
 
     AutoModelForCausalLM.register(FfkvLMConfig, FfkvLMForCausalLM, exist_ok=True)
-    scope = locals()
-    return _named({name: scope[name] for name in _CLASSES})
+    return {"FfkvLMPreTrainedModel": FfkvLMPreTrainedModel, "FfkvLMModel": FfkvLMModel,
+            "FfkvLMForCausalLM": FfkvLMForCausalLM}
 
 
 def __getattr__(name: str):

@@ -296,14 +296,7 @@ def train(
         ``{"finished": False, "step": ...}`` when `stop_after` stopped it early.
     """
     options = options or TrainOptions()
-    if save_dtype not in SAVE_DTYPES:
-        raise FfkvError(f"unknown save dtype {save_dtype!r}; choose from {', '.join(SAVE_DTYPES)}")
-    for f in fields(TrainOptions):
-        value = getattr(options, f.name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            raise FfkvError(f"option {f.name} must not be negative, got {value}")
-    if options.steps < 1 or options.batch_size < 1 or options.seq_len < 2:
-        raise FfkvError("steps and batch_size must be at least 1 and seq_len at least 2")
+    _check_options(options, save_dtype)
     if num_threads:
         torch.set_num_threads(num_threads)
     out = Path(out_dir)
@@ -317,29 +310,9 @@ def train(
     lines, description = read_lines(corpus)
     train_lines, heldout_lines = split_corpus(lines, options.heldout_every)
     fingerprint = _fingerprint(lines)
-
-    state = None
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path, what="training checkpoint")
-        if not isinstance(state, dict) or not {"options", "corpus_sha256", "model", "optimizer", "rng"} <= set(state):
-            raise FfkvError(f"{str(ckpt_path)!r} is not a checkpoint of `ffkv train`; choose another --out")
-        if state["options"] != asdict(options) or state["corpus_sha256"] != fingerprint:
-            raise FfkvError(
-                f"the checkpoint in {str(out)!r} was made with other options or another corpus; "
-                "resume with the same ones or choose another --out"
-            )
-
-    # Tokenizer: trained once on the training split (deterministic), reused when resuming.
-    if state is not None and (out / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer as RawTokenizer
-
-        tok = RawTokenizer.from_file(str(out / "tokenizer.json"))
-    else:
-        tok = train_tokenizer(train_lines, options.vocab_size)
-        save_tokenizer(tok, out)
+    state = _resumed_state(ckpt_path, options, fingerprint) if resume and ckpt_path.exists() else None
+    tok = _tokenizer(out, train_lines, options, reuse=state is not None)
     vocab = tok.get_vocab_size()
-    if vocab > options.vocab_size:
-        raise FfkvError(f"tokenizer has {vocab} tokens, more than vocab_size {options.vocab_size}")
 
     train_ids, train_labels = pack(encode_lines(tok, train_lines), options.seq_len)
     held_ids, held_labels = pack(encode_lines(tok, heldout_lines), options.seq_len)
@@ -416,34 +389,93 @@ def train(
 
     # Final weights in the saved dtype; measure perplexity on exactly those weights.
     _save_final(model, out, save_dtype)
+    result = _final_report(out, options, save_dtype, (train_labels, held_ids, held_labels), vocab,
+                           {"description": description, "sha256": fingerprint, "lines": lines,
+                            "train_lines": train_lines, "heldout_lines": heldout_lines},
+                           {"steps": step, "tokens_seen": tokens_seen, "elapsed": elapsed, "loss_ema": loss_ema},
+                           command)
+    atomic.write_bytes(out / "training.json", (json.dumps(result, indent=2) + "\n").encode())
+    return result
+
+
+def _check_options(options: TrainOptions, save_dtype: str) -> None:
+    """Refuse a save dtype ffkv does not write and options no model can be trained with."""
+    if save_dtype not in SAVE_DTYPES:
+        raise FfkvError(f"unknown save dtype {save_dtype!r}; choose from {', '.join(SAVE_DTYPES)}")
+    for f in fields(TrainOptions):
+        value = getattr(options, f.name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise FfkvError(f"option {f.name} must not be negative, got {value}")
+    if options.steps < 1 or options.batch_size < 1 or options.seq_len < 2:
+        raise FfkvError("steps and batch_size must be at least 1 and seq_len at least 2")
+
+
+def _resumed_state(ckpt_path: Path, options: TrainOptions, fingerprint: str) -> dict:
+    """The checkpoint to resume, checked to be `ffkv train`'s, with these options and this corpus."""
+    state = load_checkpoint(ckpt_path, what="training checkpoint")
+    if not isinstance(state, dict) or not {"options", "corpus_sha256", "model", "optimizer", "rng"} <= set(state):
+        raise FfkvError(f"{str(ckpt_path)!r} is not a checkpoint of `ffkv train`; choose another --out")
+    if state["options"] != asdict(options) or state["corpus_sha256"] != fingerprint:
+        raise FfkvError(
+            f"the checkpoint in {str(ckpt_path.parent.parent)!r} was made with other options or another corpus; "
+            "resume with the same ones or choose another --out"
+        )
+    return state
+
+
+def _tokenizer(out: Path, train_lines: Sequence[str], options: TrainOptions, reuse: bool):
+    """The tokenizer: trained once on the training split (deterministic) and saved, reused when resuming."""
+    if reuse and (out / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer as RawTokenizer
+
+        tok = RawTokenizer.from_file(str(out / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(train_lines, options.vocab_size)
+        save_tokenizer(tok, out)
+    if tok.get_vocab_size() > options.vocab_size:
+        raise FfkvError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {options.vocab_size}")
+    return tok
+
+
+def _final_report(out: Path, options: TrainOptions, save_dtype: str, data: tuple, vocab: int, corpus: dict,
+                  done: dict, command: str | None) -> dict:
+    """training.json's contents: held-out perplexity of the saved weights beside the unigram baseline.
+
+    Args:
+        data: (train_labels, held_ids, held_labels), the packed splits.
+        corpus: description, sha256, and the lines: all, train and held out.
+        done: steps, tokens_seen, elapsed (s) and loss_ema of the training loop.
+    """
+    train_labels, held_ids, held_labels = data
     with quiet_transformers():
         saved = FfkvLMForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     nll, count = heldout_nll(saved, held_ids, held_labels)
     uni_nll, uni_count = unigram_nll(train_labels, held_labels, vocab)
     assert uni_count == count
+    heldout_lines = corpus["heldout_lines"]
     heldout_words = sum(len(s.split()) + 1 for s in heldout_lines)  # + 1: the end of each line
     n_params = sum(p.numel() for p in saved.parameters())
-    result = {
+    return {
         "model_type": "ffkv_lm",
         "options": asdict(options),
         "save_dtype": save_dtype,
         "parameters": n_params,
         "corpus": {
-            "description": description,
-            "sha256": fingerprint,
-            "lines": len(lines),
-            "train_lines": len(train_lines),
+            "description": corpus["description"],
+            "sha256": corpus["sha256"],
+            "lines": len(corpus["lines"]),
+            "train_lines": len(corpus["train_lines"]),
             "heldout_lines": len(heldout_lines),
             "split": f"line n held out when n % {options.heldout_every} == {options.heldout_every - 1}",
             "train_tokens": int((train_labels != IGNORE).sum()),
             "heldout_tokens": count,
             "heldout_words": heldout_words,
         },
-        "steps": step,
-        "tokens_seen": tokens_seen,
-        "train_time_s": round(elapsed, 1),
+        "steps": done["steps"],
+        "tokens_seen": done["tokens_seen"],
+        "train_time_s": round(done["elapsed"], 1),
         "num_threads": torch.get_num_threads(),
-        "train_loss_ema": loss_ema,
+        "train_loss_ema": done["loss_ema"],
         "heldout_loss": nll / count,
         "heldout_perplexity": math.exp(nll / count),
         "unigram_perplexity": math.exp(uni_nll / count),
@@ -455,8 +487,6 @@ def train(
                      "tokenizers": _version("tokenizers")},
         "command": command,
     }
-    atomic.write_bytes(out / "training.json", (json.dumps(result, indent=2) + "\n").encode())
-    return result
 
 
 def _version(package: str) -> str:

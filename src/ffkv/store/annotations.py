@@ -4,7 +4,7 @@ Public contract: ``RUN/annotations/labels.parquet`` (`ffkv.store.schemas.LABELS`
 per (layer, key, annotator), the latest label wins; ``label`` is one of `LABELS`. Every
 save rewrites the file atomically, so a reader never sees half a table. Labels arrive
 from the explorer's annotate form (`Annotations.save`) and from a filled-in CSV
-(`import_csv`); `consensus` gives one label per key for the agreement with the
+(`ffkv.tools.annotate.import_labels`); `consensus` gives one label per key for the agreement with the
 automatic labels. A save holds ``RUN/annotations/.labels.lock`` (a file lock) while it
 reads, merges and rewrites the table, so saves from several processes (two explorers,
 an import) all land; an import also holds the run's writer lock (`RunDir.lock`).
@@ -127,61 +127,4 @@ class Annotations:
         return rows
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """A labelled CSV as text columns, or one line saying why it is not one."""
-    try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-    except UnicodeDecodeError:
-        raise FfkvError(f"annotation file {path} is not UTF-8 text: give the CSV of `ffkv annotate export`, "
-                        "saved as CSV (UTF-8)") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
-        raise FfkvError(f"annotation file {path} is not a CSV table ({str(error).splitlines()[0]})") from None
-
-
-def _check_range(table: pd.DataFrame, column: str, size: int, path: Path) -> None:
-    """Every row's `column` an integer in [0, size) (0-based, as in the exported CSV), or one line naming the row."""
-    values = table[column].str.strip()
-    numbers = pd.to_numeric(values, errors="coerce")
-    bad = numbers.isna() | (numbers % 1 != 0) | (numbers < 0) | (numbers >= size)
-    if bad.any():
-        row = int(bad.to_numpy().nonzero()[0][0])
-        what = "is not an integer" if pd.isna(numbers.iloc[row]) or numbers.iloc[row] % 1 else \
-            f"is not a {column} of this run (0 to {size - 1}, 0-based as in the exported CSV)"
-        raise FfkvError(f"annotation file {path}, line {row + 2}: {column} {values.iloc[row][:40]!r} {what}")
-    table[column] = numbers.astype("int64")
-
-
-def import_csv(run_dir: str | Path, path: str | Path, annotator: str = "") -> int:
-    """Store the labels of a filled-in annotation CSV (see `ffkv annotate export`); returns the key count.
-
-    Each key needs one label (shallow, semantic, both or none) on at least one of its rows;
-    different labels for one key are an error. Keys without a label are skipped.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FfkvError(f"annotation file {path} does not exist")
-    shape = RunDir(run_dir).require_complete().model
-    table = _read_csv(path)
-    missing = {"layer", "key", "label"} - set(table.columns)
-    if missing:
-        raise FfkvError(f"annotation file {path} lacks column(s) {', '.join(sorted(missing))}")
-    for column, size in (("layer", shape.n_layers), ("key", shape.d_m)):
-        _check_range(table, column, size, path)
-    table["label"] = table["label"].str.strip().str.lower()
-    labelled = table[table["label"] != ""]
-    bad = sorted(set(labelled["label"]) - set(LABELS))
-    if bad:
-        raise FfkvError(f"unknown label {bad[0]!r} in {path}; use one of {', '.join(LABELS)}")
-    rows = []
-    for (layer, key), g in labelled.groupby(["layer", "key"]):
-        labels = set(g["label"])
-        if len(labels) > 1:
-            raise FfkvError(f"key {layer}/{key} has several labels in {path}: {', '.join(sorted(labels))}")
-        description = next((d for d in g.get("description", []) if isinstance(d, str) and d.strip()), "")
-        rows.append((int(layer), int(key), labels.pop(), description))
-    with RunDir(run_dir).lock("annotate import"):
-        Annotations(run_dir).save_many(rows, annotator)
-    return len(rows)
-
-
-__all__ = ["LABELS", "Annotations", "consensus", "import_csv", "read_labels"]
+__all__ = ["LABELS", "Annotations", "consensus", "read_labels"]

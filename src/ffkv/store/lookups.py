@@ -32,7 +32,7 @@ from ffkv.store.run import RunDir
 #: Bumped when what the tables hold changes; older tables are rebuilt (3: activation_frequency follows the signed
 #: active rule, was m > 0; 4: explorer.duckdb holds triggers_by_example and no ART index on the triggers,
 #: trigger coefficients stored, activation statistics on the robust scale that leaves massive activations out).
-VERSION = 4
+VERSION = 5
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"

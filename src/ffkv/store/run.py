@@ -285,13 +285,14 @@ class RunDir:
         return True
 
     # ---------------------------------------------------------- trigger table
-    def read_triggers(self, direction: str = "positive", filters: list | None = None,
+    def read_triggers(self, direction: "schemas.Direction | str | int" = "positive", filters: list | None = None,
                       control: bool = False) -> pd.DataFrame:
         """Rows of trigger_examples.parquet of one direction, in file order (layer, key, direction, rank).
 
         Args:
-            direction: ``positive`` (a key's largest coefficients, the paper's trigger examples),
-                ``negative`` (its most negative ones, indexed with ``--sign both``) or ``both``.
+            direction: a `Direction` by name or integer: ``positive`` / 1 (a key's largest coefficients, the
+                paper's trigger examples), ``negative`` / -1 (its most negative ones, indexed with ``--sign both``),
+                or ``both``.
             filters: more pyarrow filters, e.g. ``[("layer", "=", 3)]``.
             control: read the random control memories' trigger examples instead
                 (control_trigger_examples.parquet, `ffkv.memories.controls`); an error for a run indexed
@@ -304,8 +305,8 @@ class RunDir:
         Raises:
             FfkvError: `direction` is unknown, or ``negative`` for a run that holds only the positive one.
         """
-        if direction not in (*schemas.DIRECTIONS, "both"):
-            raise FfkvError(f"direction must be one of {', '.join(schemas.DIRECTIONS)} or both, got {direction!r}")
+        if direction != "both":
+            direction = schemas.Direction.parse(direction)
         path = self.table("control_trigger_examples" if control else "trigger_examples")
         if control and not path.is_file():
             raise FfkvError(f"{self.path} holds no random-key control (indexed before ffkv indexed one, or with "
@@ -316,12 +317,12 @@ class RunDir:
             signed = "direction" in pq.read_schema(path).names
         except (pa.ArrowException, OSError) as error:
             raise self._damaged(path.name, error) from None
-        if direction == "negative" and not signed:
+        if direction == schemas.Direction.NEGATIVE and not signed:
             raise FfkvError(f"{self.path} holds only the positive trigger direction (indexed before ffkv kept "
                             "both); index again to get the negative one")
         wanted = list(filters or [])
         if signed and direction != "both":
-            wanted.append(("direction", "=", schemas.DIRECTIONS[direction]))
+            wanted.append(("direction", "=", int(direction)))
         import pandas as pd
 
         try:
@@ -330,7 +331,7 @@ class RunDir:
             raise self._damaged(path.name, error) from None
         if not signed:
             df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
-        elif direction == "negative" and not len(df) and self.manifest().sign != "both":
+        elif direction == schemas.Direction.NEGATIVE and not len(df) and self.manifest().sign != "both":
             raise FfkvError(f"{self.path} was indexed with --sign positive: it holds no negative trigger examples; "
                             "index again with --sign both")
         return df

@@ -5,7 +5,12 @@ them and listed with their columns in the docs; the schemas here are those of th
 tables that more than one part of ffkv writes or reads by column.
 """
 
+import enum
+
+import numpy as np
 import pyarrow as pa
+
+from ffkv.errors import FfkvError
 
 #: RUN/examples.parquet: one row per example of the corpus selection.
 EXAMPLES = pa.schema([
@@ -44,9 +49,28 @@ INDEX_EXPECTED = {
     "control_keys.parquet": CONTROL_KEYS,
 }
 
-#: Values of trigger_examples' `direction`, by name: +1 the largest coefficients of a key, -1 the most negative
-#: ones (indexed with `--sign both`). Tables of format 1 and 2 have no such column: every row there is +1.
-DIRECTIONS = {"positive": 1, "negative": -1}
+class Direction(enum.IntEnum):
+    """A trigger direction, the one type for it: +1 (``positive``) a key's largest coefficients, the paper's trigger
+    examples; -1 (``negative``) its most negative ones (indexed with ``--sign both``). It is the integer of the
+    tables' `direction` column and reads the names the command and the library take. Tables of format 1 and 2
+    have no such column: every row there is +1."""
+
+    POSITIVE = 1
+    NEGATIVE = -1
+
+    @property
+    def label(self) -> str:
+        """"positive" or "negative", as the command and the library write it."""
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: "Direction | str | int") -> "Direction":
+        """A direction from its name (``positive``, ``negative``) or its integer (1, -1)."""
+        if isinstance(value, str) and value.strip().upper() in cls.__members__:
+            return cls[value.strip().upper()]
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in (1, -1):
+            return cls(int(value))
+        raise FfkvError(f"direction must be positive (1) or negative (-1), got {value!r}")
 
 #: RUN/annotations/labels.parquet: human pattern labels, one row per (layer, key, annotator).
 LABELS = pa.schema([

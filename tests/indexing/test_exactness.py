@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ffkv.corpus import CorpusSpec
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from support.helpers import loaded_tiny
 
 FAMILIES = ("gpt2", "gpt_neox_parallel", "opt", "llama", "bert")

@@ -15,10 +15,10 @@ from typing import Sequence
 import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
-from ffkv.index import excluded
-from ffkv.index.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, parquet_batches, state_from_table, write_examples,
+from ffkv.indexing import excluded
+from ffkv.indexing.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, parquet_batches, state_from_table, write_examples,
                                write_triggers)
-from ffkv.index.topk import SIGNS, TopKState
+from ffkv.indexing.topk import SIGNS, TopKState
 from ffkv.store import atomic
 from ffkv.store.manifest import FORMAT_VERSION
 from ffkv.store.run import RunDir

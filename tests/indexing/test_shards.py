@@ -13,8 +13,8 @@ import pytest
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
-from ffkv.index.merge import merge_runs
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.merge import merge_runs
 from support.helpers import loaded_tiny
 
 TABLES = ("examples.parquet", "trigger_examples.parquet", "control_trigger_examples.parquet", "control_keys.parquet")

@@ -11,10 +11,10 @@ import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import CorpusReader, CorpusSpec
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture
-from ffkv.index.reducer import TriggerReducer
-from ffkv.index.sinks import ControlledReducer
-from ffkv.index.topk import TopKState
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture
+from ffkv.indexing.reducer import TriggerReducer
+from ffkv.indexing.sinks import ControlledReducer
+from ffkv.indexing.topk import TopKState
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ffkv.batching import Batch
-from ffkv.index.topk import EMPTY, ID_LIMIT, TopKState, select_top
+from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
 
 MODES = ("example", "prefix")
 
@@ -98,7 +98,7 @@ class TriggerReducer:
     candidates once costs far less than m merges of k + n, and the merge is exact and
     associative, so the result is the same. Call `flush` before reading or saving the state.
 
-    With `signed`, the state has 2·d_m rows per layer (`ffkv.index.topk`): each layer's
+    With `signed`, the state has 2·d_m rows per layer (`ffkv.indexing.topk`): each layer's
     coefficients are reduced in both directions, the most negative ones as -m, into the
     two row blocks of the layer, so that one selection and one merge serve both.
     """

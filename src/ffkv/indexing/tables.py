@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ffkv.index.topk import EMPTY, TopKState
+from ffkv.indexing.topk import EMPTY, TopKState
 from ffkv.memories.controls import RandomKeys
 from ffkv.store import atomic, schemas
 
@@ -90,7 +90,7 @@ def trigger_table(state: TopKState, directions: tuple[int, ...] = (1,)) -> pa.Ta
     """The state as the public trigger_examples table, sorted by (layer, key, direction desc, rank).
 
     Args:
-        directions: the directions whose row blocks the state holds (`ffkv.index.topk.SIGNS`);
+        directions: the directions whose row blocks the state holds (`ffkv.indexing.topk.SIGNS`);
             the rows of direction -1 hold -m, written back as the coefficient m.
     """
     state = state.to("cpu")

@@ -12,7 +12,7 @@ import torch
 
 from ffkv.corpus import Example
 from ffkv.batching import collate
-from ffkv.index.indexer import model_mask
+from ffkv.indexing.indexer import model_mask
 from ffkv.models.loading import LoadedModel
 from ffkv.memories.view import MemoryView
 from ffkv.models.tiny_lm import FfkvLMConfig, FfkvLMForCausalLM

@@ -14,8 +14,8 @@ import pytest
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.checkpoint import Checkpoint
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.checkpoint import Checkpoint
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.store.lock import RunLocked
 from ffkv.store.run import RunDir
 from ffkv.store.state import run_state
@@ -248,7 +248,7 @@ def test_a_writer_killed_before_its_first_manifest_leaves_a_usable_folder(tmp_pa
 def test_failed_table_write_resumes_with_nothing_left_to_index(tmp_path, setup, monkeypatch, checkpoint_seconds):
     """A table write that fails at the end saves the finished state then; the resume only writes the tables,
     and its tables equal an uninterrupted run's."""
-    import ffkv.index.indexer as indexer
+    import ffkv.indexing.indexer as indexer
 
     loaded, spec = setup
     options = IndexOptions(top_k=5)

@@ -6,7 +6,7 @@ coefficient capture that reduces every layer at once (`TriggerReducer`), and
 merged into an exact running top-k kept on the model's device. Every
 `checkpoint_seconds` (checked after each batch) the run saves a checkpoint;
 `resume=True` continues from the last one and ends with the identical result, or
-refuses (`ffkv.index.checkpoint`). Before anything is written, `ffkv.index.preflight`
+refuses (`ffkv.indexing.checkpoint`). Before anything is written, `ffkv.indexing.preflight`
 checks what would make the run fail later. While it works the process holds the run's
 lock and the manifest says `running` with its pid, host and heartbeat; it ends
 `complete`, `interrupted` (Ctrl-C, at a checkpoint) or `failed` (with the error).
@@ -30,18 +30,18 @@ import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.errors import FfkvError, FfkvWarning, Interrupted
 from ffkv.batching import Batch, collate, length_batches, windows
-from ffkv.index import excluded
-from ffkv.index.checkpoint import CUTTING, Checkpoint
-from ffkv.index.preflight import check_free_space, check_output, estimate_bytes, fit_positions
-from ffkv.index.reducer import MODES, TriggerReducer
-from ffkv.index.interrupt import deferred_interrupt
-from ffkv.index.prefetch import default_workers, prefetched_examples
-from ffkv.index.progress import IndexBar
-from ffkv.index.sinks import ControlledReducer
-from ffkv.index.topk import SIGNS, TopKState
+from ffkv.indexing import excluded
+from ffkv.indexing.checkpoint import CUTTING, Checkpoint
+from ffkv.indexing.preflight import check_free_space, check_output, estimate_bytes, fit_positions
+from ffkv.indexing.reducer import MODES, TriggerReducer
+from ffkv.indexing.interrupt import deferred_interrupt
+from ffkv.indexing.prefetch import default_workers, prefetched_examples
+from ffkv.indexing.progress import IndexBar
+from ffkv.indexing.sinks import ControlledReducer
+from ffkv.indexing.topk import SIGNS, TopKState
 from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 from ffkv.models.loading import LoadedModel
-from ffkv.index.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, examples_table, parquet_batches, write_control,
+from ffkv.indexing.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, examples_table, parquet_batches, write_control,
                                write_examples, write_triggers)
 from ffkv.store import atomic
 from ffkv.store.manifest import Identity, Manifest, ModelInfo, library_versions
@@ -264,7 +264,7 @@ def build_index(
     Args:
         loaded: the model (see `ffkv.models.loading.load_model`).
         spec: the corpus. The default `max_tokens` is cut to the model's positions; a larger other value
-            is an error (`ffkv.index.preflight.fit_positions`).
+            is an error (`ffkv.indexing.preflight.fit_positions`).
         out: the run directory (created; must be new, or an unfinished run with `resume`).
         options: top-k, mode and sign (they define the result; the sign's default is decided here,
             `IndexOptions.for_model`, and recorded in the manifest).
@@ -379,7 +379,7 @@ class _IndexJob:
             stream = itertools.islice(iter(reader), at.consumed, None)
         reducer = self.reducer
         pad_multiple = batching.pad_to(self.device)
-        special = sorted(getattr(loaded.tokenizer, "special_ids", ()) or ())
+        special = loaded.special_ids
         bar = IndexBar(self.spec, initial=at.consumed, show=self.progress)
         last_checkpoint = last_beat = time.time()
 
@@ -441,7 +441,7 @@ class _IndexJob:
         for table in ("examples", "trigger_examples", *control):
             run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
-        left_out = excluded.count(run.table("examples"), getattr(self.loaded.tokenizer, "special_ids", ()) or ())
+        left_out = excluded.count(run.table("examples"), self.loaded.special_ids)
         manifest.counts = {"examples": n_examples, "tokens": at.n_tokens, "examples_cut": at.n_cut,
                            "excluded_positions": int(sum(left_out.values()))}
         manifest.index["excluded_tokens"] = excluded.named(left_out, self.loaded.tokenizer)

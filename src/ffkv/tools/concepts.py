@@ -37,19 +37,11 @@ MAX_VALUES = 65536
 
 
 def value_top_tokens(loaded: LoadedModel, layer: int, top: int = TOP) -> np.ndarray:
-    """(d_m, top) token ids: each value's top tokens of v_i·Eᵀ (identity projection), best first."""
-    import torch
+    """(d_m, top) token ids: each value's top tokens of v_i·Eᵀ (identity projection), best first
+    (`ffkv.memories.projection.top_tokens`)."""
+    from ffkv.memories.projection import top_tokens
 
-    from ffkv.memories.projection import logits as project
-
-    view = loaded.view
-    out = []
-    values = view.values(layer)
-    with torch.no_grad():
-        for start in range(0, view.d_m, 256):
-            z = project(view, values[start:start + 256], "identity")
-            out.append(torch.topk(z, min(top, z.shape[-1]), dim=-1).indices.cpu().numpy())
-    return np.concatenate(out).astype(np.int64)
+    return top_tokens(loaded.view, layer, None, top, "identity")[0]
 
 
 def shared_pairs(tops: np.ndarray, min_shared: int = MIN_SHARED) -> tuple[np.ndarray, np.ndarray]:

@@ -6,8 +6,8 @@ import pytest
 
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
-from ffkv.index import prefetch
-from ffkv.index.prefetch import prefetched_examples
+from ffkv.indexing import prefetch
+from ffkv.indexing.prefetch import prefetched_examples
 from support.helpers import loaded_tiny
 
 

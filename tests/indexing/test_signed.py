@@ -14,10 +14,10 @@ import torch
 from ffkv.batching import collate
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
-from ffkv.index.reducer import MODES, TriggerReducer
-from ffkv.index.tables import state_from_table, trigger_table
-from ffkv.index.topk import TopKState
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.reducer import MODES, TriggerReducer
+from ffkv.indexing.tables import state_from_table, trigger_table
+from ffkv.indexing.topk import TopKState
 from ffkv.memories.architectures import signed_coefficients
 from support.helpers import loaded_tiny
 

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ffkv.index.indexer as indexer
+import ffkv.indexing.indexer as indexer
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.store.run import RunDir
 from support.helpers import loaded_tiny
 from support.scratch import memory_dir

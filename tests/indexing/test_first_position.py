@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ffkv.index import reducer
-from ffkv.index.reducer import first_position_of
+from ffkv.indexing import reducer
+from ffkv.indexing.reducer import first_position_of
 
 
 @pytest.mark.parametrize("chunk", [2**20, 1, 200])  # whole, one example at a time, two at a time

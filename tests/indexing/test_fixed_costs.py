@@ -7,8 +7,8 @@ import hashlib
 import pytest
 import torch
 
-from ffkv.index.tables import trigger_table
-from ffkv.index.topk import EMPTY, TopKState
+from ffkv.indexing.tables import trigger_table
+from ffkv.indexing.topk import EMPTY, TopKState
 from support.helpers import loaded_tiny
 
 

@@ -15,9 +15,8 @@ S is the user's token set, or by default the union of the intervened memories' o
 `DEFAULT_TOP` tokens with the largest v_i·Eᵀ (identity projection, the paper's), or the smallest for a
 memory set to a negative value (it then writes -v_i).
 
-On the command line memories are written LAYER:KEY with LAYER counted from 1, as the explorer, the report
-and the paper count them, and KEY the 0-based memory index (the explorer's /memory/LAYER/KEY); in code,
-`Intervention` layers count from 0, as the run's tables do.
+Memories and edits are written as everywhere else (`ffkv.memories.address`): LAYER:KEY with LAYER counted from
+1 on the command line, from 0 in code (`Intervention`), as the run's tables do.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
 from ffkv.experiments.scoring import Scores, perplexity, score_examples
 from ffkv.memories.interventions import Intervention
-from ffkv.memories.projection import logits as project
+from ffkv.memories.projection import top_tokens
 from ffkv.models.loading import LoadedModel
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.store import atomic
@@ -47,71 +46,14 @@ DEFAULT_TOP = 10
 INTERVAL = "95% interval of the mean paired per-example difference, mean ± 1.96·s/√n (normal approximation)"
 
 
-def _memory(text: str, n_layers: int, d_m: int, what: str) -> tuple[int, int]:
-    """'L:K' (L from 1) -> (layer from 0, key)."""
-    parts = text.strip().split(":")
-    if len(parts) != 2:
-        raise FfkvError(f"{what}: a memory is written LAYER:KEY (layers from 1, keys from 0), e.g. 3:17; got {text!r}")
-    try:
-        layer, key = int(parts[0]), int(parts[1])
-    except ValueError:
-        raise FfkvError(f"{what}: LAYER and KEY must be integers, got {text!r}") from None
-    if not 1 <= layer <= n_layers:
-        raise FfkvError(f"{what}: layer {layer} does not exist: this model has layers 1..{n_layers} (counted from 1)")
-    if not 0 <= key < d_m:
-        raise FfkvError(f"{what}: key {key} does not exist: each layer has keys 0..{d_m - 1}")
-    return layer - 1, key
-
-
-def _assignment(text: str, n_layers: int, d_m: int, what: str) -> tuple[int, int, float]:
-    """'L:K=VALUE' -> (layer from 0, key, value)."""
-    head, eq, value = text.partition("=")
-    if not eq:
-        raise FfkvError(f"{what}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=5.0; got {text!r}")
-    layer, key = _memory(head, n_layers, d_m, what)
-    try:
-        number = float(value)
-    except ValueError:
-        raise FfkvError(f"{what}: VALUE must be a number, got {value!r} in {text!r}") from None
-    if not math.isfinite(number):
-        raise FfkvError(f"{what}: VALUE must be finite, got {value!r}")
-    return layer, key, number
-
-
-def parse_interventions(set_: Sequence[str] = (), off: Sequence[str] = (), scale: Sequence[str] = (), *,
-                        n_layers: int, d_m: int) -> list[Intervention]:
-    """The command line's --set L:K=VALUE, --off L:K and --scale L:K=FACTOR (layers from 1) as `Intervention`s
-    (layers from 0). A memory named twice is refused."""
-    out: list[Intervention] = []
-    for text in set_:
-        layer, key, value = _assignment(text, n_layers, d_m, "--set")
-        out.append(Intervention(layer, key, "set", value))
-    for text in off:
-        layer, key = _memory(text, n_layers, d_m, "--off")
-        out.append(Intervention(layer, key, "off"))
-    for text in scale:
-        layer, key, value = _assignment(text, n_layers, d_m, "--scale")
-        out.append(Intervention.scaled(layer, key, value))
-    seen: set[tuple[int, int]] = set()
-    for edit in out:
-        if (edit.layer, edit.key) in seen:
-            raise FfkvError(f"memory {edit.layer + 1}:{edit.key} is named twice; give one intervention per memory")
-        seen.add((edit.layer, edit.key))
-    if not out:
-        raise FfkvError("no intervention given: use --set L:K=VALUE, --off L:K or --scale L:K=FACTOR")
-    return out
-
-
 @torch.no_grad()
 def own_top_tokens(loaded: LoadedModel, interventions: Sequence[Intervention], n: int = DEFAULT_TOP) -> list[int]:
     """The union of each intervened memory's own top n tokens of v_i·Eᵀ (identity projection); the bottom n
     for a memory set to a negative value, which writes -v_i."""
-    view = loaded.view
     tokens: set[int] = set()
     for edit in interventions:
-        z = project(view, view.values(edit.layer)[edit.key], "identity")
-        sign = -1.0 if edit.op == "set" and edit.value < 0 else 1.0
-        tokens.update(int(i) for i in torch.topk(sign * z, min(n, z.numel())).indices)
+        sign = -1 if edit.op == "set" and edit.value < 0 else 1
+        tokens.update(int(i) for i in top_tokens(loaded.view, edit.layer, [edit.key], n, "identity", sign)[0][0])
     return sorted(tokens)
 
 
@@ -120,7 +62,7 @@ def token_ids(loaded: LoadedModel, tokens: str | Sequence[str | int]) -> list[in
     tokenizer encodes to exactly one token (as it reads in text, e.g. with its leading space)."""
     items = [t for t in (tokens.split(",") if isinstance(tokens, str) else tokens)]
     out = []
-    special = set(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    special = loaded.special_ids
     for item in items:
         if isinstance(item, (int, np.integer)):
             out.append(int(item))

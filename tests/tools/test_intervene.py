@@ -14,7 +14,8 @@ import torch
 
 from ffkv import cli
 from ffkv.errors import FfkvError
-from ffkv.experiments.corpus_interventions import evaluate, own_top_tokens, parse_interventions, token_ids
+from ffkv.tools.intervene import evaluate, own_top_tokens, token_ids
+from ffkv.memories.address import parse_edits
 from ffkv.experiments.scoring import score_examples
 from ffkv.memories import Intervention
 from ffkv.models import loading
@@ -98,15 +99,15 @@ def test_switching_a_memory_off_and_on_again_restores_the_baseline_exactly():
 
 def test_bad_interventions_are_refused_clearly():
     shape = {"n_layers": 3, "d_m": 10}
-    assert parse_interventions(["1:2=5"], ["3:0"], ["2:9=0.5"], **shape) == [
-        Intervention(0, 2, "set", 5.0), Intervention(2, 0, "off"), Intervention(1, 9, "scale", 0.5)]
+    assert parse_edits(["3:0"], ["2:9=0.5"], ["1:2=5"], **shape) == [
+        Intervention(2, 0, "off"), Intervention(1, 9, "scale", 0.5), Intervention(0, 2, "set", 5.0)]
     for args, message in ((dict(set_=["1-2=5"]), "LAYER:KEY"), (dict(set_=["1:2"]), "LAYER:KEY=VALUE"),
                           (dict(set_=["1:2=abc"]), "must be a number"), (dict(set_=["1:2=nan"]), "finite"),
                           (dict(off=["0:1"]), "layer 0 does not exist"), (dict(off=["4:1"]), "layers 1..3"),
                           (dict(off=["1:10"]), "keys 0..9"), (dict(off=["a:b"]), "integers"),
-                          (dict(off=["1:1"], scale=["1:1=2"]), "named twice"), ({}, "no intervention")):
+                          (dict(off=["1:1"], scale=["1:1=2"]), "named twice"), (dict(off=["1:1=2"]), "without a value")):
         with pytest.raises(FfkvError, match=message):
-            parse_interventions(**args, **shape)
+            parse_edits(**args, **shape)
     loaded = loaded_tiny("gpt2")
     assert token_ids(loaded, "a,b") == sorted(loaded.tokenizer.encode("a") + loaded.tokenizer.encode("b"))
     with pytest.raises(FfkvError, match="not one token"):
@@ -143,7 +144,7 @@ def test_the_command_line_prints_the_table_and_writes_the_result(tmp_path, monke
 
 def test_the_printed_table_reads_plainly():
     """No scientific notation, and an interval that cannot be given says why (the issue: a blank cell, 1.2e-05)."""
-    from ffkv.experiments.corpus_interventions import InterventionResult, plain
+    from ffkv.tools.intervene import InterventionResult, plain
     from ffkv.memories.interventions import Intervention
 
     summary = pd.DataFrame([

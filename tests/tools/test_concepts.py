@@ -14,7 +14,7 @@ import torch
 from starlette.testclient import TestClient
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts, shared_pairs
+from ffkv.tools.concepts import FREQUENT, FREQUENT_FLOOR, MIN_SHARED, TOP, cluster, concepts, shared_pairs
 from ffkv.explorer import create_app
 from support.helpers import loaded_tiny
 
@@ -111,7 +111,7 @@ def test_concepts_page_answers_on_a_real_run(analyzed):
 def test_concepts_from_the_lookup_table_equal_the_models(analyzed):
     """The explorer clusters the lookup table's identity top tokens (no projection of the values, no weights):
     the same concepts, members and names as `concepts` computing them from the model, on every layer."""
-    from ffkv.experiments.concepts import concepts_of_tops
+    from ffkv.tools.concepts import concepts_of_tops
     from ffkv.explorer.data import ExplorerData
 
     run, loaded = analyzed

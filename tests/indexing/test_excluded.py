@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ffkv.corpus import CorpusSpec
-from ffkv.index.excluded import sentence
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.excluded import sentence
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.models import load_model
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ffkv.errors import FfkvError
-from ffkv.index.topk import TopKState
+from ffkv.indexing.topk import TopKState
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ffkv.batching import Batch
-from ffkv.index.reducer import TriggerReducer
+from ffkv.indexing.reducer import TriggerReducer
 from ffkv.memories.controls import RandomKeys
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
-from ffkv.index.merge import merge_runs
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.merge import merge_runs
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import process_group
 from ffkv.store.run import RunDir

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ffkv.corpus import CorpusSpec, iter_examples
-from ffkv.index.progress import IndexBar, count_examples
+from ffkv.indexing.progress import IndexBar, count_examples
 from support.helpers import CharTokenizer
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from ffkv.corpus import CorpusSpec
-from ffkv.index.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.memories import controls
 from ffkv.memories.controls import RandomKeys
 from support.helpers import loaded_tiny
-from index.test_exactness import write_corpus
+from indexing.test_exactness import write_corpus
 
 FAMILIES = ("gpt2", "llama", "opt", "bert")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ffkv.index.topk import EMPTY, TopKState, select_top
+from ffkv.indexing.topk import EMPTY, TopKState, select_top
 
 
 def _random_candidates(g, d_m, n, first_id):
@@ -60,7 +60,7 @@ def test_all_layers_merge_like_a_brute_force_sort_of_everything_seen():
 def test_cpu_merge_of_ranges_and_scattered_keys_equals_brute_force(monkeypatch):
     """On a CPU, blocks of keys that all reach the k-th value merge through views (a range), other blocks
     through their indices; both keep per key the k best of everything seen, ties included."""
-    from ffkv.index import topk
+    from ffkv.indexing import topk
 
     monkeypatch.setattr(topk, "_CPU_BLOCK_ROWS", 4)
     kinds = []

@@ -1,0 +1,117 @@
+"""How a memory and an edit on it are written, everywhere a person reads or types one.
+
+A memory is written ``LAYER:KEY``: LAYER counted from 1 (as the paper, the report, the explorer and the command
+count layers), KEY the 0-based index of the key in its layer. In code and in the run's tables layers count from
+0. `MemoryRef.parse` and `str(MemoryRef)` are the one place the two meet.
+
+An edit (`Intervention`) is one of three operations, written the same way in the command line, the explorer's
+URLs and forms, and the library:
+
+- ``off`` ``L:K``: switch the memory off (m' = 0);
+- ``scale`` ``L:K=F``: multiply its coefficient by F (m' = F·m);
+- ``set`` ``L:K=V``: set its coefficient to V at every position (m' = V).
+
+`ffkv intervene RUN --off 3:17 --scale 2:5=2 --set 1:0=4` and the explorer's
+``/trace?prompt=...&off=3:17&scale=2:5=2&set=1:0=4`` mean the same edits; `edit_text` prints them back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, NamedTuple, Sequence
+
+from ffkv.errors import FfkvError
+from ffkv.memories.interventions import OPERATIONS, Intervention
+
+
+class MemoryRef(NamedTuple):
+    """One memory: layer (from 0, as in code) and key. Equal to the plain tuple (layer, key)."""
+
+    layer: int
+    key: int
+
+    def __str__(self) -> str:
+        """``LAYER:KEY`` with the layer counted from 1, as readers count."""
+        return f"{self.layer + 1}:{self.key}"
+
+    @classmethod
+    def parse(cls, text: str, n_layers: int, d_m: int) -> "MemoryRef":
+        """``LAYER:KEY`` (LAYER from 1, KEY from 0) -> the memory, with the layer from 0; a memory this model
+        does not have is refused."""
+        parts = str(text).strip().split(":")
+        if len(parts) != 2:
+            raise FfkvError(f"a memory is written LAYER:KEY (layers from 1, keys from 0), e.g. 3:17; got {text!r}")
+        try:
+            layer, key = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise FfkvError(f"LAYER and KEY of a memory must be integers, got {text!r}") from None
+        return cls.check(layer - 1, key, n_layers, d_m)
+
+    @classmethod
+    def check(cls, layer: int, key: int, n_layers: int, d_m: int) -> "MemoryRef":
+        """(layer from 0, key) of this model, or a refusal that counts layers as readers do."""
+        if not 0 <= layer < n_layers:
+            raise FfkvError(f"layer {layer + 1} does not exist: this model has layers 1..{n_layers} (counted from 1)")
+        if not 0 <= key < d_m:
+            raise FfkvError(f"key {key} does not exist: each layer has keys 0..{d_m - 1}")
+        return cls(int(layer), int(key))
+
+
+def parse_edit(op: str, text: str, n_layers: int, d_m: int) -> Intervention:
+    """One edit as written: ``off`` ``L:K``, ``scale`` ``L:K=F`` or ``set`` ``L:K=V`` (layers from 1)."""
+    if op not in OPERATIONS:
+        raise FfkvError(f"unknown edit {op!r}; choose from {', '.join(OPERATIONS)}")
+    if op == "off":
+        if "=" in text:
+            raise FfkvError(f"off: a memory is switched off as LAYER:KEY, without a value; got {text!r}")
+        return Intervention(*MemoryRef.parse(text, n_layers, d_m), "off")
+    head, eq, value = str(text).partition("=")
+    if not eq:
+        raise FfkvError(f"{op}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=2; got {text!r}")
+    memory = MemoryRef.parse(head, n_layers, d_m)
+    try:
+        number = float(value)
+    except ValueError:
+        raise FfkvError(f"{op}: VALUE must be a number, got {value!r} in {text!r}") from None
+    if not math.isfinite(number):
+        raise FfkvError(f"{op}: VALUE must be finite, got {value!r}")
+    return Intervention.scaled(*memory, number) if op == "scale" else Intervention(*memory, "set", number)
+
+
+def parse_edits(off: Sequence[str] = (), scale: Sequence[str] = (), set_: Sequence[str] = (), *,
+                n_layers: int, d_m: int) -> list[Intervention]:
+    """The edits as written (`parse_edit`), one per memory: a memory named twice is refused."""
+    edits = [parse_edit(op, text, n_layers, d_m)
+             for op, texts in (("off", off), ("scale", scale), ("set", set_)) for text in texts]
+    return one_per_memory(edits)
+
+
+def one_per_memory(edits: Iterable[Intervention]) -> list[Intervention]:
+    """`edits` unchanged, or a refusal naming the first memory given two edits."""
+    out, seen = [], set()
+    for edit in edits:
+        memory = MemoryRef(edit.layer, edit.key)
+        if memory in seen:
+            raise FfkvError(f"memory {memory} is named twice; give one edit per memory")
+        seen.add(memory)
+        out.append(edit)
+    return out
+
+
+def edit_text(edit: Intervention) -> tuple[str, str]:
+    """(operation, text) of an edit as `parse_edit` reads it: ("off", "3:17"), ("scale", "3:17=2")."""
+    memory = str(MemoryRef(edit.layer, edit.key))
+    return (edit.op, memory) if edit.op == "off" else (edit.op, f"{memory}={_number(edit.value)}")
+
+
+def _number(value: float) -> str:
+    """The shortest text that reads back as `value` ("2", "0.1", "-1.5")."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def edit_label(edit: Intervention | None) -> str:
+    """How a page shows an edit beside its memory: "off", "×2", "=4" ("" for none)."""
+    if edit is None:
+        return ""
+    return "off" if edit.op == "off" else f"×{_number(edit.value)}" if edit.op == "scale" else f"={_number(edit.value)}"

@@ -1,0 +1,69 @@
+"""One way to write a memory and an edit: the command line, the explorer's URLs and forms, and the library read
+the same text the same way, and the printer's text reads back as the same edit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ffkv.errors import FfkvError
+from ffkv.explorer import validation
+from ffkv.memories.address import MemoryRef, edit_label, edit_text, parse_edit, parse_edits
+from ffkv.memories.interventions import Intervention
+
+SHAPE = {"n_layers": 6, "d_m": 50}
+
+
+def test_layers_count_from_one_in_text_and_from_zero_in_code():
+    assert MemoryRef.parse("1:0", **SHAPE) == (0, 0) == MemoryRef(0, 0)
+    assert MemoryRef.parse(" 6:49 ", **SHAPE) == MemoryRef(5, 49)
+    assert str(MemoryRef(5, 49)) == "6:49"
+    for text, message in (("0:1", "layer 0 does not exist"), ("7:1", "layers 1..6"), ("1:50", "keys 0..49"),
+                          ("1:2:3", "LAYER:KEY"), ("a:1", "integers")):
+        with pytest.raises(FfkvError, match=message):
+            MemoryRef.parse(text, **SHAPE)
+
+
+edits = st.builds(lambda layer, key, op, value: Intervention.scaled(layer, key, value) if op == "scale"
+                  else Intervention(layer, key, op, value if op == "set" else 0.0),
+                  st.integers(0, 5), st.integers(0, 49), st.sampled_from(["off", "scale", "set"]),
+                  st.floats(-1e4, 1e4, allow_nan=False))
+
+
+@given(edits)
+def test_every_edit_reads_back_from_its_text(edit):
+    op, text = edit_text(edit)
+    assert parse_edit(op, text, **SHAPE) == edit
+    # The explorer's URL parameter is the same text, and gives the same edit.
+    assert list(validation.edits({op: [text]}, **SHAPE).values()) in ([edit], [])  # a scale of 1 is no edit there
+    label = edit_label(edit)
+    assert label == "off" if edit.op == "off" else label.startswith("×" if edit.op == "scale" else "=")
+
+
+def test_the_command_and_the_explorer_read_the_same_edits():
+    texts = {"off": ["3:17"], "scale": ["2:5=2"], "set": ["1:0=-4.5"]}
+    command = parse_edits(texts["off"], texts["scale"], texts["set"], **SHAPE)
+    explorer = validation.edits(texts, **SHAPE)
+    assert sorted(command, key=lambda e: (e.layer, e.key)) == sorted(explorer.values(), key=lambda e: (e.layer, e.key))
+    assert command == [Intervention(2, 17, "off"), Intervention(1, 5, "scale", 2.0), Intervention(0, 0, "set", -4.5)]
+    # The trace form's per-memory fields read the same way; "off" (its checkbox) wins over a value typed beside it.
+    form = validation.edits({"set:1:0": ["-4.5"], "scale:2:5": ["2"], "scale:3:17": ["9"], "off": ["3:17"],
+                             "scale:4:4": [""]}, **SHAPE)
+    assert form == {(0, 0): Intervention(0, 0, "set", -4.5), (1, 5): Intervention(1, 5, "scale", 2.0),
+                    (2, 17): Intervention(2, 17, "off")}
+
+
+def test_bad_edits_are_refused_with_one_line():
+    for op, text, message in (("scale", "1:2", "LAYER:KEY=VALUE"), ("set", "1:2=abc", "must be a number"),
+                              ("set", "1:2=inf", "finite"), ("off", "1:2=0", "without a value"),
+                              ("grow", "1:2", "unknown edit")):
+        with pytest.raises(FfkvError, match=message):
+            parse_edit(op, text, **SHAPE)
+    with pytest.raises(FfkvError, match="named twice"):
+        parse_edits(["1:1"], ["1:1=2"], **SHAPE)
+    with pytest.raises(validation.BadRequest, match="LAYER:KEY=VALUE") as caught:
+        validation.edits({"scale": ["2:4:10"]}, **SHAPE)  # the old URL form is refused, not misread
+    assert caught.value.status == 422
+    with pytest.raises(validation.BadRequest, match="within"):
+        validation.edits({"set": ["1:1=1e9"]}, **SHAPE)
