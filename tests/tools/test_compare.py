@@ -13,7 +13,7 @@ import torch
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
-from ffkv.index.indexer import IndexOptions, build_index
+from ffkv.indexing.indexer import IndexOptions, build_index
 from ffkv.tools import compare as cmp
 from ffkv.tools import matches
 from support.helpers import loaded_tiny

@@ -48,6 +48,7 @@ from ffkv.experiments.figures import share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.projection import final_logits
 from ffkv.memories.view import MemoryView
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, pct, share_ci
@@ -172,7 +173,7 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
     Returns one row per memory: layer, key, mean_coefficient, total_effect, direct_effect, n_examples, why; the
     direct effect is NaN (and `why` says why) where the final normalization's scale cannot be frozen or the LM head
     does not read the normalized last residual."""
-    from ffkv.experiments.heldout import _rows, analysed_positions
+    from ffkv.experiments.heldout import analysed_positions, held_out_rows
 
     view, held = ctx.view, ctx.held_out()
     L, N, C = view.n_layers, len(held.examples), len(memories)
@@ -183,7 +184,7 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
     targets = torch.as_tensor(held.targets, device=view.device)
     values = torch.stack([view.values(layer)[key] for layer, key in memories]).double()
     unembedding = view.unembedding.double()
-    mine = ctx.batches(_rows(ctx))
+    mine = ctx.batches(held_out_rows(ctx))
 
     m = np.zeros((N, C))
     for idx, got in analysed_positions(ctx, mine, ("coefficients",), f"{NAME}: coefficients"):
@@ -193,15 +194,13 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
 
     clean, direct, ok = np.zeros(N), np.zeros((N, C)), np.ones(N, dtype=bool)
     for idx, got in analysed_positions(ctx, mine, ("resid_post", "head_in"), f"{NAME}: clean", with_head=True):
-        head_in = got.get(("head_in", -1))
-        if head_in is None:
-            raise FfkvError(f"{NAME}: the model's LM head was not called as a module; its effects cannot be read")
-        logits = view.final_logits(head_in).double()
+        head_in, h = got.get(("head_in", -1)), got[("resid_post", L - 1)]
+        logits = final_logits(view, head_in, h).double()
         loss = _loss(logits, targets[idx])
         clean[idx] = as_numpy(loss)
-        h = got[("resid_post", L - 1)]
-        y = view.final_norm(h.to(head_in.dtype))
-        ok[idx] = as_numpy(torch.isclose(y.double(), head_in.double(), rtol=1e-3, atol=1e-4).all(-1))
+        y = view.final_norm(h.to(view.unembedding.dtype))
+        if head_in is not None:  # the head reads N(last residual): what the direct effect assumes
+            ok[idx] = as_numpy(torch.isclose(y.double(), head_in.double(), rtol=1e-3, atol=1e-4).all(-1))
         if frozen is None:
             continue
         for c in range(C):
@@ -214,8 +213,10 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
     bar = progress_bar(ctx.progress, C, f"{NAME}: mean ablations", "memory")
     for c, (layer, key) in enumerate(memories):
         with intervene(view, [Intervention(layer, key, "set", float(means[c]))]):
-            for idx, got in analysed_positions(ctx, mine, ("head_in",), f"{NAME}: {layer}:{key}", with_head=True):
-                ablated = _loss(view.final_logits(got[("head_in", -1)]), targets[idx])
+            for idx, got in analysed_positions(ctx, mine, ("resid_post", "head_in"), f"{NAME}: {layer}:{key}",
+                                               with_head=True):
+                ablated = _loss(final_logits(view, got.get(("head_in", -1)), got[("resid_post", L - 1)]),
+                                targets[idx])
                 total[idx, c] = np.abs(as_numpy(ablated) - found["clean"][idx])
         bar.update(1)
     bar.close()
@@ -327,7 +328,8 @@ def draw(layers: pd.DataFrame, run_path) -> list:
 
 def run(ctx: RunContext) -> dict:
     """The step `ffkv analyze` calls: compute, write metrics/confidence_neurons{,_keys,_measured}.parquet, draw."""
-    vocab_keys = ctx.need("vocabulary_classes", "vocabulary_classes_keys")
+    # this call's own result where it computed it (every rank has it; under torchrun only rank 0 writes the table)
+    vocab_keys = ctx.once((vc.NAME, "keys"), lambda: ctx.need(vc.NAME, f"{vc.NAME}_keys"))
     ctx.run.require_table("examples.parquet")
     counts = unigram_counts([ctx.run.table("examples")], ctx.view.vocab_size)
     result = compute(ctx.view, vocab_keys, counts, lambda chosen: ablation_effects(ctx, chosen), ctx.seed,

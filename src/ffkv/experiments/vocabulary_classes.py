@@ -179,6 +179,7 @@ def draw(layers: pd.DataFrame, run_path) -> list:
 def run(ctx: RunContext) -> dict:
     """The step `ffkv analyze` calls: compute, write metrics/vocabulary_classes{,_keys}.parquet, draw, record."""
     result = compute(ctx.view, ctx.seed, progress=ctx.progress)
+    ctx.once((NAME, "keys"), lambda: result["keys"])  # for the steps that read it in this call, on every rank
     meta = {"statistic": "moments over the vocabulary of cos(v_i, u_j), u_j the unembedding rows with the final "
                          "normalization's scale folded in and centred over the vocabulary (Gurnee et al. 2024)",
             "rule": f"prediction: kurtosis > {KURTOSIS:g} and skew > 0; suppression: kurtosis > {KURTOSIS:g} and "
