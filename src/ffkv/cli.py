@@ -310,6 +310,23 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="seeds the corpus sample and the random criterion, as `ffkv analyze --seed` (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
 
+    p = sub.add_parser("compare", help="which memories two models share: correlate every key pair on one corpus "
+                                       "(beyond the paper: Gurnee et al. 2024)",
+                       description="Run both runs' models on run A's examples and correlate, per layer, every key "
+                                   "of A with every key of B over all token positions (streamed: memory does not "
+                                   "grow with the corpus). Writes keys.parquet (each key's best match, its "
+                                   "correlation, a random rotation's best and the excess), layers.parquet (the share "
+                                   "with excess above 0.5, n and 95% intervals) and compare.json. The runs must have "
+                                   "read the same corpus with the same options and tokenizer.")
+    p.add_argument("run_a", help="a complete run directory")
+    p.add_argument("run_b", help="a complete run directory on the same corpus")
+    p.add_argument("--out", default=None, help="the folder the tables go to (default: RUN_A/compare)")
+    p.add_argument("--max-examples", type=_positive_int, default=2000,
+                   help="examples of run A's corpus read, in order (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the random rotation (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
                        description="The paper's human workflow (Section 3.2): export top prefixes of sampled keys to CSV, "
                                    "label them (shallow / semantic / both / none), import; `ffkv analyze --only "
@@ -544,6 +561,24 @@ def _analyze(args: argparse.Namespace) -> int:
         for name, info in done.items():
             if info.get("skipped"):
                 print(f"skipped {name}: {info['skipped']}")
+    return 0
+
+
+@command("compare")
+def _compare(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from ffkv.tools.compare import compare_runs
+    from ffkv.tools.matches import EXCESS_CUT
+
+    folder = compare_runs(args.run_a, args.run_b, out=args.out, max_examples=args.max_examples, seed=args.seed,
+                          device=args.device, progress=not args.no_progress)
+    layers = pd.read_parquet(folder / "layers.parquet")
+    for row in layers.itertuples():
+        print(f"layer {row.layer + 1}: {row.universal_share:.2%} of {row.n_keys} keys with excess correlation > "
+              f"{EXCESS_CUT:g} [{row.universal_share_ci_low:.2%}, {row.universal_share_ci_high:.2%}]; mean best "
+              f"correlation {row.mean_correlation:.3f}, rotation {row.mean_rotation_correlation:.3f}")
+    print(f"written: {folder}/keys.parquet, {folder}/layers.parquet")
     return 0
 
 

@@ -127,8 +127,8 @@ def test_two_gloo_processes_analyze_like_one(tmp_path):
 
     tables = sorted(p.name for p in (one / "metrics").glob("*.parquet"))
     # census 4 (its control), suppressed 2, pruning 2, composition 4 (tau, scale, massive), patterns' control,
-    # vocabulary classes 2
-    assert len(tables) == 30 and tables == sorted(p.name for p in (two / "metrics").glob("*.parquet"))
+    # vocabulary classes 2, confidence neurons 3
+    assert len(tables) == 33 and tables == sorted(p.name for p in (two / "metrics").glob("*.parquet"))
     for name in tables:
         pd.testing.assert_frame_equal(pd.read_parquet(two / "metrics" / name), pd.read_parquet(one / "metrics" / name),
                                       check_exact=True, obj=name)

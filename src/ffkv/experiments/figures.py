@@ -112,3 +112,20 @@ def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
     finally:
         plt.close(fig)
     return paths
+
+
+def share_curves(layers, curves, title: str, run_path: str | Path, name: str, null: str | None = None) -> list[Path]:
+    """A figure of per-layer shares in % with their 95% intervals: `curves` is (column, label, color) each; with
+    `null` (a label) each column's COLUMN_control share, where the table has it, is drawn dashed beside it."""
+    fig, ax = new_figure()
+    x = layers["layer"].to_numpy()
+    for column, label, color in curves:
+        ax.plot(x, 100 * layers[column], "o-", color=color, label=label, markersize=3)
+        interval_bars(ax, x, layers, column)
+        if null is not None and f"{column}_control" in layers:
+            ax.plot(x, 100 * layers[f"{column}_control"], "--", color=color, alpha=0.6, label=f"{label}, {null}")
+    layer_axis(ax, len(layers))
+    ax.set_ylabel("% of the layer's memories")
+    ax.set_title(title, fontsize=9)
+    legend_outside(ax)
+    return save_figure(fig, run_path, name)

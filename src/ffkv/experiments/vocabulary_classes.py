@@ -14,8 +14,8 @@ For each memory i of layer l, with value v_i (its w_out):
 - **null-space share**: the share of ‖v_i‖² in the span of the k = max(1, round(d/100)) right singular directions
   of the prepared unembedding with the smallest singular values, the statistic of Stolfo et al. 2024's entropy
   neurons (a random direction's expected share: k/d). Entropy neurons also need their total effect through the
-  final normalization measured on text, far above the direct one; that is not computed here, so no memory is
-  called one.
+  final normalization measured on text, far above the direct one: `ffkv.experiments.confidence_neurons` measures
+  it, with the token-frequency and GLU classes.
 
 The null: `N_CONTROL` random directions per layer, each a seeded random mixture of the layer's values (Gaussian
 weights, so with the second moment of the values: a trained layer's values crowd into a few directions of the
@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.figures import share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.view import MemoryView
@@ -170,23 +170,16 @@ def compute(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progres
 
 def draw(layers: pd.DataFrame, run_path) -> list:
     """Each class's share per layer with its 95% interval, the null's share dashed beside it."""
-    fig, ax = new_figure()
-    x = layers["layer"].to_numpy()
-    for kind, color in zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green")):
-        ax.plot(x, 100 * layers[f"{kind}_share"], "o-", color=color, label=kind, markersize=3)
-        interval_bars(ax, x, layers, f"{kind}_share")
-        ax.plot(x, 100 * layers[f"{kind}_share_control"], "--", color=color, alpha=0.6,
-                label=f"{kind}, random mixtures of values")
-    layer_axis(ax, len(layers))
-    ax.set_ylabel("% of the layer's memories")
-    ax.set_title("Vocabulary classes of the values (kurtosis > 10: prediction, suppression)", fontsize=9)
-    legend_outside(ax)
-    return save_figure(fig, run_path, NAME)
+    return share_curves(layers, [(f"{kind}_share", kind, color) for kind, color in
+                                 zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
+                        "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)", run_path, NAME,
+                        null="random mixtures of values")
 
 
 def run(ctx: RunContext) -> dict:
     """The step `ffkv analyze` calls: compute, write metrics/vocabulary_classes{,_keys}.parquet, draw, record."""
     result = compute(ctx.view, ctx.seed, progress=ctx.progress)
+    ctx.once((NAME, "keys"), lambda: result["keys"])  # for the steps that read it in this call, on every rank
     meta = {"statistic": "moments over the vocabulary of cos(v_i, u_j), u_j the unembedding rows with the final "
                          "normalization's scale folded in and centred over the vocabulary (Gurnee et al. 2024)",
             "rule": f"prediction: kurtosis > {KURTOSIS:g} and skew > 0; suppression: kurtosis > {KURTOSIS:g} and "

@@ -24,6 +24,7 @@ from ffkv.presentation.style import CSS, layer_number, number, percent, token_ht
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.store.annotations import LABELS
+from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
     from ffkv.explorer.tracing import TraceResult
@@ -193,7 +194,10 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         column, value = CENSUS_FILTERS[census]
         table = table[(table[column] == value).to_numpy(bool)]
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
-    present = [c for c in layer_columns() if c[0] in table.columns]
+    declared = {c.name for c in key_columns()}
+    # a declared column with nothing for this model (the GLU class of a model without a gate) is left out
+    present = [c for c in layer_columns() if c[0] in table.columns
+               and not (c[0] in declared and table[c[0]].isna().all())]
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
     if sort not in sort_column:
         hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
@@ -286,7 +290,8 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
             "signed": bool(extreme[-1]), "strongest": strongest,
             "projection_note": PROJECTION_NOTES[m["projection"]],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
-            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size,
+            "match": match_of(data.run.path, layer, key)}
 
 
 def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,

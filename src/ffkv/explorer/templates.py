@@ -63,6 +63,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
 <p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ ln(m.layer) }}">layer {{ ln(m.layer) }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}
 · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}.json?projection={{ m.projection }}" id="json-link">JSON</a></p>
+{% if match %}<p id="compare-match" class="small"><strong>Matched memory</strong> (<code>ffkv compare</code>): {{ match.model_b }} memory <code title="/memory/{{ ln(match.layer) }}/{{ match.key }} of `ffkv serve {{ match.run_b }}`">{{ ln(match.layer) }}:{{ match.key }}</code>, correlation {{ "%.3f"|format(match.correlation) }}, excess over a random rotation {{ "%.3f"|format(match.excess) }}{% if match.universal %} <span class="chip">universal</span>{% endif %}</p>{% endif %}
 <h2>Pattern</h2>
 <div id="pattern">
 {% if m.auto %}<p><strong>Automatic (ffkv analyze):</strong> {% if m.auto.label %}<span class="label-{{ m.auto.label }}" id="auto-label">{{ m.auto.label }}</span>{% endif %}
