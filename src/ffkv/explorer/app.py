@@ -3,9 +3,9 @@
 Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
     /                                       overview: the run, the paper's findings, per-layer summaries, figures
     /layer/LAYER?sort=&order=&page=         a layer's keys, curated columns, sorted by any of them
-    /memory/LAYER/KEY?projection=           a memory: pattern, value (top and bottom tokens), activation
+    /memory/LAYER/KEY?projection=&shown=    a memory: pattern, value (top and bottom tokens), activation
                                             histogram, trigger examples with per-token coefficients, annotation form
-    /memory/LAYER/KEY.json?projection=      the same as JSON (a stable URL)
+    /memory/LAYER/KEY.json?projection=&shown=  the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
     /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
     /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.tools.concepts`)
@@ -95,12 +95,12 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def memory(request: Request):
         p, q = request.path_params, _query(request)
         return _html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
-                                     _one(q, "projection", "identity")))
+                                      _one(q, "projection", "identity"), _one(q, "shown", "p")))
 
     async def memory_json(request: Request):
         p, q = request.path_params, _query(request)
         return JSONResponse(await with_model(pages.memory_json, data, p["layer"], p["key"],
-                                             _one(q, "projection", "identity"), root))
+                                             _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
         p = request.path_params
