@@ -156,28 +156,30 @@ class Run:
         te["text"] = [examples.at[int(e), "text"] for e in te["example_id"]]
         return te
 
-    def values(self, layer: int, key: int, projection: str = "identity", k: int = 10) -> pd.DataFrame:
+    def values(self, layer: int, key: int, projection: str = "identity", k: int = 10, shown: str = "p"
+               ) -> pd.DataFrame:
         """The k top and k bottom tokens of value v_i (layer 0-based) under `projection`: ``identity``
-        (p = softmax(v·Eᵀ), the paper's), ``final-norm`` (p = softmax(N(v)·Eᵀ)) or ``logits`` (v·Eᵀ).
-        Columns: end (top / bottom), rank (1 = most extreme), token_id, token, and p or logit."""
+        (softmax(v·Eᵀ), the paper's) or ``final-norm`` (softmax(N(v)·Eᵀ)), read as probabilities (`shown`
+        ``p``) or as the raw logits (``logit``). Columns: end (top / bottom), rank (1 = most extreme), token_id,
+        token, and p or logit."""
         from ffkv.explorer import live
 
         layer, key = self._check(layer, key)
-        if projection not in live.VALUE_PROJECTIONS:
-            raise FfkvError(f"projection must be one of {', '.join(live.VALUE_PROJECTIONS)}, got {projection!r}")
-        out = live.value_tokens(self.model, layer, key, projection, k)
+        live.check_reading(projection, shown)
+        out = live.value_tokens(self.model, layer, key, projection, k, shown=shown)
         tok = self.model.tokenizer
         rows = [{"end": end, "rank": r + 1, "token_id": t, "token": tok.token_strings([t])[0], out["shown"]: v}
                 for end in ("top", "bottom") for r, (t, v) in enumerate(out[end])]
         return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------ views
-    def memory(self, layer: int, key: int, projection: str = "identity"):
-        """Memory (layer, key), 0-based layer: shows inline as the explorer's memory page; `.to_dict()` is its JSON."""
+    def memory(self, layer: int, key: int, projection: str = "identity", shown: str = "p"):
+        """Memory (layer, key), 0-based layer: shows inline as the explorer's memory page (its value read under
+        `projection` as `shown`, as `values` reads it); `.to_dict()` is its JSON."""
         from ffkv.explorer.notebook import Memory
 
         layer, key = self._check(layer, key)
-        return Memory(self._explorer(), layer, key, projection=projection)
+        return Memory(self._explorer(), layer, key, projection=projection, shown=shown)
 
     def trace(self, prompt: str, position: int = -1, target: str | int | None = None,
               off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,

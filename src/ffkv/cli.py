@@ -193,7 +193,26 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ffkv {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _index_parser(sub)
+    _status_parser(sub)
+    _merge_parser(sub)
+    _analyze_parser(sub, experiments)
+    _intervene_parser(sub)
+    _prune_parser(sub)
+    _compare_parser(sub)
+    _annotate_parser(sub)
+    _train_parser(sub)
+    _demo_parser(sub)
+    _report_parser(sub)
+    _explain_parser(sub)
+    _score_parser(sub)
+    _serve_parser(sub)
+    _add_tool_commands(sub)
+    return parser
 
+
+def _index_parser(sub) -> None:
+    """`ffkv index`'s arguments."""
     p = sub.add_parser("index", help="find the top trigger examples of every key in every layer",
                        description="One streaming pass over a corpus: for every layer and key, the top-k "
                                    "examples whose prefixes activate the key most (the paper's Section 3.1; docs/definitions.md).")
@@ -228,6 +247,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.epilog = ("Several processes or machines: `torchrun --nproc-per-node N -m ffkv.cli index ...` "
                 "(Gloo on CPU, NCCL on GPU), or --shard i/n on each machine, then `ffkv merge`.")
 
+
+def _status_parser(sub) -> None:
+    """`ffkv status`'s arguments."""
     p = sub.add_parser("status", help="is a run complete, running (alive?), interrupted or failed; is it whole",
                        description="The state of each run: running (pid, host, heartbeat; alive or not), "
                                    "interrupted, failed (with the error) or complete, and what to do next; for a "
@@ -239,10 +261,17 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="also hash every table and compare it with the hash recorded when it was written "
                         "(reads every byte; without it, sizes, rows and columns are compared)")
 
+
+def _merge_parser(sub) -> None:
+    """`ffkv merge`'s arguments."""
     p = sub.add_parser("merge", help="join the runs of `ffkv index --shard i/n` into one run",
                        description="Merge shard runs exactly: the result is the run one process would have written.")
     p.add_argument("shards", nargs="+", help="the shard run directories")
     p.add_argument("--out", required=True, help="the merged run directory to create")
+
+
+def _analyze_parser(sub, experiments: bool) -> None:
+    """`ffkv analyze`'s arguments."""
     p = sub.add_parser("analyze", help="run the paper's experiments on a run (Geva et al. 2021, sections 3-5)",
                        description="Adds metrics/NAME.parquet and figures/NAME.{png,svg} per experiment "
                                    "(the paper's Sections 3-5; beyond the paper: docs/definitions.md).")
@@ -271,6 +300,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
 
+
+def _intervene_parser(sub) -> None:
+    """`ffkv intervene`'s arguments."""
     p = sub.add_parser("intervene", help="switch memories off, scale or set them, and measure the change on a corpus",
                        description="Rewrite memory coefficients at every position and report, over held-out "
                                    "examples, the change in perplexity and in the probability mass of a token set, "
@@ -295,6 +327,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the evaluation subset (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
+
+def _prune_parser(sub) -> None:
+    """`ffkv prune`'s arguments."""
     p = sub.add_parser("prune", help="write a smaller model without the keys a criterion removes (beyond the paper)",
                        description="Remove the same share of keys from every FF layer of the run's model, chosen by "
                                    "a criterion (docs/definitions.md), and write the smaller model in its original "
@@ -310,6 +345,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="seeds the corpus sample and the random criterion, as `ffkv analyze --seed` (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
 
+
+def _compare_parser(sub) -> None:
+    """`ffkv compare`'s arguments."""
     p = sub.add_parser("compare", help="which memories two models share: correlate every key pair on one corpus "
                                        "(beyond the paper: Gurnee et al. 2024)",
                        description="Run both runs' models on run A's examples and correlate, per layer, every key "
@@ -327,6 +365,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+
+def _annotate_parser(sub) -> None:
+    """`ffkv annotate`'s arguments."""
     p = sub.add_parser("annotate", help="human labels of key patterns: export a sample, import the labels",
                        description="The paper's human workflow (Section 3.2): export top prefixes of sampled keys to CSV, "
                                    "label them (shallow / semantic / both / none), import; `ffkv analyze --only "
@@ -347,6 +388,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     q.add_argument("labels", help="the labelled CSV")
     q.add_argument("--annotator", default="", help="who labelled")
 
+
+def _train_parser(sub) -> None:
+    """`ffkv train`'s arguments."""
     p = sub.add_parser("train", help="train ffkv's own small LM (the shape of the paper's model)",
                        description="Seeded, resumable training with held-out perplexity against a unigram baseline.")
     p.add_argument("--corpus", default="default", help="text file, one example per line (default: the embedded KJV)")
@@ -357,6 +401,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+
+def _demo_parser(sub) -> None:
+    """`ffkv demo`'s arguments."""
     p = sub.add_parser("demo", help="the whole job on the embedded model ffkv-tiny and its corpus",
                        description="Index the embedded corpus with ffkv-tiny, run every analysis, write the report.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
@@ -364,6 +411,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="held-out verses for the analyses of the paper's Section 5 (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
 
+
+def _report_parser(sub) -> None:
+    """`ffkv report`'s arguments."""
     p = sub.add_parser("report", help="write RUN/report.html: every figure next to the paper's finding",
                        description="One self-contained HTML file (figures embedded, opens offline).")
     p.add_argument("run", help="a run directory")
@@ -373,6 +423,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
                    help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
 
+
+def _explain_parser(sub) -> None:
+    """`ffkv explain`'s arguments."""
     p = sub.add_parser("explain", help="one sentence per memory from a language model (Bills et al. 2023)",
                        description="Show a language model each chosen memory's top trigger examples (even ranks; "
                                    "each token's activation marked 0-10) and its value's top tokens, and store its "
@@ -391,6 +444,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--projection", default=None, choices=("default", "paper", "identity", "final-norm"),
                    help="the value projection whose top tokens are shown (default: the run's default, identity)")
 
+
+def _score_parser(sub) -> None:
+    """`ffkv score`'s arguments."""
     p = sub.add_parser("score", help="score the stored explanations by simulation on held-out text",
                        description="A simulator sees only an explanation and predicts the memory's activation 0-10 "
                                    "at every token of held-out texts (odd-rank trigger examples and random windows, "
@@ -404,6 +460,9 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--random-examples", type=int, default=5,
                    help="random windows of the corpus per explanation (default: %(default)s)")
 
+
+def _serve_parser(sub) -> None:
+    """`ffkv serve`'s arguments."""
     p = sub.add_parser("serve", help="explore a run in the browser: memories, search, trace, intervene, annotate",
                        description="The explorer at http://HOST:PORT/: the overview, every layer's keys, every "
                                    "memory (value under a chosen projection, activation histogram, trigger examples "
@@ -424,8 +483,6 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
                    help="the access token to require (default beyond loopback: a random one, printed in the URL)")
     p.add_argument("--no-token", action="store_true",
                    help="require no access token even beyond loopback (anyone who can reach the port gets in)")
-    _add_tool_commands(sub)
-    return parser
 
 
 def _add_tool_commands(sub) -> None:

@@ -163,7 +163,7 @@ def test_other_families(tmp_path, family):
 
     run, loaded = index_run(tmp_path, family=family)
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
-        for url in ("/", "/layer/2?sort=largest%20m", "/memory/3/3", "/memory/3/3?projection=logits", "/search?q=cat",
+        for url in ("/", "/layer/2?sort=largest%20m", "/memory/3/3", "/memory/3/3?projection=identity&shown=logit", "/search?q=cat",
                     "/trace?prompt=the+cat+sat&off=3:3&scale=1:1=3&generate=2"):
             assert c.get(url).status_code == 200, (family, url)
         # An index without analyses has no automatic labels: sorting by them says so.

@@ -113,7 +113,7 @@ def test_projection_switch_token_strip_and_json_export(chromium, analyzed):
         page.goto(url + "/memory/3/5")
         identity = page.inner_text("#value-top")
         page.click("#projection-switch a:has-text('final norm')")
-        assert page.url.endswith("projection=final-norm#projection-switch")
+        assert page.url.endswith("projection=final-norm&shown=p#projection-switch")
         assert page.inner_text("#value-top") != identity
         page.click("#projection-switch a:has-text('raw logits')")
         assert "logit" in page.inner_text("#value-top") and page.inner_text("#value-bottom")
@@ -121,7 +121,8 @@ def test_projection_switch_token_strip_and_json_export(chromium, analyzed):
         page.click("#json-link")
         exported = json.loads(page.inner_text("body"))
         assert (exported["layer"], exported["layer_number"], exported["key"]) == (2, 3, 5)
-        assert exported["value"]["projection"] == "logits" and len(exported["value"]["bottom"]) == 15
+        assert (exported["value"]["projection"], exported["value"]["shown"]) == ("identity", "logit")
+        assert len(exported["value"]["bottom"]) == 15
         assert exported["trigger_examples"] and all(len(e["tokens"]) == len(e["coefficients"])
                                                      for e in exported["trigger_examples"])
         # The token strip picks the position the trace reads.

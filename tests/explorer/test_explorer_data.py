@@ -69,18 +69,24 @@ def test_memory_page_data(data, analyzed):
     assert len(m["value"]["top"]) == len(m["value"]["bottom"]) == 15
 
 
-@pytest.mark.parametrize("projection", ["identity", "final-norm", "logits"])
-def test_value_tokens_under_each_projection(data, analyzed, projection):
+@pytest.mark.parametrize("projection, reading", [("identity", "p"), ("final-norm", "p"), ("identity", "logit"),
+                                                 ("final-norm", "logit")])
+def test_value_tokens_under_each_projection(data, analyzed, projection, reading):
     _, loaded = analyzed
     v = loaded.view.values(2)[5]
     z = (loaded.view.final_norm(v) if projection == "final-norm" else v) @ loaded.view.unembedding.T
-    shown = z if projection == "logits" else z.softmax(-1)
-    m = data.memory(2, 5, projection)
+    shown = z if reading == "logit" else z.softmax(-1)
+    m = data.memory(2, 5, projection, shown=reading)
     top, bottom = m["value"]["top"], m["value"]["bottom"]
     assert [t["token_id"] for t in top] == z.topk(15).indices.tolist()
     assert [t["token_id"] for t in bottom] == (-z).topk(15).indices.tolist()
     np.testing.assert_allclose([t["value"] for t in top], shown[z.topk(15).indices].detach().numpy(), rtol=1e-5)
-    assert m["value"]["shown"] == ("logit" if projection == "logits" else "p")
+    assert m["value"]["shown"] == reading and m["projection"] == projection
+    # The projection vocabulary is ffkv's everywhere: the former "logits" projection is a reading now.
+    for bad, why in ((dict(projection="logits"), "shown=logit"), (dict(projection="lens"), "identity, final-norm"),
+                     (dict(shown="prob"), "p, logit")):
+        with pytest.raises(BadRequest, match=why):
+            data.memory(2, 5, **bad)
 
 
 def test_unknown_layer_key_and_token_are_4xx(data):
@@ -191,7 +197,7 @@ def test_a_memorys_context_coefficients_are_computed_once(analyzed, monkeypatch)
     d.coefficients = None
     try:
         first = d.memory(1, 3, "identity")
-        again = d.memory(1, 3, "logits")  # another projection: the same coefficients, no second forward pass
+        again = d.memory(1, 3, "final-norm", shown="logit")  # another reading: the same coefficients, no second pass
         assert calls == [(1, 3)]
         assert [[t["m"] for t in e["tokens"]] for e in first["examples"]] == \
             [[t["m"] for t in e["tokens"]] for e in again["examples"]]

@@ -158,8 +158,8 @@ def test_every_page_counts_layers_from_1(client):
     assert rows == [("1", "1"), ("2", "2"), ("3", "3")]
 
 
-@pytest.mark.parametrize("projection", ["identity", "final-norm", "logits"])
-def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, projection):
+@pytest.mark.parametrize("projection, reading", [("identity", "p"), ("final-norm", "p"), ("identity", "logit")])
+def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, projection, reading):
     """The top token's p (or logit) and the top-1 trigger target's rank are those of the projection on the page,
     computed here from the weights; under identity the rank is the lookup table's. Small shares keep two
     significant digits, beside the uniform 1/|V| written with the same rule."""
@@ -176,18 +176,19 @@ def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, pro
         f"layer == {layer} and key == {key} and direction == 1 and rank == 0").iloc[0]
     target = int(te["next_token_id"])
     rank = 1 + int((z > z[target]).sum())  # a token's rank in a distribution counts from 1, everywhere
-    memory = client.get(f"/memory/{layer + 1}/{key}?projection={projection}").text
+    memory = client.get(f"/memory/{layer + 1}/{key}?projection={projection}&shown={reading}").text
     quoted = unescape(re.search(r'id="value-numbers">(.*?)</p>', memory, flags=re.S).group(1))
-    top = f"logit {value_format(float(z.max()))}" if projection == "logits" else \
+    top = f"logit {value_format(float(z.max()))}" if reading == "logit" else \
         f"p = {percent(float(z.softmax(-1).max()))} (uniform: {percent(1 / data.vocab_size)})"
     assert f"the top token has {top};" in quoted
     assert f"ranks {rank}" in quoted
     if projection == "identity":
         assert rank == int(data.key_stats.loc[(layer, key), "next_token_rank"])
-    exported = client.get(f"/memory/{layer + 1}/{key}.json?projection={projection}").json()["value"]
-    assert exported["target_rank"] == rank
-    assert exported["top_value"] == pytest.approx(float(z.max() if projection == "logits" else z.softmax(-1).max()),
+    exported = client.get(f"/memory/{layer + 1}/{key}.json?projection={projection}&shown={reading}").json()["value"]
+    assert exported["target_rank"] == rank and (exported["projection"], exported["shown"]) == (projection, reading)
+    assert exported["top_value"] == pytest.approx(float(z.max() if reading == "logit" else z.softmax(-1).max()),
                                                   rel=1e-5)
+    assert client.get(f"/memory/{layer + 1}/{key}?projection=logits").status_code == 422
 
 
 def test_layer_page_has_no_uniform_confidence_column(client):

@@ -3,9 +3,9 @@
 Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
     /                                       overview: the run, the paper's findings, per-layer summaries, figures
     /layer/LAYER?sort=&order=&page=         a layer's keys, curated columns, sorted by any of them
-    /memory/LAYER/KEY?projection=           a memory: pattern, value (top and bottom tokens), activation
+    /memory/LAYER/KEY?projection=&shown=    a memory: pattern, value (top and bottom tokens), activation
                                             histogram, trigger examples with per-token coefficients, annotation form
-    /memory/LAYER/KEY.json?projection=      the same as JSON (a stable URL)
+    /memory/LAYER/KEY.json?projection=&shown=  the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
     /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
     /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.tools.concepts`)
@@ -76,45 +76,14 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
     model_pool = anyio.CapacityLimiter(1)
 
-    def html(text: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(text, status_code=status)
-
-    async def form(request: Request) -> dict[str, list[str]]:
-        kind = request.headers.get("content-type", "").split(";")[0].strip()
-        if kind not in ("application/x-www-form-urlencoded", ""):
-            raise BadRequest(f"send the form as application/x-www-form-urlencoded, not {kind[:60]}", 415)
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > validation.MAX_BODY_BYTES:
-                raise BadRequest(f"the request is larger than {validation.MAX_BODY_BYTES // 1024} kB", 413)
-        try:
-            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
-        except UnicodeDecodeError:
-            raise BadRequest("the form is not valid UTF-8", 400) from None
-        out: dict[str, list[str]] = {}
-        for k, v in pairs:
-            out.setdefault(k, []).append(v)
-        return out
-
-    def query(request: Request) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for k, v in request.query_params.multi_items():
-            out.setdefault(k, []).append(v)
-        return out
-
-    def one(params: dict[str, list[str]], name: str, default=None):
-        values = params.get(name)
-        return values[-1] if values else default
-
     async def overview(request: Request):
-        return html(await run_in_threadpool(pages.overview, data, root))
+        return _html(await run_in_threadpool(pages.overview, data, root))
 
     async def layer(request: Request):
-        q = query(request)
-        return html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
-                                            one(q, "sort", "key"), one(q, "order", "asc"), one(q, "page", "1"), root,
-                                            one(q, "census")))
+        q = _query(request)
+        return _html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
+                                            _one(q, "sort", "key"), _one(q, "order", "asc"), _one(q, "page", "1"), root,
+                                            _one(q, "census")))
 
     async def with_model(function, *args):
         """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""
@@ -124,23 +93,23 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return await anyio.to_thread.run_sync(function, *args, limiter=model_pool)
 
     async def memory(request: Request):
-        p, q = request.path_params, query(request)
-        return html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
-                                     one(q, "projection", "identity")))
+        p, q = request.path_params, _query(request)
+        return _html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
+                                      _one(q, "projection", "identity"), _one(q, "shown", "p")))
 
     async def memory_json(request: Request):
-        p, q = request.path_params, query(request)
+        p, q = request.path_params, _query(request)
         return JSONResponse(await with_model(pages.memory_json, data, p["layer"], p["key"],
-                                             one(q, "projection", "identity"), root))
+                                             _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
         p = request.path_params
         layer, key = data.check(p["layer"], p["key"])
-        f = await form(request)
+        f = await _form(request)
         try:
-            data.annotations.save(layer, key, validation.label(one(f, "label")),
-                                  validation.short_text(one(f, "description"), "description", 2000),
-                                  validation.short_text(one(f, "annotator"), "annotator", 100))
+            data.annotations.save(layer, key, validation.label(_one(f, "label")),
+                                  validation.short_text(_one(f, "description"), "description", 2000),
+                                  validation.short_text(_one(f, "annotator"), "annotator", 100))
         except OSError as exc:  # a read-only run (a shared copy), a full disk, no permission
             raise BadRequest(f"the label was not saved: {one_line(exc)}; labels are saved in the run directory, "
                              "which must be writable (serve a copy of the run to annotate it)",
@@ -148,40 +117,40 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return RedirectResponse(f"{root}/memory/{p['layer']}/{key}#pattern", status_code=303)
 
     async def search(request: Request):
-        q = query(request)
-        return html(await run_in_threadpool(pages.search_page, data, one(q, "token"), one(q, "q"), root))
+        q = _query(request)
+        return _html(await run_in_threadpool(pages.search_page, data, _one(q, "token"), _one(q, "q"), root))
 
     async def concepts(request: Request):
-        return html(await with_model(pages.concepts_page, data, one(query(request), "layer"), root))
+        return _html(await with_model(pages.concepts_page, data, _one(_query(request), "layer"), root))
 
     def run_trace(params: dict[str, list[str]]) -> str:
         from ffkv.explorer.notebook import run_trace as traced
 
-        prompt = one(params, "prompt")
+        prompt = _one(params, "prompt")
         if prompt is None:
             return pages.trace_page(data, None, None, None, root)
         edits = validation.edits(params, data.n_layers, data.d_m)
-        position = one(params, "position") or one(params, "current_position")
+        position = _one(params, "position") or _one(params, "current_position")
         position = -1 if position in (None, "") else validation.integer(position, "position", 0, 100_000, 422)
-        target = (one(params, "target") or "").strip()
-        n_generate = one(params, "generate")
-        n_generate = 0 if n_generate in (None, "") or one(params, "action") not in (None, "generate") else \
+        target = (_one(params, "target") or "").strip()
+        n_generate = _one(params, "generate")
+        n_generate = 0 if n_generate in (None, "") or _one(params, "action") not in (None, "generate") else \
             validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)  # the form always sends it
-        lens = one(params, "lens") or DEFAULT_FOR_RESIDUALS
+        lens = _one(params, "lens") or DEFAULT_FOR_RESIDUALS
         t = traced(data, validation.prompt(prompt), position, target or None, edits.values(), n_generate, root, lens)
         return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
                                 n_generate=n_generate or 20)
 
     async def traced(params: dict[str, list[str]]) -> HTMLResponse:
-        if one(params, "prompt") is None:
-            return html(await run_in_threadpool(run_trace, params))
-        return html(await with_model(run_trace, params))
+        if _one(params, "prompt") is None:
+            return _html(await run_in_threadpool(run_trace, params))
+        return _html(await with_model(run_trace, params))
 
     async def trace_get(request: Request):
-        return await traced(query(request))
+        return await traced(_query(request))
 
     async def trace_post(request: Request):
-        return await traced(await form(request))
+        return await traced(await _form(request))
 
     async def files(request: Request):
         rel = request.path_params["path"]
@@ -196,10 +165,71 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
             raise BadRequest(f"no file {rel[:80]!r} in the run's figures, metrics or report", 404)
         return FileResponse(target)
 
+    routes = [
+        Route("/", overview),
+        Route("/layer/{layer}", layer),
+        Route("/memory/{layer}/{key}.json", memory_json),
+        Route("/memory/{layer}/{key}", memory),
+        Route("/memory/{layer}/{key}/annotate", annotate, methods=["POST"]),
+        Route("/search", search),
+        Route("/concepts", concepts),
+        Route("/trace", trace_get, methods=["GET"]),
+        Route("/trace", trace_post, methods=["POST"]),
+        Route("/files/{path:path}", files),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # a browser asks, on the JSON pages too
+    ]
+    app = Starlette(routes=routes, exception_handlers=_error_handlers(data, root),
+        middleware=[Middleware(Guard, hosts=hosts, token=token),
+                    Middleware(LoadModelAfterFirstResponse, model=data.model)])
+    app.state.data = data
+    return app
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status)
+
+
+async def _form(request: Request) -> dict[str, list[str]]:
+    """A posted form's fields (name -> values), read up to `validation.MAX_BODY_BYTES`."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind not in ("application/x-www-form-urlencoded", ""):
+        raise BadRequest(f"send the form as application/x-www-form-urlencoded, not {kind[:60]}", 415)
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > validation.MAX_BODY_BYTES:
+            raise BadRequest(f"the request is larger than {validation.MAX_BODY_BYTES // 1024} kB", 413)
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise BadRequest("the form is not valid UTF-8", 400) from None
+    out: dict[str, list[str]] = {}
+    for k, v in pairs:
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def _query(request: Request) -> dict[str, list[str]]:
+    """The URL's parameters (name -> values)."""
+    out: dict[str, list[str]] = {}
+    for k, v in request.query_params.multi_items():
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def _one(params: dict[str, list[str]], name: str, default=None):
+    """The last value given for `name` (a URL or a form may repeat it), or `default`."""
+    values = params.get(name)
+    return values[-1] if values else default
+
+
+def _error_handlers(data: ExplorerData, root: str) -> dict:
+    """Every error as a page (or JSON for a .json URL) with its status and one line: bad requests, ffkv's
+    refusals, unknown pages and methods, and what the explorer did not expect."""
     def error(status: int, message: str, request: Request):
         if request.url.path.endswith(".json"):
             return JSONResponse({"error": message, "status": status}, status_code=status)
-        return html(pages.error_page(status, REASONS.get(status, "Error"), message, data.run.path.name, root,
+        return _html(pages.error_page(status, REASONS.get(status, "Error"), message, data.run.path.name, root,
                                      data.n_layers), status)
 
     async def bad_request(request: Request, exc: BadRequest):
@@ -219,25 +249,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def server_error(request: Request, exc: Exception):
         return error(500, f"the explorer failed on this request ({type(exc).__name__}); please report it", request)
 
-    routes = [
-        Route("/", overview),
-        Route("/layer/{layer}", layer),
-        Route("/memory/{layer}/{key}.json", memory_json),
-        Route("/memory/{layer}/{key}", memory),
-        Route("/memory/{layer}/{key}/annotate", annotate, methods=["POST"]),
-        Route("/search", search),
-        Route("/concepts", concepts),
-        Route("/trace", trace_get, methods=["GET"]),
-        Route("/trace", trace_post, methods=["POST"]),
-        Route("/files/{path:path}", files),
-        Route("/favicon.ico", lambda request: Response(status_code=204)),  # a browser asks, on the JSON pages too
-    ]
-    app = Starlette(routes=routes, exception_handlers={
-        BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error},
-        middleware=[Middleware(Guard, hosts=hosts, token=token),
-                    Middleware(LoadModelAfterFirstResponse, model=data.model)])
-    app.state.data = data
-    return app
+    return {BadRequest: bad_request, FfkvError: ffkv_error, HTTPException: http_error, Exception: server_error}
 
 
 class LoadModelAfterFirstResponse:

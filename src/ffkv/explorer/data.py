@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from ffkv.errors import FfkvError
 from ffkv.experiments.registry import key_columns
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
@@ -310,11 +311,12 @@ class ExplorerData:
         return cached
 
     def memory(self, layer: int, key: int, projection: str = "identity", n_tokens: int = 15,
-               context: bool = True) -> dict:
+               context: bool = True, shown: str = "p") -> dict:
         """Everything the memory page shows about key `key` of layer index `layer`.
 
         Args:
-            projection: how the value is read (`ffkv.explorer.live.VALUE_PROJECTIONS`).
+            projection, shown: how the value is read (`ffkv.explorer.live.check_reading`): a projection of
+                ffkv's vocabulary, its tokens' probabilities ("p") or logits ("logit").
             n_tokens: top and bottom tokens of the value.
             context: compute m_i over each trigger example's whole context (runs the model).
         """
@@ -322,9 +324,10 @@ class ExplorerData:
 
         layer = integer(layer, "layer index", 0, self.n_layers - 1)
         key = integer(key, "key", 0, self.d_m - 1)
-        if projection not in live.VALUE_PROJECTIONS:
-            raise BadRequest(f"projection must be one of {', '.join(live.VALUE_PROJECTIONS)}, "
-                             f"got {str(projection)[:40]!r}", 422)
+        try:
+            live.check_reading(projection, shown)
+        except FfkvError as exc:
+            raise BadRequest(str(exc), 422) from None
         trig = self.triggers(layer, key)
         token_lists = [[int(t) for t in ids] for ids in trig["token_ids"]]
         loaded = self.loaded
@@ -336,7 +339,7 @@ class ExplorerData:
             projection = "identity"
         else:
             with self.model.lock:
-                value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig))
+                value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig), shown)
                 if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
         scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]

@@ -1,8 +1,9 @@
 """What the memory page computes with the model when it is asked for (SPEC sections 1, 3 and 6).
 
-- `value_tokens`: a value's top and bottom tokens under a projection the reader picks:
-  ``identity`` p = softmax(v_i·Eᵀ) (the paper's), ``final-norm`` p = softmax(N(v_i)·Eᵀ),
-  or ``logits``, the raw v_i·Eᵀ shown as logits. One value is one (|V| x d) product.
+- `value_tokens`: a value's top and bottom tokens under a projection the reader picks (ffkv's projection
+  vocabulary, `ffkv.memories.projection.PROJECTIONS`: ``identity``, the paper's, or ``final-norm``), read as
+  probabilities p = softmax(N(v_i)·Eᵀ) or as the raw logits N(v_i)·Eᵀ (`SHOWN`). One value is one (|V| x d)
+  product.
 - `context_coefficients`: m_i at every position of whole examples (a key's trigger
   examples), in one batched forward pass that stops after the key's layer.
 """
@@ -12,25 +13,38 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ffkv.memories.projection import logits
+from ffkv.errors import FfkvError
+from ffkv.memories.projection import PROJECTIONS, logits
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.activations import token_coefficients
 
-#: The projections the memory page offers: name -> (N of SPEC section 1, shown as).
-VALUE_PROJECTIONS = {"identity": ("identity", "p"), "final-norm": ("final-norm", "p"), "logits": ("identity", "logit")}
+#: How a value's tokens are read: their probabilities p, or the raw logits.
+SHOWN = ("p", "logit")
+
+
+def check_reading(projection: str, shown: str) -> None:
+    """A projection of `PROJECTIONS` and a reading of `SHOWN`, or one line naming the choices."""
+    if projection == "logits":  # the explorer's former third projection: now a reading of the identity one
+        raise FfkvError("projection=logits is written projection=identity with shown=logit")
+    if projection not in PROJECTIONS:
+        raise FfkvError(f"projection must be one of {', '.join(PROJECTIONS)}, got {str(projection)[:40]!r}")
+    if shown not in SHOWN:
+        raise FfkvError(f"shown must be one of {', '.join(SHOWN)}, got {str(shown)[:40]!r}")
 
 
 @torch.no_grad()
-def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int, target: int | None = None) -> dict:
-    """The n top and n bottom tokens of value v_i of a layer under `projection` (a `VALUE_PROJECTIONS` name).
+def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int, target: int | None = None,
+                 shown: str = "p") -> dict:
+    """The n top and n bottom tokens of value v_i of a layer under `projection` (`PROJECTIONS`), read as `shown`
+    (`SHOWN`: p or the logit).
 
     Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)], "top_value": the
     top token's p or logit, "target_rank": `target`'s rank, 1 for the top token, as every rank of a token in a
     distribution counts (ties in its favour; None without one)},
     bottom listed from the least likely up.
     """
-    norm, shown = VALUE_PROJECTIONS[projection]
-    z = logits(loaded.view, loaded.view.values(layer)[key], norm)
+    check_reading(projection, shown)
+    z = logits(loaded.view, loaded.view.values(layer)[key], projection)
     values = z.softmax(-1) if shown == "p" else z
     n = min(n, z.numel())
     top = torch.topk(z, n)

@@ -19,19 +19,20 @@ from ffkv.memories.translators import Translators
 class Memory:
     """Memory (layer, key) of a run (0-based layer); `_repr_html_` is the explorer's memory page content."""
 
-    def __init__(self, data: ExplorerData, layer: int, key: int, root: str = "", projection: str = "identity") -> None:
+    def __init__(self, data: ExplorerData, layer: int, key: int, root: str = "", projection: str = "identity",
+                 shown: str = "p") -> None:
         self.layer = validation.integer(layer, "layer index", 0, data.n_layers - 1)
         self.key = validation.integer(key, "key", 0, data.d_m - 1)
-        self.projection = projection
+        self.projection, self.shown = projection, shown
         self._data, self._root = data, root
 
     def _repr_html_(self) -> str:
         return pages.memory_fragment(self._data, self.layer, self.key, self._root, standalone=True,
-                                     projection=self.projection)
+                                     projection=self.projection, shown=self.shown)
 
     def to_dict(self) -> dict:
         """The memory as the explorer's JSON export gives it."""
-        return pages.memory_json(self._data, self.layer + 1, self.key, self.projection, self._root)
+        return pages.memory_json(self._data, self.layer + 1, self.key, self.projection, self._root, self.shown)
 
     def __repr__(self) -> str:
         top = self._data.token(int(self._data.key_stats.loc[(self.layer, self.key), "top_token_id"]))

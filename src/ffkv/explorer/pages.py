@@ -251,12 +251,17 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
 
 
 # ------------------------------------------------------------------------ memory page
-PROJECTIONS = (("identity", "identity: softmax(v·Eᵀ)"), ("final-norm", "final norm: softmax(N(v)·Eᵀ)"),
-               ("logits", "raw logits v·Eᵀ"))
-PROJECTION_NOTES = {
-    "identity": "p = softmax(v·Eᵀ), the value projected with the identity, as in the paper.",
-    "final-norm": "p = softmax(N(v)·Eᵀ): the value through the model's final normalization first (the logit lens).",
-    "logits": "The raw logits v·Eᵀ (identity projection, no softmax): how much the value adds to each token's logit.",
+#: How the memory page offers to read a value: (projection, shown, label). The projection is one of ffkv's
+#: (`ffkv.memories.projection.PROJECTIONS`); shown, the tokens' probabilities or their raw logits.
+READINGS = (("identity", "p", "identity: softmax(v·Eᵀ)"), ("final-norm", "p", "final norm: softmax(N(v)·Eᵀ)"),
+            ("identity", "logit", "raw logits v·Eᵀ"))
+READING_NOTES = {
+    ("identity", "p"): "p = softmax(v·Eᵀ), the value projected with the identity, as in the paper.",
+    ("final-norm", "p"): "p = softmax(N(v)·Eᵀ): the value through the model's final normalization first (the logit "
+                         "lens).",
+    ("identity", "logit"): "The raw logits v·Eᵀ (identity projection, no softmax): how much the value adds to each "
+                           "token's logit.",
+    ("final-norm", "logit"): "The raw logits N(v)·Eᵀ (final-norm projection, no softmax).",
 }
 #: Pattern scores shown on the memory page: column of patterns_keys -> (name, percent?).
 PATTERN_SCORES = {"shallow_score": ("shallow score", True), "shallow_score_2": ("last 2 tokens", True),
@@ -278,32 +283,33 @@ def _pattern_scores(auto: dict) -> list[tuple[str, str, bool]]:
     return out
 
 
-def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "identity") -> dict:
-    """What the memory templates need for layer index `layer` and key `key`."""
-    m = data.memory(layer, key, projection)
+def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "identity", shown: str = "p") -> dict:
+    """What the memory templates need for layer index `layer` and key `key`, its value read as `shown` under
+    `projection`."""
+    m = data.memory(layer, key, projection, shown=shown)
     hist = m["histogram"]
     # The trigger example of largest |m|, with its sign (a gated key's strongest may be its most negative one).
     top = max([e["coefficient"] for g in m["triggers"] for e in g["examples"]] or [0.0], key=abs)
     extreme = {d: [e["coefficient"] for g in m["triggers"] if g["direction"] == d for e in g["examples"]] for d in (1, -1)}
     strongest = {"positive": max(extreme[1], default=None), "negative": min(extreme[-1], default=None)}
-    return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": PROJECTIONS,
+    return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": READINGS,
             "signed": bool(extreme[-1]), "strongest": strongest,
-            "projection_note": PROJECTION_NOTES[m["projection"]],
+            "projection_note": READING_NOTES[(m["projection"], m["value"]["shown"])],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,
             "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size,
             "match": match_of(data.run.path, layer, key)}
 
 
 def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,
-                    projection: str = "identity") -> str:
-    return render("memory_fragment.html", **_common(data, root), **memory_context(data, layer, key, projection),
+                    projection: str = "identity", shown: str = "p") -> str:
+    return render("memory_fragment.html", **_common(data, root), **memory_context(data, layer, key, projection, shown),
                   standalone=standalone)
 
 
-def memory_page(data: ExplorerData, layer, key, root: str = "", projection: str = "identity") -> str:
+def memory_page(data: ExplorerData, layer, key, root: str = "", projection: str = "identity", shown: str = "p") -> str:
     """The memory page; `layer` counts from 1, as in its URL."""
     layer, key = data.check(layer, key)
-    return render("memory.html", **_common(data, root), **memory_context(data, layer, key, projection),
+    return render("memory.html", **_common(data, root), **memory_context(data, layer, key, projection, shown),
                   standalone=False, labels=LABELS)
 
 
@@ -316,12 +322,12 @@ def _plain(value):
     return value
 
 
-def memory_json(data: ExplorerData, layer, key, projection: str = "identity", root: str = "") -> dict:
+def memory_json(data: ExplorerData, layer, key, projection: str = "identity", root: str = "", shown: str = "p") -> dict:
     """The memory page as data (`/memory/LAYER/KEY.json`). ``layer`` and ``rank`` are 0-based as in the run's
     tables; ``layer_number`` is the layer as pages and URLs count it (from 1); a token's ``target_rank`` in the
     value's distribution counts from 1 (the top token), as the values table's does."""
     layer, key = data.check(layer, key)
-    m = data.memory(layer, key, projection)
+    m = data.memory(layer, key, projection, shown=shown)
     number_ = layer_number(layer)
     return {
         "layer": layer, "layer_number": number_, "key": key, "url": f"{root}/memory/{number_}/{key}",

@@ -62,7 +62,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
 <p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ ln(m.layer) }}">layer {{ ln(m.layer) }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}
-· <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}.json?projection={{ m.projection }}" id="json-link">JSON</a></p>
+· <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}.json?projection={{ m.projection }}&amp;shown={{ m.value.shown }}" id="json-link">JSON</a></p>
 {% if match %}<p id="compare-match" class="small"><strong>Matched memory</strong> (<code>ffkv compare</code>): {{ match.model_b }} memory <code title="/memory/{{ ln(match.layer) }}/{{ match.key }} of `ffkv serve {{ match.run_b }}`">{{ ln(match.layer) }}:{{ match.key }}</code>, correlation {{ "%.3f"|format(match.correlation) }}, excess over a random rotation {{ "%.3f"|format(match.excess) }}{% if match.universal %} <span class="chip">universal</span>{% endif %}</p>{% endif %}
 <h2>Pattern</h2>
 <div id="pattern">
@@ -79,7 +79,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
 <h2>Value</h2>
-<p class="switch" id="projection-switch">Read the value {% for p, label in projections %}{% if p == m.projection %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
+<p class="switch" id="projection-switch">Read the value {% for p, s, label in projections %}{% if p == m.projection and s == m.value.shown %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}&amp;shown={{ s }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>
 <p class="note" id="value-numbers">{{ projection_note }} Under this projection the top token has {% if m.value.top_value is none %}p = {{ pct(m.stats.confidence) }} (identity){% elif m.value.shown == "p" %}p = {{ pct(m.value.top_value) }} (uniform: {{ pct(uniform) }}){% else %}logit {{ value_fmt(m.value.top_value) }}{% endif %};
 the top-1 trigger's {{ target_name }} ranks {% if m.value.target_rank is not none %}{{ m.value.target_rank }}{% if m.value.target_rank == 1 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖v‖ = {{ fmt(m.stats.value_norm) }}.
 Tokens read as they add to a text: a leading space marks a word start.</p>
