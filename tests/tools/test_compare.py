@@ -159,3 +159,15 @@ def test_the_command_compares_two_runs_and_refuses_other_corpora_with_one_line(t
     assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--no-progress"]) == 2
     assert "different corpora" in error_line(capsys.readouterr().err)
     assert not (tmp_path / "a" / "compare").exists()
+
+
+def test_a_damaged_comparison_is_refused_naming_its_file(tmp_path):
+    """The explorer reads RUN/compare on every memory page: a damaged table is named, never a traceback."""
+    from ffkv.errors import FfkvError
+    from ffkv.tools.matches import match_of, read_matches
+
+    assert read_matches(tmp_path) is None and match_of(tmp_path, 0, 0) is None  # no comparison: nothing shown
+    (tmp_path / "compare").mkdir()
+    (tmp_path / "compare" / "keys.parquet").write_bytes(b"PAR1 not really parquet")
+    with pytest.raises(FfkvError, match="keys.parquet is damaged"):
+        read_matches(tmp_path)

@@ -21,7 +21,10 @@ def read_matches(run: str | Path) -> pd.DataFrame | None:
     path = Path(run) / FOLDER / "keys.parquet"
     if not path.is_file():
         return None
-    table = pd.read_parquet(path)
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError) as error:  # pyarrow's errors are OSError or ValueError subclasses
+        raise FfkvError(f"{path} is damaged ({type(error).__name__}); run `ffkv compare` again") from None
     missing = {"layer", "key", "best_match", "correlation", "excess"} - set(table.columns)
     if missing:
         raise FfkvError(f"{path}: not a compare table (missing {', '.join(sorted(missing))})")
