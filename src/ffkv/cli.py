@@ -207,7 +207,8 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     _explain_parser(sub)
     _score_parser(sub)
     _serve_parser(sub)
-    _add_tool_commands(sub)
+    _locate_parser(sub)
+    _attribute_parser(sub)
     return parser
 
 
@@ -485,8 +486,8 @@ def _serve_parser(sub) -> None:
                    help="require no access token even beyond loopback (anyone who can reach the port gets in)")
 
 
-def _add_tool_commands(sub) -> None:
-    """The tools that act on memories (`ffkv.tools`): locate, attribute."""
+def _locate_parser(sub) -> None:
+    """`ffkv locate`'s arguments."""
     p = sub.add_parser("locate", help="causal tracing: which layers and memories carry a fact (Meng et al. 2022)",
                        description="Corrupt the subject's input embeddings with Gaussian noise (3 standard deviations "
                                    "of the embeddings, seeded, several draws averaged) and restore, per layer and "
@@ -523,6 +524,9 @@ def _add_tool_commands(sub) -> None:
                         "ROME's early site; default: the one with the largest FF indirect effect)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
+
+def _attribute_parser(sub) -> None:
+    """`ffkv attribute`'s arguments."""
     p = sub.add_parser("attribute", help="per-memory attribution of the loss or a token over a corpus, "
                                          "checked against switching memories off",
                        description="Gradient x coefficient and integrated gradients (over the coefficient scale "

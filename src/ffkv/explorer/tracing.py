@@ -81,7 +81,8 @@ def _run(view, ids: torch.Tensor, quantities: tuple[str, ...]) -> tuple[torch.Te
     `quantities` (the last layer's output is captured too: the logits of a model whose head is not a module
     call are read from it)."""
     asked = tuple(dict.fromkeys(quantities + ("resid_post", "head_in")))
-    with view.capture(asked) as cap:
+    last_only = [view.n_layers - 1] if not quantities else None  # generation: only the fallback's last layer
+    with view.capture(asked, layers=last_only) as cap:
         view.forward(ids, torch.ones_like(ids), with_head=True)
     return final_logits(view, cap["head_in"].get(-1), cap["resid_post"][view.n_layers - 1]), cap
 

@@ -31,7 +31,7 @@ def token_coefficients(loaded: LoadedModel, layer: int, keys: Sequence[int], tok
     keys_t = torch.as_tensor(list(keys), dtype=torch.long, device=view.device)
     examples = [Example(i, np.asarray(t, dtype=np.int64), "") for i, t in enumerate(token_lists)]
     out: list[np.ndarray] = [np.zeros((0, len(keys)), np.float32)] * len(examples)
-    special = sorted(loaded.special_ids)
+    special = loaded.special_ids
     quantity = "ff_in" if control is not None else "coefficients"
     for group in length_batches([e for e in examples if len(e.token_ids)], batch_size):
         batch = collate(group, loaded.tokenizer.pad_id, special)

@@ -116,7 +116,7 @@ def target_value(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: 
 
 def _batches(loaded: LoadedModel, examples: Iterable, batch_size: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(number of examples, input ids, attention mask) of padded batches of similar length, streamed."""
-    special = sorted(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    special = loaded.special_ids
     for chunk in windows((e for e in examples if len(e.token_ids) >= 2), 16 * batch_size):
         for group in length_batches(chunk, batch_size):
             batch = collate(group, loaded.tokenizer.pad_id, special)

@@ -157,7 +157,7 @@ def compare(loaded_a: LoadedModel, loaded_b: LoadedModel, rows: list[tuple[int, 
     if view_a.n_layers != view_b.n_layers:
         raise FfkvError(f"the models have {view_a.n_layers} and {view_b.n_layers} layers; compare pairs layer l "
                         "of one with layer l of the other")
-    special = frozenset(int(i) for i in (getattr(loaded_a.tokenizer, "special_ids", ()) or ()))
+    special = loaded_a.special_ids
     sums = [PairSums.empty(view_a.d_m, view_b.d_m, view_a.device) for _ in range(view_a.n_layers)]
     batches = row_batches([(i, t) for i, (_, t) in enumerate(rows)], loaded_a.tokenizer.pad_id, special,
                           view_a.device, every_rank=True)

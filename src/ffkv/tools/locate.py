@@ -203,7 +203,7 @@ def answer_token(loaded: LoadedModel, prompt: str, answer: str) -> int:
         raise FfkvError("the answer is empty")
     sep = "" if prompt[-1:].isspace() or answer[:1].isspace() else " "
     whole, longer = _encode(loaded, prompt), _encode(loaded, prompt + sep + answer)
-    special = set(int(i) for i in (getattr(loaded.tokenizer, "special_ids", ()) or ()))
+    special = loaded.special_ids
     if longer[:len(whole)] != whole or len(longer) == len(whole) or longer[len(whole)] in special:
         raise FfkvError(f"the answer {answer!r} does not continue the prompt {prompt!r} on a token boundary")
     return longer[len(whole)]
