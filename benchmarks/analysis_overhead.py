@@ -107,7 +107,8 @@ def main() -> None:
         return
 
     from ffkv.corpus import CorpusSpec
-    from ffkv.experiments import composition, refinement, values
+    from ffkv.experiments import registry
+    from ffkv.experiments.analyze import run_step
     from ffkv.experiments.common import Projections, RunContext, eval_spec, open_run
     from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 
@@ -132,19 +133,19 @@ def main() -> None:
             loaded.view.forward(b.input_ids, b.attention_mask)
 
     def values_step():
-        values.run(context())
+        run_step(context(), registry.get("values"))
 
-    from ffkv.experiments.values import value_top_tokens
+    from ffkv.experiments.values import value_tokens
 
-    tops = {layer: value_top_tokens(ctx, layer) for layer in range(loaded.view.n_layers)}
+    tops = {layer: value_tokens(ctx, layer) for layer in range(loaded.view.n_layers)}
 
     def heldout_step():
         c = context()
         c.once("held_out", lambda: held)  # reading the corpus is not part of the measured step
         for layer, top in tops.items():  # made by `values`, which runs first in `analyze`
-            c.once(("value_top_tokens", layer), lambda top=top: top)
-        composition.run(c)
-        refinement.run(c)
+            c.once(("value_tokens", layer), lambda top=top: top)
+        run_step(c, registry.get("composition"))
+        run_step(c, registry.get("refinement"))
 
     forward()  # warm-up
     t_f, t_v, t_h = [], [], []

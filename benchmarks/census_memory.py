@@ -81,7 +81,7 @@ def main() -> None:
     baseline = rss()
     with PeakRss() as peak:
         start = time.perf_counter()
-        result = census.compute(ctx)
+        result = census.census_tables(ctx)
         census_s = time.perf_counter() - start
     per_layer = result["per_layer"]
     gib = 2 ** 30

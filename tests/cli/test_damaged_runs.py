@@ -141,10 +141,10 @@ from support.helpers import loaded_tiny
 from support.runs import sharpen
 import ffkv.experiments.values as values
 
-def killed(ctx):
+def killed(ctx, options):
     os.kill(os.getpid(), signal.SIGKILL)
 
-object.__setattr__(values.EXPERIMENT, "run", killed)  # the step analyze runs as values (its declaration)
+object.__setattr__(values.EXPERIMENT, "compute", killed)  # the step analyze runs as values (its declaration)
 analyze({run!r}, only=["patterns", "ablations", "values", "composition"], eval_corpus={corpus!r}, n_eval=20,
         progress=False, loaded=sharpen(loaded_tiny("gpt2")))
 """

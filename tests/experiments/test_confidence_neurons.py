@@ -78,8 +78,8 @@ def test_a_hand_built_gated_layer_gets_its_glu_classes():
             view.keys(1)[key] = 2 * gate
             view.up(1)[key] = 3 * up
             view.values(1)[key] = 0.5 * e0
-    vocab_keys = vc.compute(view, n_control=32)["keys"]
-    result = cn.compute(view, vocab_keys, np.ones(view.vocab_size, dtype=np.int64), n_control=32)
+    vocab_keys = vc.value_classes(view, n_control=32)["keys"]
+    result = cn.confidence_classes(view, vocab_keys, np.ones(view.vocab_size, dtype=np.int64), n_control=32)
     keys = result["keys"].set_index(["layer", "key"])
     for key, (_, _, kind) in planted.items():
         assert keys.loc[(1, key), "glu_class"] == kind, key
@@ -90,8 +90,8 @@ def test_a_hand_built_gated_layer_gets_its_glu_classes():
     assert layer["enrichment_share"] == pytest.approx((keys.loc[1, "glu_class"] == "enrichment").mean())
     # A GPT-2 has no gate: no GLU class.
     view = loaded_tiny("gpt2").view
-    result = cn.compute(view, vc.compute(view, n_control=16)["keys"], np.ones(view.vocab_size, dtype=np.int64),
-                        n_control=16)
+    result = cn.confidence_classes(view, vc.value_classes(view, n_control=16)["keys"],
+                                   np.ones(view.vocab_size, dtype=np.int64), n_control=16)
     assert result["keys"]["glu_class"].isna().all() and "enrichment_share" not in result["layers"]
 
 

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from ffkv.errors import FfkvError
 from ffkv.experiments import registry
-from ffkv.experiments.registry import Experiment, Finding
+from ffkv.experiments.registry import Experiment, Finding, Result
 from ffkv.models import loading
 from ffkv.store.run import RunDir
 from support import tiny_cli
@@ -61,6 +61,10 @@ def test_the_documented_experiment_runs_as_written_through_the_real_pipeline(tmp
         np.testing.assert_allclose(got, expected, rtol=1e-5)
     assert len(keys) == view.n_layers * view.d_m
     assert rd.metric_description("value_norms_keys")["statistic"].startswith("the L2 norm")
+    # Its figure, drawn by its pure draw and saved by analyze, PNG and SVG, recorded by name.
+    assert sorted(p.name for p in rd.figures_dir.glob("value_norms*")) == ["value_norms.png", "value_norms.svg"]
+    assert rd.manifest().analyses["value_norms"]["figures"] == ["value_norms"]
+    assert rd.manifest().analyses["value_norms"]["tables"] == ["value_norms", "value_norms_keys"]
     # Its section in the report: the title, the finding by exact name, the reading sentence.
     code, _, err = ffkv(capsys, "report", run, "--plugin", plugin_file)
     assert code == 0, err
@@ -104,7 +108,7 @@ def test_a_new_table_never_inherits_another_experiments_finding():
     assert registry.paper_finding("values_spread") is None
     assert registry.paper_finding("values")["figure"] == "Figure 4"
     assert registry.paper_finding("values_negative_keys")["figure"] == "Figure 4"  # named by its experiment
-    spread = Experiment(name="values_spread", title="t", section="s", order=30, run=lambda ctx: {},
+    spread = Experiment(name="values_spread", title="t", section="s", order=30, compute=lambda ctx, options: Result(),
                         findings={"values_spread": Finding("Elsewhere", "its own")})
     registry.register(spread)
     try:
@@ -114,12 +118,13 @@ def test_a_new_table_never_inherits_another_experiments_finding():
     finally:
         registry.unregister("values_spread")
     with pytest.raises(FfkvError, match="does not own"):  # an experiment cannot state another's finding
-        Experiment(name="spread", title="t", section="s", order=30, run=lambda ctx: {},
+        Experiment(name="spread", title="t", section="s", order=30, compute=lambda ctx, options: Result(),
                    findings={"values_spread": Finding("x", "y")})
 
 
 def _experiment(name, order, needs=(), after=()):
-    return Experiment(name=name, title=name, section="s", order=order, run=lambda ctx: {}, needs=needs, after=after)
+    return Experiment(name=name, title=name, section="s", order=order, compute=lambda ctx, options: Result(),
+                      needs=needs, after=after)
 
 
 def test_steps_run_in_the_order_their_needs_allow():
@@ -185,19 +190,19 @@ def test_need_runs_a_declared_need_first_and_refuses_a_result_of_another_seed(tm
 
     seen = {}
 
-    def reads_census(ctx):
+    def reads_census(ctx, options):
         seen["layers"] = len(ctx.need("census", "census_layers"))
-        ctx.record("reads_census", tables=[])
-        return {}
+        return Result()
 
-    def reads_census_undeclared(ctx):
+    def reads_census_undeclared(ctx, options):
         ctx.need("census")
-        return {}
+        return Result()
 
     run, loaded = make_run(tmp_path, "llama", n=40, top_k=3)
-    registry.register(Experiment(name="reads_census", title="t", section="s", order=30, run=reads_census,
+    registry.register(Experiment(name="reads_census", title="t", section="s", order=30, compute=reads_census,
                                  needs=("census",)))
-    registry.register(Experiment(name="undeclared", title="t", section="s", order=31, run=reads_census_undeclared))
+    registry.register(Experiment(name="undeclared", title="t", section="s", order=31,
+                                 compute=reads_census_undeclared))
     try:
         done = analyze(run, only="reads_census", loaded=loaded, n_eval=20, progress=False, seed=0)
         assert list(done) == ["census", "reads_census"]  # the need ran first, in the same call
@@ -208,3 +213,66 @@ def test_need_runs_a_declared_need_first_and_refuses_a_result_of_another_seed(tm
     finally:
         registry.unregister("reads_census")
         registry.unregister("undeclared")
+
+
+def test_every_experiment_is_on_the_step_contract():
+    """compute(ctx, options) -> Result and a pure draw(result) -> figures: no experiment writes its own tables,
+    figures or record (analyze does, `run_step`), and none is left on the former run(ctx)."""
+    import dataclasses
+    import inspect
+
+    for name, experiment in registry.builtin().items():
+        assert list(inspect.signature(experiment.compute).parameters)[:2] == ["ctx", "options"], name
+        if experiment.draw is not None:
+            assert list(inspect.signature(experiment.draw).parameters) == ["result"], name
+        source = inspect.getsource(inspect.getmodule(experiment.compute))
+        for writer in ("ctx.write_table(", "ctx.record(", "save_figure(", "def run(ctx"):
+            assert writer not in source, f"{name} calls {writer}"
+    assert "run" not in {f.name for f in dataclasses.fields(Experiment)}
+
+
+def test_analyze_saves_what_draw_returns_and_removes_the_figures_it_no_longer_draws(tmp_path):
+    """A figure an earlier analyze drew for an experiment and this one does not (refinement's other projection once
+    the two agree) is removed, with its record; another experiment's figures are left alone."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    both = {"on": True}
+
+    def compute(ctx, options):
+        result = Result(ctx.view.n_layers, record={"both": both["on"]})
+        result.add("steps", pd.DataFrame({"layer": range(ctx.view.n_layers)}), how="by hand")
+        return result
+
+    def draw(result):
+        names = ["steps", "steps_extra"] if result.record["both"] else ["steps"]
+        return {name: plt.figure() for name in names}
+
+    run, loaded = make_run(tmp_path, "llama", n=40, top_k=3)
+    rd = RunDir(run)
+    (rd.figures_dir).mkdir(exist_ok=True)
+    rd.figure_path("stepsother", "png").write_bytes(b"another's")  # not this experiment's name: kept
+    registry.register(Experiment(name="steps", title="t", section="s", order=30, compute=compute, draw=draw))
+    try:
+        analyze(run, only="steps", loaded=loaded, progress=False)
+        assert sorted(p.name for p in rd.figures_dir.glob("steps*")) == [
+            "steps.png", "steps.svg", "steps_extra.png", "steps_extra.svg", "stepsother.png"]
+        assert rd.manifest().analyses["steps"]["figures"] == ["steps", "steps_extra"]
+        assert rd.metric_description("steps")["how"] == "by hand"
+        both["on"] = False
+        analyze(run, only="steps", loaded=loaded, progress=False)
+        assert sorted(p.name for p in rd.figures_dir.glob("steps*")) == ["steps.png", "steps.svg", "stepsother.png"]
+        assert rd.manifest().analyses["steps"]["figures"] == ["steps"]
+        # A table named for another experiment is refused, not written over that experiment's.
+        registry.register(Experiment(name="stepping", title="t", section="s", order=31,
+                                     compute=lambda ctx, options: Result(tables={"steps": pd.DataFrame()})))
+        with pytest.raises(FfkvError, match="made the table 'steps', a name it does not own"):
+            analyze(run, only="stepping", loaded=loaded, progress=False)
+        assert rd.metric_description("steps")["how"] == "by hand"
+    finally:
+        registry.unregister("steps")
+        registry.unregister("stepping")
+    assert not plt.get_fignums()  # every figure drawn was closed

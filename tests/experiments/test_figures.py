@@ -40,18 +40,17 @@ def test_a_y_label_longer_than_its_axis_is_wrapped_and_stays_inside_the_saved_fi
     assert [p.name for p in paths] == ["long_label.png", "long_label.svg"] and RunDir(tmp_path).figure_names()
 
 
-def test_figure_2_with_its_control_stays_legible(tmp_path, monkeypatch):
+def test_figure_2_with_its_control_stays_legible(tmp_path):
     """Figure 2 (patterns) beside its random-key control, as `legible` leaves it: no panel collapses (each at
     least 1.5 inches wide where the figure is shown, a column STANDARD_WIDTH wide), no two titles overlap, and
     a legend names the bars' label colours. Three panels in a row, their text scaled by 2.5, collapsed."""
-    import types
-
     import numpy as np
     import pandas as pd
     from matplotlib.legend import Legend
     from matplotlib.text import Text
 
     from ffkv.experiments import patterns
+    from ffkv.experiments.registry import Result
 
     table = {"layer": np.arange(6)}
     for prefix in ("keys", "prefixes"):
@@ -61,21 +60,19 @@ def test_figure_2_with_its_control_stays_legible(tmp_path, monkeypatch):
         for suffix, share in (("", 0.5), ("_ci_low", 0.45), ("_ci_high", 0.55)):
             table[f"keys_any_{kind}_control{suffix}"] = np.full(6, share)
     seen = {}
-
-    def inspect(fig, run_path, name):
-        legible(fig)
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        shown = STANDARD_WIDTH / fig.get_figwidth()
-        seen["widths"] = [ax.get_window_extent(renderer).width / fig.dpi * shown for ax in fig.get_axes()]
-        titles = {ax.get_title(loc) for ax in fig.get_axes() for loc in ("left", "center")} - {""}
-        seen["titles"] = [t.get_window_extent(renderer) for t in fig.findobj(Text) if t.get_text() in titles]
-        seen["legend"] = {t.get_text() for legend in fig.findobj(Legend) for t in legend.get_texts()}
-        plt.close(fig)
-
-    monkeypatch.setattr(patterns, "save_figure", inspect)
-    ctx = types.SimpleNamespace(view=types.SimpleNamespace(n_layers=6), run=types.SimpleNamespace(path=tmp_path))
-    patterns.draw(ctx, pd.DataFrame(table))
+    # draw is pure: the figure by name, from the result alone (no run, no file written)
+    figures = patterns.draw(Result(6, tables={"patterns": pd.DataFrame(table)}))
+    assert list(figures) == ["patterns"] and not list(tmp_path.iterdir())
+    fig = figures["patterns"]
+    legible(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    shown = STANDARD_WIDTH / fig.get_figwidth()
+    seen["widths"] = [ax.get_window_extent(renderer).width / fig.dpi * shown for ax in fig.get_axes()]
+    titles = {ax.get_title(loc) for ax in fig.get_axes() for loc in ("left", "center")} - {""}
+    seen["titles"] = [t.get_window_extent(renderer) for t in fig.findobj(Text) if t.get_text() in titles]
+    seen["legend"] = {t.get_text() for legend in fig.findobj(Legend) for t in legend.get_texts()}
+    plt.close(fig)
     assert len(seen["widths"]) == 3 and min(seen["widths"]) >= 1.5, seen["widths"]
     titles = seen["titles"]
     assert len(titles) == 2 and not titles[0].overlaps(titles[1])

@@ -24,7 +24,29 @@ def test_analyze_builds_current_lookup_tables(analyzed):
     assert info["activation_sample"]["examples"] == len(corpus_sample(rd))
 
 
+def held_out_scale(run, loaded) -> np.ndarray:
+    """s_l by brute force: the held-out examples `analyzed_run` gave analyze (its corpus, n_eval, seed 0), each run
+    alone, the RMS of every coefficient at its analysed position, positions above 20 x the median RMS left out."""
+    from ffkv.experiments.common import eval_spec, select_held_out
+    from support.runs import N_LINES
+
+    rd = RunDir(run)
+    held = select_held_out(loaded, eval_spec(rd.manifest(), str(run.parent / "corpus.txt"), None, N_LINES, 0), 0)
+    view = loaded.view
+    squares = np.zeros((len(held.examples), view.n_layers))
+    for i, (e, j) in enumerate(zip(held.examples, held.positions)):
+        with view.capture(("coefficients",)) as cap:
+            view.forward(torch.tensor([list(e.token_ids)]))
+        for layer in range(view.n_layers):
+            squares[i, layer] = float(cap["coefficients"][layer][0, int(j)].double().square().mean())
+    rms = np.sqrt(squares)
+    kept = [rms[:, layer][rms[:, layer] <= 20 * np.median(rms[:, layer])] for layer in range(view.n_layers)]
+    return np.array([np.sqrt(np.mean(k ** 2)) for k in kept])
+
+
 def test_activation_histogram_and_frequency_match_brute_force(analyzed):
+    """The activation frequency's rule is the run's: tau·s_l with s_l of the held-out examples (the one owner,
+    `heldout.active_scale`, as composition's s_l table), never of the lookups' own sample."""
     run, loaded = analyzed
     rd = RunDir(run)
     stats = pd.read_parquet(rd.cache_dir / "key_stats.parquet").set_index(["layer", "key"])
@@ -37,14 +59,20 @@ def test_activation_histogram_and_frequency_match_brute_force(analyzed):
         for layer in every:
             every[layer].append(cap["coefficients"][layer][0].double())
     positions = sum(len(ids) for ids in sample)
-    assert lookups.read_info(rd.cache_dir)["activation_sample"]["positions"] == positions
+    info = lookups.read_info(rd.cache_dir)["activation_sample"]
+    assert info["positions"] == positions
     assert view.signed  # a GELU model: the signed rule, not m > 0
+    s_l = held_out_scale(run, loaded)
+    np.testing.assert_allclose(info["active_threshold"], ACTIVE_FRACTION * s_l, rtol=1e-5)
+    np.testing.assert_allclose(rd.read_metric("composition_scale")["scale"], s_l, rtol=1e-5)  # one s_l per run
+    assert info["threshold_source"]["seed"] == 0 and info["threshold_source"]["tau"] == ACTIVE_FRACTION
     for layer, key in [(0, 0), (1, 7), (2, 39)]:
         all_m = torch.cat(every[layer])
-        s_l = float(all_m.square().mean().sqrt())  # the RMS of every coefficient of the layer over the sample
+        sample_s_l = float(all_m.square().mean().sqrt())  # what the lookups used to use: not the run's
+        assert not np.isclose(sample_s_l, s_l[layer], rtol=1e-3)
         m = all_m[:, key].numpy()
         row = stats.loc[(layer, key)]
-        assert row.activation_frequency == pytest.approx((np.abs(m) > ACTIVE_FRACTION * s_l).mean(), abs=1e-6)
+        assert row.activation_frequency == pytest.approx((np.abs(m) > ACTIVE_FRACTION * s_l[layer]).mean(), abs=1e-6)
         assert row.activation_frequency != pytest.approx((m > 0).mean(), abs=1e-6) or (m > 0).all()
         assert np.isclose(row.activation_lo, m.min(), rtol=1e-5) and np.isclose(row.activation_hi, m.max(), rtol=1e-5)
         counts, _ = np.histogram(m, bins=HISTOGRAM_BINS, range=(float(row.activation_lo), float(row.activation_hi)))
@@ -57,18 +85,22 @@ def test_padding_is_never_counted(analyzed):
     _, loaded = analyzed
     view = loaded.view
     examples = [[5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11, 12, 13]]
-    padded = activation_stats(loaded, sample_batches(loaded, examples))  # one batch, the first example padded
-    assert padded["positions"] == 13
+    every = []
     for layer in range(view.n_layers):  # brute force over the 13 real positions, each example alone
         parts = []
         for ids in examples:
             with view.capture(("coefficients",)) as cap:
                 view.forward(torch.tensor([ids]))
             parts.append(cap["coefficients"][layer][0].double())
-        m = torch.cat(parts)
-        expected = (m.abs() > ACTIVE_FRACTION * float(m.square().mean().sqrt())).double().mean(0).numpy()
+        every.append(torch.cat(parts))
+    threshold = np.array([0.1 * float(m.abs().max()) + 1e-3 * layer for layer, m in enumerate(every)])  # any given
+    padded = activation_stats(loaded, sample_batches(loaded, examples), threshold)  # one batch, the first padded
+    assert padded["positions"] == 13
+    for layer, m in enumerate(every):
+        expected = (m.abs() > threshold[layer]).double().mean(0).numpy()
         np.testing.assert_allclose(padded["frequency"][layer], expected, atol=1e-6)
         assert padded["histogram"][layer].sum(-1).tolist() == [13] * view.d_m
+    assert activation_stats(loaded, sample_batches(loaded, examples), None)["frequency"] is None
 
 
 def test_corpus_sample_is_seeded_and_spans_the_corpus(analyzed):

@@ -68,25 +68,29 @@ def test_perplexity_equals_a_brute_force_computation(family):
 
 
 def test_activation_frequency_and_mean_abs_equal_a_brute_force_computation():
-    """The signed active rule |m_i| > tau·s_l, s_l the RMS of the layer's coefficients over every position."""
+    """The signed active rule |m_i| > tau·s_l at the threshold given (the run's, `heldout.active_threshold`)."""
     loaded = loaded_tiny("gpt2")  # GELU: signed, tau = ACTIVE_FRACTION
-    stats = key_statistics(loaded, token_lists=TOKEN_LISTS)
     view = loaded.view
     with view.capture(("coefficients",)) as cap:
         per_example = []
         for t in TOKEN_LISTS:
             view.forward(torch.tensor([t]))
             per_example.append({l: cap["coefficients"][l][0].double() for l in range(view.n_layers)})
+    every = [torch.cat([e[layer] for e in per_example]) for layer in range(view.n_layers)]
+    threshold = np.array([ACTIVE_FRACTION * float(m.pow(2).mean().sqrt()) for m in every])
+    stats = key_statistics(loaded, token_lists=TOKEN_LISTS, threshold=threshold)
     assert stats.positions == sum(len(t) for t in TOKEN_LISTS)
-    for layer in range(view.n_layers):
-        m = torch.cat([e[layer] for e in per_example])
-        s_l = float(m.pow(2).mean().sqrt())
-        expected_freq = (m.abs() > ACTIVE_FRACTION * s_l).double().mean(0).numpy()
+    for layer, m in enumerate(every):
+        expected_freq = (m.abs() > threshold[layer]).double().mean(0).numpy()
         np.testing.assert_allclose(stats.frequency[layer], expected_freq, rtol=1e-6)
         np.testing.assert_allclose(stats.mean_abs[layer], m.abs().mean(0).numpy(), rtol=1e-6)
         np.testing.assert_allclose(stats.value_norm[layer], view.values(layer).norm(dim=1).numpy(), rtol=1e-6)
         np.testing.assert_allclose(stats.contribution[layer], m.abs().mean(0).numpy() * stats.value_norm[layer],
                                    rtol=1e-6)
+    without = key_statistics(loaded, token_lists=TOKEN_LISTS)  # no threshold: no frequency, and no order by it
+    assert without.frequency is None and np.array_equal(without.mean_abs, stats.mean_abs)
+    with pytest.raises(FfkvError, match="needs the run's active threshold"):
+        removal_orders("activation_frequency", view, without)
 
 
 def hand_view(values_per_layer):

@@ -32,7 +32,7 @@ def _brute_moments(v: np.ndarray, units: np.ndarray) -> tuple[float, float, floa
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_statistics_match_a_brute_force(family):
     view = loaded_tiny(family).view
-    result = vc.compute(view, seed=3, n_control=64)
+    result = vc.value_classes(view, seed=3, n_control=64)
     keys, layers = result["keys"], result["layers"]
     units = _brute_units(view)
     _, _, vt = np.linalg.svd(units, full_matrices=False)
@@ -88,7 +88,7 @@ def test_hand_set_values_get_their_known_class():
         values[2] = basis[0].float()
         inside = units[7].double() - (units[7].double() @ basis.T) @ basis
         values[3] = inside.float()
-    keys = vc.compute(view, n_control=64)["keys"]
+    keys = vc.value_classes(view, n_control=64)["keys"]
     first = keys[keys.layer == 0].set_index("key")
     assert first.loc[0, "class"] == "prediction" and first.loc[0, "vocab_kurtosis"] > 10
     assert first.loc[1, "class"] == "suppression" and first.loc[1, "vocab_skew"] < 0
@@ -102,11 +102,12 @@ def test_random_directions_rarely_pass_and_are_seeded():
     of their kurtosis) and exactly 1% or fewer pass the partition cut-off set on them; the same seed, the same
     table."""
     view = loaded_tiny("gpt2").view
-    a, b = vc.compute(view, seed=7, n_control=400)["layers"], vc.compute(view, seed=7, n_control=400)["layers"]
+    a = vc.value_classes(view, seed=7, n_control=400)["layers"]
+    b = vc.value_classes(view, seed=7, n_control=400)["layers"]
     assert a.equals(b)
     assert (a["prediction_share_control"] + a["suppression_share_control"] <= 0.05).all()
     assert (a["partition_share_control"] <= 0.011).all()
-    other = vc.compute(view, seed=8, n_control=400)["layers"]
+    other = vc.value_classes(view, seed=8, n_control=400)["layers"]
     assert not other["partition_variance"].equals(a["partition_variance"])
 
 

@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
-from ffkv.experiments.figures import COLORS, legend_outside, layer_axis, new_figure, save_figure
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.figures import COLORS, legend_outside, layer_axis, new_figure
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, n_of, n_range, pct, rule_frame, verdict_row, verdict_rows
 
@@ -92,7 +92,9 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
     return gather_rows(values, mine.rows)
 
 
-def compute(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[str, pd.DataFrame]:
+def prefix_table(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[str, pd.DataFrame]:
+    """Per layer and per prefix variant: the coefficients of the sampled keys on their trigger prefixes, original
+    and with one token removed."""
     view = ctx.view
     special = ctx.special_ids
     chosen = sample_keys(view.n_layers, view.d_m, keys_per_layer, ctx.seed)
@@ -150,7 +152,9 @@ def per_layer(prefixes: pd.DataFrame, n_layers: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def draw(ctx: RunContext, per_layer_df: pd.DataFrame) -> None:
+def draw(result: Result) -> Figures:
+    """Figure 3: the mean relative change of the coefficient per layer and variant, with its standard error."""
+    per_layer_df = result.tables[NAME]
     fig, ax = new_figure()
     x = per_layer_df["layer"].to_numpy()
     for i, variant in enumerate(VARIANTS):
@@ -160,19 +164,20 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame) -> None:
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel("mean relative change of m (%)")
     ax.set_title("Coefficient change when a token is removed (paper Fig. 3)")
-    layer_axis(ax, ctx.view.n_layers)
+    layer_axis(ax, result.n_layers)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, NAME)
+    return {NAME: fig}
 
 
-def run(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict:
-    result = compute(ctx, keys_per_layer)
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/ablations (per layer) and ablations_prefixes (per prefix and variant)."""
+    keys_per_layer = KEYS_PER_LAYER
+    found = prefix_table(ctx, keys_per_layer)
     meta = {"keys_per_layer": keys_per_layer, "seed": ctx.seed, "top_t": ctx.top_k,
             "relative_change": "(m' - m) / m, m recomputed on the prefix alone; m <= 0 left out"}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_prefixes", result["prefixes"], **meta)
-    draw(ctx, result["per_layer"])
-    ctx.record(NAME, tables=[NAME, f"{NAME}_prefixes"], figures=[NAME], **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["per_layer"], **meta)
+    result.add(f"{NAME}_prefixes", found["prefixes"], **meta)
     return result
 
 
@@ -224,7 +229,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Local modifications of trigger prefixes (paper Figure 3)", section="paper Section 3.2, Figure 3",
-    order=2, run=run,
+    order=2, compute=compute, draw=draw,
     encoder=Encoder(False, "Figure 3", "not computed: it recomputes the coefficient on the prefix alone and removes "
                     "its last token, but an encoder's trigger coefficient is read over the whole example and its last "
                     "prefix token is the trigger token itself; the figure measures nothing the paper's does"),

@@ -1,7 +1,9 @@
 """`ffkv analyze`: run the paper's experiments on a complete run directory.
 
-Each experiment module has ``run(ctx)`` that computes, writes RUN/metrics/NAME*.parquet
-and draws RUN/figures/NAME*.{png,svg}. They share one `RunContext`: the model is
+Each experiment declares ``compute(ctx, options) -> Result`` and a pure ``draw(result) -> figures``
+(`ffkv.experiments.registry`); `run_step` writes what they return, the same way for every experiment:
+RUN/metrics/NAME*.parquet with their descriptions, RUN/figures/NAME*.{png,svg}, and the record in
+manifest['analyses']. They share one `RunContext`: the model is
 loaded once, value projections made by `values` are reused by `composition`, and
 `composition` and `refinement` read the same single forward pass over the held-out
 examples. What was run, with which projection, is merged into manifest['analyses'].
@@ -99,9 +101,7 @@ def analyze(
             start = time.perf_counter()
             if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
                 print(f"analyze [{step}/{len(names)}] {name}", flush=True)
-            ctx.step = name
-            every[name].run(ctx)
-            ctx.step = None
+            run_step(ctx, every[name])
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
             if holder is not None:
                 step_done(run, name)
@@ -124,6 +124,56 @@ def analyze(
                                  "provenance": ctx.provenance(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             run.update_manifest(analyses=current, analyzing=None)
     return ctx.analyses
+
+
+def run_step(ctx: RunContext, experiment: registry.Experiment) -> registry.Result:
+    """One experiment's step: its ``compute`` with its options; then its tables written (atomically, with their
+    descriptions), its figures drawn and saved (PNG + SVG, atomically; rank 0 alone under torchrun), the figures
+    an earlier analyze drew for it and this one did not removed, and what it records kept for the manifest."""
+    ctx.step = experiment.name
+    try:
+        result = experiment.compute(ctx, experiment.parse_options(ctx.options.get(experiment.name)))
+        if not isinstance(result, registry.Result):
+            raise FfkvError(f"experiment {experiment.name}: compute returned {type(result).__name__}, not a Result")
+        check_names(experiment.name, result.tables, "table")
+        for table, df in result.tables.items():
+            ctx.write_table(table, df, **result.meta.get(table, {}))
+        figures = save_figures(ctx.run, experiment, result) if is_writer() else []
+        ctx.record(experiment.name, **{"tables": list(result.tables), "figures": figures, **result.record})
+    finally:
+        ctx.step = None
+    return result
+
+
+def save_figures(run: RunDir, experiment: registry.Experiment, result: registry.Result) -> list[str]:
+    """Draw `result` and save each figure as RUN/figures/NAME.{png,svg}; remove those the run's record of the
+    experiment lists and this draw did not make (e.g. a projection's figures no longer shown). Returns the names."""
+    from ffkv.experiments.figures import plt, save_figure
+
+    drawn = dict(experiment.draw(result)) if experiment.draw is not None else {}
+    try:
+        check_names(experiment.name, drawn, "figure")
+        for name, figure in drawn.items():
+            save_figure(figure, run.path, name)
+    finally:  # none left open when one fails to save
+        for figure in drawn.values():
+            plt.close(figure)
+    before = run.manifest().analyses.get(experiment.name) or {}
+    for name in before.get("figures") or ():
+        stem = str(name).removesuffix(".png").removesuffix(".svg")
+        if stem not in drawn and registry.experiment_of(stem) == experiment.name:
+            for fmt in ("png", "svg"):
+                run.figure_path(stem, fmt).unlink(missing_ok=True)
+    return list(drawn)
+
+
+def check_names(experiment: str, names, kind: str) -> None:
+    """Refuse a table or figure an experiment does not own: its names are NAME and NAME_* (its files never stand
+    in for another experiment's)."""
+    for name in names:
+        if name != experiment and not str(name).startswith(experiment + "_"):
+            raise FfkvError(f"experiment {experiment} made the {kind} {name!r}, a name it does not own (its tables "
+                            f"and figures are {experiment} and {experiment}_*)")
 
 
 def refuse_damaged(run: RunDir, manifest, steps: Sequence[str]) -> None:

@@ -59,9 +59,9 @@ from ffkv.batching import RowBatches, length_batches
 from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.dead import dead_keys
-from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import active_scale, active_threshold
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.active import active as active_memories
 from ffkv.memories.controls import RandomKeys
@@ -488,7 +488,8 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
     return acc, acc_control
 
 
-def compute(ctx: RunContext) -> dict:
+def census_tables(ctx: RunContext) -> dict:
+    """Every key classed from one pass over the held-out examples: per key, per layer, typical keys, the control."""
     view = ctx.view
     V = view.vocab_size
     batches = list(_batches(ctx))
@@ -612,8 +613,11 @@ def typical(keys: pd.DataFrame, n: int = TYPICAL) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
-    L = ctx.view.n_layers
+def draw(result: Result) -> Figures:
+    """The classes per layer (census), the value types (census_values) and, with a control, each class beside the
+    random key directions (census_control)."""
+    table, L = result.tables[f"{NAME}_layers"], result.n_layers
+    n_positions, projection = result.meta[NAME]["n_positions"], result.meta[NAME]["projection"]
     x = table["layer"].to_numpy()
     n_keys = int(table["n_keys"].iloc[0]) if len(table) else 0
     fig, ax = new_figure()
@@ -628,7 +632,7 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
     ax.set_title(f"Census of memories by class (n = {n_keys:,} keys per layer, {n_positions:,} held-out positions)")
     layer_axis(ax, L)
     legend_outside(ax, ncol=4)
-    save_figure(fig, ctx.run.path, NAME)
+    figures = {NAME: fig}
 
     fig, ax = new_figure()
     for shift, name, color in ((-0.27, "prediction", "#55A868"), (0.0, "suppression", "#C44E52"),
@@ -636,11 +640,10 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
         ax.bar(x + shift, 100 * table[f"share_{name}"], width=0.27, color=color, label=name)
         interval_bars(ax, x + shift, table, f"share_{name}")
     ax.set_ylabel("% keys of the layer")
-    ax.set_title(f"Value types, as each key fires ({ctx.projections.values} projection; n = {n_keys:,} keys per layer)")
+    ax.set_title(f"Value types, as each key fires ({projection} projection; n = {n_keys:,} keys per layer)")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}_values")
-    figures = [NAME, f"{NAME}_values"]
+    figures[f"{NAME}_values"] = fig
     if "share_detector_control" in table:  # each class beside the random key directions of the same layer
         fig, ax = new_figure()
         for name in ("dead", "detector", "positional"):
@@ -654,8 +657,7 @@ def draw(ctx: RunContext, table: pd.DataFrame, n_positions: int) -> list[str]:
                      f"{int(table['n_control_keys'].iloc[0]):,} directions per layer)")
         layer_axis(ax, L)
         legend_outside(ax)
-        save_figure(fig, ctx.run.path, f"{NAME}_control")
-        figures.append(f"{NAME}_control")
+        figures[f"{NAME}_control"] = fig
     return figures
 
 
@@ -677,22 +679,23 @@ def thresholds_text() -> dict[str, str]:
     }
 
 
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/census (per key), census_layers, census_typical and, with a control, census_control."""
+    found = census_tables(ctx)
     tau = active_fraction(ctx.view)
     n_keys = ctx.view.d_m
     meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
-            "positions": f"every real position of the held-out examples: {result['positions']:,} positions of "
-                         f"{result['n_examples']:,} examples; positions with a massive activation in a layer (RMS of "
+            "positions": f"every real position of the held-out examples: {found['positions']:,} positions of "
+                         f"{found['n_examples']:,} examples; positions with a massive activation in a layer (RMS of "
                          f"their coefficients above {MASSIVE_FACTOR:g} x the median analysed position's) are left out "
                          "of that layer (its n_positions)",
-            "n_examples": result["n_examples"], "n_positions": result["positions"],
+            "n_examples": found["n_examples"], "n_positions": found["positions"],
             "active": "m_i > 0 (tau = 0: no coefficient of this model can be negative)" if tau == 0 else
             f"{RULE} (s_l of the held-out analysed positions, as Figures 7-8); tau = {tau:g}",
             "control": (f"{ctx.manifest.control_keys} random key directions per layer (ffkv.memories.controls), "
                         "classed by the same rules from the same passes; *_minus_control: Newcombe's 95% interval"
                         if ctx.has_control else "none: the run holds no random-key control (index again)"),
-            "active_threshold": [float(t) for t in result["thresholds"]],
+            "active_threshold": [float(t) for t in found["thresholds"]],
             "thresholds": thresholds_text(),
             "sign": "a key's value type is read from the vector it writes: -v_i when it fires mostly with m_i < 0; "
                     "two_way keys write the mirror type with their other sign",
@@ -701,16 +704,12 @@ def run(ctx: RunContext) -> dict:
                               f"F1 >= {2 / (CANDIDATES + 1):.3f} is counted exactly",
             "interval": "95% Wilson score interval", "eval_corpus": ctx.held_out().spec.to_dict(),
             "warnings": sample_size_warnings(NAME, n_keys, "keys")}
-    ctx.write_table(NAME, result["keys"], **meta)
-    ctx.write_table(f"{NAME}_layers", result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_typical", result["typical"], **meta)
-    tables = [NAME, f"{NAME}_layers", f"{NAME}_typical"]
-    if "control" in result:
-        ctx.write_table(f"{NAME}_control", result["control"], **meta)
-        tables.append(f"{NAME}_control")
-    figures = draw(ctx, result["per_layer"], result["positions"])
-    ctx.record(NAME, tables=tables, figures=figures,
-               **{k: v for k, v in meta.items() if k != "warnings"})
+    result = Result(ctx.view.n_layers, record={k: v for k, v in meta.items() if k != "warnings"})
+    result.add(NAME, found["keys"], **meta)
+    result.add(f"{NAME}_layers", found["per_layer"], **meta)
+    result.add(f"{NAME}_typical", found["typical"], **meta)
+    if "control" in found:
+        result.add(f"{NAME}_control", found["control"], **meta)
     return result
 
 
@@ -748,7 +747,8 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Census of memories: dead, token detectors, positional, value types (beyond the paper)",
-    section="beyond the paper: Voita et al. 2023, Gurnee et al. 2024", order=6, run=run, held_out=True,
+    section="beyond the paper: Voita et al. 2023, Gurnee et al. 2024", order=6, compute=compute, draw=draw,
+    held_out=True,
     encoder=Encoder(True, "census (beyond the paper)", "over every token of the held-out examples, unmasked: "
                     "activation, detector and positional statistics describe the keys; value types through the "
                     "values projection"),

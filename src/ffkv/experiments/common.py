@@ -1,10 +1,10 @@
 """What every experiment shares: the run and its model, projections, held-out examples, tables.
 
 `RunContext` opens a complete run directory once (manifest, model, trigger examples,
-example token ids) and is handed to each experiment's ``run(ctx)``. Tables go to
-``RUN/metrics/NAME.parquet`` (`ffkv.store.run.RunDir.write_metric`) with a JSON
-description (projection, options) in the Parquet schema metadata, so each table says
-how it was computed.
+example token ids) and is handed to each experiment's ``compute(ctx, options)``. `analyze`
+writes the tables that returns (`RunContext.write_table`) to ``RUN/metrics/NAME.parquet``
+(`ffkv.store.run.RunDir.write_metric`) with a JSON description (projection, options) in the
+Parquet schema metadata, so each table says how it was computed.
 """
 
 from __future__ import annotations
@@ -353,7 +353,8 @@ class RunContext:
 
     # --------------------------------------------------------------- output
     def write_table(self, name: str, df: pd.DataFrame, **meta: Any) -> Path:
-        """Write RUN/metrics/NAME.parquet atomically, with how it was computed in its metadata.
+        """Write RUN/metrics/NAME.parquet atomically, with how it was computed in its metadata (`analyze` writes an
+        experiment's `Result` with it: experiments return their tables, they do not write them).
 
         Under torchrun only rank 0 writes; every rank gets the path.
         """
@@ -362,7 +363,8 @@ class RunContext:
         return self.run.write_metric(name, df, {"model_id": self.loaded.model_id, **meta}, step=self.step)
 
     def record(self, experiment: str, **info: Any) -> None:
-        """Note what an experiment wrote and how (merged into the manifest's analyses at the end)."""
+        """Note what an experiment wrote and how (merged into the manifest's analyses at the end; `analyze` records
+        each experiment's `Result` with it)."""
         self.analyses[experiment] = info
 
     # -------------------------------------------------------------- held out

@@ -19,10 +19,9 @@ import pandas as pd
 from typing import Mapping
 
 from ffkv.experiments.common import RunContext, chance_with_interval, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
-                                     save_figure)
+from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import TAU_CURVE, active_scale, capture_eval
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.presentation.findings import diff, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row, verdict_rows
 from ffkv.presentation.intervals import paired_mean_interval
@@ -38,7 +37,8 @@ CHANCE = ("permutation chance level: each example's active memories against the 
           "lengths); *_minus_chance is observed - chance over the same examples, mean +- 1.96 standard errors")
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+def figure_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    """Figures 7-8 from the held-out pass: per layer, per example, the tokens of the matches, the tau curve, s_l."""
     cap = capture_eval(ctx)
     held = ctx.held_out()
     N, L = cap.n_active.shape
@@ -126,10 +126,20 @@ SCALE_COLUMNS = ("layer", "scale", "scale_all_positions", "n_massive", "n_positi
 MASSIVE_COLUMNS = ("layer", "example_id", "position", "token_id", "token", "rms", "max_abs", "times_median")
 
 
-def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
-    L = ctx.view.n_layers
+def draw(result: Result) -> Figures:
+    """Figure 7 (composition_active), Figure 8 (composition) and, for a signed model, Figure 7 over tau."""
+    figures = dict(draw_layers(result.tables[NAME], result.n_layers, result.meta[NAME]["active_tau"],
+                               result.meta[NAME]["projection"]))
+    if not result.tables[f"{NAME}_tau"].empty:
+        figures[f"{NAME}_tau"] = draw_tau(result.tables[f"{NAME}_tau"], result.n_layers,
+                                          int(result.tables[NAME]["d_m"].iloc[0]))
+    return figures
+
+
+def draw_layers(per_layer: pd.DataFrame, L: int, tau: float, projection: str) -> Figures:
+    """Figure 7 (the active memories per layer) and Figure 8 (the composition rate)."""
     x = per_layer["layer"].to_numpy()
-    projection = ctx.projections.values
+    d_m = int(per_layer["d_m"].iloc[0]) if len(per_layer) else 0
     fig, ax = new_figure()
     if tau > 0:
         ax.bar(x, per_layer["mean_positive"], color="#4C72B0", label="mean, m > 0")
@@ -142,12 +152,12 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
     ax.errorbar(x, per_layer["median_active"],
                 yerr=[per_layer["median_active"] - per_layer["p25_active"], per_layer["p75_active"] - per_layer["median_active"]],
                 fmt="o", color="black", ms=3, lw=0.8, label="median, 25-75%")
-    ax.set_ylabel(f"active memories ({rule}) of {ctx.view.d_m}")
+    ax.set_ylabel(f"active memories ({rule}) of {d_m}")
     ax.set_title(f"Active memories per layer (paper Fig. 7), n = {int(per_layer['n_examples'].iloc[0]):,}")
     layer_axis(ax, L)
     ax.set_ylim(0, 1.3 * max(1.0, float(per_layer["p75_active"].max()), float(per_layer["mean_active"].max())))
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}_active")
+    active = fig
 
     fig, ax = new_figure()
     for shift, column, color, label in ((-0.2, "composition_rate", COLORS["composition"], "FF output"),
@@ -161,14 +171,12 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, tau: float) -> None:
     ax.set_title(f"Layer prediction is a composition (paper Fig. 8; {projection} projection)")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, NAME)
+    return {NAME: fig, f"{NAME}_active": active}
 
 
-def draw_tau(ctx: RunContext, curve: pd.DataFrame) -> bool:
+def draw_tau(curve: pd.DataFrame, L: int, d_m: int):
     """Figure 7 over tau (signed models): share of memories active, and share of ‖FF(x)‖ the others write, per
-    layer, one line per tau, the rule's tau drawn bold. False (nothing drawn) for a model without a tau."""
-    if curve.empty:
-        return False
+    layer, one line per tau, the rule's tau drawn bold."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(5.5, 6.4), constrained_layout=True, sharex=True)
@@ -180,22 +188,22 @@ def draw_tau(ctx: RunContext, curve: pd.DataFrame) -> bool:
                  "label": f"tau = {t:g}" + (" (the rule)" if chosen else "")}
         axes[0].plot(g["layer"], 100 * g["mean_share_active"], **style)
         axes[1].plot(g["layer"], 100 * g["mean_left_out"], **style)
-    axes[0].set_ylabel(f"% of the {ctx.view.d_m:,} memories active")
+    axes[0].set_ylabel(f"% of the {d_m:,} memories active")
     axes[1].set_ylabel("% of ‖FF(x)‖ written by\nthe memories counted inactive")
     axes[0].set_ylim(0, 100)
     axes[1].set_ylim(0, max(5.0, 110 * float(curve["mean_left_out"].max())))
     for ax in axes:
-        layer_axis(ax, ctx.view.n_layers)
+        layer_axis(ax, L)
     axes[0].set_xlabel("")
     axes[0].set_title(f"Active memories over tau (paper Fig. 7), n = {int(curve['n_examples'].iloc[0]):,}",
                       loc="left")
     legend_outside(axes[1])
-    save_figure(fig, ctx.run.path, f"{NAME}_tau")
-    return True
+    return fig
 
 
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/composition (per layer) and its _examples, _matches, _tau, _scale and _massive tables."""
+    found = figure_tables(ctx)
     held = ctx.held_out()
     cap = capture_eval(ctx)
     n = len(held.examples)
@@ -209,16 +217,10 @@ def run(ctx: RunContext) -> dict:
             "n_paired": int(cap.paired.sum()), "massive_factor": MASSIVE_FACTOR,
             "interval": "95% Wilson score interval", "n_examples": n, "eval_corpus": held.spec.to_dict(),
             "position_seed": ctx.seed, "warnings": sample_size_warnings(NAME, n)}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
-    ctx.write_table(f"{NAME}_matches", result["matches"], **meta)
-    ctx.write_table(f"{NAME}_tau", result["tau"], **meta)
-    ctx.write_table(f"{NAME}_scale", result["scale"], **meta)
-    ctx.write_table(f"{NAME}_massive", result["massive"], **meta)
-    draw(ctx, result["per_layer"], cap.tau)
-    figures = [NAME, f"{NAME}_active"] + ([f"{NAME}_tau"] if draw_tau(ctx, result["tau"]) else [])
-    ctx.record(NAME, tables=[NAME, f"{NAME}_examples", f"{NAME}_matches", f"{NAME}_tau", f"{NAME}_scale",
-                             f"{NAME}_massive"], figures=figures, **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["per_layer"], **meta)
+    for part in ("examples", "matches", "tau", "scale", "massive"):
+        result.add(f"{NAME}_{part}", found[part], **meta)
     return result
 
 
@@ -305,7 +307,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Composition inside a layer (paper Section 5.1)", section="paper Section 5.1, Figures 7-8",
-    order=4, run=run, held_out=True,
+    order=4, compute=compute, draw=draw, held_out=True,
     after=("translators",),  # the held-out pass it shares with refinement then reads the fitted translators too
     encoder=Encoder(True, "Figures 6-8", "at the masked held-out position; sub-updates and the FF output through "
                     "the values projection (the decoder weights)"),

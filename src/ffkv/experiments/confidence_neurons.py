@@ -45,7 +45,7 @@ from ffkv.errors import FfkvError
 from ffkv.experiments import vocabulary_classes as vc
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import share_curves
-from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, KeyColumn, Result
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import final_logits
@@ -234,7 +234,7 @@ def _slug(name: str) -> str:
     return name.replace(" ", "_")
 
 
-def compute(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
+def confidence_classes(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
             effects: Callable[[list[tuple[int, int]]], pd.DataFrame] | None = None, seed: int = 0,
             n_control: int = vc.N_CONTROL, progress: bool = False) -> dict[str, pd.DataFrame]:
     """The per-key table (``keys``), the per-layer table (``layers``) and the measured candidates (``measured``).
@@ -310,30 +310,31 @@ def compute(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
     return {"keys": keys, "layers": layers, "measured": measured}
 
 
-def draw(layers: pd.DataFrame, run_path) -> list:
+def draw(result: Result) -> Figures:
     """The entropy-candidate, entropy and token-frequency shares per layer with 95% intervals, the null dashed; for a
     gated model the GLU classes' shares."""
-    figures = share_curves(layers, [("entropy_candidate_share", "entropy candidates (weights)", "tab:orange"),
-                                    ("entropy_share", "entropy (measured)", "tab:red"),
-                                    ("token_frequency_share", "token frequency", "tab:blue")],
-                           "Confidence-regulation memories (Stolfo et al. 2024)", run_path, NAME,
-                           null="random mixtures of values")
+    layers = result.tables[NAME]
+    figures = {NAME: share_curves(layers, [("entropy_candidate_share", "entropy candidates (weights)", "tab:orange"),
+                                           ("entropy_share", "entropy (measured)", "tab:red"),
+                                           ("token_frequency_share", "token frequency", "tab:blue")],
+                                  "Confidence-regulation memories (Stolfo et al. 2024)",
+                                  null="random mixtures of values")}
     if "enrichment_share" in layers:
         colors = ("tab:green", "tab:red", "tab:olive", "tab:purple", "tab:gray", "tab:cyan")
-        figures += share_curves(layers, [(f"{_slug(k)}_share", k, c) for k, c in zip(GLU_CLASSES, colors)],
-                                "GLU classes from cos(gate, value) and cos(up, value) (Gerstner and Schütze 2025)",
-                                run_path, f"{NAME}_glu")
+        figures[f"{NAME}_glu"] = share_curves(
+            layers, [(f"{_slug(k)}_share", k, c) for k, c in zip(GLU_CLASSES, colors)],
+            "GLU classes from cos(gate, value) and cos(up, value) (Gerstner and Schütze 2025)")
     return figures
 
 
-def run(ctx: RunContext) -> dict:
-    """The step `ffkv analyze` calls: compute, write metrics/confidence_neurons{,_keys,_measured}.parquet, draw."""
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/confidence_neurons (per layer), confidence_neurons_keys and confidence_neurons_measured."""
     # this call's own result where it computed it (every rank has it; under torchrun only rank 0 writes the table)
     vocab_keys = ctx.once((vc.NAME, "keys"), lambda: ctx.need(vc.NAME, f"{vc.NAME}_keys"))
     ctx.run.require_table("examples.parquet")
     counts = unigram_counts([ctx.run.table("examples")], ctx.view.vocab_size)
-    result = compute(ctx.view, vocab_keys, counts, lambda chosen: ablation_effects(ctx, chosen), ctx.seed,
-                     progress=ctx.progress)
+    found = confidence_classes(ctx.view, vocab_keys, counts, lambda chosen: ablation_effects(ctx, chosen), ctx.seed,
+                               progress=ctx.progress)
     meta = {"rule": f"entropy candidate: value norm above the layer's {NORM_QUANTILE:.0%} quantile, vocabulary "
                     f"variance below its {VARIANCE_QUANTILE:.0%} quantile, null-space share above "
                     f"{NULL_SPACE_MOST:g}; entropy: a candidate (the {MAX_MEASURED} largest per layer measured) whose "
@@ -346,11 +347,10 @@ def run(ctx: RunContext) -> dict:
             "control": f"{vc.N_CONTROL} random mixtures of the layer's values per layer (vocabulary_classes' null), "
                        f"seed {ctx.seed}",
             "warnings": sample_size_warnings(NAME, ctx.view.d_m, "memories")}
-    ctx.write_table(NAME, result["layers"], **meta)
-    ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
-    ctx.write_table(f"{NAME}_measured", result["measured"], **meta)
-    figures = [p.name for p in draw(result["layers"], ctx.run.path)]
-    ctx.record(NAME, tables=[NAME, f"{NAME}_keys", f"{NAME}_measured"], figures=figures, **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["layers"], **meta)
+    result.add(f"{NAME}_keys", found["keys"], **meta)
+    result.add(f"{NAME}_measured", found["measured"], **meta)
     return result
 
 
@@ -383,7 +383,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Entropy, token-frequency and GLU classes of memories (beyond the paper)",
-    section="beyond the paper: Stolfo et al. 2024, Gerstner and Schütze 2025", order=6.6, run=run,
+    section="beyond the paper: Stolfo et al. 2024, Gerstner and Schütze 2025", order=6.6, compute=compute, draw=draw,
     needs=("vocabulary_classes",), held_out=True,
     encoder=Encoder(False, "confidence classes (beyond the paper)", "not computed: they read the vocabulary classes, "
                     "which an encoder does not have"),

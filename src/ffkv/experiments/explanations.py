@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from ffkv.experiments.common import RunContext
-from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.registry import Experiment, Finding
+from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure
+from ffkv.experiments.registry import Experiment, Figures, Finding, Result
 
 NAME = "explanation_scores"
 #: The tables `ffkv score` writes (per explanation and baseline; per layer) and `ffkv explain`'s.
@@ -58,8 +58,9 @@ def skip_reason(ctx: RunContext) -> str | None:
     return None
 
 
-def draw(ctx: RunContext, table: pd.DataFrame) -> list:
+def draw(result: Result) -> Figures:
     """Figure: per layer, the mean score with its 95% interval beside the shuffled and control baselines."""
+    table = result.table(BY_LAYER)
     fig, ax = new_figure()
     x = table["layer"].to_numpy(int)
     for offset, (column, label, color) in enumerate((("score", "own explanation", "#4C72B0"),
@@ -70,17 +71,16 @@ def draw(ctx: RunContext, table: pd.DataFrame) -> list:
         interval_bars(ax, xs, table, column, scale=1.0)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel("simulation score (correlation)")
-    layer_axis(ax, ctx.view.n_layers)
+    layer_axis(ax, result.n_layers)
     legend_outside(ax)
-    return save_figure(fig, ctx.run.path, NAME)
+    return {NAME: fig}
 
 
-def run(ctx: RunContext) -> dict:
-    table = ctx.run.read_metric(BY_LAYER)
-    figures = draw(ctx, table)
-    ctx.record(NAME, tables=[SCORES, BY_LAYER], figures=[p.name for p in figures],
-               note="written by `ffkv score`; this step draws the figure")
-    return {"by_layer": table}
+def compute(ctx: RunContext, options=None) -> Result:
+    """Nothing computed: the per-layer scores `ffkv score` wrote (metrics/explanation_scores_by_layer), read for
+    the figure; its tables are recorded as this step's, not written again."""
+    return Result(ctx.view.n_layers, inputs={BY_LAYER: ctx.run.read_metric(BY_LAYER)},
+                  record={"tables": [SCORES, BY_LAYER], "note": "written by `ffkv score`; this step draws the figure"})
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -94,7 +94,8 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Explanations of memories, scored by simulation (beyond the paper)",
-    section="beyond the paper", order=21, run=run, optional=True, skip_reason=skip_reason, findings=FINDINGS,
+    section="beyond the paper", order=21, compute=compute, draw=draw, optional=True, skip_reason=skip_reason,
+    findings=FINDINGS,
     reading=reading, how=("simulator", "held_out", "score", "baselines"), module=__name__)
 
 __all__ = ["BY_LAYER", "EXPLANATIONS", "NAME", "SCORES", "memory_explanations", "skip_reason"]

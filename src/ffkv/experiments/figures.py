@@ -114,9 +114,10 @@ def save_figure(fig, run_path: str | Path, name: str) -> list[Path]:
     return paths
 
 
-def share_curves(layers, curves, title: str, run_path: str | Path, name: str, null: str | None = None) -> list[Path]:
+def share_curves(layers, curves, title: str, null: str | None = None):
     """A figure of per-layer shares in % with their 95% intervals: `curves` is (column, label, color) each; with
-    `null` (a label) each column's COLUMN_control share, where the table has it, is drawn dashed beside it."""
+    `null` (a label) each column's COLUMN_control share, where the table has it, is drawn dashed beside it.
+    Returns the figure (not saved)."""
     fig, ax = new_figure()
     x = layers["layer"].to_numpy()
     for column, label, color in curves:
@@ -128,4 +129,4 @@ def share_curves(layers, curves, title: str, run_path: str | Path, name: str, nu
     ax.set_ylabel("% of the layer's memories")
     ax.set_title(title, fontsize=9)
     legend_outside(ax)
-    return save_figure(fig, run_path, name)
+    return fig

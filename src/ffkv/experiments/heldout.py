@@ -23,13 +23,16 @@ import pandas as pd
 import torch
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.common import RunContext, as_numpy, mask_token_id, progress_bar
+from ffkv.experiments.common import RunContext, as_numpy, eval_spec, mask_token_id, progress_bar
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import active as active_memories
-from ffkv.memories.active import active_fraction, layer_scale
+from ffkv.memories.active import RULE, active_fraction, layer_scale
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, final_logits
 from ffkv.memories.projection import logits as project
+from ffkv.models.loading import LoadedModel
 from ffkv.parallel import gather_rows
+from ffkv.store.manifest import Manifest
+from ffkv.store.run import RunDir
 
 
 #: tau of the active rule at which Figure 7 is also read, as a curve, for signed models (`ACTIVE_FRACTION` among them).
@@ -232,6 +235,27 @@ def active_threshold(ctx: RunContext) -> np.ndarray:
     m_i > 0)."""
     tau = active_fraction(ctx.view)
     return tau * coefficient_scale(ctx) if tau > 0 else np.zeros(ctx.view.n_layers)
+
+
+def threshold_source(ctx: RunContext) -> dict:
+    """Where `active_threshold` comes from, for a table or file that uses it: the rule, tau, and the held-out
+    examples and seed of s_l (none for a model whose rule has no scale)."""
+    tau = active_fraction(ctx.view)
+    if tau == 0:
+        return {"rule": "m_i > 0", "tau": 0.0}
+    return {"rule": RULE, "tau": tau, "scale": "s_l of the held-out examples' analysed positions "
+            "(ffkv.experiments.heldout.active_scale)", "eval_corpus": ctx.held_out().spec.to_dict(), "seed": ctx.seed}
+
+
+def run_threshold(run: RunDir, manifest: Manifest, loaded: LoadedModel, seed: int = 0,
+                  progress: bool = False) -> tuple[np.ndarray, dict]:
+    """(`active_threshold`, `threshold_source`) for a tool outside `analyze` (`ffkv serve` building the explorer's
+    lookups, `ffkv prune`): the same owner on the run's own held-out examples as ``ffkv analyze RUN`` reads them
+    by default (`eval_spec`: its held-out split, 4,000 examples, seeded); no pass for a model whose rule has no
+    scale."""
+    ctx = RunContext(run, manifest, loaded, progress=progress, seed=seed,
+                     eval_spec=eval_spec(manifest, seed=seed) if active_fraction(loaded.view) > 0 else None)
+    return active_threshold(ctx), threshold_source(ctx)
 
 
 def _partners(n: int, seed: int, first_row: int) -> np.ndarray:

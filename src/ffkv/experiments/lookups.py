@@ -8,7 +8,8 @@ the contract in docs/run-directory.md). Per key of every layer:
   top-1 trigger example (`ffkv.memories.targets`), that target's rank, the log-normaliser of
   p_i (p_i(x) of any token is then one dot product), and ‖v_i‖ (`scan_values`, chunked);
 - the share of its top trigger prefixes that end in their most common last token;
-- over the positions of a seeded sample of the run's examples: how often it is active (`ffkv.memories.active`), and a
+- over the positions of a seeded sample of the run's examples: how often it is active (`ffkv.memories.active`, with
+  the run's s_l: `ffkv.experiments.heldout.active_scale`, of the held-out examples), and a
   histogram of m_i (equal-width bins between the sample's smallest and largest m_i, two
   passes over the sample, so memory never holds more than one batch of coefficients);
 - explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
@@ -36,9 +37,11 @@ import torch
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments import trigger_contexts
+from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, progress_bar
-from ffkv.experiments.registry import Experiment
-from ffkv.memories.active import active, active_fraction, layer_scale
+from ffkv.experiments.heldout import active_threshold, threshold_source
+from ffkv.experiments.registry import Experiment, Result
+from ffkv.memories.active import active
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
@@ -190,24 +193,27 @@ def sample_batches(loaded: LoadedModel, token_lists: list[list[int]], batch_size
 
 
 @torch.no_grad()
-def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_BINS, bar=None) -> dict[str, np.ndarray]:
+def activation_stats(loaded: LoadedModel, batches: list, threshold: np.ndarray | None, bins: int = HISTOGRAM_BINS,
+                     bar=None) -> dict[str, np.ndarray]:
     """Per key, over every real position of `batches` (`sample_batches`): the share of positions where it is
-    active (`ffkv.memories.active`: |m_i| > tau·s_l, s_l by `layer_scale` over the sample's positions, massive
-    activations left out; m_i > 0 for ReLU models) and a histogram of m_i.
+    active (`ffkv.memories.active`: |m_i| > `threshold`, the run's tau·s_l per layer: `heldout.active_threshold`,
+    s_l of the held-out examples, never of this sample; 0 for ReLU models, whose rule is m_i > 0) and a histogram
+    of m_i.
 
-    Returns (L, d_m) arrays ``frequency``, ``mean_abs`` (the mean of |m_i| over the positions), ``lo``, ``hi``,
+    Returns (L, d_m) arrays ``frequency`` (None without a threshold), ``mean_abs`` (the mean of |m_i| over the
+    positions), ``lo``, ``hi``,
     (L, d_m, bins) ``histogram`` (int64 counts of m_i in `bins` equal-width bins from lo to hi; the last bin
     includes hi) and ``positions``, the number of positions counted.
     """
     view = loaded.view
     L, d_m = view.n_layers, view.d_m
+    threshold = None if threshold is None else np.asarray(threshold, dtype=np.float64)
+    if threshold is not None and threshold.shape != (L,):
+        raise FfkvError(f"activation_stats needs one threshold per layer ({L}), got shape {threshold.shape}")
     lo = torch.full((L, d_m), float("inf"), dtype=torch.float64)
     hi = torch.full((L, d_m), float("-inf"), dtype=torch.float64)
     active_count = torch.zeros(L, d_m, dtype=torch.float64)
     abs_sum = torch.zeros(L, d_m, dtype=torch.float64)
-    squares: list[list[torch.Tensor]] = [[] for _ in range(L)]  # per position, Σ_i m_i²: s_l of the active rule
-    scale = np.zeros(L)
-    tau = active_fraction(view)
     hist = torch.zeros(L, d_m * bins, dtype=torch.int64)
     state: dict = {}
 
@@ -218,14 +224,14 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
         x = coefficients(m)
         lo[layer] = torch.minimum(lo[layer], x.amin(0))
         hi[layer] = torch.maximum(hi[layer], x.amax(0))
-        squares[layer].append(x.square().sum(1))
 
     def second_pass(quantity: str, layer: int, m: torch.Tensor) -> None:
         x = coefficients(m)
         width = (hi[layer] - lo[layer]).clamp(min=1e-30)
         index = ((x - lo[layer]) / width * bins).floor().long().clamp(0, bins - 1)
         hist[layer].scatter_add_(0, (index + torch.arange(d_m) * bins).ravel(), torch.ones(index.numel(), dtype=torch.int64))
-        active_count[layer] += active(x, tau * float(scale[layer])).sum(0)
+        if threshold is not None:
+            active_count[layer] += active(x, float(threshold[layer])).sum(0)
         abs_sum[layer] += x.abs().sum(0)
 
     total = 0
@@ -238,12 +244,8 @@ def activation_stats(loaded: LoadedModel, batches: list, bins: int = HISTOGRAM_B
                     total += batch.n_tokens
                 if bar is not None:
                     bar.update(1)
-        if sink is first_pass:
-            for layer in range(L):
-                if squares[layer]:
-                    scale[layer], _ = layer_scale(torch.cat(squares[layer]).div(d_m).sqrt().numpy())
     empty = total == 0
-    return {"frequency": (active_count / max(total, 1)).float().numpy(),
+    return {"frequency": None if threshold is None else (active_count / max(total, 1)).float().numpy(),
             "mean_abs": (abs_sum / max(total, 1)).numpy(),
             "lo": (torch.zeros_like(lo) if empty else lo).float().numpy(),
             "hi": (torch.zeros_like(hi) if empty else hi).float().numpy(),
@@ -269,9 +271,12 @@ def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[
     return top1, shallow.astype({"layer": "int16", "key": "int32"})
 
 
-def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, progress: bool = False,
-          seed: int = 0) -> Path:
-    """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder."""
+def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
+          progress: bool = False, seed: int = 0, threshold_source: dict | None = None) -> Path:
+    """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder.
+
+    `threshold`: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of the
+    activation frequencies; `threshold_source` says where it came from (info.json's activation_sample)."""
     started = time.perf_counter()
     view = loaded.view
     folder.mkdir(parents=True, exist_ok=True)
@@ -287,7 +292,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, pr
     bar.update(1)
     top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
     top_table, stats = value_tables(loaded, top1, bar=bar)
-    act = activation_stats(loaded, batches, bar=bar)
+    act = activation_stats(loaded, batches, threshold, bar=bar)
     contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"}
     if store_contexts:
         begun = time.perf_counter()
@@ -312,24 +317,31 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, pr
                          pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
     lookups.write_info(run, manifest, folder, projection=DEFAULT_FOR_VALUES, top_tokens=TOP_TOKENS,
                        activation_sample={"examples": len(sample), "positions": int(act["positions"]),
-                                          "max_tokens": SAMPLE_MAX_TOKENS, "seed": seed, "bins": HISTOGRAM_BINS},
+                                          "max_tokens": SAMPLE_MAX_TOKENS, "seed": seed, "bins": HISTOGRAM_BINS,
+                                          "active_threshold": [float(t) for t in threshold],
+                                          "threshold_source": threshold_source or {}},
                        trigger_coefficients=contexts,
                        seconds=round(time.perf_counter() - started, 3))
     return folder
 
 
-def run(ctx: RunContext) -> dict:
-    """`ffkv analyze`'s step: the lookup tables into RUN/explorer (the writing rank alone)."""
+def compute(ctx: RunContext, options=None) -> Result:
+    """`ffkv analyze`'s step. Not a table of metrics/: it builds the explorer's lookup tables into RUN/explorer
+    itself (`build`, the writing rank alone: a database and files that `ffkv serve` also builds when they are
+    missing, each written atomically, info.json last) and records them. Its active rule is the run's: tau·s_l with
+    s_l of this call's held-out examples (`heldout.active_scale`, computed once and shared with the studies)."""
     folder = ctx.run.cache_dir
+    threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
     if is_writer():
-        build(ctx.run, ctx.manifest, ctx.loaded, folder, progress=ctx.progress, seed=ctx.seed)
-    info = {"folder": str(folder.relative_to(ctx.run.path)), "tables": list(lookups.FILES),
-            "projection": DEFAULT_FOR_VALUES, "sample_examples": SAMPLE_EXAMPLES}
-    ctx.record(NAME, **info)
-    return info
+        build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
+              threshold_source=source)
+    return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
+                                             "tables": list(lookups.FILES), "projection": DEFAULT_FOR_VALUES,
+                                             "sample_examples": SAMPLE_EXAMPLES})
 
 
 
 #: Not a study: the explorer's lookup tables, built by `analyze` so that `ffkv serve` answers at once.
-EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11, run=run,
+EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11,
+                        compute=compute, held_out=True,  # the active rule's s_l, for a signed model
                         module=__name__)

@@ -31,8 +31,8 @@ import pandas as pd
 from ffkv.corpus import iter_examples
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, eval_spec, sample_size_warnings
-from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, new_figure, save_figure
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, new_figure
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.scoring import TOP_K, score_examples
 from ffkv.presentation.findings import layer_ends
 from ffkv.presentation.intervals import auc_interval
@@ -47,6 +47,7 @@ INTERVAL = "95% DeLong interval of the ROC AUC (AUC ± 1.96·SE, clipped to [0, 
 
 
 def _options(ctx: RunContext) -> dict:
+    """The options given to this call (`analyze(options={"membership": {...}})`), for `skip_reason`."""
     return dict(ctx.options.get(NAME, {})) if hasattr(ctx, "options") else {}
 
 
@@ -107,10 +108,10 @@ def per_layer_auc(stat: np.ndarray, member: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compute(ctx: RunContext) -> dict:
-    opts = _options(ctx)
+def score_tables(ctx: RunContext, n: int = N_PER_SPLIT) -> dict:
+    """Both splits' examples scored: the per-layer AUC, the loss baseline, the per-example table."""
     member, nonmember, origin = corpora(ctx)
-    examples = draw_examples(ctx, member, nonmember, int(opts.get("n", N_PER_SPLIT)))
+    examples = draw_examples(ctx, member, nonmember, int(n))
     scores = score_examples(ctx.loaded, list(examples["token_ids"]), coefficients=True, progress=ctx.progress,
                             desc="membership")
     is_member = examples["member"].to_numpy(bool)
@@ -129,7 +130,9 @@ def compute(ctx: RunContext) -> dict:
             "member_corpus": str(member), "nonmember_corpus": str(nonmember)}
 
 
-def draw(ctx: RunContext, table: pd.DataFrame, loss: dict) -> None:
+def draw(result: Result) -> Figures:
+    """The ROC AUC per layer with its interval, beside the loss baseline's and no signal (0.5)."""
+    table, loss = result.tables[NAME], result.meta[NAME]["loss_baseline"]
     x = table["layer"].to_numpy()
     auc = table["auc"].to_numpy()
     fig, ax = new_figure()
@@ -144,14 +147,15 @@ def draw(ctx: RunContext, table: pd.DataFrame, loss: dict) -> None:
     ax.set_ylabel("ROC AUC, training vs held-out")
     ax.set_title(f"Membership signal per layer (95% DeLong intervals)\n"
                  f"n = {loss['n_member']:,} training + {loss['n_nonmember']:,} held-out examples")
-    layer_axis(ax, ctx.view.n_layers)
+    layer_axis(ax, result.n_layers)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, NAME)
+    return {NAME: fig}
 
 
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
-    loss = result["loss"]
+def compute(ctx: RunContext, options: "Options | None" = None) -> Result:
+    """metrics/membership (per layer) and membership_examples."""
+    found = score_tables(ctx, (options or Options()).n)
+    loss = found["loss"]
     n = loss["n_member"] + loss["n_nonmember"]
     meta = {"n_examples": n, "n_member": loss["n_member"], "n_nonmember": loss["n_nonmember"],
             "interval": INTERVAL,
@@ -159,13 +163,12 @@ def run(ctx: RunContext) -> dict:
                          "largest |m_i| (signed coefficients read by magnitude)",
             "rule": "AUC of the statistic with members as positives (> 0.5: larger on training text); the loss "
                     "baseline is the AUC of -mean token NLL",
-            "loss_baseline": loss, "splits": result["origin"], "member_corpus": result["member_corpus"],
-            "nonmember_corpus": result["nonmember_corpus"], "seed": ctx.seed,
+            "loss_baseline": loss, "splits": found["origin"], "member_corpus": found["member_corpus"],
+            "nonmember_corpus": found["nonmember_corpus"], "seed": ctx.seed,
             "warnings": sample_size_warnings(NAME, n)}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
-    draw(ctx, result["per_layer"], loss)
-    ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME], **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["per_layer"], **meta)
+    result.add(f"{NAME}_examples", found["examples"], **meta)
     return result
 
 
@@ -209,7 +212,7 @@ class Options:
 EXPERIMENT = Experiment(
     name=NAME, title="Membership signal: training vs held-out text (beyond the paper)",
     section="beyond the paper (its Section 8 names it as future work)",
-    order=8, run=run, options=Options, skip_reason=skip_reason,
+    order=8, compute=compute, draw=draw, options=Options, skip_reason=skip_reason,
     encoder=Encoder(False, "membership (beyond the paper)", "not computed: its baseline and statistic score "
                     "next-token loss, which a masked-LM encoder does not define"),
     findings=FINDINGS, reading=reading, module=__name__)

@@ -39,9 +39,9 @@ from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.common import RunContext, as_numpy, control_with_interval, progress_bar
 from ffkv.experiments.dead import dead_keys, largest_coefficients
-from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, save_figure
+from ffkv.experiments.figures import COLORS, layer_axis, legend_outside
 from ffkv.experiments.heldout import active_threshold
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.models.token_display import sequence_strings
 from ffkv.presentation.findings import (MIN_SEMANTIC_RECALL, diff, layer_ends, n_of, pct, rule_frame, share_ci,
@@ -366,7 +366,8 @@ def label_keys(per_key: pd.DataFrame, cutoff: np.ndarray) -> pd.DataFrame:
     return per_key
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+def pattern_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    """Figure 2: every key labelled from its trigger prefixes (per key, per prefix, per layer, the control)."""
     per_key, entries, coherent = key_labels(ctx)
     L = ctx.view.n_layers
     control = None
@@ -484,8 +485,18 @@ def shares(keys: pd.DataFrame, prefixes: pd.DataFrame | None, n_layers: int, lab
     return out
 
 
-def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str = "automatic labels") -> None:
-    L = ctx.view.n_layers
+def draw(result: Result) -> Figures:
+    """Figure 2 for the automatic labels (patterns) and, where the run holds human labels, for them
+    (patterns_human)."""
+    figures = {NAME: draw_labels(result.tables[NAME], result.n_layers)}
+    if f"{NAME}_human" in result.tables:
+        figures[f"{NAME}_human"] = draw_labels(result.tables[f"{NAME}_human"], result.n_layers, "human labels")
+    return figures
+
+
+def draw_labels(per_layer: pd.DataFrame, L: int, title: str = "automatic labels"):
+    """Figure 2 of one labelling: the label shares of live keys (and of trigger prefixes) per layer, beside the
+    random key directions' where the table has them."""
     panels = [("keys", "% live keys")] + ([("prefixes", "% trigger prefixes")] if "prefixes_none" in per_layer else [])
     controlled = "keys_any_semantic_control" in per_layer
     import matplotlib.pyplot as plt
@@ -525,7 +536,7 @@ def draw(ctx: RunContext, per_layer: pd.DataFrame, name: str = NAME, title: str 
         layer_axis(ax, L)
     axes[0][0].set_title(f"Key patterns per layer, {title} (paper Fig. 2)", loc="left")
     legend_outside(axes[0][0], ncol=4)  # the label colours of the bars
-    save_figure(fig, ctx.run.path, name)
+    return fig
 
 
 # ------------------------------------------------------------ human labels
@@ -555,9 +566,11 @@ def human_agreement(ctx: RunContext, keys: pd.DataFrame) -> pd.DataFrame | None:
     return per_layer
 
 
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
-    meta = {"shallow_share": SHALLOW_SHARE, "max_suffix": MAX_SUFFIX, **result["info"], "top_t": ctx.top_k,
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/patterns (per layer), patterns_keys, patterns_prefixes, and patterns_control and patterns_human
+    where the run holds a control and human labels."""
+    found = pattern_tables(ctx)
+    meta = {"shallow_share": SHALLOW_SHARE, "max_suffix": MAX_SUFFIX, **found["info"], "top_t": ctx.top_k,
             "labels": (f"dead: never active over the indexed corpus (left out of the shares; n_dead); shallow: "
                        f"shallow_score >= {SHALLOW_SHARE:g}; semantic: z >= {semantic.SEMANTIC_Z:g} (beyond random "
                        "corpus prefixes: z = (mean pairwise cosine of the prefixes' content-token embeddings - its "
@@ -569,22 +582,15 @@ def run(ctx: RunContext) -> dict:
                         "labelled by the same rule; *_minus_control: Newcombe's 95% interval of the difference"
                         if ctx.has_control else "none: the run holds no random-key control (index again); the "
                         "semantic label rests on the corpus null alone")}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
-    ctx.write_table(f"{NAME}_prefixes", result["prefixes"], **meta)
-    draw(ctx, result["per_layer"])
-    tables, figures = [NAME, f"{NAME}_keys", f"{NAME}_prefixes"], [NAME]
-    if "control" in result:
-        ctx.write_table(f"{NAME}_control", result["control"], **meta)
-        tables.append(f"{NAME}_control")
-    human = human_agreement(ctx, result["keys"])
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["per_layer"], **meta)
+    result.add(f"{NAME}_keys", found["keys"], **meta)
+    result.add(f"{NAME}_prefixes", found["prefixes"], **meta)
+    if "control" in found:
+        result.add(f"{NAME}_control", found["control"], **meta)
+    human = human_agreement(ctx, found["keys"])
     if human is not None:
-        ctx.write_table(f"{NAME}_human", human, **meta)
-        draw(ctx, human, f"{NAME}_human", "human labels")
-        tables.append(f"{NAME}_human")
-        figures.append(f"{NAME}_human")
-        result["human"] = human
-    ctx.record(NAME, tables=tables, figures=figures, **meta)
+        result.add(f"{NAME}_human", human, **meta)
     return result
 
 
@@ -672,7 +678,8 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Patterns in the keys (paper Section 3.2)", section="paper Section 3.2, Figure 2", order=1,
-    run=run, held_out=True,  # for the active rule's scale, which decides its dead keys (`ffkv.experiments.dead`)
+    compute=compute, draw=draw,
+    held_out=True,  # for the active rule's scale, which decides its dead keys (`ffkv.experiments.dead`)
     encoder=Encoder(True, "Figure 2", "computed on the trigger's left context x_1..x_j (shallow suffix, semantic "
                     "score); the encoder also reads the tokens after j, which these scores do not describe"),
     findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading, module=__name__)

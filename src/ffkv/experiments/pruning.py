@@ -7,8 +7,9 @@ count per layer: every layer's FF stays alive, and the written model keeps the o
 Hugging Face config holds). Ties go to the lower key index. The criteria (docs/definitions.md):
 
 - ``activation_frequency``: least often active first: the share of positions where |m_i| > tau·s_l
-  (`ffkv.memories.active`, the explorer's activation frequency, computed by the same function,
-  `ffkv.experiments.lookups.activation_stats`, on the same seeded sample of the run's examples);
+  (`ffkv.memories.active`, s_l the run's: `ffkv.experiments.heldout.active_scale`; the explorer's activation
+  frequency, computed by the same function, `ffkv.experiments.lookups.activation_stats`, on the same seeded
+  sample of the run's examples);
 - ``value_norm``: smallest ‖v_i‖ first;
 - ``contribution``: smallest mean |m_i|·‖v_i‖ first (the mean of |m_i| over the same sample's positions),
   the mean norm of the memory's sub-update m_i·v_i;
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -44,14 +44,14 @@ from jaxtyping import Float
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.scoring import score_examples
 from ffkv.memories.active import RULE
 from ffkv.memories.pruning import Removed, removal_count, removal_edits
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
-from ffkv.parallel import is_writer
 from ffkv.store.run import RunDir
 
 NAME = "pruning"
@@ -107,13 +107,16 @@ class KeyStatistics:
 
 
 def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0,
-                   token_lists: Sequence[Sequence[int]] | None = None, bar=None) -> KeyStatistics:
+                   token_lists: Sequence[Sequence[int]] | None = None, bar=None,
+                   threshold: np.ndarray | None = None) -> KeyStatistics:
     """‖v_i‖ of every key and, from a corpus sample, each key's activation frequency and mean |m_i|.
 
     Args:
         run: the run whose examples are sampled (`corpus_sample`: SAMPLE_EXAMPLES examples of at most
             SAMPLE_MAX_TOKENS tokens, seeded, as the explorer's activation frequency).
         token_lists: the sample itself instead of `run` (None and no run: weights only).
+        threshold: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of
+            the activation frequency (the explorer's); None: no activation frequency.
     """
     view = loaded.view
     norms = np.stack([view.values(layer).float().norm(dim=1).cpu().numpy() for layer in range(view.n_layers)])
@@ -121,8 +124,9 @@ def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0
         token_lists = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
     if token_lists is None:
         return KeyStatistics(norms.astype(np.float64))
-    act = activation_stats(loaded, sample_batches(loaded, [list(t) for t in token_lists]), bar=bar)
-    return KeyStatistics(norms.astype(np.float64), act["frequency"].astype(np.float64), act["mean_abs"],
+    act = activation_stats(loaded, sample_batches(loaded, [list(t) for t in token_lists]), threshold, bar=bar)
+    frequency = None if act["frequency"] is None else act["frequency"].astype(np.float64)
+    return KeyStatistics(norms.astype(np.float64), frequency, act["mean_abs"],
                          int(act["positions"]), len(token_lists))
 
 
@@ -239,6 +243,9 @@ def removal_orders(criterion: str, view: MemoryView, stats: KeyStatistics, censu
     check_criterion(criterion)
     if criterion in NEEDS_SAMPLE and stats.mean_abs is None:
         raise FfkvError(f"the {criterion} criterion needs statistics from a corpus sample (key_statistics with a run)")
+    if criterion == "activation_frequency" and stats.frequency is None:
+        raise FfkvError("the activation_frequency criterion needs the run's active threshold (key_statistics with "
+                        "threshold=, `ffkv.experiments.heldout.active_threshold`)")
     orders = []
     for layer in range(view.n_layers):
         if criterion == "activation_frequency":
@@ -316,8 +323,8 @@ def heldout_perplexity(loaded: LoadedModel, token_lists: Sequence[Sequence[int]]
 
 
 # ----------------------------------------------------------------------- the experiment
-def run(ctx: RunContext) -> dict:
-    """`ffkv analyze`'s step: metrics/pruning.parquet, metrics/pruning_summary.parquet, figures/pruning."""
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/pruning (perplexity per criterion and share removed) and metrics/pruning_summary."""
     view = ctx.view
     census, census_note, warnings = None, "metrics/census.parquet absent: run `ffkv analyze RUN --only census`", []
     stale = ctx.provenance_mismatch("census") if ctx.run.has_metric("census") else None
@@ -331,7 +338,7 @@ def run(ctx: RunContext) -> dict:
             census_note = f"metrics/census.parquet not read as one (layer, key, class, value_type) row per key: {exc}"
             warnings.append(f"pruning: the census criterion was left out ({census_note})")
     criteria = [c for c in CRITERIA if c != "census" or census is not None]
-    stats = key_statistics(ctx.loaded, ctx.run, ctx.seed)
+    stats = key_statistics(ctx.loaded, ctx.run, ctx.seed, threshold=active_threshold(ctx))
     held = ctx.held_out()
     rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
     if not rows:
@@ -369,14 +376,12 @@ def run(ctx: RunContext) -> dict:
                        "examples": stats.examples, "positions": stats.positions, "active": RULE, "seed": ctx.seed},
         "census": census_note, "warnings": warnings,
     }
-    ctx.write_table(NAME, table, **description)
-    ctx.write_table(f"{NAME}_summary", summary, **description)
-    figures = draw(ctx.run, table, base.n_tokens) if is_writer() else []
     # `analyze` adds n_examples, the held-out examples available; the curve read n_examples_read of them.
-    info = {"tables": [NAME, f"{NAME}_summary"], "figures": [str(p.name) for p in figures], "criteria": criteria,
-            "n_examples_read": len(rows), "n_tokens": base.n_tokens}
-    ctx.record(NAME, **info)
-    return info
+    result = Result(view.n_layers, record={"criteria": criteria, "n_examples_read": len(rows),
+                                           "n_tokens": base.n_tokens})
+    result.add(NAME, table, **description)
+    result.add(f"{NAME}_summary", summary, **description)
+    return result
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -390,10 +395,11 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def draw(run: RunDir, table: pd.DataFrame, n_tokens: int) -> list[Path]:
+def draw(result: Result) -> Figures:
     """figures/pruning: perplexity against the share of each layer's keys removed, one curve per criterion."""
-    from ffkv.experiments.figures import COLORS, legend_outside, new_figure, save_figure
+    from ffkv.experiments.figures import COLORS, legend_outside, new_figure
 
+    table, n_tokens = result.tables[NAME], result.meta[NAME]["n_tokens"]
     fig, ax = new_figure(5.5, 3.8)
     for criterion, rows in table.groupby("criterion", sort=False):
         baseline = {"color": COLORS["random"], "linestyle": "--"} if criterion == "random" else {}
@@ -404,7 +410,7 @@ def draw(run: RunDir, table: pd.DataFrame, n_tokens: int) -> list[Path]:
     ax.set_ylabel("held-out perplexity (log scale)")
     ax.set_title(f"Pruning memories (n = {n_tokens:,} held-out tokens)", fontsize=9)
     legend_outside(ax)
-    return save_figure(fig, run.path, NAME)
+    return {NAME: fig}
 
 
 
@@ -430,7 +436,7 @@ FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}
 
 EXPERIMENT = Experiment(
     name=NAME, title="Pruning memories: held-out perplexity against the share of keys removed (beyond the paper)",
-    section="beyond the paper", order=9, run=run, held_out=True,
+    section="beyond the paper", order=9, compute=compute, draw=draw, held_out=True,
     after=("census",),  # its census criterion reads the census of this call
     encoder=Encoder(False, "pruning curves (beyond the paper)", "not computed: perplexity is a causal LM's; `ffkv "
                     "prune` still writes a smaller encoder"),
@@ -439,4 +445,4 @@ EXPERIMENT = Experiment(
 
 __all__ = ["CENSUS_GROUPS", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
            "census_provenance", "check_criterion", "heldout_perplexity", "key_statistics", "keys_to_remove",
-           "perplexity", "read_census", "redundancy_order", "removal_orders", "run", "summarize", "summary_line"]
+           "perplexity", "read_census", "redundancy_order", "removal_orders", "summarize", "summary_line"]

@@ -21,14 +21,11 @@ from typing import Mapping
 
 from ffkv.experiments.common import (RESIDUAL_CHOICE, RunContext, chance_with_interval, sample_size_warnings,
                                      share_with_interval)
-from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure,
-                                      save_figure)
+from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import ResidualTops, capture_eval
-from ffkv.experiments.registry import Encoder, Experiment, Finding
-from ffkv.parallel import is_writer
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
                                         verdict_rows)
-from ffkv.store.run import RunDir
 
 NAME = "refinement"
 N_LAST_LAYER = 50
@@ -38,7 +35,6 @@ KEPT, OVERRIDE, COMPOSITION = "kept", "override", "composition"
 SHOWN_DIFFERENCE = 0.05
 #: Per-layer columns compared between the projections.
 COMPARED = ("residual_agreement", "mean_confidence", KEPT, OVERRIDE, COMPOSITION)
-FIGURES = (NAME, f"{NAME}_agreement", f"{NAME}_confidence")
 #: How the chance levels of Figures 9-11 are made, for tables and figures.
 CHANCE = ("permutation chance level: each example paired with another (a seeded cyclic shift within each batch of "
           "the held-out pass): Figure 9 the residual's top token against the other's final prediction, Figure 10 "
@@ -80,7 +76,8 @@ def per_layer(tops: ResidualTops, final: np.ndarray, partner: np.ndarray | None 
     return pd.DataFrame(rows)
 
 
-def compute(ctx: RunContext) -> dict[str, pd.DataFrame]:
+def figure_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
+    """Figures 9-11 from the held-out pass: per layer (chosen projection, and both), per example, Table 3."""
     cap = capture_eval(ctx)
     held = ctx.held_out()
     tops = cap.residual[ctx.projections.residuals]
@@ -135,9 +132,22 @@ def last_layer_cases(ctx: RunContext, tops: ResidualTops, final: np.ndarray, cat
                                        "layer_top_id", "final_id", "target_id"])
 
 
-def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: str = "") -> None:
-    """Figures 9, 10 and 11 under one projection (named in their titles); NAME{suffix}.{png,svg}."""
-    L = ctx.view.n_layers
+def draw(result: Result) -> Figures:
+    """Figures 9, 10 and 11 under the residual projection, and under the other one where they differ by more than
+    `SHOWN_DIFFERENCE` (NAME_paper or NAME_default; an earlier analyze's are removed where they no longer do)."""
+    meta = result.meta[NAME]
+    figures = dict(draw_projection(result.tables[NAME], result.n_layers, meta["projection"]))
+    if meta["other_projection_shown"]:
+        other, table = meta["other_projection"], result.tables[f"{NAME}_projections"]
+        table = table[table["projection"] == other].drop(columns=["projection", "choice"]).reset_index(drop=True)
+        figures.update(draw_projection(table, result.n_layers, other, f"_{RESIDUAL_CHOICE[other]}"))
+    return figures
+
+
+def draw_projection(per_layer_df: pd.DataFrame, L: int, projection: str, suffix: str = "") -> Figures:
+    """Figures 9, 10 and 11 under one projection (named in their titles): NAME{suffix}, NAME_agreement{suffix} and
+    NAME_confidence{suffix}."""
+    figures = {}
     x = per_layer_df["layer"].to_numpy()
     under = f"{projection} projection ({RESIDUAL_CHOICE[projection]}), n = {int(per_layer_df['n_examples'].iloc[0]):,}"
     fig, ax = new_figure()
@@ -149,7 +159,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     ax.set_title(f"Residual agreement with the model's prediction (paper Fig. 9)\n{under}")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}_agreement{suffix}")
+    figures[f"{NAME}_agreement{suffix}"] = fig
 
     fig, ax = new_figure()
     ax.plot(x, per_layer_df["mean_confidence"], "o-", color="#DD8452", label="mean")
@@ -160,7 +170,7 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     ax.set_title(f"Residual's probability of the final prediction (paper Fig. 10)\n{under}")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}_confidence{suffix}")
+    figures[f"{NAME}_confidence{suffix}"] = fig
 
     fig, ax = new_figure()
     bottom = np.zeros(len(x))
@@ -178,26 +188,17 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, projection: str, suffix: s
     ax.set_title(f"How the FF layer changes the residual's prediction (paper Fig. 11)\n{under}")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}{suffix}")
+    return {f"{NAME}{suffix}": fig, **figures}
 
 
-def _remove_figures(run_path, suffix: str) -> None:
-    """Remove the figures of a projection no longer shown (left by an earlier `analyze`)."""
-    if not is_writer():
-        return
-    run = RunDir(run_path)
-    for name in FIGURES:
-        for fmt in ("png", "svg"):
-            run.figure_path(f"{name}{suffix}", fmt).unlink(missing_ok=True)
-
-
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/refinement (per layer, the residual projection), _projections (both), _examples, _last_layer."""
+    found = figure_tables(ctx)
     held = ctx.held_out()
     n = len(held.examples)
     pr = ctx.projections.residuals
     other = next(p for p in RESIDUAL_CHOICE if p != pr)
-    difference = projection_difference(result["projections"])
+    difference = projection_difference(found["projections"])
     shown = difference > SHOWN_DIFFERENCE
     meta = {"projection": pr, "residual_projection": pr, "ff_out_projection": pr,
             "projection_choice": RESIDUAL_CHOICE[pr], "other_projection": other,
@@ -207,21 +208,10 @@ def run(ctx: RunContext) -> dict:
             "chance": CHANCE,
             "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
             "warnings": sample_size_warnings(NAME, n)}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_projections", result["projections"], **meta)
-    ctx.write_table(f"{NAME}_examples", result["examples"], **meta)
-    ctx.write_table(f"{NAME}_last_layer", result["last_layer"], **meta)
-    draw(ctx, result["per_layer"], pr)
-    figures = list(FIGURES)
-    for choice in RESIDUAL_CHOICE.values():  # the other projection's figures: only where they differ now
-        _remove_figures(ctx.run.path, f"_{choice}")
-    if shown:
-        other_table = result["projections"]
-        other_table = other_table[other_table["projection"] == other].drop(columns=["projection", "choice"])
-        draw(ctx, other_table.reset_index(drop=True), other, f"_{RESIDUAL_CHOICE[other]}")
-        figures += [f"{name}_{RESIDUAL_CHOICE[other]}" for name in FIGURES]
-    ctx.record(NAME, tables=[NAME, f"{NAME}_projections", f"{NAME}_examples", f"{NAME}_last_layer"],
-               figures=figures, **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["per_layer"], **meta)
+    for part in ("projections", "examples", "last_layer"):
+        result.add(f"{NAME}_{part}", found[part], **meta)
     return result
 
 
@@ -329,7 +319,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Refinement across layers (paper Section 5.2)", section="paper Section 5.2, Figures 9-11, Table 3",
-    order=5, run=run, held_out=True, after=("translators",),
+    order=5, compute=compute, draw=draw, held_out=True, after=("translators",),
     encoder=Encoder(True, "Figures 9-11, Table 3", "at the masked held-out position; residuals through the MLM head "
                     "(transform, then decoder); o is the MLM head's prediction of the masked token"),
     findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_projections"), fidelity=fidelity_rows, reading=reading,

@@ -2,9 +2,11 @@
 
 An experiment is one module with an ``EXPERIMENT = Experiment(...)`` at its end: its name, title and paper
 section, what it needs (other experiments, the held-out pass), whether it applies to a masked-LM encoder, its
-options, the step that computes, writes and draws it, the paper's findings its tables and figures stand beside
-(by exact name), the fidelity rules and the reading sentences for its tables, and the per-key columns it adds to
-the explorer's layer page. `analyze`, the report, the command's ``--only`` help, the explorer and the docs read
+options, its two steps (``compute(ctx, options) -> Result``: the tables, their descriptions and what it records;
+``draw(result) -> figures``, pure: figures by name, no file written), the paper's findings its tables and figures
+stand beside (by exact name), the fidelity rules and the reading sentences for its tables, and the per-key columns
+it adds to the explorer's layer page. `ffkv.experiments.analyze` writes what they return, the same way for every
+experiment. `analyze`, the report, the command's ``--only`` help, the explorer and the docs read
 them from here (`experiments`); nothing else lists the experiments.
 
 The built-in experiments are the modules of ``ffkv.experiments`` that declare one. More come from outside the
@@ -27,6 +29,7 @@ from ffkv.errors import FfkvError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+    from matplotlib.figure import Figure
 
     from ffkv.experiments.common import RunContext
 
@@ -73,6 +76,42 @@ class KeyColumn:
         return f"{self.table}_{self.column}"
 
 
+@dataclass
+class Result:
+    """What an experiment's ``compute(ctx, options)`` returns; `ffkv.experiments.analyze` writes it (the tables to
+    RUN/metrics/NAME.parquet with their descriptions, the record into manifest['analyses'][experiment]) and hands it
+    to the experiment's ``draw``.
+
+    Attributes:
+        n_layers: the model's layers (the figures' layer axis).
+        tables: full table name (the experiment's name or NAME_*) -> the table, in the order they are written.
+        meta: table name -> its description (how it was computed), written in the table's Parquet metadata.
+        record: what the experiment records besides the names of its tables and figures (which `analyze` adds;
+            a ``tables`` entry here replaces the written ones, for a step whose tables another command writes).
+        inputs: tables it read and does not write again that its ``draw`` shows (name -> table).
+    """
+
+    n_layers: int = 0
+    tables: dict[str, "pd.DataFrame"] = field(default_factory=dict)
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, "pd.DataFrame"] = field(default_factory=dict)
+
+    def add(self, name: str, table: "pd.DataFrame", **meta: Any) -> "pd.DataFrame":
+        """Add the table `name` with its description `meta`; returns the table."""
+        self.tables[name] = table
+        self.meta[name] = meta
+        return table
+
+    def table(self, name: str) -> "pd.DataFrame":
+        """The table `name`, written or read (`inputs`)."""
+        return self.tables[name] if name in self.tables else self.inputs[name]
+
+
+#: ``draw(result)``'s answer: figure name (RUN/figures/NAME.{png,svg}) -> the matplotlib figure, not yet saved.
+Figures = Mapping[str, "Figure"]
+
+
 def key_columns() -> tuple[KeyColumn, ...]:
     """The per-key columns of every registered experiment, in the paper's order."""
     return tuple(c for e in experiments().values() for c in e.key_columns)
@@ -87,8 +126,11 @@ class Experiment:
         title: the report's section heading.
         section: where it stands in the paper (or "beyond the paper" with its reference).
         order: its place in the paper's order (the report's sections; `analyze`'s steps where `after` allows).
-        run: the step: ``run(ctx) -> dict`` computes, writes RUN/metrics/NAME*.parquet and draws
-            RUN/figures/NAME*.{png,svg}, and returns what it recorded.
+        compute: ``compute(ctx, options) -> Result``: its tables, their descriptions and what it records (`options`:
+            an instance of `options`, or None). It writes nothing itself, but where a genuine need says so in its
+            docstring (a file kept beside the tables, such as the explorer's lookups or fitted translators).
+        draw: ``draw(result) -> {figure name: figure}``, pure (no context, no file): `analyze` saves each as
+            RUN/figures/NAME.{png,svg}. None: it draws nothing.
         after: experiments that run first when both run in one call (e.g. pruning reads the census of this call).
         needs: experiments whose results this one reads: they run first, and naming this one alone with ``--only``
             is refused unless the run holds them (`ffkv.experiments.needs`).
@@ -112,7 +154,8 @@ class Experiment:
     title: str
     section: str
     order: float
-    run: Callable[["RunContext"], dict]
+    compute: Callable[["RunContext", Any], Result]
+    draw: Callable[[Result], Figures] | None = None
     after: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     held_out: bool = False
@@ -132,6 +175,9 @@ class Experiment:
     def __post_init__(self):
         if not self.name.isidentifier() or self.name != self.name.lower():
             raise FfkvError(f"experiment name {self.name!r} must be a lower-case identifier (it names files)")
+        if not callable(self.compute) or (self.draw is not None and not callable(self.draw)):
+            raise FfkvError(f"experiment {self.name}: compute(ctx, options) -> Result and draw(result) -> figures "
+                            "must be functions")
         if self.options is not None and not is_dataclass(self.options):
             raise FfkvError(f"experiment {self.name}: options must be a dataclass, got {self.options!r}")
         for table in self.findings:

@@ -26,9 +26,9 @@ import pandas as pd
 import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure, save_figure
+from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import active_threshold, analysed_positions, held_out_rows, memory_predictions
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
 from ffkv.memories.projection import final_logits
@@ -170,8 +170,10 @@ def _decode(ctx: RunContext, ids) -> str:
         return "".join(ctx.tokens(ids))
 
 
-def draw(ctx: RunContext, table: pd.DataFrame) -> None:
-    L = ctx.view.n_layers
+def draw(result: Result) -> Figures:
+    """Per layer: how often an active memory ranked the gold token first, where the model was wrong and where it
+    was right (the base rate)."""
+    table, L = result.tables[NAME], result.n_layers
     x = table["layer"].to_numpy()
     fig, ax = new_figure()
     ax.bar(x - 0.2, 100 * table["suppressed_rate"], width=0.4, color="#C44E52", label="model wrong")
@@ -180,14 +182,15 @@ def draw(ctx: RunContext, table: pd.DataFrame) -> None:
     interval_bars(ax, x + 0.2, table, "knowing_rate_correct")
     ax.set_ylabel("% examples: an active memory's\nsub-update ranks the gold token first")
     n_wrong = int(table["n_wrong"].iloc[0]) if len(table) else 0
-    ax.set_title(f"Suppressed memories ({ctx.projections.values} projection; n = {n_wrong:,} wrong, "
+    ax.set_title(f"Suppressed memories ({result.meta[NAME]['projection']} projection; n = {n_wrong:,} wrong, "
                  f"{int(table['n_correct'].iloc[0]) if len(table) else 0:,} right examples)")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, NAME)
+    return {NAME: fig}
 
 
-def run(ctx: RunContext) -> dict:
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/suppressed (per layer) and suppressed_examples."""
     cap = capture(ctx)
     held = ctx.held_out()
     table = per_layer(cap, held.targets)
@@ -206,12 +209,10 @@ def run(ctx: RunContext) -> dict:
             "interval": "95% Wilson score interval", "n_examples": len(held.examples), "n_wrong": n_wrong,
             "eval_corpus": held.spec.to_dict(), "position_seed": ctx.seed,
             "warnings": sample_size_warnings(NAME, n_wrong, "examples the model gets wrong")}
-    ctx.write_table(NAME, table, **meta)
-    ctx.write_table(f"{NAME}_examples", examples(ctx, cap), **meta)
-    draw(ctx, table)
-    ctx.record(NAME, tables=[NAME, f"{NAME}_examples"], figures=[NAME],
-               **{k: v for k, v in meta.items() if k != "warnings"})
-    return {"per_layer": table, "capture": cap}
+    result = Result(ctx.view.n_layers, record={k: v for k, v in meta.items() if k != "warnings"})
+    result.add(NAME, table, **meta)
+    result.add(f"{NAME}_examples", examples(ctx, cap), **meta)
+    return result
 
 
 # ------------------------------------------------ suppressed: the paper's findings, its reading and fidelity rules
@@ -239,7 +240,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Suppressed memories: an active memory knew the gold token (beyond the paper)",
-    section="beyond the paper", order=7, run=run, held_out=True,
+    section="beyond the paper", order=7, compute=compute, draw=draw, held_out=True,
     encoder=Encoder(True, "suppressed memories (beyond the paper)", "at the masked held-out position, the gold token "
                     "being the masked one"),
     findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_examples": 12}, module=__name__)

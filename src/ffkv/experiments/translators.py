@@ -28,9 +28,9 @@ from ffkv.batching import row_batches
 from ffkv.experiments import refinement, values
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings
 from ffkv.experiments.fidelity import fidelity
-from ffkv.experiments.figures import legend_outside, layer_axis, new_figure, save_figure
+from ffkv.experiments.figures import legend_outside, layer_axis, new_figure
 from ffkv.experiments.heldout import capture_eval
-from ffkv.experiments.registry import Encoder, Experiment
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Result
 from ffkv.memories.projection import PROJECTIONS, TRANSLATOR, chunk_size, unembed_logits
 from ffkv.memories.projection import logits as project
 from ffkv.memories.translators import (EPOCHS, LEARNING_RATE, MIN_STEPS, RUN_FILE, Translators, fit_translators,
@@ -155,7 +155,7 @@ def spaces(ctx: RunContext) -> dict[str, dict[str, pd.DataFrame]]:
     cap = capture_eval(ctx)
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for name in SPACES:
-        out[name] = {"values": values.compute(ctx, projection=name)["per_layer"],
+        out[name] = {"values": values.figure_tables(ctx, projection=name)["per_layer"],
                      "refinement": refinement.per_layer(cap.residual[name], cap.final)}
     return out
 
@@ -193,7 +193,15 @@ def findings_by_projection(tables: dict[str, dict[str, pd.DataFrame]]) -> pd.Dat
         for _, r in merged.iterrows()]
     return merged.reset_index(drop=True)
 
-def draw_kl(ctx: RunContext, kl: pd.DataFrame) -> None:
+def draw(result: Result) -> Figures:
+    """The KL to the final distribution per layer (translators_kl) and Figures 4, 9, 10 and 11 under the three
+    projections (translators_values, _agreement, _confidence, _kept)."""
+    return {f"{NAME}_kl": draw_kl(result.tables[NAME], result.n_layers),
+            **draw_spaces(result.tables[f"{NAME}_spaces"], result.n_layers)}
+
+
+def draw_kl(kl: pd.DataFrame, L: int):
+    """KL(final || layer) per layer under each projection, with its interval."""
     fig, ax = new_figure()
     for name in SPACES:
         t = kl[kl["projection"] == name]
@@ -204,12 +212,14 @@ def draw_kl(ctx: RunContext, kl: pd.DataFrame) -> None:
     ax.set_ylabel("KL(final || layer), nats")
     ax.set_title(f"Distance of resid_mid's distribution to the final one\n"
                  f"n = {int(kl['n_examples'].iloc[0]):,} held-out examples, every position")
-    layer_axis(ax, ctx.view.n_layers)
+    layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, f"{NAME}_kl")
+    return fig
 
 
-def draw_spaces(ctx: RunContext, df: pd.DataFrame) -> None:
+def draw_spaces(df: pd.DataFrame, L: int) -> Figures:
+    """One figure per compared quantity, a line per projection."""
+    figures = {}
     for column, label, figure in (("value_agreement", "% keys: value's top token = trigger target (Fig. 4)",
                                    f"{NAME}_values"),
                                   ("residual_agreement", "% examples: residual's top token = final (Fig. 9)",
@@ -224,12 +234,16 @@ def draw_spaces(ctx: RunContext, df: pd.DataFrame) -> None:
             ax.plot(t["layer"], scale * t[column], "o-", color=COLORS[name], label=name)
         ax.set_ylabel(label)
         ax.set_title(f"{label.split(':')[0]} under three projections")
-        layer_axis(ax, ctx.view.n_layers)
+        layer_axis(ax, L)
         legend_outside(ax)
-        save_figure(fig, ctx.run.path, figure)
+        figures[figure] = fig
+    return figures
 
 
-def run(ctx: RunContext) -> dict:
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/translators (KL per layer), translators_spaces and translators_findings. Beyond the tables it keeps
+    the fitted translators in the run (RUN/translators/translators.npz, `fit`: the explorer and `Run` project
+    through them) and sets them on the model's view for the steps after it in this call."""
     fitted = fit(ctx)
     ctx.view.translators = fitted.to(ctx.view.device)
     kl, _ = kl_to_final(ctx)
@@ -247,21 +261,19 @@ def run(ctx: RunContext) -> dict:
             "interval": "KL: 95% normal interval of the mean over examples; shares: 95% Wilson score interval",
             "fitted_on": fitted.info["fitted_on"], "epochs": fitted.info["epochs"], "lr": fitted.info["lr"],
             "warnings": sample_size_warnings(NAME, n)}
-    ctx.write_table(NAME, kl, **meta)
-    ctx.write_table(f"{NAME}_spaces", df, **meta)
-    ctx.write_table(f"{NAME}_findings", findings, **meta)
-    draw_kl(ctx, kl)
-    draw_spaces(ctx, df)
-    ctx.record(NAME, tables=[NAME, f"{NAME}_spaces", f"{NAME}_findings"],
-               figures=[f"{NAME}_kl", f"{NAME}_values", f"{NAME}_agreement", f"{NAME}_confidence", f"{NAME}_kept"],
-               file="translators/translators.npz", **{k: v for k, v in meta.items() if k != "fitted_on"})
-    return {"kl": kl, "spaces": df, "findings": findings, "translators": fitted}
+    result = Result(ctx.view.n_layers, record={"file": "translators/translators.npz",
+                                               **{k: v for k, v in meta.items() if k != "fitted_on"}})
+    result.add(NAME, kl, **meta)
+    result.add(f"{NAME}_spaces", df, **meta)
+    result.add(f"{NAME}_findings", findings, **meta)
+    return result
 
 
 
 EXPERIMENT = Experiment(
     name=NAME, title="Projection spaces: fitted per-layer translators (beyond the paper)",
-    section="beyond the paper: the tuned lens (Belrose et al. 2023)", order=10, run=run, held_out=True,
+    section="beyond the paper: the tuned lens (Belrose et al. 2023)", order=10, compute=compute, draw=draw,
+    held_out=True,
     optional=True,  # fits parameters: minutes on a GPU at the paper's shape
     encoder=Encoder(True, "KL-to-final, Figures 4, 9-11 side by side", "translators fitted at every (unmasked) "
                     "position of the training examples against the MLM head's output there"),

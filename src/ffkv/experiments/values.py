@@ -18,8 +18,8 @@ import pandas as pd
 
 from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
-from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure, save_figure
-from ffkv.experiments.registry import Encoder, Experiment, Finding
+from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
 from ffkv.parallel import gather_rows, owned
@@ -40,7 +40,7 @@ def value_tokens(ctx: RunContext, layer: int) -> tuple[np.ndarray, np.ndarray]:
     return ctx.once(("value_tokens", layer), compute)
 
 
-def compute(ctx: RunContext, direction: int = 1, projection: str | None = None) -> dict[str, pd.DataFrame]:
+def figure_tables(ctx: RunContext, direction: int = 1, projection: str | None = None) -> dict[str, pd.DataFrame]:
     """Figures 4-5 (and Table 2 for direction +1) for the trigger examples of one direction: +1 compares
     p_i = p(v_i) with the key's top trigger (largest m_i), -1 compares p(-v_i), what a negative coefficient
     writes, with the key's most negative trigger. `projection` overrides the values projection (the
@@ -177,10 +177,21 @@ def most_confident(ctx: RunContext, keys: pd.DataFrame, trig: pd.DataFrame, n: i
     return pd.DataFrame(rows)
 
 
-def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: str = NAME) -> None:
+def draw(result: Result) -> Figures:
+    """Figures 4 and 5 (values, values_rank), and for a run indexed with both signs the same for the most negative
+    triggers (values_negative, values_negative_rank)."""
+    figures: dict = {}
+    for name in (NAME, f"{NAME}_negative"):
+        if name in result.tables:
+            figures.update(draw_direction(result.tables[name], result.tables[f"{name}_keys"], result.n_layers,
+                                          result.meta[name]["projection"], name))
+    return figures
+
+
+def draw_direction(per_layer_df: pd.DataFrame, keys: pd.DataFrame, L: int, projection: str, name: str) -> Figures:
+    """Figures 4 and 5 for the trigger examples of one direction: NAME and NAME_rank."""
     negative = name != NAME
     which = "; most negative triggers, p(-v_i)" if negative else ""
-    L = ctx.view.n_layers
     fig, ax = new_figure()
     x = per_layer_df["layer"].to_numpy()
     ax.bar(x - 0.2, 100 * per_layer_df["agreement_rate"], width=0.4, label="agreement rate", color="#4C72B0")
@@ -192,11 +203,11 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: 
                 label="random key directions (their borrowed values)")
     ax.axhline(100 * per_layer_df["chance_rate"].iloc[0], color="black", lw=0.8, ls=":", label="chance 1/|V|")
     ax.set_ylabel("% keys: top token =\ntrigger's next token")
-    ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {ctx.projections.values} projection"
+    ax.set_title(f"Value top token vs. top trigger example (paper Fig. 4; {projection} projection"
                  f"{which})")
     layer_axis(ax, L)
     legend_outside(ax)
-    save_figure(fig, ctx.run.path, name)
+    agreement = fig
 
     fig, ax = new_figure()
     data = [keys.loc[(keys["layer"] == l) & (keys["trigger_target_id"] >= 0), "target_rank"].to_numpy()
@@ -208,14 +219,16 @@ def draw(ctx: RunContext, per_layer_df: pd.DataFrame, keys: pd.DataFrame, name: 
         legend_outside(ax)
     ax.set_yscale("log")
     ax.set_ylabel("rank of trigger's next token in p_i (1 = top)")
-    ax.set_title(f"Rank of the trigger's next token (paper Fig. 5; {ctx.projections.values} projection{which})")
+    ax.set_title(f"Rank of the trigger's next token (paper Fig. 5; {projection} projection{which})")
     layer_axis(ax, L)
-    save_figure(fig, ctx.run.path, f"{name}_rank")
+    return {name: agreement, f"{name}_rank": fig}
 
 
-def run(ctx: RunContext) -> dict:
-    result = compute(ctx)
-    n = int(result["per_layer"]["n_keys_with_target"].min()) if len(result["per_layer"]) else 0
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/values, values_keys and values_confident (Figures 4-5, Table 2); for a run indexed with both signs,
+    values_negative and values_negative_keys too."""
+    found = figure_tables(ctx)
+    n = int(found["per_layer"]["n_keys_with_target"].min()) if len(found["per_layer"]) else 0
     meta = {"projection": ctx.projections.values, "projection_choice": ctx.projections.name,
             "vocab_size": ctx.view.vocab_size, "interval": "95% Wilson score interval",
             "warnings": sample_size_warnings(NAME, n, "keys with a trigger target"),
@@ -224,24 +237,17 @@ def run(ctx: RunContext) -> dict:
             "control": (f"{ctx.manifest.control_keys} random key directions per layer, each with a real key's norm, "
                         "bias and value (ffkv.memories.controls); *_minus_control: Newcombe's 95% interval"
                         if ctx.has_control else "none: the run holds no random-key control (index again)")}
-    ctx.write_table(NAME, result["per_layer"], **meta)
-    ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
-    ctx.write_table(f"{NAME}_confident", result["confident"], **meta)
-    draw(ctx, result["per_layer"], result["keys"])
-    tables, figures = [NAME, f"{NAME}_keys", f"{NAME}_confident"], [NAME, f"{NAME}_rank"]
+    result = Result(ctx.view.n_layers, record={**meta, "chunk_keys": chunk_size(ctx.view.vocab_size)})
+    result.add(NAME, found["per_layer"], **meta)
+    result.add(f"{NAME}_keys", found["keys"], **meta)
+    result.add(f"{NAME}_confident", found["confident"], **meta)
     if len(ctx.triggers(-1)):  # a run indexed with both signs: Figures 4-5 for the most negative triggers too
-        negative = compute(ctx, -1)
+        negative = figure_tables(ctx, -1)
         neg = f"{NAME}_negative"
         meta_neg = {**meta, "direction": -1, "distribution": "p(-v_i) = softmax(N(-v_i)·Eᵀ): what a negative "
                     "coefficient writes, against the key's most negative trigger examples"}
-        ctx.write_table(neg, negative["per_layer"], **meta_neg)
-        ctx.write_table(f"{neg}_keys", negative["keys"], **meta_neg)
-        draw(ctx, negative["per_layer"], negative["keys"], neg)
-        tables += [neg, f"{neg}_keys"]
-        figures += [neg, f"{neg}_rank"]
-        result["negative"] = negative
-    info = {"tables": tables, "figures": figures, **meta, "chunk_keys": chunk_size(ctx.view.vocab_size)}
-    ctx.record(NAME, **info)
+        result.add(neg, negative["per_layer"], **meta_neg)
+        result.add(f"{neg}_keys", negative["keys"], **meta_neg)
     return result
 
 
@@ -330,7 +336,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Values as distributions over the vocabulary (paper Section 4)",
-    section="paper Section 4, Figures 4-5, Table 2", order=3, run=run,
+    section="paper Section 4, Figures 4-5, Table 2", order=3, compute=compute, draw=draw,
     encoder=Encoder(True, "Figures 4-5, Table 2", "the trigger target is the token at the trigger position; values "
                     "are projected with the MLM head's decoder weights (its transform only under --projection "
                     "final-norm)"),

@@ -33,7 +33,7 @@ import torch
 
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import share_curves
-from ffkv.experiments.registry import Encoder, Experiment, Finding, KeyColumn
+from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, KeyColumn, Result
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.view import MemoryView
 from ffkv.presentation.findings import layer_ends, pct, share_ci
@@ -131,8 +131,8 @@ def _cos_rows(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     return (torch.nn.functional.cosine_similarity(a, b, dim=1)).numpy()
 
 
-def compute(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progress: bool = False
-            ) -> dict[str, pd.DataFrame]:
+def value_classes(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progress: bool = False
+                  ) -> dict[str, pd.DataFrame]:
     """The per-key table (``keys``) and the per-layer table (``layers``) of the module docstring."""
     units = prepared_unembedding(view)
     basis = null_space(units)
@@ -168,18 +168,18 @@ def compute(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progres
     return {"keys": pd.concat(per_key, ignore_index=True), "layers": pd.DataFrame(per_layer)}
 
 
-def draw(layers: pd.DataFrame, run_path) -> list:
+def draw(result: Result) -> Figures:
     """Each class's share per layer with its 95% interval, the null's share dashed beside it."""
-    return share_curves(layers, [(f"{kind}_share", kind, color) for kind, color in
-                                 zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
-                        "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)", run_path, NAME,
-                        null="random mixtures of values")
+    return {NAME: share_curves(result.tables[NAME], [(f"{kind}_share", kind, color) for kind, color in
+                                                     zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
+                               "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)",
+                               null="random mixtures of values")}
 
 
-def run(ctx: RunContext) -> dict:
-    """The step `ffkv analyze` calls: compute, write metrics/vocabulary_classes{,_keys}.parquet, draw, record."""
-    result = compute(ctx.view, ctx.seed, progress=ctx.progress)
-    ctx.once((NAME, "keys"), lambda: result["keys"])  # for the steps that read it in this call, on every rank
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/vocabulary_classes (per layer) and vocabulary_classes_keys, from the weights alone."""
+    found = value_classes(ctx.view, ctx.seed, progress=ctx.progress)
+    ctx.once((NAME, "keys"), lambda: found["keys"])  # for the steps that read it in this call, on every rank
     meta = {"statistic": "moments over the vocabulary of cos(v_i, u_j), u_j the unembedding rows with the final "
                          "normalization's scale folded in and centred over the vocabulary (Gurnee et al. 2024)",
             "rule": f"prediction: kurtosis > {KURTOSIS:g} and skew > 0; suppression: kurtosis > {KURTOSIS:g} and "
@@ -188,10 +188,9 @@ def run(ctx: RunContext) -> dict:
             "control": f"{N_CONTROL} random mixtures of the layer's values per layer (Gaussian weights), norms of "
                        f"random values, seed {ctx.seed}",
             "warnings": sample_size_warnings(NAME, ctx.view.d_m, "memories")}
-    ctx.write_table(NAME, result["layers"], **meta)
-    ctx.write_table(f"{NAME}_keys", result["keys"], **meta)
-    figures = [p.name for p in draw(result["layers"], ctx.run.path)]
-    ctx.record(NAME, tables=[NAME, f"{NAME}_keys"], figures=figures, **meta)
+    result = Result(ctx.view.n_layers, record=dict(meta))
+    result.add(NAME, found["layers"], **meta)
+    result.add(f"{NAME}_keys", found["keys"], **meta)
     return result
 
 
@@ -217,7 +216,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Vocabulary classes of the values: prediction, suppression, partition (beyond the paper)",
-    section="beyond the paper: Gurnee et al. 2024, Stolfo et al. 2024", order=6.5, run=run,
+    section="beyond the paper: Gurnee et al. 2024, Stolfo et al. 2024", order=6.5, compute=compute, draw=draw,
     encoder=Encoder(False, "vocabulary classes (beyond the paper)", "not computed: an encoder's values reach the vocabulary "
                     "through the MLM head's dense transform, which the cosines with its decoder rows leave out"),
     findings=FINDINGS, reading=reading, how=("rule", "control"),

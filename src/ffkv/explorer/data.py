@@ -100,6 +100,7 @@ class ExplorerData:
         return self.run.path / TRANSLATORS_FILE
 
     def _build(self) -> Path:
+        from ffkv.experiments.heldout import run_threshold
         from ffkv.experiments.lookups import build
 
         folder = lookups.writable_folder(self.run)
@@ -108,7 +109,9 @@ class ExplorerData:
                    if "lookups" in self.manifest.analyses else "this run was not analysed")
             print(f"ffkv serve: {why}; building the explorer's lookup tables in {folder} "
                   f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
-        return build(self.run, self.manifest, self.loaded, folder, progress=self.progress)
+        threshold, source = run_threshold(self.run, self.manifest, self.loaded, progress=self.progress)
+        return build(self.run, self.manifest, self.loaded, folder, threshold, progress=self.progress,
+                     threshold_source=source)
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
         """The automatic pattern label, description and scores of every key (`ffkv analyze --only

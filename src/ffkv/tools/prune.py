@@ -17,6 +17,7 @@ import torch
 
 from ffkv.errors import FfkvError, StorageError, one_line
 from ffkv.experiments.common import open_run
+from ffkv.experiments.heldout import run_threshold
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, corpus_sample, sample_batches
 from ffkv.experiments.pruning import (NEEDS_SAMPLE, census_provenance, check_criterion, key_statistics,
                                       keys_to_remove, read_census, removal_orders)
@@ -73,7 +74,10 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
     if getattr(given.tokenizer, "hf", None) is None:
         raise FfkvError("ffkv prune saves the model's Hugging Face tokenizer beside it; this model has none")
     sample = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
-    stats = key_statistics(given, token_lists=sample if criterion in NEEDS_SAMPLE else None)
+    # the activation frequency's rule is the run's (s_l of its held-out examples): read only where it is used
+    threshold, source = run_threshold(run, manifest, given, seed) if criterion == "activation_frequency" \
+        else (None, None)
+    stats = key_statistics(given, token_lists=sample if criterion in NEEDS_SAMPLE else None, threshold=threshold)
     orders = removal_orders(criterion, view, stats, census, seed)
     removed = keys_to_remove(orders, share)
 
@@ -97,7 +101,8 @@ def prune(run_dir: str | Path, criterion: str, share: float, out: str | Path, se
             (tmp / "ffkv_pruning.json").write_text(json.dumps({
                 "source_model": manifest.model.id, "run": str(Path(run_dir)), "criterion": criterion, "share": share,
                 "seed": seed, "d_m_before": d_before, "d_m_after": d_after, "removed_per_layer": d_before - d_after,
-                "statistics_sample": {"examples": stats.examples, "positions": stats.positions},
+                "statistics_sample": {"examples": stats.examples, "positions": stats.positions,
+                                      "active_threshold": source},
                 **({"census_provenance": provenance} if provenance is not None else {}),
                 "removed": {str(layer): keys.tolist() for layer, keys in removed.items()},
             }, indent=1) + "\n")
