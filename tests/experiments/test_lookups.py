@@ -110,3 +110,24 @@ def test_corpus_sample_is_seeded_and_spans_the_corpus(analyzed):
     assert a == b and corpus_sample(rd, n=10, seed=2) != a
     examples = pd.read_parquet(rd.table("examples"))
     assert len(corpus_sample(rd, n=10_000)) == len(examples)  # at most the whole corpus
+
+
+def test_the_most_common_last_token_is_the_same_on_every_build(analyzed):
+    """common_last_token_id: the most common last token of the key's trigger prefixes, ties to the lowest id
+    (DuckDB's arg_max broke ties by chance: two builds of one run differed in a fifth of the keys)."""
+    import duckdb
+
+    run, _ = analyzed
+    rd = RunDir(run)
+    con = duckdb.connect(str(rd.cache_dir / "explorer.duckdb"), read_only=True)
+    try:
+        triggers = con.execute("SELECT layer, key, last_token_id FROM triggers WHERE direction = 1").df()
+    finally:
+        con.close()
+    counts = triggers.groupby(["layer", "key", "last_token_id"]).size().rename("n").reset_index()
+    best = counts.sort_values(["layer", "key", "n", "last_token_id"], ascending=[True, True, False, True])
+    expected = best.groupby(["layer", "key"]).first()["last_token_id"]
+    assert (counts.groupby(["layer", "key"])["n"].apply(lambda n: (n == n.max()).sum()) > 1).any()  # ties exist
+    stats = pd.read_parquet(rd.cache_dir / "key_stats.parquet").set_index(["layer", "key"])
+    got = stats.loc[expected.index, "common_last_token_id"]
+    assert (got.to_numpy() == expected.to_numpy()).all()

@@ -36,8 +36,8 @@ import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
-from ffkv.experiments import trigger_contexts
 from ffkv.errors import FfkvError
+from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.experiments.heldout import active_threshold, threshold_source
 from ffkv.experiments.registry import Experiment, Result
@@ -253,13 +253,14 @@ def activation_stats(loaded: LoadedModel, batches: list, threshold: np.ndarray |
 
 
 def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[np.ndarray, pd.DataFrame]:
-    """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token and its share."""
+    """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token (ties: the lowest
+    id, so that the table is the same on every build) and its share."""
     con = duckdb.connect(str(db_path), read_only=True)
     try:
         first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers "
                             "WHERE rank = 0 AND direction = 1").fetchnumpy()
         shallow = con.execute("""
-            SELECT layer, key, arg_max(last_token_id, n) AS common_last_token_id,
+            SELECT layer, key, first(last_token_id ORDER BY n DESC, last_token_id) AS common_last_token_id,
                    CAST(max(n) AS FLOAT) / sum(n) AS shallow_share
             FROM (SELECT layer, key, last_token_id, count(*) AS n FROM triggers WHERE direction = 1 GROUP BY ALL)
             GROUP BY layer, key""").df()

@@ -31,8 +31,10 @@ from ffkv.store.run import RunDir
 
 #: Bumped when what the tables hold changes; older tables are rebuilt (3: activation_frequency follows the signed
 #: active rule, was m > 0; 4: explorer.duckdb holds triggers_by_example and no ART index on the triggers,
-#: trigger coefficients stored, activation statistics on the robust scale that leaves massive activations out).
-VERSION = 5
+#: trigger coefficients stored, activation statistics on the robust scale that leaves massive activations out;
+#: 6: activation_frequency with the run's s_l, of the held-out examples, not the sample's; common_last_token_id's
+#: ties to the lowest id).
+VERSION = 6
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
