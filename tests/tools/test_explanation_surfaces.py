@@ -91,6 +91,12 @@ def test_the_layer_page_sorts_and_filters_by_explanation_score(scored):
     for bad in ("2", "x"):
         with pytest.raises(BadRequest, match="min_score must be a number from -1 to 1"):
             layer_page(data, 1, min_score=bad)
+    data.explanations = data.explanations.iloc[0:0]  # as before `ffkv explain`: no column, no form, a clear 404
+    plain = layer_page(data, 1)
+    assert "explanation score" not in plain and 'id="score-filter"' not in plain
+    with pytest.raises(BadRequest, match="no memory of this layer has a scored explanation") as refused:
+        layer_page(data, 1, min_score="0")
+    assert refused.value.status == 404
 
 
 def test_search_finds_memories_by_their_explanations_words(scored):

@@ -198,6 +198,9 @@ def _min_score(text: str | None) -> float | None:
 def _filtered(table: pd.DataFrame, census: str | None, min_score: float | None) -> pd.DataFrame:
     """The layer's keys kept by the page's filters: one census class, value type or flag (`CENSUS_FILTERS`), and
     an explanation score of at least `min_score` (`ffkv score`)."""
+    if min_score is not None and ("explanation_score" not in table.columns or table["explanation_score"].isna().all()):
+        raise BadRequest("no memory of this layer has a scored explanation: `ffkv explain RUN`, then `ffkv score RUN`",
+                         404)
     if census:
         if census not in CENSUS_FILTERS:
             raise BadRequest(f"census filter must be one of {', '.join(CENSUS_FILTERS)}, got {census[:40]!r}", 422)
@@ -206,9 +209,6 @@ def _filtered(table: pd.DataFrame, census: str | None, min_score: float | None) 
         column, value = CENSUS_FILTERS[census]
         table = table[(table[column] == value).to_numpy(bool)]
     if min_score is not None:
-        if "explanation_score" not in table.columns or table["explanation_score"].isna().all():
-            raise BadRequest("no memory of this layer has a scored explanation: `ffkv explain RUN`, then "
-                             "`ffkv score RUN`", 404)
         table = table[(table["explanation_score"] >= min_score).to_numpy(bool)]
     return table
 
