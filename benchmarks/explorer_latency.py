@@ -162,6 +162,16 @@ def write_run(run: Path, shape: str, seed: int = 0) -> None:
         "eraser": rng.random(n) < 0.05, "rule": [f"last token w{t}" for t in rng.integers(0, vocab, n)],
         "rule_f1": rng.random(n), "position_eta2": rng.random(n), "firing_sign": rng.choice([-1, 1], n),
         "two_way": rng.random(n) < 0.1}), {"synthetic": True})
+    explained = rng.random(n) < 0.1  # `ffkv explain` and `ffkv score` on a tenth of the memories
+    m = int(explained.sum())
+    memory = {"kind": "memory", "layer": layer_col[explained], "key": key_col[explained], "direction": 1,
+              "explainer": "openai:http://127.0.0.1:1/v1#synthetic"}
+    rdir.write_metric("explanations", pd.DataFrame({
+        **memory, "explanation": [f"fires on w{t} and topic {t % 50}" for t in rng.integers(0, vocab, m)]}),
+        {"synthetic": True})
+    rdir.write_metric("explanation_scores", pd.concat([pd.DataFrame({
+        **memory, "baseline": baseline, "score": rng.uniform(-0.2, 1.0, m), "simulator": memory["explainer"]})
+        for baseline in ("own", "shuffled")], ignore_index=True), {"synthetic": True})
     print(json.dumps({"step": "write", "trigger_rows": layers * per_layer, "examples": n_examples,
                       "seconds": round(time.perf_counter() - t, 1), "trigger_table_gib": round(
                           disk_gib(run / "trigger_examples.parquet"), 3),

@@ -723,7 +723,7 @@ def _add_llm_options(p: argparse.ArgumentParser, flag: str) -> None:
     p.add_argument(flag, dest="backend", required=True, metavar="BACKEND",
                    help="openai:URL#MODEL (a chat-completions server; key from $FFKV_LLM_API_KEY or "
                         "$OPENAI_API_KEY) or local:PATH (a transformers model directory or a GGUF file)")
-    p.add_argument("--concurrency", type=_positive_int, default=4, help="requests at once to a server (default: %(default)s)")
+    p.add_argument("--concurrency", type=_positive_int, default=4, help="requests at once: to a server in parallel, to a local model as one batch (default: %(default)s)")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request (default: %(default)s)")
     p.add_argument("--retries", type=int, default=2, help="retries of a failed request (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="where a local model and the run's model run (default: %(default)s)")

@@ -26,6 +26,9 @@ def client(analyzed):
         yield c
 
 
+#: Columns a run has once `ffkv explain` ran (tests/tools/test_explanation_surfaces.py sorts and filters by them).
+AFTER_EXPLAIN = ("explanation", "explanation_score")
+
 def keys_in_order(html: str, layer_number: int) -> list[int]:
     return [int(k) for k in re.findall(rf'<a href="/memory/{layer_number}/(\d+)">', html)]
 
@@ -38,13 +41,14 @@ def test_layer_page_has_the_curated_columns_only(client, analyzed):
     run = RunDir(analyzed[0])
     declared = [c.header for c in key_columns()
                 if run.has_metric(c.table) and run.read_metric(c.table)[c.column].notna().any()]
-    curated = [title for _, title, _ in LAYER_COLUMNS]
+    curated = [title for c, title, _ in LAYER_COLUMNS if c not in AFTER_EXPLAIN]
     assert declared and [unescape(h) for h in headers] == curated[:-1] + declared + curated[-1:]
     for noise in ("example_id", "removed_index", "ablations_prefixes", "logsumexp", "rank</th>"):
         assert noise not in html
 
 
-@pytest.mark.parametrize("sort, column", [(s, c) for c, _, s in LAYER_COLUMNS if c not in ("top_tokens", "human_label")])
+@pytest.mark.parametrize("sort, column", [(s, c) for c, _, s in LAYER_COLUMNS
+                                          if c not in ("top_tokens", "human_label", *AFTER_EXPLAIN)])
 @pytest.mark.parametrize("order", ["asc", "desc"])
 def test_layer_page_sorts_by_each_column(client, analyzed, sort, column, order):
     data = client.app.state.data

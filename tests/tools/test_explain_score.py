@@ -246,3 +246,26 @@ def test_the_commands_print_the_plan_the_scores_and_one_line_errors(fresh, capsy
     assert err[-1].startswith("ffkv: error: the server http://127.0.0.1:9/v1 could not be reached after 1 tries")
     assert cli.main(["explain", str(run), "--explainer", "gpt4", "--no-progress"]) == 2
     assert "unknown backend 'gpt4'" in capsys.readouterr().err
+
+
+def test_scoring_layer_by_layer_keeps_the_other_layers_scores(fresh):
+    """`score --layers 1`, then `--layers 2`: the table holds both layers, as one call over both writes it;
+    a layer scored with another held-out mix is dropped with a line, not mixed in silently."""
+    run, loaded = fresh
+    memories = [(0, PLANTED), (0, 1), (1, 2), (1, 3)]
+    with ChatServer() as server:
+        backend = ServerBackend(server.url, "rule", concurrency=4, timeout=10.0, retries=1, backoff=0.01)
+        explain(run, backend, memories=memories, loaded=loaded, progress=False, say=lambda line: None)
+        said = []
+        quiet = dict(loaded=loaded, progress=False, say=said.append)
+        score(run, backend, layers=[0], **quiet)
+        table, by_layer = score(run, backend, layers=[1], **quiet)
+        whole, whole_by_layer = score(run, backend, **quiet)
+        assert not any("dropped" in line for line in said)
+        columns = ["kind", "layer", "key", "direction", "baseline", "explanation_key", "score"]
+        assert sorted(table["layer"].unique()) == [0, 1]
+        pd.testing.assert_frame_equal(table[columns].reset_index(drop=True), whole[columns].reset_index(drop=True))
+        pd.testing.assert_frame_equal(by_layer, whole_by_layer)
+        table, _ = score(run, backend, layers=[1], top_examples=1, **quiet)
+    assert sorted(table["layer"].unique()) == [1]
+    assert any("layers 1 were computed with another held_out; they are dropped" in line for line in said)

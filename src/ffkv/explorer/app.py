@@ -2,12 +2,12 @@
 
 Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
     /                                       overview: the run, the paper's findings, per-layer summaries, figures
-    /layer/LAYER?sort=&order=&page=         a layer's keys, curated columns, sorted by any of them
+    /layer/LAYER?sort=&order=&page=&census=&min_score=   a layer's keys, sortable by any column, filtered
     /memory/LAYER/KEY?projection=&shown=    a memory: pattern, value (top and bottom tokens), activation
                                             histogram, trigger examples with per-token coefficients, annotation form
     /memory/LAYER/KEY.json?projection=&shown=  the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
-    /search?token= | ?q=                    memories promoting a token; full-text search of trigger examples
+    /search?token= | ?q=                    memories promoting a token; trigger examples and explanations by text
     /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.tools.concepts`)
     /trace?prompt=&position=&target=&off=L:K&scale=L:K=F&set=L:K=V&generate=N&lens=final-norm|translator
                                             (GET, or POST from the form): trace, intervene, generate
@@ -83,7 +83,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         q = _query(request)
         return _html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
                                             _one(q, "sort", "key"), _one(q, "order", "asc"), _one(q, "page", "1"), root,
-                                            _one(q, "census")))
+                                            _one(q, "census"), _one(q, "min_score")))
 
     async def with_model(function, *args):
         """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""

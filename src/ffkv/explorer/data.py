@@ -11,6 +11,7 @@ counted from 1 (`ffkv.presentation.style.layer_number`).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -160,6 +161,36 @@ class ExplorerData:
                  "score": None if pd.isna(r.score) else float(r.score),
                  "shuffled_score": None if pd.isna(r.shuffled_score) else float(r.shuffled_score),
                  "simulator": r.simulator if isinstance(r.simulator, str) else None} for r in rows.itertuples()]
+
+    def explanation_columns(self, layer: int) -> pd.DataFrame:
+        """Per explained key of a layer (0-based): ``explanation``, its explanations (a negative direction's marked
+        "m < 0:"), and ``explanation_score``, the best simulation score among them (NaN before `ffkv score`)."""
+        rows = self.explanations[self.explanations["layer"] == layer]
+        if rows.empty:
+            return pd.DataFrame(columns=["key", "explanation", "explanation_score"])
+        text = [("m < 0: " if int(d) < 0 else "") + str(x) for d, x in zip(rows["direction"], rows["explanation"])]
+        rows = rows.assign(text=text, score=pd.to_numeric(rows["score"], errors="coerce")).reset_index(drop=True)
+        grouped = rows.groupby("key", sort=True)
+        return pd.DataFrame({"explanation": grouped["text"].agg(" · ".join),
+                             "explanation_score": grouped["score"].max()}).reset_index().astype({"key": "int64"})
+
+    def explanation_search(self, text: str, limit: int = 50) -> list[dict]:
+        """Memories whose explanation has, for every word of `text` (split at spaces), a word starting with it
+        (case-insensitive: "year" finds "years", "a" does not find "character", "$" finds "'$'"), best simulation
+        score first (unscored last), then by layer and key: layer, key, direction, explanation, score."""
+        words = (text or "").lower().split()
+        if not words or self.explanations.empty:
+            return []
+        table = self.explanations.reset_index(drop=True)
+        low = table["explanation"].astype(str).str.lower()
+        keep = np.ones(len(low), bool)
+        for word in words:
+            keep &= low.str.contains(r"(?<!\w)" + re.escape(word), regex=True).to_numpy(bool)
+        hits = table[keep].assign(score=lambda t: pd.to_numeric(t["score"], errors="coerce"))
+        hits = hits.sort_values(["score", "layer", "key"], ascending=[False, True, True], na_position="last")
+        return [{"layer": int(r.layer), "key": int(r.key), "direction": int(r.direction),
+                 "explanation": str(r.explanation), "score": None if pd.isna(r.score) else float(r.score)}
+                for r in hits.head(limit).itertuples()]
 
     def census_of(self, layer: int, key: int) -> dict | None:
         """The census row of a key (columns of `CENSUS_COLUMNS`' new names), or None before the census ran."""
@@ -405,6 +436,9 @@ class ExplorerData:
             table["census_detects"] = table["census_rule"].where(table["census_class"] == "detector", "")
         if self.experiment_columns is not None and layer in self.experiment_columns.index.get_level_values(0):
             table = table.join(self.experiment_columns.xs(layer, level="layer"), on="key")
+        explained = self.explanation_columns(layer)
+        if len(explained):
+            table = table.merge(explained, on="key", how="left")
         human = self.annotations.all()
         human = human[human.layer == layer].sort_values("time").drop_duplicates("key", keep="last")
         return table.merge(human[["key", "label", "description"]].rename(

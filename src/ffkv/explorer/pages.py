@@ -18,6 +18,7 @@ from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
+from ffkv.experiments.census import CLASSES as CENSUS_CLASSES, VALUE_TYPES as CENSUS_VALUE_TYPES
 from ffkv.experiments.registry import key_columns, paper_finding, paper_order
 from ffkv.memories.address import edit_label
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
@@ -154,20 +155,21 @@ LAYER_COLUMNS = (
     ("census_eraser", "eraser", "eraser"),
     ("census_two_way", "fires both ways", "both ways"),
     ("census_detects", "detects", "detects"),
+    ("explanation", "explanation", "explanation"),
+    ("explanation_score", "explanation score", "explanation score"),
     ("human_label", "human label", "human label"),
 )
 #: Layer page filter `?census=`: name -> (the column it keeps rows by, the value kept). Each filter's column is
 #: shown (`LAYER_COLUMNS`), so what a filter keeps is what its column says (`ffkv.experiments.census`).
+#: The census owns its vocabulary (`ffkv.experiments.census.CLASSES`, `VALUE_TYPES`); the page only names it.
 CENSUS_FILTERS = {
-    "dead": ("census_class", "dead"), "detector": ("census_class", "detector"),
-    "positional": ("census_class", "positional"), "other": ("census_class", "other"),
-    "prediction": ("census_value_type", "prediction"), "suppression": ("census_value_type", "suppression"),
-    "neither": ("census_value_type", "neither"),
+    **{c: ("census_class", c) for c in CENSUS_CLASSES},
+    **{v: ("census_value_type", v) for v in CENSUS_VALUE_TYPES},
     "eraser": ("census_eraser", True), "two_way": ("census_two_way", True),
 }
 #: How the filters are grouped and named on the page: (group title, [(filter, label)]).
-CENSUS_FILTER_GROUPS = (("class", [(f, f) for f in ("dead", "detector", "positional", "other")]),
-                        ("value type", [(f, f) for f in ("prediction", "suppression", "neither")]),
+CENSUS_FILTER_GROUPS = (("class", [(f, f) for f in CENSUS_CLASSES]),
+                        ("value type", [(f, f) for f in CENSUS_VALUE_TYPES]),
                         ("", [("eraser", "eraser"), ("two_way", "fires both ways")]))
 PERCENT_COLUMNS = {"shallow_score", "activation_frequency"}
 
@@ -180,12 +182,25 @@ def layer_columns() -> tuple[tuple[str, str, str], ...]:
 FLAG_COLUMNS = {"agreement", "census_eraser", "census_two_way"}
 
 
-def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "",
-               census: str | None = None) -> str:
-    """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1.
-    `census` keeps only the keys of one census class, value type, or the erasers (`CENSUS_FILTERS`)."""
-    layer = data.check(layer, 0)[0]
-    table = data.layer_keys(layer)
+def _min_score(text: str | None) -> float | None:
+    """The layer page's ``min_score=`` (an explanation's simulation score, a correlation in [-1, 1]), or None."""
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadRequest(f"min_score must be a number from -1 to 1, got {text[:20]!r}", 422) from None
+    if not -1 <= value <= 1:
+        raise BadRequest(f"min_score must be a number from -1 to 1 (a correlation), got {text[:20]!r}", 422)
+    return value
+
+
+def _filtered(table: pd.DataFrame, census: str | None, min_score: float | None) -> pd.DataFrame:
+    """The layer's keys kept by the page's filters: one census class, value type or flag (`CENSUS_FILTERS`), and
+    an explanation score of at least `min_score` (`ffkv score`)."""
+    if min_score is not None and ("explanation_score" not in table.columns or table["explanation_score"].isna().all()):
+        raise BadRequest("no memory of this layer has a scored explanation: `ffkv explain RUN`, then `ffkv score RUN`",
+                         404)
     if census:
         if census not in CENSUS_FILTERS:
             raise BadRequest(f"census filter must be one of {', '.join(CENSUS_FILTERS)}, got {census[:40]!r}", 422)
@@ -193,11 +208,27 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
             raise BadRequest("this run has no census yet: `ffkv analyze --only census`", 404)
         column, value = CENSUS_FILTERS[census]
         table = table[(table[column] == value).to_numpy(bool)]
+    if min_score is not None:
+        table = table[(table["explanation_score"] >= min_score).to_numpy(bool)]
+    return table
+
+
+def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "",
+               census: str | None = None, min_score: str | None = None) -> str:
+    """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1.
+    `census` keeps only the keys of one census class, value type, or the erasers (`CENSUS_FILTERS`);
+    `min_score` only the memories whose explanation scores at least that (`ffkv explain`, `ffkv score`)."""
+    layer = data.check(layer, 0)[0]
+    threshold = _min_score(min_score)
+    table = data.layer_keys(layer)
     table["top_token"] = [t[0] if t else "" for t in table["top_tokens"]]
-    declared = {c.name for c in key_columns()}
-    # a declared column with nothing for this model (the GLU class of a model without a gate) is left out
+    # a declared column with nothing for this model (the GLU class of a model without a gate), or scores before
+    # `ffkv score`, are left out
+    optional = {c.name for c in key_columns()} | {"explanation_score"}
     present = [c for c in layer_columns() if c[0] in table.columns
-               and not (c[0] in declared and table[c[0]].isna().all())]
+               and not (c[0] in optional and table[c[0]].isna().all())]
+    scored = any(c[0] == "explanation_score" for c in present)
+    table = _filtered(table, census, threshold)
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present if s}
     if sort not in sort_column:
         hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
@@ -243,9 +274,13 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
         c.name for c in key_columns() if c.name in table and pd.api.types.is_numeric_dtype(table[c.name])}
     columns = [{"title": title, "sort": s, "num": name in numeric or name.endswith("score")}
                for name, title, s in present]
+    # the filters every link of the page keeps (census is one of CENSUS_FILTERS' names here: no escaping needed)
+    kept = (f"&census={census}" if census else "") + ("" if threshold is None else f"&min_score={threshold:g}")
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
                   n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table), census=census or "",
-                  census_filters=CENSUS_FILTER_GROUPS if data.census is not None else (),
+                  census_filters=CENSUS_FILTER_GROUPS if data.census is not None else (), kept=kept,
+                  min_score="" if threshold is None else f"{threshold:g}",
+                  scored=scored,
                   signed="negative_strength" in table.columns,
                   first=(page - 1) * PAGE_SIZE + 1, last=min(page * PAGE_SIZE, len(table)))
 
@@ -372,13 +407,17 @@ def highlight(text: str, query: str) -> list[tuple[str, bool]]:
 
 
 def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "") -> str:
+    """Memories promoting a token (`token`); trigger examples containing a text and memories whose explanation
+    holds every word of it (`q`)."""
     promoting = data.promoting(token) if token is not None else None
     hits = data.text_search(q, limit=SEARCH_LIMIT) if q is not None else None
     if hits:
         for h in hits:
             h["parts"] = highlight(h["text"], q)
+    explained = data.explanation_search(q, limit=SEARCH_LIMIT) if q is not None else None
     return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits,
-                  shown=CHIPS_SHOWN, limit=SEARCH_LIMIT)
+                  explained=explained, any_explained=not data.explanations.empty, shown=CHIPS_SHOWN,
+                  limit=SEARCH_LIMIT)
 
 
 # ------------------------------------------------------------------------ trace

@@ -51,11 +51,14 @@ Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv 
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample where the key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md).</p>
 {% if signed %}<p class="note" id="signed-note">Largest m: the key's strongest trigger example; strength m &lt; 0: -m of its most negative one (0 when even that is positive). Where m &lt; 0 the memory adds -|m|·v: it raises its value's bottom tokens and lowers its top ones.</p>{% endif %}
 {% if census_filters %}<p class="small" id="census-filter">Census (<code>ffkv analyze --only census</code>; docs/definitions.md): {% if census %}<a href="{{ root }}/layer/{{ ln(layer) }}">all keys</a>{% else %}<strong>all keys</strong>{% endif %}{% for group, filters in census_filters %} · {% if group %}{{ group }}: {% endif %}{% for f, label in filters %}{% if not loop.first %}, {% endif %}{% if f == census %}<strong>{{ label }}</strong>{% else %}<a href="{{ root }}/layer/{{ ln(layer) }}?census={{ f }}">{{ label }}</a>{% endif %}{% endfor %}{% endfor %}</p>{% endif %}
-<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}{% if census %}&census={{ census }}{% endif %}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
+{% if scored %}<form method="get" action="{{ root }}/layer/{{ ln(layer) }}" id="score-filter" class="small"><p>Explanations (<code>ffkv explain</code>, scored by simulation with <code>ffkv score</code>; docs/explain.md): keep memories whose explanation scores at least
+<input type="number" name="min_score" min="-1" max="1" step="0.05" value="{{ min_score }}" placeholder="-1 to 1">{% if census %}<input type="hidden" name="census" value="{{ census }}">{% endif %}<input type="hidden" name="sort" value="explanation score"><input type="hidden" name="order" value="desc">
+<button type="submit">Filter</button>{% if min_score %} · <a href="{{ root }}/layer/{{ ln(layer) }}{% if census %}?census={{ census }}{% endif %}">every memory</a>{% endif %} · find memories by their explanation's words in <a href="{{ root }}/search">search</a>.</p></form>{% endif %}
+<div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}{{ kept }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.label %}<span class="label-{{ cell.label }}">{{ cell.label }}</span>{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}{% if census %}&census={{ census }}{% endif %}" id="previous-page">← previous</a>{% endif %}
-{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{% if census %}&census={{ census }}{% endif %}" id="next-page">next →</a>{% endif %}</p>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}{{ kept }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{{ kept }}" id="next-page">next →</a>{% endif %}</p>
 {% endblock %}""",
 
 
@@ -125,13 +128,18 @@ The trigger position is boxed, the next token underlined.</p>
 {% block main %}<h1>Search</h1>
 <form method="get" action="{{ root }}/search" id="token-search"><p>Which memories promote the token
 <input type="text" name="token" value="{{ token or '' }}" placeholder="a token, or #ID"> <button type="submit">Find memories</button></p></form>
-<form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing
+<form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing{% if any_explained %}, and memories whose explanation holds every word of{% endif %}
 <input type="text" name="q" value="{{ q or '' }}" placeholder="text" size="40"> <button type="submit">Search text</button></p></form>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
 <p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
 {% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
+{% if explained is not none and any_explained %}<h2>Memories whose explanation holds “{{ q }}”</h2>
+{% if not explained %}<p class="muted" id="no-explained">No explanation holds every word of this text.</p>{% else %}
+<p class="note">{{ explained|length }} memor{{ "ies" if explained|length != 1 else "y" }}{% if explained|length >= limit %} (the first {{ limit }}){% endif %}, best simulation score first (<code>ffkv explain</code>, <code>ffkv score</code>; LAYER:KEY, layers from 1).</p>
+<table id="explained"><tr><th>memory</th><th>explanation</th><th class="num">score</th></tr>
+{% for x in explained %}<tr><td><a href="{{ root }}/memory/{{ ln(x.layer) }}/{{ x.key }}">{{ ln(x.layer) }}:{{ x.key }}</a></td><td>{% if x.direction < 0 %}<span class="chip">m &lt; 0</span> {% endif %}{{ x.explanation }}</td><td class="num">{% if x.score is not none %}{{ "%.2f"|format(x.score) }}{% else %}<span class="muted">not scored</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
 <p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}

@@ -191,8 +191,6 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
                            "explanation": str(rows.at[source, "explanation"]),
                            "score": correlation(predicted, true), "n_texts": len(hashes), "n_tokens": len(true),
                            "simulator": simulator.identity, "expected": all(by_hash[h][1] for h in hashes)})
-        table = pd.DataFrame(scores)
-        layer_table = by_layer(table)
         description = {"model_id": ctx.loaded.model_id, "simulator": simulator.identity, "seed": seed,
                        "held_out": f"up to {top_examples} top-activating trigger examples (odd ranks, never shown to "
                                    f"the explainer) and {random_examples} random windows of {WINDOW} tokens per "
@@ -200,9 +198,32 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
                        "score": "Pearson correlation of simulated and true activations d*m over the held-out tokens",
                        "baselines": "shuffled: another memory's explanation (same layer and direction, seeded); "
                                     "control: the random control memories' own explanations"}
+        table = pd.concat([_other_layers(run_dir, set(rows["layer"]), description, say), pd.DataFrame(scores)],
+                          ignore_index=True).sort_values(["layer", "kind", "key", "direction"], kind="stable")
+        table = table.reset_index(drop=True)
+        layer_table = by_layer(table)
         run_dir.write_metric(SCORES, table, description, step="score")
         run_dir.write_metric(BY_LAYER, layer_table, description, step="score")
     return table, layer_table
+
+
+def _other_layers(run_dir, scored: set[int], description: dict, say: Callable[[str], None]) -> pd.DataFrame:
+    """The stored scores of the layers this call does not score (``--layers``), kept when they were computed the
+    same way (simulator, seed, held-out mix); otherwise dropped, with a line saying which and why."""
+    if not run_dir.has_metric(SCORES):
+        return pd.DataFrame()
+    before = run_dir.read_metric(SCORES)
+    others = before[~before["layer"].isin(list(scored))]
+    if not len(others):
+        return pd.DataFrame()
+    then = run_dir.metric_description(SCORES)
+    changed = [k for k in ("model_id", "simulator", "seed", "held_out") if then.get(k) != description[k]]
+    if changed:
+        layers = ", ".join(str(int(x) + 1) for x in sorted(others["layer"].unique()))
+        say(f"score: the stored scores of layers {layers} were computed with another {' and '.join(changed)}; "
+            f"they are dropped (score those layers again to have them beside these)")
+        return pd.DataFrame()
+    return others
 
 
 def _simulate(simulator: Backend, messages: list[Message], n: int, h: str) -> Callable[[], dict]:
