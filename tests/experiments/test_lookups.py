@@ -112,22 +112,22 @@ def test_corpus_sample_is_seeded_and_spans_the_corpus(analyzed):
     assert len(corpus_sample(rd, n=10_000)) == len(examples)  # at most the whole corpus
 
 
-def test_the_most_common_last_token_is_the_same_on_every_build(analyzed):
+def test_the_most_common_last_token_is_the_same_on_every_build(tmp_path):
     """common_last_token_id: the most common last token of the key's trigger prefixes, ties to the lowest id
-    (DuckDB's arg_max broke ties by chance: two builds of one run differed in a fifth of the keys)."""
+    (DuckDB's arg_max broke ties by chance: two builds of the demo run differed in 1,296 of 6,144 keys)."""
     import duckdb
 
-    run, _ = analyzed
-    rd = RunDir(run)
-    con = duckdb.connect(str(rd.cache_dir / "explorer.duckdb"), read_only=True)
-    try:
-        triggers = con.execute("SELECT layer, key, last_token_id FROM triggers WHERE direction = 1").df()
-    finally:
-        con.close()
-    counts = triggers.groupby(["layer", "key", "last_token_id"]).size().rename("n").reset_index()
-    best = counts.sort_values(["layer", "key", "n", "last_token_id"], ascending=[True, True, False, True])
-    expected = best.groupby(["layer", "key"]).first()["last_token_id"]
-    assert (counts.groupby(["layer", "key"])["n"].apply(lambda n: (n == n.max()).sum()) > 1).any()  # ties exist
-    stats = pd.read_parquet(rd.cache_dir / "key_stats.parquet").set_index(["layer", "key"])
-    got = stats.loc[expected.index, "common_last_token_id"]
-    assert (got.to_numpy() == expected.to_numpy()).all()
+    from ffkv.experiments.lookups import _trigger_summaries
+
+    rows = [(0, 0, 7), (0, 0, 3), (0, 0, 9), (0, 1, 5), (0, 1, 2), (0, 1, 5), (1, 0, 4), (1, 0, 1)]
+    db = tmp_path / "explorer.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE triggers (layer SMALLINT, key INTEGER, rank SMALLINT, direction TINYINT, "
+                "next_token_id INTEGER, last_token_id INTEGER)")
+    con.executemany("INSERT INTO triggers VALUES (?, ?, ?, 1, 0, ?)",
+                    [(layer, key, rank, token) for rank, (layer, key, token) in enumerate(rows)])
+    con.close()
+    got = [_trigger_summaries(db, 2, 2, False)[1].sort_values(["layer", "key"]) for _ in range(5)]
+    assert got[0][["layer", "key", "common_last_token_id"]].values.tolist() == [[0, 0, 3], [0, 1, 5], [1, 0, 1]]
+    np.testing.assert_allclose(got[0]["shallow_share"], [1 / 3, 2 / 3, 0.5], rtol=1e-6)
+    assert all(g.equals(got[0]) for g in got)
