@@ -129,3 +129,19 @@ def test_search_finds_memories_by_their_explanations_words(scored):
     page = search_page(data, q="character")
     assert 'id="explained"' in page and f'/memory/1/{PLANTED}"' in page
     assert 'id="no-explained"' in search_page(data, q="submarine")
+
+
+def test_an_explanations_table_without_its_columns_is_named_as_damaged(scored, tmp_path):
+    """A run is hostile until checked: an explanations table recorded by the run but lacking a column the pages
+    read is named as damaged (metrics/explanations.parquet), not a KeyError from deep inside a page."""
+    from ffkv.errors import DamagedRun
+    from ffkv.explorer.data import ExplorerData
+    from ffkv.store.run import RunDir
+    from support.runs import copy_run
+
+    run, loaded = scored
+    copy = copy_run(run, tmp_path / "run")
+    table = RunDir(copy).read_metric("explanations").drop(columns=["explanation"])
+    RunDir(copy).write_metric("explanations", table, {"hand-written": True}, step="explain")
+    with pytest.raises(DamagedRun, match="explanations.parquet"):
+        ExplorerData(copy, loaded)

@@ -37,12 +37,13 @@ def memory_explanations(run) -> pd.DataFrame:
     columns = ["layer", "key", "direction", "explanation", "explainer", "score", "shuffled_score", "simulator"]
     if not run.has_metric(EXPLANATIONS):
         return pd.DataFrame(columns=columns)
-    rows = run.read_metric(EXPLANATIONS)
+    # the columns read are named, so a table without them is named as damaged (`RunDir.read_metric`), not a KeyError
+    rows = run.read_metric(EXPLANATIONS, columns=["kind", "layer", "key", "direction", "explanation", "explainer"])
     rows = rows[rows["kind"] == "memory"][["layer", "key", "direction", "explanation", "explainer"]]
     if run.has_metric(SCORES):
-        scores = run.read_metric(SCORES)
-        scores = scores[scores["kind"] == "memory"]
         on = ["layer", "key", "direction", "explainer"]
+        scores = run.read_metric(SCORES, columns=["kind", "baseline", *on, "score", "simulator"])
+        scores = scores[scores["kind"] == "memory"]
         own = scores[scores["baseline"] == "own"][on + ["score", "simulator"]]
         shuffled = scores[scores["baseline"] == "shuffled"][on + ["score"]].rename(columns={"score": "shuffled_score"})
         rows = rows.merge(own, on=on, how="left").merge(shuffled, on=on, how="left")
