@@ -173,7 +173,8 @@ def trigger_rows(ctx: RunContext, target: Target, ranks: Sequence[int]) -> pd.Da
 
 def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Callable[[Target], list]) \
         -> dict[Target, list[np.ndarray]]:
-    """d·m of each target at every token of its examples (`token_lists(target)`), one pass per layer and kind."""
+    """d·m of each target at every token of its examples (`token_lists(target)`), one pass per layer and kind, each
+    distinct token list read once (a layer's memories share many of their top examples)."""
     out: dict[Target, list[np.ndarray]] = {}
     groups: dict[tuple[str, int], list[Target]] = {}
     for t in targets:
@@ -186,9 +187,13 @@ def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Cal
                 lists.append(ids)
                 owners.append(t)
         control = _control(ctx) if kind == "control" else None
-        m = token_coefficients(ctx.loaded, layer, keys, lists, control=control)
+        distinct: dict[tuple[int, ...], int] = {}
+        for ids in lists:
+            distinct.setdefault(tuple(int(i) for i in ids), len(distinct))
+        m = token_coefficients(ctx.loaded, layer, keys, [list(ids) for ids in distinct], control=control)
         column = {k: i for i, k in enumerate(keys)}
-        for t, values in zip(owners, m):
+        for t, ids in zip(owners, lists):
+            values = m[distinct[tuple(int(i) for i in ids)]]
             out.setdefault(t, []).append(t.direction * values[:, column[t.key]])
     return out
 
