@@ -187,14 +187,14 @@ def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Cal
                 lists.append(ids)
                 owners.append(t)
         control = _control(ctx) if kind == "control" else None
+        texts = [tuple(int(i) for i in ids) for ids in lists]
         distinct: dict[tuple[int, ...], int] = {}
-        for ids in lists:
-            distinct.setdefault(tuple(int(i) for i in ids), len(distinct))
-        m = token_coefficients(ctx.loaded, layer, keys, [list(ids) for ids in distinct], control=control)
+        for text in texts:
+            distinct.setdefault(text, len(distinct))
+        m = token_coefficients(ctx.loaded, layer, keys, [list(text) for text in distinct], control=control)
         column = {k: i for i, k in enumerate(keys)}
-        for t, ids in zip(owners, lists):
-            values = m[distinct[tuple(int(i) for i in ids)]]
-            out.setdefault(t, []).append(t.direction * values[:, column[t.key]])
+        for t, text in zip(owners, texts):
+            out.setdefault(t, []).append(t.direction * m[distinct[text]][:, column[t.key]])
     return out
 
 
