@@ -8,7 +8,8 @@
 #
 # then one device `run` per part, each under its 10-minute limit, naming `.gpu` in `carry`:
 #
-#     bash benchmarks/gpu_session.sh tests     # GPU tests: same triggers as the CPU, no host sync, reducer on CUDA
+#     bash benchmarks/gpu_session.sh tests     # GPU tests: same triggers as the CPU, no host sync, reducer on CUDA;
+#                                              # explain and score with --device cuda as on the CPU
 #     bash benchmarks/gpu_session.sh ratios    # GPT-2 small (per-batch timing, a profiler timeline) and the paper's shape
 #     bash benchmarks/gpu_session.sh llama     # the 8B shape: tokens/s, ratio, peak memory, 95M-token projection
 #     bash benchmarks/gpu_session.sh compile   # torch.compile and the capture
@@ -40,7 +41,8 @@ log="${OUT:-/tmp}/$part.log"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || echo "no nvidia-smi"; } | tee "$log"
 case "$part" in
     tests)
-        python3 -m pytest -p no:cacheprovider -q tests/indexing/test_gpu_index.py tests/indexing/test_signed.py 2>&1 | tee -a "$log"
+        python3 -m pytest -p no:cacheprovider -q tests/indexing/test_gpu_index.py tests/indexing/test_signed.py \
+            tests/tools/test_gpu_explain.py 2>&1 | tee -a "$log"
         ;;
     ratios)
         python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 --batch-size 512 \

@@ -7,12 +7,12 @@ Both need CUDA and are skipped without it (CI has no GPU); a session lent a GPU 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from ffkv.corpus import shared_data_dir
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.explain import explain
@@ -24,8 +24,7 @@ from support.runs import copy_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 
-GPT2 = Path(os.environ.get("FFKV_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) \
-    / "tokenizers" / "gpt2"
+GPT2 = (shared_data_dir() or Path("/nonexistent")) / "tokenizers" / "gpt2"
 MEMORIES = [(0, PLANTED), (0, 1), (0, 2)]
 
 
