@@ -13,6 +13,7 @@ from ffkv.experiments import EXPERIMENTS
 from ffkv.experiments.lookups import HISTOGRAM_BINS, activation_stats, corpus_sample, sample_batches
 from ffkv.store import lookups
 from ffkv.store.run import RunDir
+from support.helpers import held_out_scale
 
 
 def test_analyze_builds_current_lookup_tables(analyzed):
@@ -24,24 +25,14 @@ def test_analyze_builds_current_lookup_tables(analyzed):
     assert info["activation_sample"]["examples"] == len(corpus_sample(rd))
 
 
-def held_out_scale(run, loaded) -> np.ndarray:
-    """s_l by brute force: the held-out examples `analyzed_run` gave analyze (its corpus, n_eval, seed 0), each run
-    alone, the RMS of every coefficient at its analysed position, positions above 20 x the median RMS left out."""
+def run_held_out_scale(run, loaded) -> np.ndarray:
+    """s_l by brute force (`support.helpers.held_out_scale`) on the held-out examples `analyzed_run` gave analyze
+    (its corpus, n_eval, seed 0)."""
     from ffkv.experiments.common import eval_spec, select_held_out
     from support.runs import N_LINES
 
-    rd = RunDir(run)
-    held = select_held_out(loaded, eval_spec(rd.manifest(), str(run.parent / "corpus.txt"), None, N_LINES, 0), 0)
-    view = loaded.view
-    squares = np.zeros((len(held.examples), view.n_layers))
-    for i, (e, j) in enumerate(zip(held.examples, held.positions)):
-        with view.capture(("coefficients",)) as cap:
-            view.forward(torch.tensor([list(e.token_ids)]))
-        for layer in range(view.n_layers):
-            squares[i, layer] = float(cap["coefficients"][layer][0, int(j)].double().square().mean())
-    rms = np.sqrt(squares)
-    kept = [rms[:, layer][rms[:, layer] <= 20 * np.median(rms[:, layer])] for layer in range(view.n_layers)]
-    return np.array([np.sqrt(np.mean(k ** 2)) for k in kept])
+    held = select_held_out(loaded, eval_spec(RunDir(run).manifest(), str(run.parent / "corpus.txt"), None, N_LINES, 0), 0)
+    return held_out_scale(loaded, held)
 
 
 def test_activation_histogram_and_frequency_match_brute_force(analyzed):
@@ -62,7 +53,7 @@ def test_activation_histogram_and_frequency_match_brute_force(analyzed):
     info = lookups.read_info(rd.cache_dir)["activation_sample"]
     assert info["positions"] == positions
     assert view.signed  # a GELU model: the signed rule, not m > 0
-    s_l = held_out_scale(run, loaded)
+    s_l = run_held_out_scale(run, loaded)
     np.testing.assert_allclose(info["active_threshold"], ACTIVE_FRACTION * s_l, rtol=1e-5)
     np.testing.assert_allclose(rd.read_metric("composition_scale")["scale"], s_l, rtol=1e-5)  # one s_l per run
     assert info["threshold_source"]["seed"] == 0 and info["threshold_source"]["tau"] == ACTIVE_FRACTION

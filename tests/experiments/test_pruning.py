@@ -402,3 +402,49 @@ def test_a_pruned_ffkv_tiny_loads_with_transformers_auto_classes_after_import_ff
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n", "")],
         capture_output=True, text=True, timeout=300)
     assert without.returncode != 0 and "ffkv_lm" in without.stderr
+
+
+def test_prune_by_activation_frequency_on_a_signed_model_uses_the_runs_held_out_threshold(tmp_path):
+    """`ffkv prune --criterion activation_frequency` on stories260K (SiLU-gated: signed, tau > 0): the keys it
+    removes are the least often active under |m| > tau·s_l, s_l of the run's own held-out examples by brute force
+    (as `ffkv analyze` reads them by default), counted over the corpus sample, each example run alone."""
+    from ffkv.corpus import shared_data_dir
+    from ffkv.experiments.common import eval_spec, select_held_out
+    from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, corpus_sample
+    from ffkv.memories.active import active_fraction
+    from support.helpers import held_out_scale
+
+    data = shared_data_dir()
+    if data is None or not (data / "models" / "stories260K").is_dir():
+        pytest.skip("needs ../shared/data/models/stories260K")
+    loaded = load_model(str(data / "models" / "stories260K"))
+    view = loaded.view
+    tau = active_fraction(view)
+    assert view.signed and tau > 0
+    run = tmp_path / "run"
+    build_index(loaded, CorpusSpec(source=str(data / "tinystories" / "sample.txt"), unit="sentence"), run,
+                IndexOptions(top_k=3), progress=False)
+    out = prune(run, "activation_frequency", 0.25, tmp_path / "pruned", loaded=loaded)
+    info = json.loads((out / "ffkv_pruning.json").read_text())
+    source = info["statistics_sample"]["active_threshold"]
+    assert source["tau"] == tau and source["seed"] == 0 and source["eval_corpus"]["split"] == "heldout"
+
+    rd = RunDir(run)
+    held = select_held_out(loaded, eval_spec(rd.manifest(), seed=0), 0)
+    threshold = tau * held_out_scale(loaded, held)
+    sample = corpus_sample(rd, n=SAMPLE_EXAMPLES, seed=0, max_tokens=SAMPLE_MAX_TOKENS)
+    n = int(np.floor(0.25 * view.d_m + 0.5))
+    every = {layer: [] for layer in range(view.n_layers)}
+    for ids in sample:
+        with torch.no_grad(), view.capture(("coefficients",)) as cap:
+            view.forward(torch.tensor([list(ids)]))
+        for layer in every:
+            every[layer].append(cap["coefficients"][layer][0].double())
+    by_sign = 0
+    for layer, ms in every.items():
+        m = torch.cat(ms).numpy()
+        frequency = (np.abs(m) > threshold[layer]).mean(0)
+        expected = np.sort(np.argsort(frequency, kind="stable")[:n])
+        assert info["removed"][str(layer)] == expected.tolist(), layer
+        by_sign += set(np.argsort((m > 0).mean(0), kind="stable")[:n]) != set(expected)
+    assert by_sign > 0  # the rule matters here: the ReLU rule m > 0 would remove other keys

@@ -65,6 +65,25 @@ def assert_memory_view_consistent(view, cap, activation=None) -> None:
         torch.testing.assert_close(cap["resid_post"][layer], cap["resid_mid"][layer] + cap["ff_out"][layer])
 
 
+def held_out_scale(loaded: LoadedModel, held) -> "np.ndarray":
+    """s_l by brute force (docs/definitions.md): each held-out example (`ffkv.experiments.common.HeldOut`) run
+    alone, the RMS of every coefficient at its analysed position, positions above 20 x the median RMS left out,
+    then the RMS of the rest, per layer."""
+    import numpy as np
+    import torch
+
+    view = loaded.view
+    squares = np.zeros((len(held.examples), view.n_layers))
+    for i, (e, j) in enumerate(zip(held.examples, held.positions)):
+        with torch.no_grad(), view.capture(("coefficients",)) as cap:
+            view.forward(torch.tensor([list(e.token_ids)]))
+        for layer in range(view.n_layers):
+            squares[i, layer] = float(cap["coefficients"][layer][0, int(j)].double().square().mean())
+    rms = np.sqrt(squares)
+    kept = [rms[:, layer][rms[:, layer] <= 20 * np.median(rms[:, layer])] for layer in range(view.n_layers)]
+    return np.array([np.sqrt(np.mean(k ** 2)) for k in kept])
+
+
 def replace_triggers(run: str | Path, triggers: pd.DataFrame) -> None:
     """Replace a run's trigger_examples.parquet by hand-set rows (its schema) and record the new table in the
     manifest as the index would, so that the integrity check (`ffkv.store.integrity`) reads it as written."""
