@@ -795,9 +795,13 @@ def _score(args: argparse.Namespace) -> int:
     _, layers = score(args.run, backend, top_examples=args.top_examples, random_examples=args.random_examples,
                       seed=args.seed, layers=_layer_list(args.layers), loaded=_run_model(args),
                       progress=not args.no_progress)
+    several = layers["explainer"].nunique() > 1
     for r in layers.itertuples():
-        print(f"layer {r.layer + 1}: score {r.score:.3f} [{r.score_ci_low:.3f}, {r.score_ci_high:.3f}] (n {r.n_score}); "
-              f"shuffled {r.shuffled:.3f} [{r.shuffled_ci_low:.3f}, {r.shuffled_ci_high:.3f}]; "
+        by = f" by {r.explainer}" if several else ""
+        print(f"layer {r.layer + 1}{by}: score {r.score:.3f} [{r.score_ci_low:.3f}, {r.score_ci_high:.3f}] "
+              f"(n {r.n_score}); shuffled {r.shuffled:.3f} [{r.shuffled_ci_low:.3f}, {r.shuffled_ci_high:.3f}]; "
+              f"own - shuffled {r.score_minus_shuffled:.3f} [{r.score_minus_shuffled_ci_low:.3f}, "
+              f"{r.score_minus_shuffled_ci_high:.3f}]; "
               f"control {r.control:.3f} [{r.control_ci_low:.3f}, {r.control_ci_high:.3f}] (n {r.n_control})")
     print(f"scores written: {args.run}/metrics/explanation_scores.parquet and explanation_scores_by_layer.parquet")
     return 0

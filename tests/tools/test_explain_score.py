@@ -10,6 +10,7 @@ lose no finished explanation; a kill -9 in the middle of `explain`, then a resum
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,6 +164,7 @@ def test_explain_again_sends_nothing_and_keeps_the_table(fresh):
         second = explain(run, backend, memories=MEMORIES, loaded=loaded, progress=False, say=lines.append)
         assert len(server.requests) == n
     assert lines[0].startswith("explain: 0 requests") and f"{len(first)} of {len(first)} already stored" in lines[0]
+    assert len(lines) == 1  # nothing replaced, nothing said of it
     pd.testing.assert_frame_equal(first, second)
 
 
@@ -269,3 +271,74 @@ def test_scoring_layer_by_layer_keeps_the_other_layers_scores(fresh):
         table, _ = score(run, backend, layers=[1], top_examples=1, **quiet)
     assert sorted(table["layer"].unique()) == [1]
     assert any("layers 1 were computed with another held_out; they are dropped" in line for line in said)
+
+
+def test_a_changed_prompt_replaces_the_memorys_explanation_and_each_memory_is_scored_once(fresh, monkeypatch):
+    """When a memory's prompt changes (another ffkv or run), `explain` asks again for it alone and keeps only the new
+    explanation: one per memory, direction and explainer, so `score` counts each memory once."""
+    import ffkv.tools.explain as explain_module
+
+    run, loaded = fresh
+    lines = []
+    with ChatServer() as server:
+        first, backend = _explained(run, loaded, server)
+        n = len(server.requests)
+        plain = explain_module.explain_messages
+
+        def changed(ctx, target, shown):
+            messages = plain(ctx, target, shown)
+            if target.key == PLANTED:
+                messages[-1] = {**messages[-1], "content": messages[-1]["content"] + " "}
+            return messages
+        monkeypatch.setattr(explain_module, "explain_messages", changed)
+        second = explain(run, backend, memories=MEMORIES, loaded=loaded, progress=False, say=lines.append)
+        assert len(server.requests) == n + 2  # the planted memory, both directions
+        monkeypatch.setattr(explain_module, "explain_messages", plain)
+        table, layers = score(run, backend, loaded=loaded, progress=False, say=lambda line: None)
+    assert lines[0].startswith("explain: 2 requests") and lines[-1].startswith("explain: 2 earlier explanations replaced")
+    assert len(second) == len(first) and not second.duplicated(["kind", "layer", "key", "direction"]).any()
+    renewed = second[second["key"] == PLANTED]
+    assert set(renewed["prompt_sha256"]).isdisjoint(first["prompt_sha256"])
+    rest = ~second["key"].eq(PLANTED)
+    assert list(second[rest]["prompt_sha256"]) == list(first[~first["key"].eq(PLANTED)]["prompt_sha256"])
+    own = table[table["baseline"] == "own"]
+    assert len(own) == len(second) and not own.duplicated(["kind", "layer", "key", "direction"]).any()
+    assert layers.loc[0, "n_score"] == 2 * len(MEMORIES)
+
+
+def test_a_table_with_two_explanations_of_one_memory_is_refused_by_its_readers(fresh):
+    """An explanations table with two rows for one memory, direction and explainer (an older ffkv's, or one
+    made by hand) would count that memory twice: `score` and the explorer's reader name it as damaged."""
+    from ffkv.errors import DamagedRun
+    from ffkv.experiments.explanations import memory_explanations
+
+    run, loaded = fresh
+    with ChatServer() as server:
+        rows, backend = _explained(run, loaded, server)
+    rd = RunDir(run)
+    again = rows.iloc[[0]].assign(prompt_sha256="0" * 64, row=lambda r: r["row"].str.split("|").str[0] + "|" + "0" * 64)
+    rd.write_metric("explanations", pd.concat([rows, again], ignore_index=True), rd.metric_description("explanations"),
+                    step="explain")
+    r = rows.iloc[0]
+    named = f"memory {int(r['layer']) + 1}:{int(r['key'])}, direction {int(r['direction']):+d}"
+    with pytest.raises(DamagedRun, match="explanations.parquet holds more than one explanation of 1 memory by one "
+                                         f"explainer .*{re.escape(named)}"):
+        score(run, backend, loaded=loaded, progress=False, say=lambda line: None)
+    with pytest.raises(DamagedRun, match="run the same `ffkv explain"):
+        memory_explanations(rd)
+
+
+def test_two_explainers_are_scored_side_by_side_never_pooled(fresh):
+    """Two explainers' explanations of the same memories: one per-layer row each, whose mean and n are that
+    explainer's own rows' alone."""
+    run, loaded = fresh
+    with ChatServer() as server:
+        _explained(run, loaded, server)
+        other = ServerBackend(server.url, "rule-2", concurrency=4, timeout=10.0, retries=1, backoff=0.01)
+        explain(run, other, memories=MEMORIES, loaded=loaded, progress=False, say=lambda line: None)
+        table, layers = score(run, other, loaded=loaded, progress=False, say=lambda line: None)
+    assert sorted(layers["explainer"]) == sorted(table["explainer"].unique()) and len(layers) == 2
+    for r in layers.itertuples():
+        own = table[(table["explainer"] == r.explainer) & (table["kind"] == "memory") & (table["baseline"] == "own")]
+        assert r.n_score == len(own) == 2 * len(MEMORIES)
+        assert r.score == pytest.approx(own["score"].mean(), abs=1e-12)

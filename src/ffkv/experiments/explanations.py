@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ffkv.errors import DamagedRun
 from ffkv.experiments.common import RunContext
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Experiment, Figures, Finding, Result
@@ -30,6 +31,28 @@ FINDINGS = {BY_LAYER: Finding("Beyond the paper (Bills et al. 2023)",
                               "(control).")}
 
 
+#: What names one explanation: a memory (or control memory) in one direction, by one explainer.
+ONE_PER = ["kind", "layer", "key", "direction", "explainer"]
+
+
+def read_explanation_rows(run, columns: list[str]) -> pd.DataFrame:
+    """The `ONE_PER` columns and `columns` of RUN/metrics/explanations.parquet (`ffkv explain`; a table without
+    them is named as damaged, `RunDir.read_metric`), checked to hold one explanation per `ONE_PER`: the
+    table `ffkv explain` keeps, which replaces a memory's explanation when its prompt changes. A table with two
+    (an older ffkv's, or one written by hand) is refused as damaged, naming a memory, since scoring both would
+    count that memory twice."""
+    rows = run.read_metric(EXPLANATIONS, columns=list(dict.fromkeys([*ONE_PER, *columns])))
+    twice = rows[rows.duplicated(ONE_PER, keep=False)]
+    if len(twice):
+        r = twice.iloc[0]
+        n = len(twice.drop_duplicates(ONE_PER))
+        raise DamagedRun(f"{run.metric_path(EXPLANATIONS)} holds more than one explanation of {n} "
+                         f"{'memory' if n == 1 else 'memories'} by one explainer (e.g. {r['kind']} {int(r['layer']) + 1}:{int(r['key'])}, direction "
+                         f"{int(r['direction']):+d}, by {r['explainer']}), each from another prompt: run the same "
+                         f"`ffkv explain {run.path}` again, which keeps the current prompt's explanation only")
+    return rows
+
+
 def memory_explanations(run) -> pd.DataFrame:
     """The real memories' explanations of a run (`ffkv.store.run.RunDir`), one row per (layer, key, direction,
     explainer), with their own score and the shuffled baseline's where `ffkv score` ran (NaN otherwise): columns
@@ -38,7 +61,7 @@ def memory_explanations(run) -> pd.DataFrame:
     if not run.has_metric(EXPLANATIONS):
         return pd.DataFrame(columns=columns)
     # the columns read are named, so a table without them is named as damaged (`RunDir.read_metric`), not a KeyError
-    rows = run.read_metric(EXPLANATIONS, columns=["kind", "layer", "key", "direction", "explanation", "explainer"])
+    rows = read_explanation_rows(run, columns=["explanation"])
     rows = rows[rows["kind"] == "memory"][["layer", "key", "direction", "explanation", "explainer"]]
     if run.has_metric(SCORES):
         on = ["layer", "key", "direction", "explainer"]
@@ -63,13 +86,19 @@ def draw(result: Result) -> Figures:
     """Figure: per layer, the mean score with its 95% interval beside the shuffled and control baselines."""
     table = result.table(BY_LAYER)
     fig, ax = new_figure()
-    x = table["layer"].to_numpy(int)
-    for offset, (column, label, color) in enumerate((("score", "own explanation", "#4C72B0"),
-                                                     ("shuffled", "shuffled explanation", "#8C8C8C"),
-                                                     ("control", "random control memories", "#DD8452"))):
-        xs = x + (offset - 1) * 0.25
-        ax.plot(xs, table[column].to_numpy(float), "o", color=color, label=label)
-        interval_bars(ax, xs, table, column, scale=1.0)
+    explainers = sorted(table["explainer"].unique()) if "explainer" in table else [None]
+    width = 0.75 / (3 * len(explainers))
+    series = (("score", "own explanation", "#4C72B0"), ("shuffled", "shuffled explanation", "#8C8C8C"),
+              ("control", "random control memories", "#DD8452"))
+    for e, explainer in enumerate(explainers):
+        part = table if explainer is None else table[table["explainer"] == explainer]
+        x = part["layer"].to_numpy(int)
+        marker = "os^Dv"[e % 5]
+        for s, (column, label, color) in enumerate(series):
+            xs = x + (3 * e + s - (3 * len(explainers) - 1) / 2) * width
+            by = f" ({explainer})" if len(explainers) > 1 else ""
+            ax.plot(xs, part[column].to_numpy(float), marker, color=color, label=label + by)
+            interval_bars(ax, xs, part, column, scale=1.0)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel("simulation score (correlation)")
     layer_axis(ax, result.n_layers)
@@ -99,4 +128,5 @@ EXPERIMENT = Experiment(
     findings=FINDINGS,
     reading=reading, how=("simulator", "held_out", "score", "baselines"), module=__name__)
 
-__all__ = ["BY_LAYER", "EXPLANATIONS", "NAME", "SCORES", "memory_explanations", "skip_reason"]
+__all__ = ["BY_LAYER", "EXPLANATIONS", "NAME", "ONE_PER", "SCORES", "memory_explanations", "read_explanation_rows",
+           "skip_reason"]

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import Projections, RunContext, open_run, progress_bar
-from ffkv.experiments.explanations import EXPLANATIONS
+from ffkv.experiments.explanations import EXPLANATIONS, ONE_PER
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import scan_values
 from ffkv.store.lock import now_iso
@@ -336,10 +336,12 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
         stored = set(done["row"])
         jobs, tokens, reused = [], 0, []
         sent: set[str] = set()
+        current: dict[tuple, str] = {}  # each target's row under its prompt now
         for t in targets:
             messages = explain_messages(ctx, t, shown[t])
             h = prompt_hash(backend.answerer, messages, MAX_TOKENS)
             row_key = f"{t.name}|{h}"
+            current[(t.kind, t.layer, t.key, t.direction, backend.identity)] = row_key
             if row_key in stored:
                 continue
             base = {"row": row_key, "kind": t.kind, "layer": t.layer, "key": t.key, "direction": t.direction,
@@ -363,8 +365,27 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
             for base, h in reused:
                 if h in by_hash:
                     journal.add({**by_hash[h], **base, "prompt_tokens": 0, "completion_tokens": 0})
-            rows = journal.close(_description(ctx, backend), order=_order)
+            replaced: list[int] = []
+            rows = journal.close(_description(ctx, backend),
+                                 order=lambda rows: _order(_superseded_dropped(rows, current, replaced)))
+        if sum(replaced):
+            say(f"explain: {replaced[0]} earlier explanations replaced: their memories' prompts have changed since "
+                "they were asked (the run's triggers, the projection or ffkv's prompt), and a memory keeps one "
+                "explanation per direction and explainer")
     return rows
+
+
+def _superseded_dropped(rows: pd.DataFrame, current: dict[tuple, str], replaced: list[int]) -> pd.DataFrame:
+    """`rows` without the explanations of this call's targets made from an earlier prompt, where the current
+    prompt's explanation is stored (`ffkv.experiments.explanations.ONE_PER`); their number goes to `replaced`."""
+    if not len(rows):
+        return rows
+    have = set(rows["row"])
+    now = [current.get((str(kind), int(layer), int(key), int(direction), str(explainer)))
+           for kind, layer, key, direction, explainer in zip(*(rows[c] for c in ONE_PER))]
+    stale = np.array([n is not None and n != r and n in have for n, r in zip(now, rows["row"])], dtype=bool)
+    replaced.append(int(stale.sum()))
+    return rows[~stale]
 
 
 def _ask(backend: Backend, messages: list[Message], base: dict) -> Callable[[], dict]:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
-from ffkv.experiments.explanations import BY_LAYER, SCORES
+from ffkv.experiments.explanations import BY_LAYER, SCORES, read_explanation_rows
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.tools.explain import (TABLE, WINDOW, Target, coefficients_of, held_out_ranks, piece, prompt_hash,
                                 run_requests, shown_ranks, trigger_rows, window)
@@ -128,7 +128,7 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
     ctx = RunContext(run_dir, manifest, loaded, progress=progress, seed=seed)
     if not run_dir.has_metric(TABLE):
         raise FfkvError(f"{run_dir.path} has no explanations; run `ffkv explain {run_dir.path}` first")
-    rows = run_dir.read_metric(TABLE)
+    rows = read_explanation_rows(run_dir, columns=["explanation"])
     if layers is not None:
         rows = rows[rows["layer"].isin(list(layers))]
     rows = rows.reset_index(drop=True)
@@ -235,15 +235,15 @@ def _simulate(simulator: Backend, messages: list[Message], n: int, h: str) -> Ca
 
 
 def by_layer(table: pd.DataFrame) -> pd.DataFrame:
-    """Per layer: the mean score of the real memories' own explanations with its 95% interval, beside the
-    shuffled baseline, the control memories' scores, and the paired difference own - shuffled."""
+    """Per layer and explainer (one row per layer where one explainer wrote them all): the mean score of the real
+    memories' own explanations with its 95% interval, beside the shuffled baseline, the control memories'
+    scores, and the paired difference own - shuffled. Explainers are never pooled."""
     out = []
-    for layer in sorted(table["layer"].unique()):
-        t = table[table["layer"] == layer]
+    for (layer, explainer), t in table.groupby(["layer", "explainer"], sort=True):
         own = t[(t["kind"] == "memory") & (t["baseline"] == "own")]
         shuffled = t[(t["kind"] == "memory") & (t["baseline"] == "shuffled")]
         control = t[(t["kind"] == "control") & (t["baseline"] == "own")]
-        row = {"layer": int(layer)}
+        row = {"layer": int(layer), "explainer": str(explainer)}
         for name, part in (("score", own), ("shuffled", shuffled), ("control", control)):
             mean, low, high = paired_mean_interval(part["score"].to_numpy())
             row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high,
