@@ -206,3 +206,26 @@ def test_a_memorys_context_coefficients_are_computed_once(analyzed, monkeypatch)
         assert calls == [(1, 3), (1, 4), (1, 5), (1, 3)]
     finally:
         d.close()
+
+
+def test_the_explorer_says_why_it_builds_its_lookup_tables(tmp_path, capsys):
+    """`ffkv serve` on a run without current lookup tables builds them and says why: never analysed, analysed
+    without them, or built once and since gone."""
+    import shutil
+
+    from ffkv.experiments import analyze
+    from ffkv.store.run import RunDir
+    from support.runs import index_run
+
+    run, loaded = index_run(tmp_path / "a")
+    ExplorerData(run, loaded, progress=True).close()
+    assert "ffkv serve: this run was not analysed; building" in capsys.readouterr().out
+    shutil.rmtree(run / "explorer")
+    analyze(run, only="values", loaded=loaded, progress=False)
+    assert "lookups" not in RunDir(run).manifest().analyses
+    ExplorerData(run, loaded, progress=True).close()
+    assert "ffkv serve: its analyses did not build the lookup tables; building" in capsys.readouterr().out
+    analyze(run, only="lookups", loaded=loaded, progress=False)
+    shutil.rmtree(run / "explorer")
+    ExplorerData(run, loaded, progress=True).close()
+    assert "ffkv serve: its lookup tables are missing or out of date" in capsys.readouterr().out

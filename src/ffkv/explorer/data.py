@@ -106,8 +106,10 @@ class ExplorerData:
 
         folder = lookups.writable_folder(self.run)
         if self.progress:
+            analyses = self.manifest.analyses
             why = ("its lookup tables are missing or out of date (deleted, damaged, or built from another index)"
-                   if "lookups" in self.manifest.analyses else "this run was not analysed")
+                   if "lookups" in analyses else "its analyses did not build the lookup tables" if analyses
+                   else "this run was not analysed")
             print(f"ffkv serve: {why}; building the explorer's lookup tables in {folder} "
                   f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
         threshold, source = run_threshold(self.run, self.manifest, self.loaded, progress=self.progress)
