@@ -6,6 +6,8 @@ then `analyze --only explanation_scores` (its figure, and the explorer's lookup 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from markupsafe import escape
 
@@ -81,6 +83,11 @@ def test_the_layer_page_sorts_and_filters_by_explanation_score(scored):
     rows = page.split('<table id="keys">')[1].split("<tr>")[2:]  # the header row, then one row per key
     assert f'/memory/1/{PLANTED}"' in rows[0] and f"{best[PLANTED]:.2f}"[:3] in rows[0]
     assert "Fires on the character" in rows[0] and 'id="score-filter"' in page
+    header_row = page.split('<table id="keys">')[1].split("<tr>")[1]
+    headers = re.findall(r"<th[^>]*>(?:<a [^>]*>)?([^<▲▼]+?)\s*(?:[▲▼])?(?:</a>)?</th>", header_row)
+    # read first: right after the key (and the pattern and description, where the run has them), where a
+    # 1280-pixel window shows them without scrolling (this run has no patterns)
+    assert headers[:3] == ["key", "explanation", "explanation score"]
     assert f'/memory/1/1"' in rows[1]  # the other explained key next; unexplained keys after (NaN last)
 
     kept = layer_page(data, 1, sort="explanation score", order="desc", min_score="0.9")

@@ -143,6 +143,9 @@ LAYER_COLUMNS = (
     ("key", "key", "key"),
     ("label", "pattern", "pattern"),
     ("description", "description", "description"),
+    # beside the description, where a reader sorting or filtering by the score sees them without scrolling
+    ("explanation", "explanation", "explanation"),
+    ("explanation_score", "explanation score", "explanation score"),
     ("shallow_score", "shallow score", "shallow score"),
     ("semantic_score", "semantic score", "semantic score"),
     ("top_tokens", "value's top tokens", "top token"),
@@ -155,8 +158,6 @@ LAYER_COLUMNS = (
     ("census_eraser", "eraser", "eraser"),
     ("census_two_way", "fires both ways", "both ways"),
     ("census_detects", "detects", "detects"),
-    ("explanation", "explanation", "explanation"),
-    ("explanation_score", "explanation score", "explanation score"),
     ("human_label", "human label", "human label"),
 )
 #: Layer page filter `?census=`: name -> (the column it keeps rows by, the value kept). Each filter's column is
