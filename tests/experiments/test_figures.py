@@ -77,3 +77,42 @@ def test_figure_2_with_its_control_stays_legible(tmp_path):
     titles = seen["titles"]
     assert len(titles) == 2 and not titles[0].overlaps(titles[1])
     assert {"shallow", "both", "semantic", "none"} <= seen["legend"]
+
+
+def test_a_30_layer_axis_has_at_most_16_labels_that_never_touch():
+    """SmolLM2's 30 layers were labelled 1..30 every layer, two-digit numbers running together."""
+    from ffkv.experiments.figures import layer_axis
+
+    for n_layers in (12, 16, 24, 30, 32, 80):
+        fig, ax = new_figure()
+        layer_axis(ax, n_layers)
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels[0] == "1" and len(labels) <= 16 and (n_layers > 16 or len(labels) == n_layers)
+        fig.canvas.draw()
+        boxes = [t.get_window_extent() for t in ax.get_xticklabels()]
+        assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), n_layers
+        plt.close(fig)
+
+
+def test_the_explanation_figure_shows_the_layers_scored_and_each_explainer_apart():
+    import pandas as pd
+
+    from ffkv.experiments.explanations import BY_LAYER, draw
+    from ffkv.experiments.registry import Result
+
+    rows = []
+    for layer in (0, 14, 29):
+        for explainer in ("local:a@1", "openai:http://b/v1#m"):
+            row = {"layer": layer, "explainer": explainer}
+            for column in ("score", "shuffled", "control", "score_minus_shuffled"):
+                row.update({column: 0.1, f"{column}_ci_low": 0.0, f"{column}_ci_high": 0.2, f"n_{column}": 10})
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    for part, n_series in ((table[table["explainer"] == "local:a@1"], 4), (table, 8)):
+        fig = draw(Result(30, inputs={BY_LAYER: part}))["explanation_scores"]
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "15", "30"]
+        labels = ax.get_legend_handles_labels()[1]
+        assert len(labels) == n_series and "own - shuffled (paired by memory)" in labels[3]
+        assert (n_series == 4) == all("(" not in label or "paired" in label for label in labels)
+        plt.close(fig)

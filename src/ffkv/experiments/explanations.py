@@ -83,25 +83,35 @@ def skip_reason(ctx: RunContext) -> str | None:
 
 
 def draw(result: Result) -> Figures:
-    """Figure: per layer, the mean score with its 95% interval beside the shuffled and control baselines."""
+    """Figure: per layer (and explainer), the mean score with its 95% interval beside the shuffled and control
+    baselines, and the paired difference own - shuffled."""
     table = result.table(BY_LAYER)
     fig, ax = new_figure()
     explainers = sorted(table["explainer"].unique()) if "explainer" in table else [None]
-    width = 0.75 / (3 * len(explainers))
     series = (("score", "own explanation", "#4C72B0"), ("shuffled", "shuffled explanation", "#8C8C8C"),
-              ("control", "random control memories", "#DD8452"))
+              ("control", "random control memories", "#DD8452"),
+              ("score_minus_shuffled", "own - shuffled (paired by memory)", "#55A868"))
+    slots = len(series) * len(explainers)
+    width = 0.8 / slots
+    scored = sorted(int(x) for x in table["layer"].unique())
+    # the layers explained side by side, each labelled, when they are few; else the model's layer axis
+    at = {layer: i for i, layer in enumerate(scored)} if len(scored) <= 16 else {layer: layer for layer in scored}
     for e, explainer in enumerate(explainers):
         part = table if explainer is None else table[table["explainer"] == explainer]
-        x = part["layer"].to_numpy(int)
+        x = np.array([at[int(layer)] for layer in part["layer"]])
         marker = "os^Dv"[e % 5]
         for s, (column, label, color) in enumerate(series):
-            xs = x + (3 * e + s - (3 * len(explainers) - 1) / 2) * width
+            xs = x + (len(series) * e + s - (slots - 1) / 2) * width
             by = f" ({explainer})" if len(explainers) > 1 else ""
             ax.plot(xs, part[column].to_numpy(float), marker, color=color, label=label + by)
             interval_bars(ax, xs, part, column, scale=1.0)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel("simulation score (correlation)")
     layer_axis(ax, result.n_layers)
+    if len(scored) <= 16:
+        ax.set_xticks(range(len(scored)))
+        ax.set_xticklabels([str(layer + 1) for layer in scored])
+        ax.set_xlim(-0.6, len(scored) - 0.4)
     legend_outside(ax)
     return {NAME: fig}
 

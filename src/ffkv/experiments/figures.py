@@ -29,9 +29,10 @@ def new_figure(width: float = 5.5, height: float = 3.4):
 
 
 def layer_axis(ax, n_layers: int) -> None:
-    """Layers numbered 1..L on the x axis, as in the paper's figures."""
+    """Layers numbered 1..L on the x axis, as in the paper's figures: at most 16 labels, so that two-digit
+    numbers never run together (every other layer of a 30-layer model)."""
     ax.set_xlabel("layer")
-    step = max(1, n_layers // 16)
+    step = max(1, -(-n_layers // 16))
     ax.set_xticks(range(0, n_layers, step))
     ax.set_xticklabels([str(i + 1) for i in range(0, n_layers, step)])
 
