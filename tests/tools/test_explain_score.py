@@ -342,3 +342,7 @@ def test_two_explainers_are_scored_side_by_side_never_pooled(fresh):
         own = table[(table["explainer"] == r.explainer) & (table["kind"] == "memory") & (table["baseline"] == "own")]
         assert r.n_score == len(own) == 2 * len(MEMORIES)
         assert r.score == pytest.approx(own["score"].mean(), abs=1e-12)
+    from ffkv.experiments.explanations import BY_LAYER, reading
+
+    said = reading(BY_LAYER, layers)  # the report's reading: each explainer's own means
+    assert all(f"By {e}, over 1 layers and {2 * len(MEMORIES)} explanations" in said for e in layers["explainer"])

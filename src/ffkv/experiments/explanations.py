@@ -46,10 +46,11 @@ def read_explanation_rows(run, columns: list[str]) -> pd.DataFrame:
     if len(twice):
         r = twice.iloc[0]
         n = len(twice.drop_duplicates(ONE_PER))
+        example = f"{r['kind']} {int(r['layer']) + 1}:{int(r['key'])}, direction {int(r['direction']):+d}"
         raise DamagedRun(f"{run.metric_path(EXPLANATIONS)} holds more than one explanation of {n} "
-                         f"{'memory' if n == 1 else 'memories'} by one explainer (e.g. {r['kind']} {int(r['layer']) + 1}:{int(r['key'])}, direction "
-                         f"{int(r['direction']):+d}, by {r['explainer']}), each from another prompt: run the same "
-                         f"`ffkv explain {run.path}` again, which keeps the current prompt's explanation only")
+                         f"{'memory' if n == 1 else 'memories'} by one explainer (e.g. {example}, by "
+                         f"{r['explainer']}), each from another prompt: run the same `ffkv explain {run.path}` "
+                         "again, which keeps the current prompt's explanation only")
     return rows
 
 
@@ -126,10 +127,16 @@ def compute(ctx: RunContext, options=None) -> Result:
 def reading(name: str, table: pd.DataFrame) -> str | None:
     if name != BY_LAYER or not len(table):
         return None
-    n = int(table["n_score"].sum())
-    own, shuffled, control = (float(np.nanmean(table[c].to_numpy(float))) for c in ("score", "shuffled", "control"))
-    return (f"Over {len(table)} layers and {n:,} explanations, the mean score is {own:.2f}, against {shuffled:.2f} "
-            f"for shuffled explanations and {control:.2f} for the random control memories' own explanations.")
+    several = "explainer" in table and table["explainer"].nunique() > 1
+    parts = []
+    for explainer, t in (table.groupby("explainer") if several else [(None, table)]):
+        n = int(t["n_score"].sum())
+        own, shuffled, control = (float(np.nanmean(t[c].to_numpy(float))) for c in ("score", "shuffled", "control"))
+        by = f"By {explainer}, over" if several else "Over"
+        parts.append(f"{by} {t['layer'].nunique()} layers and {n:,} explanations, the mean score is {own:.2f}, "
+                     f"against {shuffled:.2f} for shuffled explanations and {control:.2f} for the random control "
+                     "memories' own explanations.")
+    return " ".join(parts)
 
 
 EXPERIMENT = Experiment(
