@@ -16,19 +16,12 @@ from ffkv.indexing.reducer import TriggerReducer
 from ffkv.indexing.sinks import ControlledReducer
 from ffkv.indexing.topk import TopKState
 from ffkv.memories.controls import RandomKeys
-from ffkv.memories.view import MemoryView
-from ffkv.models.loading import LoadedModel
-from support.helpers import loaded_tiny
+from support.helpers import loaded_tiny, on_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 
 #: What identifies a trigger: its place in the table and the example, position and next token it names.
 IDENTITY = ["layer", "key", "direction", "rank", "example_id", "position", "next_token_id"]
-
-
-def _on_gpu(loaded: LoadedModel) -> LoadedModel:
-    model = loaded.model.to("cuda")
-    return LoadedModel(model, loaded.tokenizer, MemoryView(model), loaded.model_id, loaded.dtype, "cuda")
 
 
 @pytest.fixture
@@ -45,7 +38,7 @@ def test_gpu_index_names_the_cpu_index_triggers(tmp_path, corpus, family):
     order)."""
     options, batching = IndexOptions(top_k=5, control_keys=16), BatchOptions(batch_size=8)
     cpu = build_index(loaded_tiny(family), corpus, tmp_path / "cpu", options, batching, progress=False)
-    gpu = build_index(_on_gpu(loaded_tiny(family)), corpus, tmp_path / "gpu", options, batching, progress=False)
+    gpu = build_index(on_device(loaded_tiny(family), "cuda"), corpus, tmp_path / "gpu", options, batching, progress=False)
     for table in ("trigger_examples", "control_trigger_examples"):
         a = pq.read_table(cpu.table(table)).to_pandas()
         b = pq.read_table(gpu.table(table)).to_pandas()
@@ -60,7 +53,7 @@ def test_index_loop_never_waits_for_the_gpu(corpus, controlled):
     """Reducing and merging a batch launch work only: no op in the loop copies a result back to the host
     (torch's sync debug mode raises on any that does), with or without the random control keys. Batches are
     moved to the GPU beforehand, as the prefetching workers do."""
-    loaded = _on_gpu(loaded_tiny("gpt2"))
+    loaded = on_device(loaded_tiny("gpt2"), "cuda")
     view = loaded.view
     examples = list(CorpusReader(corpus, loaded.tokenizer))
     batches = [collate(group, loaded.tokenizer.pad_id, (), 32).to("cuda") for group in length_batches(examples, 8, None)]

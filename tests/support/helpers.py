@@ -45,6 +45,12 @@ def loaded_tiny(family: str, seed: int = 0, **tokenizer_options) -> LoadedModel:
     return LoadedModel(model, CharTokenizer(**tokenizer_options), MemoryView(model), f"tiny-{family}", "float32", "cpu")
 
 
+def on_device(loaded: LoadedModel, device: str) -> LoadedModel:
+    """`loaded` with its model moved to `device` (the GPU tests: the same weights on CUDA)."""
+    model = loaded.model.to(device)
+    return LoadedModel(model, loaded.tokenizer, MemoryView(model), loaded.model_id, loaded.dtype, device)
+
+
 def assert_memory_view_consistent(view, cap, activation=None) -> None:
     """Captured m, ff_out and resid_post agree with the raw weights (SPEC section 1), every layer.
 

@@ -13,24 +13,19 @@ import pytest
 import torch
 
 from ffkv.corpus import shared_data_dir
-from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.explain import explain
 from ffkv.tools.llm_backends import LocalBackend, ServerBackend
 from ffkv.tools.score import score, simulation_messages
 from support.chat_server import ChatServer
 from support.explain_runs import PLANTED, planted_run
+from support.helpers import on_device
 from support.runs import copy_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 
 GPT2 = (shared_data_dir() or Path("/nonexistent")) / "tokenizers" / "gpt2"
 MEMORIES = [(0, PLANTED), (0, 1), (0, 2)]
-
-
-def _on(loaded: LoadedModel, device: str) -> LoadedModel:
-    model = loaded.model.to(device)
-    return LoadedModel(model, loaded.tokenizer, MemoryView(model), loaded.model_id, loaded.dtype, device)
 
 
 def _explain_and_score(run: Path, loaded: LoadedModel):
@@ -45,7 +40,7 @@ def _explain_and_score(run: Path, loaded: LoadedModel):
 def test_the_runs_model_on_the_gpu_gives_the_cpus_prompts_and_scores(tmp_path):
     run, loaded = planted_run(tmp_path / "planted")
     on_cpu = _explain_and_score(copy_run(run, tmp_path / "cpu"), loaded)
-    on_gpu = _explain_and_score(copy_run(run, tmp_path / "gpu"), _on(loaded, "cuda"))
+    on_gpu = _explain_and_score(copy_run(run, tmp_path / "gpu"), on_device(loaded, "cuda"))
     cols = ["kind", "layer", "key", "direction"]
     rows = [r.sort_values(cols).reset_index(drop=True) for r, _ in (on_cpu, on_gpu)]
     assert len(rows[0]) == 2 * (len(MEMORIES) + 2)

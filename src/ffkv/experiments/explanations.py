@@ -101,18 +101,20 @@ def draw(result: Result) -> Figures:
         part = table if explainer is None else table[table["explainer"] == explainer]
         x = np.array([at[int(layer)] for layer in part["layer"]])
         marker = "os^Dv"[e % 5]
+        by = f" ({explainer})" if len(explainers) > 1 else ""
         for s, (column, label, color) in enumerate(series):
             xs = x + (len(series) * e + s - (slots - 1) / 2) * width
-            by = f" ({explainer})" if len(explainers) > 1 else ""
             ax.plot(xs, part[column].to_numpy(float), marker, color=color, label=label + by)
             interval_bars(ax, xs, part, column, scale=1.0)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel("simulation score (correlation)")
-    layer_axis(ax, result.n_layers)
     if len(scored) <= 16:
+        ax.set_xlabel("layer")
         ax.set_xticks(range(len(scored)))
         ax.set_xticklabels([str(layer + 1) for layer in scored])
         ax.set_xlim(-0.6, len(scored) - 0.4)
+    else:
+        layer_axis(ax, result.n_layers)
     legend_outside(ax)
     return {NAME: fig}
 

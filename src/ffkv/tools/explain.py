@@ -369,7 +369,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
             rows = journal.close(_description(ctx, backend),
                                  order=lambda rows: _order(_superseded_dropped(rows, current, replaced)))
         if sum(replaced):
-            say(f"explain: {replaced[0]} earlier explanations replaced: their memories' prompts have changed since "
+            say(f"explain: {sum(replaced)} earlier explanations replaced: their memories' prompts have changed since "
                 "they were asked (the run's triggers, the projection or ffkv's prompt), and a memory keeps one "
                 "explanation per direction and explainer")
     return rows
