@@ -346,3 +346,35 @@ def test_two_explainers_are_scored_side_by_side_never_pooled(fresh):
 
     said = reading(BY_LAYER, layers)  # the report's reading: each explainer's own means
     assert all(f"By {e}, over 1 layers and {2 * len(MEMORIES)} explanations" in said for e in layers["explainer"])
+
+
+def test_stored_scores_of_a_layer_whose_explanation_was_replaced_are_dropped(fresh, monkeypatch):
+    """`score --layers 2` keeps layer 1's stored scores only while they score layer 1's explanations as they are
+    now: once `explain` replaced one, they are dropped with a line, never shown beside the new explanation."""
+    import ffkv.tools.explain as explain_module
+
+    run, loaded = fresh
+    memories = [(0, PLANTED), (0, 1), (1, 2), (1, 3)]
+    said = []
+    quiet = dict(loaded=loaded, progress=False, say=said.append)
+    with ChatServer() as server:
+        backend = ServerBackend(server.url, "rule", concurrency=4, timeout=10.0, retries=1, backoff=0.01)
+        explain(run, backend, memories=memories, **quiet)
+        score(run, backend, **quiet)
+        score(run, backend, layers=[1], **quiet)
+        assert not any("dropped" in line for line in said)  # nothing changed: layer 1's scores are kept
+        plain = explain_module.explain_messages
+
+        def changed(ctx, target, shown):
+            messages = plain(ctx, target, shown)
+            if target.layer == 0 and target.key == 1:  # the server's rule now names 'z': another explanation
+                messages[-1] = {**messages[-1], "content": "z[[10]]\n" + messages[-1]["content"]}
+            return messages
+        monkeypatch.setattr(explain_module, "explain_messages", changed)
+        explain(run, backend, memories=memories, **quiet)
+        assert any(line.startswith("explain: 2 earlier explanations replaced") for line in said)
+        table, by_layer = score(run, backend, layers=[1], **quiet)
+        assert any(line.startswith("score: the explanations of layers 1 have changed") for line in said)
+        assert sorted(table["layer"].unique()) == [1] and list(by_layer["layer"]) == [1]
+        table, _ = score(run, backend, layers=[0], **quiet)
+    assert sorted(table["layer"].unique()) == [0, 1]  # layer 2's are still its explanations' scores

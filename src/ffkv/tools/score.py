@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
-from ffkv.experiments.explanations import BY_LAYER, SCORES, read_explanation_rows
+from ffkv.experiments.explanations import BY_LAYER, ONE_PER, SCORES, read_explanation_rows
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.tools.explain import (TABLE, WINDOW, Target, coefficients_of, held_out_ranks, piece, prompt_hash,
                                 run_requests, shown_ranks, trigger_rows, window)
@@ -128,9 +128,8 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
     ctx = RunContext(run_dir, manifest, loaded, progress=progress, seed=seed)
     if not run_dir.has_metric(TABLE):
         raise FfkvError(f"{run_dir.path} has no explanations; run `ffkv explain {run_dir.path}` first")
-    rows = read_explanation_rows(run_dir, columns=["explanation"])
-    if layers is not None:
-        rows = rows[rows["layer"].isin(list(layers))]
+    explained = read_explanation_rows(run_dir, columns=["explanation"])
+    rows = explained if layers is None else explained[explained["layer"].isin(list(layers))]
     rows = rows.reset_index(drop=True)
     if not len(rows):
         raise FfkvError("no explanations to score in the layers asked for; run `ffkv explain` on them first")
@@ -198,7 +197,8 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
                        "score": "Pearson correlation of simulated and true activations d*m over the held-out tokens",
                        "baselines": "shuffled: another memory's explanation (same layer and direction, seeded); "
                                     "control: the random control memories' own explanations"}
-        table = pd.concat([_other_layers(run_dir, set(rows["layer"]), description, say), pd.DataFrame(scores)],
+        table = pd.concat([_other_layers(run_dir, set(rows["layer"]), explained, description, say),
+                           pd.DataFrame(scores)],
                           ignore_index=True).sort_values(["layer", "kind", "key", "direction"], kind="stable")
         table = table.reset_index(drop=True)
         layer_table = by_layer(table)
@@ -207,9 +207,12 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
     return table, layer_table
 
 
-def _other_layers(run_dir, scored: set[int], description: dict, say: Callable[[str], None]) -> pd.DataFrame:
+def _other_layers(run_dir, scored: set[int], explained: pd.DataFrame, description: dict,
+                  say: Callable[[str], None]) -> pd.DataFrame:
     """The stored scores of the layers this call does not score (``--layers``), kept when they were computed the
-    same way (simulator, seed, held-out mix); otherwise dropped, with a line saying which and why."""
+    same way (simulator, seed, held-out mix) and each scored explanation is still its memory's (`explained`, the
+    explanations table now: `ffkv explain` replaces one whose prompt changed); otherwise dropped, with a line
+    saying which and why."""
     if not run_dir.has_metric(SCORES):
         return pd.DataFrame()
     before = run_dir.read_metric(SCORES)
@@ -223,6 +226,13 @@ def _other_layers(run_dir, scored: set[int], description: dict, say: Callable[[s
         say(f"score: the stored scores of layers {layers} were computed with another {' and '.join(changed)}; "
             f"they are dropped (score those layers again to have them beside these)")
         return pd.DataFrame()
+    own = others[others["baseline"] == "own"].merge(explained, on=ONE_PER, how="left", suffixes=("", "_now"))
+    stale = sorted(set(own.loc[own["explanation"] != own["explanation_now"], "layer"]))
+    if stale:
+        layers = ", ".join(str(int(x) + 1) for x in stale)
+        say(f"score: the explanations of layers {layers} have changed since they were scored (`ffkv explain` "
+            "replaced some); their stored scores are dropped (score those layers again)")
+        others = others[~others["layer"].isin(stale)]
     return others
 
 
