@@ -161,3 +161,79 @@ def test_an_index_checkpoint_with_a_payload(tmp_path, capsys):
         build_index(loaded, spec, out, IndexOptions(top_k=3), BatchOptions(batch_size=4), resume=True,
                     progress=False)
     assert not marker.exists()
+
+
+def custom_code_model(folder, marker, model_type: str = "evilnet"):
+    """A model folder whose config.json names Python modules of its own (``auto_map``): importing them, as
+    transformers does once told to trust the folder, creates `marker`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": model_type, "vocab_size": 16,
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.Evil",
+                     "AutoTokenizer": ["tokenization_evil.Evil", None]}}))
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    for module in ("configuration_evil", "modeling_evil", "tokenization_evil"):
+        (folder / f"{module}.py").write_text(code)
+    return folder
+
+
+def test_a_model_folder_with_custom_code_is_refused_without_a_prompt(tmp_path):
+    """The audit: transformers asked "Do you wish to run the custom code? [y/N]" on standard input, and a "y" ran
+    the folder's Python. Here standard input says y: nothing asks, nothing runs, one line, exit 2."""
+    import subprocess
+    import sys
+
+    model, marker = custom_code_model(tmp_path / "model", tmp_path / "ran"), tmp_path / "ran"
+    (tmp_path / "corpus.txt").write_text("a b\n")
+    done = subprocess.run([sys.executable, "-m", "ffkv.cli", "index", "--model", str(model), "--corpus",
+                           str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "run"), "--no-progress"],
+                          input="y\ny\ny\n", capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "needs custom code" in lines[0] and "never runs code from a model" in lines[0]
+    assert "[y/N]" not in done.stdout + done.stderr and not marker.exists()
+
+
+def test_a_run_directory_naming_a_custom_code_model(index_only, tmp_path, capsys, monkeypatch):
+    """A shared run whose manifest names such a folder: intervene and the explorer's model load refuse it."""
+    import io
+
+    from ffkv.explorer.model import load_run_model
+
+    run = shutil.copytree(index_only, tmp_path / "run")
+    marker = tmp_path / "ran"
+    model = custom_code_model(tmp_path / "model", marker)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["model"]["id"] = manifest["identity"]["model_id"] = str(model)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 10))
+    assert cli.main(["intervene", str(run), "--off", "1:0", "--n-eval", "2", "--no-progress"]) == 2
+    assert "needs custom code" in error_line(capsys)
+    with pytest.raises(FfkvError, match="needs custom code"):
+        load_run_model(run)
+    assert not marker.exists()
+
+
+def test_a_native_family_with_custom_code_named_loads_the_native_code(tmp_path):
+    """A GPT-2 folder whose config also names modules of its own loads with transformers' own GPT-2 code."""
+    import tokenizers
+    import transformers
+
+    from ffkv.models import load_model
+
+    folder, marker = tmp_path / "gpt2", tmp_path / "ran"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16,
+                                                         n_positions=16)).save_pretrained(folder)
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    native = custom_code_model(tmp_path / "evil", marker)
+    config["auto_map"] = json.loads((native / "config.json").read_text())["auto_map"]
+    (folder / "config.json").write_text(json.dumps(config))
+    for module in native.glob("*.py"):
+        shutil.copy(module, folder)
+    loaded = load_model(str(folder))
+    assert type(loaded.model).__module__.startswith("transformers.") and loaded.view.n_layers == 1
+    assert not marker.exists()

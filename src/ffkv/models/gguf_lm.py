@@ -52,7 +52,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
 
     folder, file = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True,
+                                            trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types; the user needs one line
         raise FfkvError(f"cannot read {str(path)!r} as a GGUF model ({_first_line(exc)})") from None
     arch = next((a for a in ARCHITECTURES if config.model_type in a.model_types and not a.encoder), None)
@@ -60,8 +61,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
         raise FfkvError(f"unsupported architecture {config.model_type!r} in {str(path)!r}; ffkv supports: "
                         f"{supported_families()}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=dtype, local_files_only=True,
+                                                     trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True,
+                                                  trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001
         raise FfkvError(f"cannot load the model in {str(path)!r} ({_first_line(exc)})") from None
     return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])

@@ -94,6 +94,18 @@ def register_loader(loader: Loader) -> Loader:
     return loader
 
 
+def custom_code(error: BaseException) -> bool:
+    """Whether transformers refused to load because the model names code of its own (``auto_map``)."""
+    return "trust_remote_code" in str(error)
+
+
+def custom_code_refusal(name: str) -> FfkvError:
+    """The one line for a model that needs code from its own files: ffkv never runs it (and never asks)."""
+    return FfkvError(f"the model {name!r} is refused: it needs custom code from its own files (its config names "
+                     "Python modules in auto_map), and ffkv never runs code from a model; use a model of a "
+                     f"family transformers supports natively")
+
+
 def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tokenizer]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
@@ -101,8 +113,10 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
     # half a minute; unreachable, the files are read from the cache only (no retries at all).
     offline = not Path(name).exists() and not hub.in_cache(name) and not hub.reachable()
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=offline)
+        config = AutoConfig.from_pretrained(name, local_files_only=offline, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - HF raises many types; the user needs one line
+        if custom_code(exc):
+            raise custom_code_refusal(name) from None
         if Path(name).is_dir():
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise FfkvError(f"cannot load the model in {name!r}: its config.json is missing or not a model's "
@@ -124,9 +138,11 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
         )
     auto = AutoModelForMaskedLM if arch.encoder else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(name, dtype=dtype, local_files_only=offline)
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline)
+        model = auto.from_pretrained(name, dtype=dtype, local_files_only=offline, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001
+        if custom_code(exc):
+            raise custom_code_refusal(name) from None
         unsafe = refusal(exc, name, "the model weights in")
         if unsafe is not None:
             raise unsafe from None
