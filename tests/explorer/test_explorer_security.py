@@ -142,3 +142,62 @@ def test_a_full_model_queue_is_a_503_with_retry_after(analyzed, monkeypatch):
         assert c.get("/memory/1/0.json").status_code == 503
         assert c.get("/layer/1").status_code == 200  # pages that read only tables do not wait for the model
         assert c.get("/trace").status_code == 200  # the empty form needs no model
+
+
+def plant_in_database(run, sql: str) -> None:
+    """Edit the run's explorer.duckdb as someone who sends the run would, and record its new size in info.json
+    (so that the lookup tables still look current)."""
+    import json
+
+    import duckdb
+
+    folder = run / "explorer"
+    con = duckdb.connect(str(folder / "explorer.duckdb"))
+    con.execute(sql)
+    con.execute("CHECKPOINT")
+    con.close()
+    info = json.loads((folder / "info.json").read_text())
+    info["sizes"]["explorer.duckdb"] = (folder / "explorer.duckdb").stat().st_size
+    (folder / "info.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("sql", [
+    # The audit's: the texts the search shows, with a file of the reader's appended.
+    "DROP INDEX texts_id; ALTER TABLE texts RENAME TO texts_real; CREATE VIEW texts AS SELECT example_id, token_ids, "
+    "text || (SELECT content FROM read_text('{secret}')) AS text FROM texts_real",
+    "CREATE MACRO leak() AS (SELECT content FROM read_text('{secret}'))",
+    "DROP TABLE triggers_by_example",
+])
+def test_a_database_that_reads_the_readers_files_is_refused(fresh_run, tmp_path, sql):
+    """A run's explorer.duckdb holding a view that called read_text('/some/file') served that file through /search:
+    DuckDB's read_only does not switch its file access off. Now the database is refused before any page, with one
+    line naming it and the command that rebuilds it, and nothing of the file is read."""
+    from ffkv.errors import DamagedRun
+    from ffkv.explorer.data import ExplorerData
+
+    run, loaded = fresh_run
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    plant_in_database(run, sql.format(secret=secret))
+    with pytest.raises(DamagedRun) as refused:
+        ExplorerData(run, loaded=loaded)
+    line = str(refused.value)
+    assert "\n" not in line and str(run / "explorer" / "explorer.duckdb") in line
+    assert f"ffkv analyze {run} --only lookups" in line and "TOP-SECRET" not in line
+
+
+def test_a_run_database_connection_reads_no_files(fresh_run, tmp_path):
+    """Even a query ffkv itself sent could not read a file: external access is off and locked."""
+    import duckdb
+
+    from ffkv.store.database import open_database
+
+    run, _ = fresh_run
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    con = open_database(run / "explorer" / "explorer.duckdb")
+    with pytest.raises(duckdb.PermissionException):
+        con.execute(f"SELECT content FROM read_text('{secret}')").fetchall()
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+    assert con.execute("SELECT count(*) FROM triggers").fetchone()[0] > 0

@@ -47,6 +47,7 @@ from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
 from ffkv.store import atomic, lookups, schemas
+from ffkv.store.database import open_database
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -255,7 +256,8 @@ def activation_stats(loaded: LoadedModel, batches: list, threshold: np.ndarray |
 def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[np.ndarray, pd.DataFrame]:
     """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token (ties: the lowest
     id, so that the table is the same on every build) and its share."""
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_database(db_path, tables={"triggers": ("layer", "key", "rank", "direction", "next_token_id",
+                                                      "last_token_id")})
     try:
         first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers "
                             "WHERE rank = 0 AND direction = 1").fetchnumpy()

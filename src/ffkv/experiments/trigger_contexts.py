@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import torch
 
@@ -28,6 +27,7 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic, lookups
+from ffkv.store.database import open_database
 
 #: The file in RUN/explorer/.
 FILE = lookups.COEFFICIENTS
@@ -44,7 +44,7 @@ MAX_BATCH_TOKENS = 8192
 def plan(db_path: Path) -> dict[str, np.ndarray] | None:
     """The rows of explorer.duckdb's triggers table in the order of their coefficients: layer, key, example_id,
     m_offset, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows)."""
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_database(db_path, tables={"triggers": ("layer", "key", "example_id", "m_offset", "m_length")})
     try:
         rows = con.execute("SELECT layer, key, example_id, m_offset, m_length FROM triggers "
                            "WHERE m_offset IS NOT NULL ORDER BY m_offset").fetchnumpy()
@@ -58,7 +58,7 @@ def plan(db_path: Path) -> dict[str, np.ndarray] | None:
 
 def texts_of(db_path: Path) -> dict[int, list[int]]:
     """Token ids of every example the trigger rows use (explorer.duckdb's texts table)."""
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_database(db_path, tables={"texts": ("example_id", "token_ids")})
     try:
         table = con.execute("SELECT example_id, token_ids FROM texts").fetchnumpy()
     finally:

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pandas as pd
 
@@ -28,6 +27,8 @@ from ffkv.explorer.validation import BadRequest, integer, layer_key
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
+from ffkv.store.database import open_database
+from ffkv.store.integrity import rewrite_command
 from ffkv.store.run import RunDir
 from ffkv.store.schemas import Direction
 
@@ -68,7 +69,8 @@ class ExplorerData:
         self.progress = progress
         self.folder = lookups.find(self.run, self.manifest) or self._build()
         self.lookup_info = lookups.read_info(self.folder)
-        self._db = duckdb.connect(str(self.folder / "explorer.duckdb"), read_only=True)
+        self._db = open_database(self.folder / "explorer.duckdb",
+                                 rewrite_command(self.run.path, "explorer/explorer.duckdb", "lookups"))
         self._db_lock = threading.Lock()
         stats = pd.read_parquet(self.folder / "key_stats.parquet")
         self.key_stats = stats.set_index(["layer", "key"]).sort_index()
