@@ -20,98 +20,19 @@ from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.memories.view import MemoryView
 from ffkv.models import load_model
 from ffkv.models.loading import LoadedModel
+from support.gguf_files import CHAT, D_M, LAYERS, tiny_llama, tokens, write_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-N_HEAD, N_HEAD_KV, D, D_M, LAYERS, CONTEXT = 4, 2, 32, 48, 2, 64
-#: A few merges beyond the 256 byte tokens, so that the tokenizer is a real BPE.
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
-
-
-def _byte_tokens() -> list[str]:
-    """GPT-2's byte-to-unicode alphabet: the 256 byte tokens of a byte-level BPE."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + n))
-            n += 1
-    return chars
-
-
-def _tiny_llama(vocab: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=D, intermediate_size=D_M, num_hidden_layers=LAYERS,
-                                      num_attention_heads=N_HEAD, num_key_value_heads=N_HEAD_KV,
-                                      max_position_embeddings=CONTEXT, rms_norm_eps=1e-5, rope_theta=10000.0,
-                                      bos_token_id=vocab - 1, eos_token_id=vocab - 1, tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # norms away from 1, so that a dropped or misplaced norm would show
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter's row order for the query and key projections (its rotary layout)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _write_gguf(model: torch.nn.Module, tokens: list[str], path) -> None:
-    """The model in a GGUF file, as llama.cpp's `convert_hf_to_gguf.py` would write it (float32)."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(D)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(D_M)
-    writer.add_rope_dimension_count(D // N_HEAD)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 1) + [gguf.TokenType.CONTROL])
-    writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    writer.add_bos_token_id(len(tokens) - 1)
-    writer.add_eos_token_id(len(tokens) - 1)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    names = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
-             "output.weight": sd["lm_head.weight"]}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        names.update({
-            f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
-            f"blk.{i}.attn_q.weight": _permute(sd[p + "self_attn.q_proj.weight"], N_HEAD),
-            f"blk.{i}.attn_k.weight": _permute(sd[p + "self_attn.k_proj.weight"], N_HEAD_KV),
-            f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
-            f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
-            f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
-            f"blk.{i}.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
-            f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
-            f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
-        })
-    for name, array in names.items():
-        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """(the original model, its tokenizer's tokens, the GGUF file written from it)."""
-    tokens = _byte_tokens() + [a + b for a, b in MERGES] + ["<|endoftext|>"]
-    model = _tiny_llama(len(tokens))
+    words = tokens()
+    model = tiny_llama(len(words))
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama.F32.gguf"
-    _write_gguf(model, tokens, path)
-    return model, tokens, path
+    write_gguf(model, words, path, chat_template=CHAT)
+    return model, words, path
 
 
 def test_gguf_loads_the_written_weights_and_tokenizer(written):
@@ -154,7 +75,7 @@ def test_broken_gguf_inputs_are_refused_with_one_line(tmp_path, monkeypatch):
         load_model(str(tmp_path / "absent.gguf"))
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all" * 10)
-    with pytest.raises(FfkvError, match="cannot read .* as a GGUF model"):
+    with pytest.raises(FfkvError, match="is not a readable GGUF file"):
         load_model(str(junk))
     plain = tmp_path / "weights.bin"
     plain.write_bytes(b"\0" * 16)
@@ -166,3 +87,20 @@ def test_broken_gguf_inputs_are_refused_with_one_line(tmp_path, monkeypatch):
             with pytest.raises(FfkvError, match=f"needs the {package} package: pip install 'ffkv\\[gguf\\]'"):
                 load_model(str(junk))
 
+
+
+@pytest.mark.parametrize("field", ["tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"])
+def test_a_gguf_whose_counts_exceed_the_file_is_named_as_such(written, tmp_path, field):
+    """The audit: a length of 2**60 in the metadata gave transformers' fallback "not a valid JSON file"."""
+    import struct
+
+    data = bytearray(written[2].read_bytes())
+    at = data.index(field.encode()) + len(field) + 4  # past the key, at the value's type (uint32)
+    if field != "tokenizer.chat_template":
+        at += 4  # an array: its items' type, then its count
+    data[at:at + 8] = struct.pack("<Q", 2 ** 60)
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FfkvError, match="is not a readable GGUF file") as refused:
+        load_model(str(path))
+    assert "JSON" not in str(refused.value) and "\n" not in str(refused.value)

@@ -10,7 +10,11 @@ prompts of `ffkv.tools.explain` and `ffkv.tools.score`, on a character-level tin
 
 `mode` makes it misbehave from the `fail_from`-th request on (1-based): ``drop`` closes the connection without an
 answer, ``slow`` answers after `delay` seconds, ``malformed`` answers JSON with no choices, ``garbage`` answers
-text that is not JSON. Every request's body is kept in `requests` (a list, in arrival order).
+text that is not JSON; and as a hostile server would: ``drip`` announces 1,000,000 bytes and sends 100 every
+50 ms, ``drip_chunked`` sends 100-byte chunks every 50 ms (both for at most `DRIP_SECONDS`), ``huge`` announces
+999,999,999 bytes and sends them quickly, ``bad_usage`` answers ``"usage": "x"``, ``blank`` answers an
+explanation of spaces, ``error500`` answers HTTP 500. Every request's body is kept in `requests` (a list, in
+arrival order).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MARK = re.compile(r"(.)\[\[(\d+)\]\]", re.S)
+#: How long a dripping answer goes on at most (the client must give up long before).
+DRIP_SECONDS = 30.0
 
 
 def explain_rule(user: str) -> str:
@@ -85,7 +91,7 @@ class ChatServer:
                 with server.lock:
                     server.requests.append(body)
                     n = len(server.requests)
-                if self.path != "/v1/chat/completions":
+                if self.path.split("?")[0] != "/v1/chat/completions":
                     self.send_error(404)
                     return
                 mode = server.mode if n >= server.fail_from else "ok"
@@ -97,12 +103,23 @@ class ChatServer:
                     return
                 if mode == "slow":
                     time.sleep(server.delay)
+                if mode in ("drip", "drip_chunked", "huge"):
+                    self._drip(mode)
+                    return
+                if mode == "error500":
+                    self.send_error(500)
+                    return
                 if mode == "malformed":
                     payload = json.dumps({"id": "x", "object": "chat.completion"}).encode()
                 elif mode == "garbage":
                     payload = b"<html>502 bad gateway</html>"
                 else:
-                    payload = json.dumps(_reply(body, server.with_logprobs)).encode()
+                    answer = _reply(body, server.with_logprobs)
+                    if mode == "bad_usage":
+                        answer["usage"] = "x"
+                    elif mode == "blank":
+                        answer["choices"][0]["message"]["content"] = " \n\t "
+                    payload = json.dumps(answer).encode()
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -110,6 +127,27 @@ class ChatServer:
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _drip(self, mode: str) -> None:
+                """A body that never ends in time: 100 bytes every 50 ms (or at once, `huge`)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if mode == "drip_chunked":
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", "999999999" if mode == "huge" else "1000000")
+                self.end_headers()
+                ends = time.monotonic() + DRIP_SECONDS
+                try:
+                    while time.monotonic() < ends:
+                        piece = b" " * 100
+                        self.wfile.write(b"64\r\n" + piece + b"\r\n" if mode == "drip_chunked" else piece * (
+                            1000 if mode == "huge" else 1))
+                        self.wfile.flush()
+                        if mode != "huge":
+                            time.sleep(0.05)
+                except (BrokenPipeError, ConnectionResetError, OSError):
                     pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

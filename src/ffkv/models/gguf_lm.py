@@ -50,6 +50,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
 
     from ffkv.memories.architectures import ARCHITECTURES, supported_families
 
+    _check_whole(path)
     folder, file = str(path.parent), path.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True,
@@ -68,6 +69,19 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.
     except Exception as exc:  # noqa: BLE001
         raise FfkvError(f"cannot load the model in {str(path)!r} ({_first_line(exc)})") from None
     return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
+
+
+def _check_whole(path: Path) -> None:
+    """Read the file's header, metadata and tensor table with gguf's own reader before transformers does: counts
+    and lengths beyond the file (a damaged or crafted file) are named as such, not as transformers' fallback
+    error ("not a valid JSON file")."""
+    import gguf
+
+    try:
+        gguf.GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - the reader raises many types; the user needs one line
+        raise FfkvError(f"{str(path)!r} is not a readable GGUF file: gguf's reader fails on its header, metadata "
+                        f"or tensor table ({path.stat().st_size:,} bytes; {_first_line(exc)})") from None
 
 
 def _first_line(exc: Exception) -> str:

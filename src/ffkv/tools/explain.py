@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -32,15 +33,16 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.experiments.common import Projections, RunContext, open_run, progress_bar
 from ffkv.experiments.explanations import EXPLANATIONS, ONE_PER
+from ffkv.memories.address import MemoryRef
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import scan_values
 from ffkv.store.lock import now_iso
 from ffkv.tools.activations import token_coefficients
 from ffkv.tools.journal import Journal
-from ffkv.tools.llm_backends import Backend, Message
+from ffkv.tools.llm_backends import Backend, EmptyAnswer, Message
 
 #: The metrics table (its name's owner: `ffkv.experiments.explanations`, the report's section).
 TABLE = EXPLANATIONS
@@ -55,6 +57,8 @@ VALUE_TOKENS = 10
 #: Tokens the explainer may write.
 MAX_TOKENS = 60
 KINDS = ("memory", "control")
+#: The columns every row of the explanations journal holds (a chunk without them is not this journal's).
+JOURNAL_COLUMNS = ("row", "kind", "layer", "key", "direction", "explainer", "prompt_sha256", "explanation")
 
 SYSTEM = ("You are studying the memories of a language model's feed-forward layers. Each memory activates on some "
           "tokens of a text, and when it does it pushes the model towards some output tokens. Read the examples "
@@ -274,11 +278,13 @@ def first_sentence(text: str) -> str:
 
 
 def run_requests(backend: Backend, jobs: Sequence[tuple[str, Callable[[], dict]]], journal: Journal,
-                 bar_name: str, progress: bool) -> None:
+                 bar_name: str, progress: bool) -> list[str]:
     """Send `jobs` ((row key, request)) `backend.concurrency` at a time, keeping each finished row in `journal`.
 
     The first failure stops new requests; those in flight finish and are kept; then it is raised. So is Ctrl-C.
+    An answer refused as empty (`EmptyAnswer`) stops nothing and keeps nothing: what it was for is returned.
     """
+    refused: list[str] = []
     bar = progress_bar(progress, len(jobs), bar_name, "request")
     pool = ThreadPoolExecutor(max_workers=max(1, backend.concurrency))
     error: BaseException | None = None
@@ -295,6 +301,9 @@ def run_requests(backend: Backend, jobs: Sequence[tuple[str, Callable[[], dict]]
                 try:
                     journal.add(future.result())
                     bar.update(1)
+                except EmptyAnswer as exc:
+                    refused.append(str(exc))
+                    bar.update(1)
                 except Exception as exc:  # noqa: BLE001 - the first one is raised once the others are kept
                     error = error or exc
             if error is not None:
@@ -308,6 +317,7 @@ def run_requests(backend: Backend, jobs: Sequence[tuple[str, Callable[[], dict]]
     pool.shutdown(wait=True)
     if error is not None:
         raise error
+    return refused
 
 
 def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
@@ -330,7 +340,8 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
     with run_dir.lock("explain"):
         targets = choose_targets(ctx, layers, memories, sample, controls, seed, direction)
         shown = gather(ctx, targets, ctx.projections.values)
-        journal = Journal(run_dir, TABLE, metric=True, step="explain", every=max(4, backend.concurrency), key="row")
+        journal = Journal(run_dir, TABLE, metric=True, step="explain", every=max(4, backend.concurrency), key="row",
+                          columns=JOURNAL_COLUMNS)
         done = journal.done()
         answers = {h: r for h, r in zip(done.get("prompt_sha256", []), done.to_dict("records"))}
         stored = set(done["row"])
@@ -357,7 +368,12 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
             f"{MAX_TOKENS * len(jobs):,} answer tokens; {len(targets) - len(jobs) - len(reused)} of {len(targets)} "
             "already stored")
         try:
-            run_requests(backend, jobs, journal, "explain", progress)
+            refused = run_requests(backend, jobs, journal, "explain", progress)
+            if refused:
+                warnings.warn(f"explain: {backend.identity} answered {len(refused)} of {len(jobs)} prompts with no "
+                              f"explanation (empty or blank), none stored; the next `ffkv explain` asks again for "
+                              f"them: {', '.join(refused[:5])}{' ...' if len(refused) > 5 else ''}", FfkvWarning,
+                              stacklevel=2)
         finally:
             finished = journal.done()
             by_hash = {h: r for h, r in zip(finished["prompt_sha256"], finished.to_dict("records"))} \
@@ -391,7 +407,10 @@ def _superseded_dropped(rows: pd.DataFrame, current: dict[tuple, str], replaced:
 def _ask(backend: Backend, messages: list[Message], base: dict) -> Callable[[], dict]:
     def ask() -> dict:
         answer = backend.chat(messages, MAX_TOKENS)
-        return {**base, "explanation": first_sentence(answer.text), "prompt_tokens": answer.prompt_tokens,
+        explanation = first_sentence(answer.text)
+        if not explanation:
+            raise EmptyAnswer(f"{base['kind']} {MemoryRef(base['layer'], base['key'])}")
+        return {**base, "explanation": explanation, "prompt_tokens": answer.prompt_tokens,
                 "completion_tokens": answer.completion_tokens, "created": now_iso()}
     return ask
 

