@@ -282,7 +282,8 @@ def _analyze_parser(sub, experiments: bool) -> None:
                    help="also run the experiment FILE.py declares (EXPERIMENT = Experiment(...); docs/extending.md): "
                         "its code runs, as you ask by naming it (repeatable)")
     p.add_argument("--eval-corpus", default=None,
-                   help="held-out examples for composition/refinement (default: the run's corpus, held-out split)")
+                   help="held-out examples for composition/refinement (default: the run's corpus, held-out split; where "
+                        "that corpus is the model's own training text, as ffkv-tiny's, the text it never saw)")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
                    help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
     p.add_argument("--n-eval", type=_positive_int, default=4000, help="held-out examples (default 4000, as the paper)")
@@ -316,7 +317,8 @@ def _intervene_parser(sub) -> None:
     p.add_argument("--off", action="append", default=[], metavar="L:K", help="switch memory L:K off, m = 0 (repeatable)")
     p.add_argument("--scale", action="append", default=[], metavar="L:K=F", help="multiply m of memory L:K by F (repeatable)")
     p.add_argument("--eval-corpus", default=None,
-                   help="the evaluation text (default: the run's corpus, held-out split), read with the run's unit")
+                   help="the evaluation text (default: the run's corpus, held-out split; where that corpus is the "
+                        "model's own training text, as ffkv-tiny's, the text it never saw), read with the run's unit")
     p.add_argument("--eval-split", default=None, choices=("all", "train", "heldout"),
                    help="split of --eval-corpus (default: all for a given corpus, heldout for the run's)")
     p.add_argument("--n-eval", type=_positive_int, default=1000, help="evaluation examples, a seeded subset (default: %(default)s)")

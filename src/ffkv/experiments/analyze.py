@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ffkv.experiments import registry
-from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run
+from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run, text_measured
 from ffkv.experiments.encoders import applicability_table, skipped_reason
 from ffkv.experiments.fidelity import write_fidelity
 from ffkv.errors import DamagedRun, FfkvError, one_line
@@ -94,6 +94,8 @@ def analyze(
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):
+        if progress and spec is not None and is_writer():
+            print(f"analyze: held-out text: {text_measured(spec)}", flush=True)
         for step, name in enumerate(names, 1):
             if name in skipped:  # not asked for by name: skipped, with the reason kept in the manifest
                 ctx.analyses[name] = {"skipped": skipped[name]}

@@ -27,6 +27,7 @@ from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError, FfkvWarning
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, check_projection
 from ffkv.memories.targets import trigger_targets
+from ffkv.models.default_corpus import true_heldout
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
 from ffkv.presentation.findings import MIN_VERDICT_N, wilson_interval
@@ -399,7 +400,9 @@ def eval_spec(manifest: Manifest, corpus: str | Path | CorpusSpec | dict | None 
     """The held-out examples' corpus spec (SPEC section 7), for the CLI and the library alike.
 
     Args:
-        corpus: None for the run's own corpus (split "heldout" unless `split` says otherwise);
+        corpus: None for the run's own corpus (split "heldout" unless `split` says otherwise), or, where that
+            corpus is the model's own training text (`ffkv.models.default_corpus.true_heldout`: ffkv-tiny's), the
+            text the model was never trained on;
             a path, read with the run's unit and length options (split "all" unless given);
             or a `CorpusSpec` (or its dict), used as it is (but for `split`, when given).
         n_eval: the spec is cut to a seeded uniform subset of this many examples (4,000 by default).
@@ -408,7 +411,11 @@ def eval_spec(manifest: Manifest, corpus: str | Path | CorpusSpec | dict | None 
     if not isinstance(n_eval, int) or isinstance(n_eval, bool) or n_eval < 1:
         raise FfkvError(f"--n-eval must be a positive integer, got {n_eval!r}")
     base = manifest.corpus or manifest.identity.corpus
-    if corpus is None:
+    held = true_heldout(manifest.model.id, base.get("source", "")) if corpus is None else None
+    if held is not None and split in (None, "heldout"):
+        # The run's corpus is the model's training text: its hash split would be training text too.
+        spec = replace(CorpusSpec.from_dict(base), source=str(held), split="all")
+    elif corpus is None:
         spec = replace(CorpusSpec.from_dict(base), split=split or "heldout")
     elif isinstance(corpus, (CorpusSpec, dict)):
         spec = CorpusSpec.from_dict(corpus) if isinstance(corpus, dict) else corpus
@@ -418,6 +425,14 @@ def eval_spec(manifest: Manifest, corpus: str | Path | CorpusSpec | dict | None 
         spec = CorpusSpec(source=str(corpus), split=split or "all", **keep)
     shuffle = spec.shuffle_seed if spec.shuffle_seed is not None else seed
     return replace(spec, max_examples=n_eval, shuffle_seed=shuffle)
+
+
+def text_measured(spec: CorpusSpec | dict) -> str:
+    """Which text a measurement read, as every command prints it: the file, its split and how many examples."""
+    spec = CorpusSpec.from_dict(spec) if isinstance(spec, dict) else spec
+    split = "" if spec.split == "all" else f", its {spec.split!r} split (a hash split of its examples)"
+    most = f", a seeded subset of at most {spec.max_examples:,} examples" if spec.max_examples else ""
+    return f"{spec.source}{split}{most}"
 
 
 def mask_token_id(tokenizer) -> int | None:

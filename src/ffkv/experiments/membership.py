@@ -34,6 +34,7 @@ from ffkv.experiments.common import RunContext, eval_spec, sample_size_warnings
 from ffkv.experiments.figures import COLORS, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.scoring import TOP_K, score_examples
+from ffkv.models.default_corpus import KNOWN_SPLITS
 from ffkv.presentation.findings import layer_ends
 from ffkv.presentation.intervals import auc_interval
 from ffkv.presentation.style import layer_number
@@ -41,8 +42,6 @@ from ffkv.presentation.style import layer_number
 NAME = "membership"
 #: Examples drawn from each split by default (fewer when a split holds fewer usable examples).
 N_PER_SPLIT = 1000
-#: Models whose training split ffkv knows: model id -> (member split, non-member split) of the embedded corpus.
-KNOWN_SPLITS = {"ffkv-tiny": ("train", "heldout")}
 INTERVAL = "95% DeLong interval of the ROC AUC (AUC ± 1.96·SE, clipped to [0, 1])"
 
 

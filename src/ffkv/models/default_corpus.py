@@ -33,6 +33,31 @@ HELDOUT_EVERY = 20
 SPLITS = ("all", "train", "heldout")
 
 
+#: Models whose training text ffkv knows: model id -> (training split, held-out split) of the embedded corpus.
+KNOWN_SPLITS = {"ffkv-tiny": ("train", "heldout")}
+
+
+def true_heldout(model_id: str, source: str | Path) -> Path | None:
+    """The file of text `model_id` was never trained on, where `source` is (a file of) its training text; None
+    when ffkv does not know the model's training text or `source` is not part of it.
+
+    ffkv-tiny was trained on the embedded corpus's "train" split: a run indexed over that file (or over the whole
+    corpus) holds no held-out text of its own, and the hash split of its examples ("heldout" of `CorpusSpec`) is
+    training text too. Its held-out text is the "heldout" file (every 20th verse).
+    """
+    if model_id not in KNOWN_SPLITS:
+        return None
+    train, held = KNOWN_SPLITS[model_id]
+    try:
+        trained = {default_corpus_path(split) for split in ("all", train)}
+    except FfkvError:  # the embedded corpus is not installed: nothing to compare with
+        return None
+    given = Path(source)
+    if any(given.name == path.name and (not given.is_file() or given.resolve() == path.resolve()) for path in trained):
+        return default_corpus_path(held)
+    return None
+
+
 def cache_dir() -> Path:
     """The ffkv cache directory: $FFKV_CACHE, else $XDG_CACHE_HOME/ffkv, else ~/.cache/ffkv."""
     if os.environ.get("FFKV_CACHE"):

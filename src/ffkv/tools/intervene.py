@@ -34,6 +34,7 @@ import torch
 
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
+from ffkv.experiments.common import text_measured
 from ffkv.experiments.scoring import Scores, perplexity, score_examples
 from ffkv.memories.interventions import Intervention
 from ffkv.memories.projection import top_tokens
@@ -134,7 +135,8 @@ class InterventionResult:
         shown = ", ".join(repr(s) for s in self.token_strings[:20]) + (" ..." if len(self.token_strings) > 20 else "")
         lines = [f"interventions (layers from 1): {edits}",
                  f"token set S ({self.token_set_origin}, {len(self.token_set)} tokens): {shown}",
-                 f"n = {len(self.examples):,} examples; intervals: {INTERVAL}", ""]
+                 f"n = {len(self.examples):,} examples; intervals: {INTERVAL}",
+                 *([f"text: {text_measured(self.corpus)}"] if self.corpus else []), ""]
         header = f"{'measure':<28}{'before':>14}{'after':>14}{'change':>14}   95% interval of the change"
         lines.append(header)
         for row in self.summary.itertuples():
