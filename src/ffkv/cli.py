@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 from ffkv import __version__
 from ffkv.allocator import keep_freed_memory
 from ffkv.demo import DEMO_N_EVAL
-from ffkv.errors import EXIT_CODES, DamagedRun, FfkvError, FfkvWarning, Interrupted, StorageError, one_line
+from ffkv.errors import (EXIT_CODES, DamagedRun, FfkvError, FfkvWarning, Interrupted, StorageError, command_line,
+                         one_line)
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -955,7 +956,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    with warnings.catch_warnings(record=True) as caught, _progress_bars(not getattr(args, "no_progress", False)):
+    with warnings.catch_warnings(record=True) as caught, _progress_bars(not getattr(args, "no_progress", False)), \
+            command_line():
         warnings.simplefilter("always", FfkvWarning)
         try:
             code = COMMANDS[args.command](args)

@@ -1,6 +1,12 @@
-"""The exceptions that reach users as a single clear line, and the exit status of each (`EXIT_CODES`)."""
+"""The exceptions that reach users as a single clear line, and the exit status of each (`EXIT_CODES`); the
+warnings, raised where the user's own code called ffkv (`warn`), in the words of what the user runs (`said`)."""
 
+import contextlib
+import contextvars
 import os
+import sys
+import warnings
+from typing import Iterator
 
 
 class FfkvError(Exception):
@@ -27,6 +33,36 @@ class DamagedRun(FfkvError):
 
 class FfkvWarning(UserWarning):
     """Something the user should know that does not stop the work (the CLI prints one line)."""
+
+
+#: Whether the `ffkv` command runs (its messages name flags) or the library is called (they name arguments).
+_COMMAND_LINE = contextvars.ContextVar("ffkv_command_line", default=False)
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Within it, messages speak the command line's words (`said`): the `ffkv` command runs in it."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def said(flags: str, arguments: str) -> str:
+    """What to tell the user to change: the command line's `flags` when the `ffkv` command runs, the library's
+    `arguments` when a function was called (``eval_corpus=`` is no flag of a notebook)."""
+    return flags if _COMMAND_LINE.get() else arguments
+
+
+def warn(message: str) -> None:
+    """Raise an `FfkvWarning` attributed to the first frame outside ffkv: Python then names the user's own line
+    (a notebook cell's ``ffkv.analyze(...)``), never one of ffkv's source lines."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, FfkvWarning, stacklevel=level)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -100,3 +100,33 @@ def test_eval_spec(tmp_path):
     other = eval_spec(manifest, str(tmp_path / "corpus.txt"), "train")
     assert other.split == "train" and other.unit == "line"
     assert eval_spec(manifest, n_eval=7).max_examples == 7 and eval_spec(manifest, other).source == other.source
+
+
+def test_warnings_speak_the_words_of_what_the_user_runs(fresh_run, capsys, monkeypatch):
+    """Issue 43: the README's Library block printed `FfkvWarning: composition: ... pass --eval-corpus or --eval-split
+    all (and --n-eval)` (flags, not the function's arguments), followed by an echoed line of ffkv's own source. A
+    warning raised through the library names the arguments and is attributed to the caller's line; through the
+    command line, it names the flags."""
+    import warnings
+
+    import ffkv
+    from ffkv import cli
+    from ffkv.errors import FfkvWarning
+
+    run, loaded = fresh_run
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ffkv.analyze(ffkv.open_run(run, loaded), only="composition", n_eval=20, progress=False)
+    ours = [w for w in caught if issubclass(w.category, FfkvWarning)]
+    assert ours, "composition on 20 examples warns about its n"
+    text = str(ours[0].message)
+    assert 'pass eval_corpus= or eval_split="all" (and n_eval=)' in text and "--eval-corpus" not in text
+    assert all(w.filename == __file__ for w in ours), [w.filename for w in ours]  # never a line of ffkv's
+    from ffkv.models import loading
+    from support import tiny_cli
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    assert cli.main(["analyze", str(run), "--only", "composition", "--n-eval", "20", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "ffkv: warning: composition:" in err and "pass --eval-corpus or --eval-split all (and --n-eval)" in err
+    assert "eval_corpus=" not in err

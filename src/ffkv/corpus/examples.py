@@ -9,7 +9,6 @@ yielded in ascending id order.
 from __future__ import annotations
 
 import itertools
-import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,7 +18,7 @@ from ffkv.corpus.readers import iter_documents
 from ffkv.corpus.selection import SubsetHeap, in_split, subset_rank
 from ffkv.corpus.sentences import split_sentences
 from ffkv.corpus.spec import CorpusSpec
-from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.errors import FfkvError, warn
 from ffkv.models.tokenizer import Tokenizer
 
 
@@ -108,8 +107,8 @@ def limit_examples(spec: CorpusSpec, examples: Iterator[Example]) -> Iterator[Ex
             if spec.max_examples is not None and count >= spec.max_examples:
                 break
     if count == 0:
-        warnings.warn(f"corpus {spec.source} gave no examples after split={spec.split!r} and "
-                      f"min_tokens={spec.min_tokens}: loosen them", FfkvWarning, stacklevel=2)
+        warn(f"corpus {spec.source} gave no examples after split={spec.split!r} and min_tokens={spec.min_tokens}: "
+             "loosen them")
 
 
 class CorpusReader:

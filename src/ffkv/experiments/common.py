@@ -24,13 +24,13 @@ import torch
 
 from ffkv.batching import RowBatches, row_batches
 from ffkv.corpus import CorpusSpec, iter_examples
-from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.errors import FfkvError, FfkvWarning, said, warn
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, check_projection
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.default_corpus import true_heldout
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
-from ffkv.presentation.findings import MIN_VERDICT_N, wilson_interval
+from ffkv.presentation.findings import MIN_VERDICT_N, MORE_EXAMPLES, MORE_EXAMPLES_LIBRARY, wilson_interval
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
@@ -148,9 +148,9 @@ def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> lis
             "95% intervals (in brackets in the report; the *_ci_low and *_ci_high columns of the table); no "
             "finding gets a verdict on so few")
     if what == "examples":  # held-out examples: the user can give more
-        line += "; for more, pass --eval-corpus or --eval-split all (and --n-eval)"
+        line += "; for more, " + said(MORE_EXAMPLES, MORE_EXAMPLES_LIBRARY)
     if is_writer():
-        warnings.warn(line, FfkvWarning, stacklevel=2)
+        warn(line)
     return [line]
 
 
@@ -386,8 +386,8 @@ def open_run(run_dir: str | Path, loaded: LoadedModel | None = None, device: str
 
         loaded = load_model(manifest.model.id, dtype=dtype or manifest.model.dtype, device=device)
         if loaded.weights_hash() != manifest.identity.weights_sha256:
-            warnings.warn(f"the weights of {manifest.model.id!r} differ from those the run was indexed with; "
-                          "trigger examples may not match this model", FfkvWarning, stacklevel=2)
+            warn(f"the weights of {manifest.model.id!r} differ from those the run was indexed with; "
+                 "trigger examples may not match this model")
     if (manifest.model.n_layers, manifest.model.d_m) != (loaded.view.n_layers, loaded.view.d_m):
         raise FfkvError(f"the model ({loaded.view.n_layers} layers x {loaded.view.d_m} memories) does not match "
                         f"the run ({manifest.model.n_layers} x {manifest.model.d_m}); analyse the run with its "

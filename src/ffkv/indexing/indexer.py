@@ -21,14 +21,13 @@ import itertools
 import math
 import shutil
 import time
-import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
-from ffkv.errors import FfkvError, FfkvWarning, Interrupted
+from ffkv.errors import FfkvError, Interrupted, said, warn
 from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.indexing import excluded
 from ffkv.indexing.checkpoint import CUTTING, Checkpoint
@@ -192,9 +191,9 @@ class _ExampleParts:
 def cut_notice(n_cut: int, max_tokens: int) -> str:
     """The one line `ffkv index` prints when examples were longer than the length it keeps."""
     return (f"{n_cut:,} example{'s' if n_cut != 1 else ''} held more than {max_tokens} tokens and "
-            f"{'were' if n_cut != 1 else 'was'} cut to the first {max_tokens} (the maximum length: --max-tokens, or the "
-            "model's positions); the manifest's counts.examples_cut records how many; a shorter --unit keeps all "
-            "of the text")
+            f"{'were' if n_cut != 1 else 'was'} cut to the first {max_tokens} (the maximum length: "
+            f"{said('--max-tokens', 'max_tokens')}, or the model's positions); the manifest's counts.examples_cut "
+            f"records how many; a shorter {said('--unit', 'unit')} keeps all of the text")
 
 
 def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions, batching: BatchOptions,
@@ -430,8 +429,8 @@ class _IndexJob:
         """Write the tables, then mark the run complete and remove its checkpoints."""
         at, run = self.at, self.run
         if at.consumed < self.options.top_k:
-            warnings.warn(f"--top-k {self.options.top_k} is larger than the {at.consumed} examples in the corpus; "
-                          f"keeping all {at.consumed} for every key", FfkvWarning, stacklevel=3)
+            warn(f"{said('--top-k', 'top_k')} {self.options.top_k} is larger than the {at.consumed} examples in the "
+                 f"corpus; keeping all {at.consumed} for every key")
         self.checkpoint(manifest)  # an error in the writes below then resumes with nothing left to index
         n_examples = self.parts.assemble(run.table("examples"))
         write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
@@ -446,7 +445,7 @@ class _IndexJob:
                            "excluded_positions": int(sum(left_out.values()))}
         manifest.index["excluded_tokens"] = excluded.named(left_out, self.loaded.tokenizer)
         if at.n_cut:
-            warnings.warn(cut_notice(at.n_cut, self.spec.max_tokens), FfkvWarning, stacklevel=3)
+            warn(cut_notice(at.n_cut, self.spec.max_tokens))
         manifest.status, manifest.process, manifest.error = "complete", None, None
         run.write_manifest(manifest)
         shutil.rmtree(run.partial, ignore_errors=True)

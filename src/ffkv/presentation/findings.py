@@ -68,6 +68,8 @@ MIN_VERDICT_N = 100
 MIN_SEMANTIC_RECALL = 0.5
 #: What the held-out findings' too-few verdict tells the user to do.
 MORE_EXAMPLES = "pass --eval-corpus or --eval-split all (and --n-eval)"
+#: The same in the library's words (`ffkv.analyze`'s arguments).
+MORE_EXAMPLES_LIBRARY = "pass eval_corpus= or eval_split=\"all\" (and n_eval=)"
 
 
 def layer_ends(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, pd.Series, str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -33,7 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from ffkv.errors import FfkvError, FfkvWarning
+from ffkv.errors import FfkvError, warn
 from ffkv.experiments.common import Projections, RunContext, open_run, progress_bar
 from ffkv.experiments.explanations import EXPLANATIONS, ONE_PER
 from ffkv.memories.address import MemoryRef
@@ -370,10 +369,9 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
         try:
             refused = run_requests(backend, jobs, journal, "explain", progress)
             if refused:
-                warnings.warn(f"explain: {backend.identity} answered {len(refused)} of {len(jobs)} prompts with no "
-                              f"explanation (empty or blank), none stored; the next `ffkv explain` asks again for "
-                              f"them: {', '.join(refused[:5])}{' ...' if len(refused) > 5 else ''}", FfkvWarning,
-                              stacklevel=2)
+                warn(f"explain: {backend.identity} answered {len(refused)} of {len(jobs)} prompts with no "
+                     f"explanation (empty or blank), none stored; the next `ffkv explain` asks again for "
+                     f"them: {', '.join(refused[:5])}{' ...' if len(refused) > 5 else ''}")
         finally:
             finished = journal.done()
             by_hash = {h: r for h, r in zip(finished["prompt_sha256"], finished.to_dict("records"))} \
