@@ -43,3 +43,14 @@ def test_the_library_section_runs_offline(tmp_path, monkeypatch):
     assert "with interventions" in traced._repr_html_()
     m = namespace["m"]
     assert tuple(m.shape[::2]) == (1, namespace["view"].d_m)
+
+
+def test_the_demos_step_line_names_every_step_analyze_runs():
+    """Issue 43: the demo's step line named 9 analyses, then analyze ran 12."""
+    from ffkv.demo import analyze_steps
+    from ffkv.experiments.registry import default_names, experiments
+
+    line, names = analyze_steps(), default_names()
+    named = [n for n in experiments() if re.search(rf"\b{n}\b", line)]
+    assert set(named) <= set(names) and f"({len(names)} steps)" in line
+    assert all(n in named or experiments()[n].section == "the explorer" for n in names)

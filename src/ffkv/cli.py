@@ -274,7 +274,8 @@ def _merge_parser(sub) -> None:
 
 def _analyze_parser(sub, experiments: bool) -> None:
     """`ffkv analyze`'s arguments."""
-    p = sub.add_parser("analyze", help="run the paper's experiments on a run (Geva et al. 2021, sections 3-5)",
+    p = sub.add_parser("analyze", help="run the paper's experiments on a run (Geva et al. 2021, sections 3-5 of "
+                                       "the paper) and the studies beyond it, each beside its null",
                        description="Adds metrics/NAME.parquet and figures/NAME.{png,svg} per experiment "
                                    "(the paper's Sections 3-5; beyond the paper: docs/definitions.md).")
     p.add_argument("run", help="a complete run directory")

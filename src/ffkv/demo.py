@@ -21,6 +21,19 @@ DEMO_N_EVAL = 1000
 DEMO_TOP_K = 50
 
 
+def analyze_steps() -> str:
+    """What `analyze` runs by default, as the demo's step line names it: read from the experiments' registry."""
+    from ffkv.experiments.registry import default_names, experiments
+
+    every = experiments()
+    names = default_names()
+    paper = [n for n in names if every[n].section.startswith("paper")]
+    beyond = [n for n in names if every[n].section.startswith("beyond")]
+    rest = [every[n].title[0].lower() + every[n].title[1:] for n in names if n not in paper + beyond]
+    return "; ".join(part for part in (", ".join(paper), "beyond the paper: " + ", ".join(beyond) if beyond else "",
+                                       *rest) if part) + f" ({len(names)} steps)"
+
+
 def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress: bool = True):
     """Index, analyze and report on ffkv-tiny; a finished index in `out` is reused. Returns the `RunDir`."""
     from ffkv.corpus import CorpusSpec
@@ -42,8 +55,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
         spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=DEMO_VERSES,
                           shuffle_seed=DEMO_SEED)
         build_index(loaded, spec, out, IndexOptions(top_k=DEMO_TOP_K), resume=run.exists(), progress=progress)
-    print("[2/3] analyze: patterns, ablations, values, composition, refinement; beyond the paper: census, suppressed, "
-          "membership, pruning; the explorer's lookup tables", flush=True)
+    print(f"[2/3] analyze: {analyze_steps()}", flush=True)
     heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
     analyze(out, eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
             options={"membership": {"n": n_eval}})  # ffkv-tiny's own split: n_eval training + n_eval held-out verses

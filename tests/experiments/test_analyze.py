@@ -81,8 +81,12 @@ def test_errors_say_what_to_do(tmp_path):
     with pytest.raises(FfkvError, match="not an ffkv run directory"):
         analyze(tmp_path, progress=False)
     run, loaded = make_run(tmp_path / "r", "gpt2", n=30)
-    with pytest.raises(FfkvError, match="unknown experiment 'valuez'"):
+    with pytest.raises(FfkvError, match="unknown experiment 'valuez' in only=; did you mean 'values'"):
         analyze(run, only="values,valuez", loaded=loaded, progress=False)
+    with pytest.raises(FfkvError, match="unknown experiment 'pattern' in only=; did you mean 'patterns'"):
+        analyze(run, only="pattern", loaded=loaded, progress=False)
+    with pytest.raises(FfkvError, match="unknown experiment 'zzz' in only=; choose from"):
+        analyze(run, only="zzz", loaded=loaded, progress=False)
     with pytest.raises(FfkvError, match="unknown projection"):
         analyze(run, only="values", projection="layer-norm", loaded=loaded, progress=False)
     with pytest.raises(FfkvError, match="--n-eval"):

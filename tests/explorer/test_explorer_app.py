@@ -263,3 +263,15 @@ def test_a_model_loaded_in_the_background_warms_the_first_memory_page(analyzed, 
     app.state.data.model.start()
     assert compiled.wait(120)
     assert data._tokens is not None and len(data._tokens) == data.vocab_size
+
+
+def test_flag_columns_say_yes_or_no_and_blank_only_when_not_computed(client):
+    """Issue 43: the layer page's flag columns showed "yes" or nothing, so a "no" read as "not computed"."""
+    keys = client.app.state.data.layer_keys(0)
+    flags = [c for c in ("agreement", "census_eraser", "census_two_way") if c in keys]
+    assert flags  # the analysed run computes all three
+    page = client.get("/layer/1").text
+    cells = re.findall(r"<td[^>]*>(yes|no)</td>", page)
+    computed = int(keys[flags].notna().sum().sum())  # 40 keys, one page
+    assert len(cells) == computed and cells.count("yes") == int(keys[flags].fillna(False).astype(bool).sum().sum())
+    assert "no" in cells

@@ -9,6 +9,7 @@ Parquet schema metadata, so each table says how it was computed.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import warnings
@@ -498,9 +499,13 @@ def check_only(only, names: Sequence[str]) -> list[str]:
     if isinstance(only, str):
         only = [s.strip() for s in only.split(",") if s.strip()]
     unknown = [n for n in only if n not in names]
-    if unknown or not only:
-        raise FfkvError(f"unknown experiment {unknown[0]!r} in --only; choose from {', '.join(names)}"
-                        if unknown else f"--only names no experiment; choose from {', '.join(names)}")
+    flag = said("--only", "only=")
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise FfkvError(f"unknown experiment {unknown[0]!r} in {flag}; {hint}choose from {', '.join(names)}")
+    if not only:
+        raise FfkvError(f"{flag} names no experiment; choose from {', '.join(names)}")
     return [n for n in names if n in only]
 
 

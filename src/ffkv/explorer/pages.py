@@ -260,7 +260,7 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
             elif name in ("label", "human_label", "census_class"):
                 cell.update(label=None if missing else value)
             elif name in FLAG_COLUMNS:
-                cell.update(text="yes" if not missing and value else "")
+                cell.update(text="" if missing else "yes" if value else "no")  # blank: not computed
             elif missing:
                 pass
             elif name in PERCENT_COLUMNS:
