@@ -275,3 +275,56 @@ def test_the_histogram_note_quotes_the_strongest_trigger_with_its_sign(tmp_path)
         page = c.get(f"/memory/1/{key}").text
     assert f"The strongest trigger example reaches m = {number(negative.loc[key, 'min'])}." in page
     assert number(negative.loc[key, "min"]).startswith("-")
+
+
+def test_the_memory_page_names_each_labels_cut_off_and_why(analyzed):
+    """Issue 43: memory 3:17 of the demo showed `semantic z 24.418` labelled shallow, the layer's cut-off 37.74 nowhere
+    on the page. Now each score stands beside its cut-off, and the page says which test passed or failed and by how
+    much, in agreement with the labels `ffkv analyze --only patterns` wrote, for every key of every layer."""
+    import re
+
+    from starlette.testclient import TestClient
+
+    from ffkv.explorer import create_app
+    from ffkv.explorer.pages import label_reasons
+    from ffkv.store.run import RunDir
+
+    run, loaded = analyzed
+    keys = RunDir(run).read_metric("patterns_keys")
+    assert {"is_shallow", "is_semantic", "semantic_cutoff"} <= set(keys.columns)
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as client:
+        data = client.app.state.data
+        for row in keys.itertuples():
+            auto = data.labels_of(int(row.layer), int(row.key))["auto"]
+            why = " ".join(label_reasons(auto))
+            if row.dead:
+                assert why.startswith("dead")
+                continue
+            assert ("shallow passed" in why) == bool(row.is_shallow), (row.layer, row.key, why)
+            assert ("semantic passed" in why) == bool(row.is_semantic), (row.layer, row.key, why)
+        row = keys[~keys["dead"]].iloc[0]
+        page = client.get(f"/memory/{int(row.layer) + 1}/{int(row.key)}").text
+    cut = max(3.0, float(row.semantic_cutoff))
+    assert re.search(r'id="label-why"', page) and "(cut-off 30.0%)" in page
+    assert f"(cut-off {number_text(cut)})" in page and f"control cut-off {number_text(row.semantic_cutoff)}" in page
+
+
+def number_text(value: float) -> str:
+    from ffkv.presentation.style import number
+
+    return number(float(value))
+
+
+def test_a_boxed_tokens_leading_space_stays_outside_its_box():
+    """Issue 43: where a boxed trigger token (" word") wrapped at its leading space, an empty box was left at the end
+    of the line. The space is now a span of its own, the box holds the word."""
+    from ffkv.explorer.pages import strip_html
+
+    def token(text, **marks):
+        return {"text": text, "m": 1.0, "shade": 0.5, "trigger": False, "next": False, "after": False, **marks}
+
+    html = str(strip_html([token("The"), token(" word", trigger=True), token(" next", next=True), token(" rest")]))
+    assert '<span class="t trig" style="background: rgba(46,120,214,0.38)" title="m = 1">word</span>' in html
+    assert "> next</span>" not in html and ">next</span>" in html
+    assert "> rest</span>" in html  # unmarked tokens keep their space
+    assert html.count("<span class=\"t\"") == 4  # "The", the two split spaces, " rest"

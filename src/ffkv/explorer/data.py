@@ -36,8 +36,8 @@ from ffkv.store.schemas import Direction
 PATTERN_KEYS = "patterns_keys"
 #: Columns of patterns_keys the pages show (the rest stay in the table), in this order.
 PATTERN_COLUMNS = ("label", "description", "shallow_score", "shallow_score_2", "shallow_score_3",
-                   "shared_suffix_text", "semantic_score", "semantic_z", "mean_pairwise_cosine", "n_triggers",
-                   "n_embedded")
+                   "shared_suffix_text", "semantic_score", "semantic_z", "semantic_cutoff", "mean_pairwise_cosine",
+                   "n_triggers", "n_embedded", "dead")
 #: The census of `ffkv analyze --only census` (metrics/census.parquet): its columns the pages show, renamed.
 CENSUS_KEYS = "census"
 CENSUS_COLUMNS = {"class": "census_class", "value_type": "census_value_type", "eraser": "census_eraser",

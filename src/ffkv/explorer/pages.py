@@ -19,6 +19,8 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
 from ffkv.experiments.census import CLASSES as CENSUS_CLASSES, VALUE_TYPES as CENSUS_VALUE_TYPES
+from ffkv.experiments.patterns import CONTROL_PASS, SHALLOW_SHARE
+from ffkv.experiments.semantic import SEMANTIC_Z
 from ffkv.experiments.registry import key_columns, paper_finding, paper_order
 from ffkv.memories.address import edit_label
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
@@ -58,7 +60,14 @@ def strip_html(tokens: list[dict]) -> Markup:
             + ("" if t["text"] else " part")
         title = "" if t["m"] is None else \
             f' title="m = {number(t["m"], 3)}{"" if t["text"] else " (first bytes of the character that follows)"}"'
-        out.append(f'<span class="{cls}" style="{heat_style(t["shade"])}"{title}>{escape(visible(t["text"]))}</span>')
+        text, style = visible(t["text"]), heat_style(t["shade"])
+        body = text.lstrip()
+        if body and body != text and (t["trigger"] or t["next"]):
+            # A boxed or underlined token's leading space stays outside its mark: where the line wraps at that
+            # space, the mark would otherwise leave an empty box at the end of the line.
+            out.append(f'<span class="t" style="{style}">{escape(text[:len(text) - len(body)])}</span>')
+            text = body
+        out.append(f'<span class="{cls}" style="{style}"{title}>{escape(text)}</span>')
     out.append("</span>")
     return Markup("".join(out))
 
@@ -303,20 +312,57 @@ READING_NOTES = {
 PATTERN_SCORES = {"shallow_score": ("shallow score", True), "shallow_score_2": ("last 2 tokens", True),
                   "shallow_score_3": ("last 3 tokens", True), "shared_suffix_text": ("shared ending", False),
                   "semantic_score": ("semantic score", False),
-                  "semantic_z": ("semantic z (cut-off in the report)", False),
+                  "semantic_z": ("semantic z", False),
                   "mean_pairwise_cosine": ("mean pairwise cosine", False),
                   "n_triggers": ("prefixes read", False), "n_embedded": ("prefixes embedded", False)}
 
 
 def _pattern_scores(auto: dict) -> list[tuple[str, str, bool]]:
-    """(name, value, shown as a token) of the automatic pattern's scores."""
+    """(name, value, shown as a token) of the automatic pattern's scores, each score a label reads beside the
+    cut-off it was read against."""
+    cutoffs = label_cutoffs(auto)
     out = []
     for column, (name, share) in PATTERN_SCORES.items():
         if column in auto:
             value = auto[column]
             text = value if isinstance(value, str) else percent(value) if share else number(value)
+            if column in cutoffs:
+                text += f" (cut-off {percent(cutoffs[column]) if share else number(cutoffs[column])})"
             out.append((name, text, isinstance(value, str)))
     return out
+
+
+def label_cutoffs(auto: dict) -> dict[str, float]:
+    """The cut-off each score of the automatic label was read against (`ffkv.experiments.patterns`): shallow at a
+    shallow score >= `SHALLOW_SHARE`; semantic at z >= `SEMANTIC_Z` and z above the layer's control cut-off."""
+    cutoffs = {"shallow_score": SHALLOW_SHARE}
+    cut = auto.get("semantic_cutoff")
+    if cut is not None and not (isinstance(cut, float) and math.isnan(cut)):
+        cutoffs["semantic_z"] = max(SEMANTIC_Z, float(cut))
+    return cutoffs
+
+
+def label_reasons(auto: dict) -> list[str]:
+    """Why the key got its automatic label: each test, its score, its cut-off and by how much it passed or failed."""
+    if not auto or auto.get("dead"):
+        return ["dead: never active on the held-out text, so no pattern is read"] if auto.get("dead") else []
+    reasons, cutoffs = [], label_cutoffs(auto)
+    shallow = auto.get("shallow_score")
+    if shallow is not None and not math.isnan(float(shallow)):
+        passed = shallow >= SHALLOW_SHARE
+        reasons.append(f"shallow {'passed' if passed else 'failed'}: {percent(shallow)} of its top prefixes share "
+                       f"their last tokens, {'at or above' if passed else 'below'} the cut-off "
+                       f"{percent(SHALLOW_SHARE)} (by {abs(shallow - SHALLOW_SHARE) * 100:.1f} points)")
+    z = auto.get("semantic_z")
+    if z is not None and not math.isnan(float(z)) and "semantic_z" in cutoffs:
+        cut, layer_cut = cutoffs["semantic_z"], float(auto["semantic_cutoff"])
+        passed = z >= SEMANTIC_Z and z > layer_cut  # patterns.semantic_label
+        reasons.append(f"semantic {'passed' if passed else 'failed'}: z {number(z)} "
+                       f"{'above' if passed else 'not above'} {number(cut)} (by {number(abs(z - cut))}); the cut-off "
+                       f"is the larger of {SEMANTIC_Z:g} (beyond random corpus prefixes) and this layer's control "
+                       f"cut-off {number(layer_cut)} (z of its random key directions, {1 - CONTROL_PASS:.0%} "
+                       "quantile)")
+    return reasons
 
 
 def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "identity", shown: str = "p") -> dict:
@@ -328,7 +374,8 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
     top = max([e["coefficient"] for g in m["triggers"] for e in g["examples"]] or [0.0], key=abs)
     extreme = {d: [e["coefficient"] for g in m["triggers"] if g["direction"] == d for e in g["examples"]] for d in (1, -1)}
     strongest = {"positive": max(extreme[1], default=None), "negative": min(extreme[-1], default=None)}
-    return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "projections": READINGS,
+    return {"m": m, "pattern_scores": _pattern_scores(m["auto"]), "label_reasons": label_reasons(m["auto"]),
+            "projections": READINGS,
             "signed": bool(extreme[-1]), "strongest": strongest,
             "projection_note": READING_NOTES[(m["projection"], m["value"]["shown"])],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"]), "top_coefficient": top,

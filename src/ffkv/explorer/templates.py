@@ -72,6 +72,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% if m.auto %}<p><strong>Automatic (ffkv analyze):</strong> {% if m.auto.label %}<span class="label-{{ m.auto.label }}" id="auto-label">{{ m.auto.label }}</span>{% endif %}
 {% if m.auto.description %} — {{ m.auto.description }}{% endif %}</p>
 <p class="small" id="pattern-scores">{% for name, v, is_token in pattern_scores %}<span class="chip">{{ name }} {% if is_token %}{{ tok(v) }}{% else %}{{ v }}{% endif %}</span>{% endfor %}</p>
+{% if label_reasons %}<ul class="small" id="label-why">{% for r in label_reasons %}<li>{{ r }}</li>{% endfor %}</ul>{% endif %}
 {% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>
 <p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
 {% if m.explanations %}<div id="explanations"><strong>Explanation{% if m.explanations|length > 1 %}s{% endif %}</strong> (<code>ffkv explain</code>, scored by <code>ffkv score</code>):<ul>{% for x in m.explanations %}<li>{% if x.direction < 0 %}<span class="chip">negative</span> {% endif %}{{ x.explanation }} <span class="small muted">by {{ x.explainer }}{% if x.score is not none %}; score {{ "%.2f"|format(x.score) }}{% if x.shuffled_score is not none %} (shuffled {{ "%.2f"|format(x.shuffled_score) }}){% endif %} by {{ x.simulator }}{% else %}; not scored yet{% endif %}</span></li>{% endfor %}</ul></div>{% endif %}
