@@ -147,3 +147,33 @@ def test_the_report_cites_what_ships_and_names_shallow_keys_one_way(analyzed):
     assert "SPEC" not in page and "docs/definitions.md" in page
     if "shallow keys" in page:
         assert "shallow keys (labelled shallow or both)" in page
+
+
+def test_no_bare_table_and_no_self_contradicting_heading(tmp_path, analyzed):
+    """Issue 43: on the demo (a ReLU model) composition_tau, _scale and _massive had 0 rows and rendered as bare header
+    rows; headings read "Paper (Beyond the paper): (Not in the paper.)" and "Paper (Figure 7): (Not in the paper.)";
+    the overview's Figure 2 row had a blank reproduces cell. On a ReLU model's real run (OPT) and the GELU fixture."""
+    from html import unescape
+
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    relu, loaded = make_run(tmp_path / "opt", "opt", n=60)
+    analyze(relu, only="composition", n_eval=30, loaded=loaded, progress=False)
+    for run in (relu, analyzed[0]):
+        page = unescape(write_report(run).read_text())
+        for name in ("composition_tau", "composition_scale", "composition_massive"):
+            if RunDir(run).read_metric(name).empty:
+                block = page.split(f"metrics/{name}.parquet</h4>", 1)[1].split("<h4", 1)[0]
+                assert "<table" not in block and "No rows: " in block, (run, name, block[:300])
+        assert "Not in the paper" not in page and "Paper (Beyond" not in page
+        assert "(Beyond the paper" not in page
+        fidelity = page.split('id="fidelity-heading"', 1)[1].split("</table>", 1)[0]
+        header = re.findall(r"<th[^>]*>(.*?)</th>", fidelity)
+        column = [h.lower() for h in header].index("reproduces")
+        rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in fidelity.split("<tr>")[2:]]
+        assert rows and all(r[column] in ("yes", "no", "no verdict") for r in rows), [r[column] for r in rows]
+    relu_page = unescape(write_report(relu).read_text())
+    block = relu_page.split("metrics/composition_tau.parquet</h4>", 1)[1].split("<h4", 1)[0]
+    assert "not applicable to this model: its coefficients are never negative (ReLU)" in block
+    assert "Beyond the paper, beside Figure 7:" in block

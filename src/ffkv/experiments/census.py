@@ -716,15 +716,15 @@ def compute(ctx: RunContext, options=None) -> Result:
 # ------------------------------------------------ census: the paper's findings, its reading and fidelity rules
 #: Table or figure name -> the paper's finding shown beside it (exact names: `ffkv.experiments.registry`).
 FINDINGS: dict[str, Finding] = {
-    "census": Finding("Voita et al. 2023", (
-        "(Not in the paper.) In OPT models over 70% of the neurons of some early layers never activate; many "
+    "census": Finding("Beyond the paper (Voita et al. 2023)", (
+        "In OPT models over 70% of the neurons of some early layers never activate; many "
         "live early-layer neurons detect a token or n-gram and their values remove that token from the "
         "residual stream; some fire by position alone.")),
-    "census_values": Finding("Gurnee et al. 2024", (
-        "(Not in the paper.) In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
+    "census_values": Finding("Beyond the paper (Gurnee et al. 2024)", (
+        "In GPT-2, prediction neurons (the value pushes a few tokens up) rise in later "
         "layers and suppression neurons (a few tokens pushed down) take over in the last layers.")),
-    "census_control": Finding("Voita et al. 2023", (
-        "(Not in the paper.) Each census class beside the same rules applied to random key directions of the "
+    "census_control": Finding("Beyond the paper (Voita et al. 2023)", (
+        "Each census class beside the same rules applied to random key directions of the "
         "layer: a class is a finding about trained keys only where it is more common among them.")),
 }
 # The other tables and figures of the study stand beside the finding they belong to.

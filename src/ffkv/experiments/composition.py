@@ -220,8 +220,20 @@ def compute(ctx: RunContext, options=None) -> Result:
     result = Result(ctx.view.n_layers, record=dict(meta))
     result.add(NAME, found["per_layer"], **meta)
     for part in ("examples", "matches", "tau", "scale", "massive"):
-        result.add(f"{NAME}_{part}", found[part], **meta)
+        why = {"empty_because": empty_because(part, cap.tau)} if found[part].empty else {}
+        result.add(f"{NAME}_{part}", found[part], **meta, **why)
     return result
+
+
+def empty_because(part: str, tau: float) -> str:
+    """Why the table composition_PART holds no rows (the report says it instead of a bare header row)."""
+    if part in ("tau", "scale", "massive") and tau == 0:
+        return ("not applicable to this model: its coefficients are never negative (ReLU), so a memory is active "
+                "when m_i > 0, with no threshold tau, no scale s_l and no massive positions to leave out of it")
+    return {"massive": f"nothing found: no held-out position's coefficients have an RMS over {MASSIVE_FACTOR:g} "
+                       "times the median position's",
+            "matches": "nothing found: in no held-out example is the FF output's top token that of an active memory",
+            }.get(part, "nothing found on these held-out examples")
 
 
 # ------------------------------------------------ composition: the paper's findings, its reading and fidelity rules
@@ -233,15 +245,15 @@ FINDINGS: dict[str, Finding] = {
     "composition_active": Finding("Figure 7", (
         "Hundreds of the 4,096 memories of a layer are active (m > 0) for one prefix, with a drop around "
         "layer 10.")),
-    "composition_tau": Finding("Figure 7", (
-        "(Not in the paper, whose ReLU coefficients are zero when inactive.) For signed coefficients 'active' "
+    "composition_tau": Finding("Beyond the paper, beside Figure 7", (
+        "The paper's ReLU coefficients are zero when inactive. For signed coefficients 'active' "
         "needs a threshold |m_i| > tau·s_l: the share counted active and the share of the FF output the "
         "others write, over tau; the verdict of Figure 7 uses the rule's tau.")),
-    "composition_scale": Finding("Figure 7", (
-        "(Not in the paper.) s_l, the scale of the active rule, per layer, with the positions that carry "
+    "composition_scale": Finding("Beyond the paper, beside Figure 7", (
+        "s_l, the scale of the active rule, per layer, with the positions that carry "
         "massive activations (Sun et al. 2024) left out, beside what every position would give.")),
-    "composition_massive": Finding("Figure 7", (
-        "(Not in the paper.) Positions whose coefficients are massive (their RMS more than 20 times the "
+    "composition_massive": Finding("Beyond the paper, beside Figure 7", (
+        "Positions whose coefficients are massive (their RMS more than 20 times the "
         "median position's; Sun et al. 2024 found such first-token outliers in most large models): named, and "
         "left out of the active rule's scale.")),
     "composition_matches": Finding("Figure 8", (

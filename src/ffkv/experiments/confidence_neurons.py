@@ -355,7 +355,7 @@ def compute(ctx: RunContext, options=None) -> Result:
 
 
 FINDING = Finding("Beyond the paper", (
-    "(Not in the paper.) Stolfo et al. 2024: entropy neurons (large norm, most of the value in the unembedding's "
+    "Stolfo et al. 2024: entropy neurons (large norm, most of the value in the unembedding's "
     "null space, acting through the final normalization's scale) sit in the last layer (GPT-2 small: 11.584, "
     "11.2378, 11.2870, 11.2123, 11.1611, 11.2910); token-frequency neurons move the prediction along the unigram "
     "log-frequency direction. Gerstner and Schütze 2025: in gated FF layers enrichment neurons dominate the early "

@@ -25,7 +25,7 @@ BY_LAYER = f"{NAME}_by_layer"
 EXPLANATIONS = "explanations"
 
 FINDINGS = {BY_LAYER: Finding("Beyond the paper (Bills et al. 2023)",
-                              "(Not in the paper.) An explanation is worth reading when a simulator that sees only "
+                              "An explanation is worth reading when a simulator that sees only "
                               "it predicts the memory's activations on held-out text better than with another "
                               "memory's explanation (shuffled) and better than random key directions' explanations "
                               "(control).")}

@@ -173,8 +173,8 @@ def compute(ctx: RunContext, options: "Options | None" = None) -> Result:
 
 # ------------------------------------------------ membership: the paper's findings, its reading and fidelity rules
 #: The paper's finding (or the reference's) beside its figure and every table of the study.
-FINDING = Finding("Section 8", (
-    "(Beyond the paper, which names it as future work.) Memories that store training text should fire "
+FINDING = Finding("Beyond the paper (its Section 8 names it as future work)", (
+    "Memories that store training text should fire "
     "differently on training examples than on unseen ones: a membership signal, compared here with the "
     "standard loss-based baseline on the same examples."))
 FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}

@@ -428,7 +428,7 @@ def summary_line(table: pd.DataFrame) -> str:
 
 #: The paper's finding (or the reference's) beside its figure and every table of the study.
 FINDING = Finding("Beyond the paper", (
-    "(Not in the paper, which leaves pruning open.) Held-out perplexity as a growing share of every "
+    "The paper leaves pruning open. Held-out perplexity as a growing share of every "
     "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
     "criterion must beat."))
 FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}

@@ -218,7 +218,7 @@ def compute(ctx: RunContext, options=None) -> Result:
 # ------------------------------------------------ suppressed: the paper's findings, its reading and fidelity rules
 #: The paper's finding (or the reference's) beside its figure and every table of the study.
 FINDING = Finding("Beyond the paper", (
-    "(Not in the paper, which names it as open.) Where the model's prediction is wrong, how often an "
+    "The paper names it as open. Where the model's prediction is wrong, how often an "
     "active memory's own sub-update ranked the gold next token first, and how much it moved the gold "
     "token's probability."))
 FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}

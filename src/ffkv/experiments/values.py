@@ -262,12 +262,12 @@ FINDINGS: dict[str, Finding] = {
         "through the layers.")),
     "values_keys": Finding("Figure 4", (
         "Per key: the value's distribution over the vocabulary.")),
-    "values_negative": Finding("Figure 4", (
-        "(Not in the paper, whose ReLU coefficients are never negative.) The same agreement for the most "
+    "values_negative": Finding("Beyond the paper, beside Figure 4", (
+        "The paper's ReLU coefficients are never negative. The same agreement for the most "
         "negative trigger examples: the top token of p(-v_i), what a negative coefficient writes, against the "
         "next token of the key's most negative trigger example.")),
-    "values_negative_rank": Finding("Figure 5", (
-        "(Not in the paper.) The rank of the most negative trigger example's next token in p(-v_i).")),
+    "values_negative_rank": Finding("Beyond the paper, beside Figure 5", (
+        "The rank of the most negative trigger example's next token in p(-v_i).")),
     "values_confident": Finding("Table 2", (
         "Of the 100 most confident values (highest max p), almost half have a top trigger example whose next "
         "token is the value's top token.")),

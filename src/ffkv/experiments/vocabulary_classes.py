@@ -195,7 +195,7 @@ def compute(ctx: RunContext, options=None) -> Result:
 
 
 FINDING = Finding("Beyond the paper", (
-    "(Not in the paper.) Gurnee et al. 2024 (GPT-2): prediction neurons (raw kurtosis of the value's cosines "
+    "Gurnee et al. 2024 (GPT-2): prediction neurons (raw kurtosis of the value's cosines "
     "with the vocabulary above 10, positive skew) become common in the later half of the layers, and "
     "suppression neurons (negative skew) in the last layers, after the prediction neurons."))
 FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING}

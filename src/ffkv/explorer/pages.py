@@ -23,6 +23,7 @@ from ffkv.experiments.patterns import CONTROL_PASS, SHALLOW_SHARE
 from ffkv.experiments.semantic import SEMANTIC_Z
 from ffkv.experiments.registry import key_columns, paper_finding, paper_order
 from ffkv.memories.address import edit_label
+from ffkv.presentation.findings import finding_heading
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import table_html, table_view
@@ -89,7 +90,7 @@ ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, u
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
                    show=visible, value_fmt=value_format, table=table_html, strip=strip_html,
-                   chip=memory_chip)
+                   chip=memory_chip, heading=finding_heading)
 
 
 def warm() -> None:

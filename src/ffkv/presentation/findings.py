@@ -72,6 +72,15 @@ MORE_EXAMPLES = "pass --eval-corpus or --eval-split all (and --n-eval)"
 MORE_EXAMPLES_LIBRARY = "pass eval_corpus= or eval_split=\"all\" (and n_eval=)"
 
 
+def finding_heading(figure: str | None) -> str:
+    """The heading of a finding shown beside a figure or table: ``Paper (Figure 7)`` for the paper's own, the
+    figure's text (``Beyond the paper (Voita et al. 2023)``, ``Beyond the paper, beside Figure 7``) for the rest,
+    never both."""
+    if not figure:
+        return "Paper"
+    return figure if figure.lower().startswith("beyond") else f"Paper ({figure})"
+
+
 def layer_ends(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, pd.Series, str, str]:
     """A per-layer table sorted by layer, its first and last rows, and "layer N" for each (counted from 1)."""
     t = table.sort_values("layer").reset_index(drop=True)

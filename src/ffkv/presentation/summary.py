@@ -33,7 +33,11 @@ def manifest_summary(manifest: Manifest) -> list[tuple[str, str]]:
 
 def fidelity_view(table: pd.DataFrame) -> TableView:
     """metrics/fidelity.parquet (one row per paper finding: finding, figure, this model's value, whether it
-    reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no."""
+    reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no, and a row without a verdict
+    says so in its reproduces cell (its verdict cell says why), never a blank."""
+    if "reproduces" in table.columns:
+        table = table.assign(reproduces=[("yes" if bool(v) else "no") if v is not None and not pd.isna(v)
+                                         else "no verdict" for v in table["reproduces"]])
     return table_view(table)
 
 

@@ -59,6 +59,17 @@ def order_key(name: str, order: Sequence[str] | None = None) -> tuple[int, str]:
     return (order.index(group) if group in order else len(order)), name
 
 
+#: What a table of no rows says when its study did not record why (`EMPTY_BECAUSE` in its description).
+EMPTY_UNEXPLAINED = "nothing to show for this model and corpus (its study recorded no reason)"
+#: The description field in which a study says why a table it wrote holds no rows.
+EMPTY_BECAUSE = "empty_because"
+
+
+def empty_reason(description: dict) -> str:
+    """Why a metrics table holds no rows, as its study recorded it (`EMPTY_BECAUSE`)."""
+    return str(description.get(EMPTY_BECAUSE) or EMPTY_UNEXPLAINED)
+
+
 def is_per_layer(table: pd.DataFrame) -> bool:
     return "layer" in table.columns and table["layer"].is_unique and "key" not in table.columns
 
@@ -147,7 +158,10 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
                 section.finding, section.paper_figure = finding.get("finding"), finding.get("figure")
                 section.reading = _reading(name, table)
             own = registry.paper_finding(name) or {} if name != group and name not in figures else {}
-            if is_per_layer(table):
+            if table.empty:  # never a bare header row: the table says why it holds nothing
+                section.tables.append(Table(name, 0, None, f"No rows: {empty_reason(description)}",
+                                            own.get("finding"), own.get("figure")))
+            elif is_per_layer(table):
                 shown = table.head(MAX_LAYER_ROWS)
                 note = "" if len(table) <= MAX_LAYER_ROWS else f"First {MAX_LAYER_ROWS} of {len(table):,} layers."
                 section.tables.append(Table(name, len(table), table_view(shown, drop=HIDDEN), note,

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from markupsafe import Markup
 
 import ffkv
+from ffkv.presentation.findings import finding_heading
 from ffkv.presentation.style import CSS, layer_number
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
 from ffkv.presentation.tables import table_html, table_view
@@ -72,18 +73,19 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% for m in s.missing %}<div class="warning missing"><strong>Missing:</strong> {{ m }}</div>{% endfor %}
 {% for w in s.warnings %}<div class="warning"><strong>Warning:</strong> {{ w }}</div>{% endfor %}
 {% for f in s.figures %}<div class="figure-block"><figure><img class="figure" src="{{ images[f.name] }}" alt="figure {{ f.name }}"><figcaption class="small muted">figures/{{ f.name }}.png</figcaption></figure>
-<div>{% if f.finding %}<div class="finding"><strong>Paper{% if f.paper_figure %} ({{ f.paper_figure }}){% endif %}:</strong> {{ f.finding }}</div>{% endif %}
+<div>{% if f.finding %}<div class="finding"><strong>{{ heading(f.paper_figure) }}:</strong> {{ f.finding }}</div>{% endif %}
 {% if f.reading %}<div class="reading"><strong>Measured here:</strong> {{ f.reading }}</div>{% endif %}</div></div>{% endfor %}
-{% if s.finding and not s.figures %}<div class="finding"><strong>Paper{% if s.paper_figure %} ({{ s.paper_figure }}){% endif %}:</strong> {{ s.finding }}</div>{% endif %}
+{% if s.finding and not s.figures %}<div class="finding"><strong>{{ heading(s.paper_figure) }}:</strong> {{ s.finding }}</div>{% endif %}
 {% if s.reading %}<div class="reading"><strong>Measured here:</strong> {{ s.reading }}</div>{% endif %}
 {% if s.how %}<dl class="how">{% for k, v in s.how %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>{% endif %}
 {% for t in s.tables %}<h4 class="small">metrics/{{ t.name }}.parquet</h4>
-{% if t.finding %}<div class="finding"><strong>Paper{% if t.paper_figure %} ({{ t.paper_figure }}){% endif %}:</strong> {{ t.finding }}</div>{% endif %}<div class="scroll">{{ tables[t.name] }}</div>{% if t.note %}<p class="small muted">{{ t.note }}</p>{% endif %}{% endfor %}
+{% if t.finding %}<div class="finding"><strong>{{ heading(t.paper_figure) }}:</strong> {{ t.finding }}</div>{% endif %}{% if t.view is not none %}<div class="scroll">{{ tables[t.name] }}</div>{% endif %}{% if t.note %}<p class="small muted">{{ t.note }}</p>{% endif %}{% endfor %}
 {% if s.listed %}<p class="small muted">Also: {% for name, n in s.listed %}<code>metrics/{{ name }}.parquet</code> ({{ "{:,}".format(n) }} rows){% if not loop.last %}, {% endif %}{% endfor %}{% if s.documented %} (docs/run-directory.md says what each row is){% endif %}.</p>{% endif %}
 </section>{% endfor %}
 </main></body></html>"""
 
 _ENV = jinja2.Environment(autoescape=True)
+_ENV.globals.update(heading=finding_heading)
 
 
 def _data_uri(path: Path) -> str:
@@ -166,7 +168,7 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     sections = build_sections(run, problems, {name: str(info["skipped"]) for name, info in manifest.analyses.items()
                                               if info.get("skipped")})
     images = {f.name: _data_uri(f.path) for s in sections for f in s.figures}
-    tables = {t.name: table_html(t.view) for s in sections for t in s.tables}
+    tables = {t.name: table_html(t.view) for s in sections for t in s.tables if t.view is not None}
     summary = layer_summary(run)
     fidelity = table_html(fidelity_view(run.read_metric("fidelity")), id="fidelity", cls="fidelity") \
         if run.has_metric("fidelity") else None
