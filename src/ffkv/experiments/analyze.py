@@ -151,19 +151,25 @@ def save_figures(run: RunDir, experiment: registry.Experiment, result: registry.
     from ffkv.experiments.figures import plt, save_figure
 
     drawn = dict(experiment.draw(result)) if experiment.draw is not None else {}
+    written: list[Path] = []
     try:
         check_names(experiment.name, drawn, "figure")
         for name, figure in drawn.items():
-            save_figure(figure, run.path, name)
+            written += save_figure(figure, run.path, name)
     finally:  # none left open when one fails to save
         for figure in drawn.values():
             plt.close(figure)
-    before = run.manifest().analyses.get(experiment.name) or {}
+    manifest = run.manifest()
+    for path in written:  # each figure is recorded as a table is: `ffkv status` and the report check it
+        run.record_figure(manifest, path, experiment.name)
+    before = manifest.analyses.get(experiment.name) or {}
     for name in before.get("figures") or ():
         stem = str(name).removesuffix(".png").removesuffix(".svg")
         if stem not in drawn and registry.experiment_of(stem) == experiment.name:
             for fmt in ("png", "svg"):
                 run.figure_path(stem, fmt).unlink(missing_ok=True)
+                manifest.figures.pop(f"figures/{stem}.{fmt}", None)
+    run.write_manifest(manifest)
     return list(drawn)
 
 
