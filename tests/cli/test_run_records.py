@@ -275,3 +275,23 @@ def test_every_advice_for_missing_files_rewrites_them(own, capsys):
         follow(capsys, out, path)
     whole(capsys, own)
     assert all(path.exists() for path in gone) and (own / "explorer" / "explorer.duckdb").is_file()
+
+
+def test_the_advice_for_a_missing_explanations_table_rewrites_it(own, capsys):
+    """`ffkv explain` needs its language model named: the advice says so, and run with it, rewrites the table."""
+    from support.chat_server import ChatServer
+
+    path = own / "metrics" / "explanations.parquet"
+    with ChatServer() as server:
+        backend = f"openai:{server.url}#rule"
+        options = ["--memories", "1:5,2:3", "--no-progress"]
+        assert run(capsys, "explain", own, "--explainer", backend, *options)[0] == 0
+        whole(capsys, own)
+        path.unlink()
+        code, out, _ = run(capsys, "status", own)
+        assert code == 3 and (f"{path} is missing: rewrite it with `ffkv explain {own} --explainer BACKEND` and the "
+                              "memories and options it was run with") in out, out
+        argv = [backend if arg == "BACKEND" else arg for arg in advice(out, path)]
+        code, _, err = run(capsys, *argv, *options)
+        assert code == 0, err
+    whole(capsys, own)

@@ -99,8 +99,9 @@ class Problem:
         return f"{Path(run) / self.path} is {self.state}{why}: {self.fix}"
 
 
-#: Tables written by a command of their own rather than an `ffkv analyze` step: step -> that command.
-TOOL_STEPS = {"explain": "ffkv explain", "score": "ffkv score"}
+#: Tables written by a command of their own rather than an `ffkv analyze` step: step -> that command, whose
+#: language model the user names again.
+TOOL_STEPS = {"explain": "ffkv explain {run} --explainer BACKEND", "score": "ffkv score {run} --simulator BACKEND"}
 #: Steps that write the index's tables (``control_*`` included): `ffkv index`, and `ffkv merge` of its shards.
 INDEX_STEPS = ("index", "merge")
 
@@ -114,7 +115,8 @@ def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
         return ("the index cannot be rewritten in place: index the corpus again into a new folder "
                 f"(`ffkv index`, with the options in {Path(run) / 'manifest.json'})")
     if step in TOOL_STEPS:
-        return f"rewrite it with `{TOOL_STEPS[step]} {run}`"
+        return (f"rewrite it with `{TOOL_STEPS[step].format(run=run)}` and the memories and options it was run with "
+                "(a language model may answer otherwise than before)")
     if step is None or step in EVERY_ANALYZE:
         return f"rewrite it with `ffkv analyze {run} --only lookups` (it is written at the end of every analyze)"
     return f"rewrite it with `ffkv analyze {run} --only {step}`"
