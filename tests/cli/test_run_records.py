@@ -136,6 +136,9 @@ def test_labels_the_run_cannot_have_are_named_everywhere(own, tmp_path, capsys):
     code, _, err = run(capsys, "annotate", "import", own, labels)
     assert code == 3 and f"{path} is damaged ({named})" in error_line(err)
     assert path.read_bytes() == written  # nothing merged into it
+    code, _, err = run(capsys, "analyze", own, "--only", "patterns", "--no-progress")
+    assert code == 3 and f"{path} is damaged ({named})" in error_line(err)  # before anything ran
+    assert "analyzing" not in json.loads((own / "manifest.json").read_text())
     with pytest.raises(DamagedRun, match="row 3: key -5"):
         read_labels(own)
     table = pd.read_parquet(path).iloc[3:]

@@ -184,8 +184,11 @@ def check_names(experiment: str, names, kind: str) -> None:
 
 def refuse_damaged(run: RunDir, manifest, steps: Sequence[str]) -> None:
     """Refuse, before anything runs, a run with a damaged table that this call would read and not rewrite:
-    every metrics table but those of `steps` (the fidelity table reads them all; pruning the census)."""
+    every metrics table but those of `steps` (the fidelity table reads them all; pruning the census), and the
+    human labels where `patterns` runs (its agreement with them)."""
     for found in integrity.survey(run, manifest):
+        if found.state == "damaged" and found.path.startswith("annotations/") and "patterns" in steps:
+            raise DamagedRun(f"{found.line(run.path)} (`ffkv analyze --only patterns` reads it)")
         if found.state != "damaged" or not found.path.startswith("metrics/"):
             continue
         step = integrity.step_of(manifest, found.path)

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 if TYPE_CHECKING:
     from ffkv.store.manifest import Manifest
     from ffkv.store.run import RunDir
@@ -111,7 +110,7 @@ def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
     tables and the random-key control's) not in place."""
     from ffkv.store.schemas import INDEX_EXPECTED
 
-    if rel in INDEX_TABLES or rel in INDEX_EXPECTED or step in INDEX_STEPS:
+    if rel in INDEX_EXPECTED or step in INDEX_STEPS:
         return ("the index cannot be rewritten in place: index the corpus again into a new folder "
                 f"(`ffkv index`, with the options in {Path(run) / 'manifest.json'})")
     if step in TOOL_STEPS:
