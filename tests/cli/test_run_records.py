@@ -2,7 +2,7 @@
 and 6).
 
 On a run built by the real pipeline (tests/support/runs.py: index, then every experiment): figures swapped or
-edited, a hand-written labels table holding what the run cannot have, the explorer's database edited, the
+edited, the translators cut short, a hand-written labels table holding what the run cannot have, the explorer's database edited, the
 random-key control's table deleted, a merge interrupted, a metrics table cut short under the explorer's
 overview. Each advice `ffkv status` gives for them is run, and the run is whole afterwards.
 """
@@ -297,4 +297,24 @@ def test_the_advice_for_a_missing_explanations_table_rewrites_it(own, capsys):
         argv = [backend if arg == "BACKEND" else arg for arg in advice(out, path)]
         code, _, err = run(capsys, *argv, *options)
         assert code == 0, err
+    whole(capsys, own)
+
+
+def test_the_translators_are_recorded_and_a_damaged_file_is_named(own, capsys):
+    """`ffkv analyze --only translators` keeps fitted translators in the run: recorded, checked, and rewritten by
+    the command status advises."""
+    corpus = json.loads((own / "manifest.json").read_text())["corpus"]["source"]
+    fit = ["analyze", own, "--only", "translators", "--eval-corpus", corpus, "--no-progress"]
+    code, _, err = run(capsys, *fit)
+    assert code == 0, err
+    recorded = json.loads((own / "manifest.json").read_text())["files"]
+    assert {"translators/translators.npz", "translators/translators.json"} <= set(recorded)
+    whole(capsys, own)
+    path = own / "translators" / "translators.npz"
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size - 7)
+    code, out, _ = run(capsys, "status", own)
+    assert code == 3 and f"{path} is damaged (" in out and f"`ffkv analyze {own} --only translators`" in out
+    code, _, err = run(capsys, *advice(out, path), "--eval-corpus", corpus, "--no-progress")
+    assert code == 0, err
     whole(capsys, own)

@@ -161,14 +161,14 @@ def save_figures(run: RunDir, experiment: registry.Experiment, result: registry.
             plt.close(figure)
     manifest = run.manifest()
     for path in written:  # each figure is recorded as a table is: `ffkv status` and the report check it
-        run.record_figure(manifest, path, experiment.name)
+        run.record_file(manifest, path, experiment.name)
     before = manifest.analyses.get(experiment.name) or {}
     for name in before.get("figures") or ():
         stem = str(name).removesuffix(".png").removesuffix(".svg")
         if stem not in drawn and registry.experiment_of(stem) == experiment.name:
             for fmt in ("png", "svg"):
                 run.figure_path(stem, fmt).unlink(missing_ok=True)
-                manifest.figures.pop(f"figures/{stem}.{fmt}", None)
+                manifest.files.pop(f"figures/{stem}.{fmt}", None)
     run.write_manifest(manifest)
     return list(drawn)
 

@@ -25,7 +25,7 @@ from ffkv.presentation.style import CSS, layer_number, number, percent, token_ht
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
 from ffkv.presentation.tables import TableView, table_html, table_view
 from ffkv.store.annotations import LABELS
-from ffkv.store.integrity import figure_problems
+from ffkv.store.integrity import file_problems
 from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
@@ -108,7 +108,7 @@ def figures_of(data: ExplorerData) -> list[dict]:
     """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each, in the paper's order;
     a figure whose bytes are not those recorded when it was drawn has ``problem`` (the line naming it and the
     command that draws it again) and is not shown."""
-    problems = {p.path: p.line(data.run.path) for p in figure_problems(data.run, data.run.manifest())}
+    problems = {p.path: p.line(data.run.path) for p in file_problems(data.run, data.run.manifest())}
     out = []
     for name, path in sorted(data.run.figure_names().items(), key=lambda item: paper_order(item[0])):
         finding = paper_finding(name)

@@ -10,9 +10,10 @@ footer read; ``verify=True`` (`ffkv status --verify`) also hashes the bytes. A t
 before the records existed is checked against what its reader expects.
 
 Every other file is recorded by `describe_file` (size, SHA-256, step) and checked by `file_problem`:
-the figures in manifest.json's ``figures`` (small: always hashed, so a report never embeds another
-figure's image), the explorer's lookup files in explorer/info.json (`ffkv.store.lookups`: sizes on
-every start, hashes under ``verify``). The human labels, which the explorer saves without the run's
+the figures and the translators in manifest.json's ``files`` (`file_problems`: figures are small and
+always hashed, so a report never embeds another figure's image; the others by size, hashed under
+``verify``), the explorer's lookup files in explorer/info.json (`ffkv.store.lookups`: sizes on every
+start, hashes under ``verify``). The human labels, which the explorer saves without the run's
 lock, are checked by their content instead (`ffkv.store.annotations.label_problem`).
 
 `survey` lists what `ffkv status` and the report name: damaged, missing and out-of-date tables,
@@ -106,8 +107,8 @@ INDEX_STEPS = ("index", "merge")
 
 
 def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
-    """How a table of the run is written again: by its `ffkv analyze` step, or (a table of the index: its two
-    tables and the random-key control's) not in place."""
+    """How a table (or another file) of the run is written again: by its `ffkv analyze` step or its command, or
+    (a table of the index: its two tables and the random-key control's) not in place."""
     from ffkv.store.schemas import INDEX_EXPECTED
 
     if rel in INDEX_EXPECTED or step in INDEX_STEPS:
@@ -294,7 +295,7 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
                         INDEX_EXPECTED.get(rel), verify)
         if issue is not None:
             found.append(issue)
-    found += figure_problems(run, manifest)
+    found += file_problems(run, manifest, verify)
     labels = annotations.label_problem(run, manifest)
     if labels is not None:
         found.append(labels)
@@ -319,29 +320,34 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
     return found
 
 
-def figure_problems(run: RunDir, manifest: Manifest) -> list[Problem]:
-    """The figures of a run that are not as drawn: each recorded figure file (manifest.json's ``figures``) against
-    its size and SHA-256 (figures are small, and a figure swapped with another of the same size must not pass);
-    for a figure an analysis lists without a record (a run drawn before the records), only whether it exists.
-    Each problem names the command that draws it again."""
+def file_problems(run: RunDir, manifest: Manifest, verify: bool = False, only: str | None = None) -> list[Problem]:
+    """The files of a run other than its tables that are not as written: each recorded one (manifest.json's
+    ``files``) against its size, and its SHA-256 for a figure (figures are small, and one swapped with another of
+    the same size must not pass) or under `verify`; for a figure an analysis lists without a record (a run drawn
+    before the records), only whether it exists. Each problem names the command that writes the file again.
+    `only`: check that one file (its path in the run) alone."""
     found: list[Problem] = []
-    for experiment, info in manifest.analyses.items():
+    for experiment, info in manifest.analyses.items() if only is None else ():
         for name in info.get("figures") or ():
             name = str(name)
             files = [run.figures_dir / name] if Path(name).suffix in (".png", ".svg") else \
                 [run.figure_path(name, fmt) for fmt in ("png", "svg")]
-            if any(f"figures/{f.name}" in manifest.figures for f in files):
+            if any(f"figures/{f.name}" in manifest.files for f in files):
                 continue  # checked against its record, below
             if not any(f.is_file() for f in files):
                 found.append(Problem(f"figures/{files[0].name}", "missing", "", redraw_command(run.path, experiment)))
-    for rel, record in manifest.figures.items():
+    for rel, record in manifest.files.items():
+        if only is not None and rel != only:
+            continue
         step = str(record.get("step") or Path(rel).stem)
-        issue = file_problem(run.path, rel, record, redraw_command(run.path, step), verify=True)
+        figure = rel.startswith("figures/")
+        fix = redraw_command(run.path, step) if figure else rewrite_command(run.path, rel, step)
+        issue = file_problem(run.path, rel, record, fix, verify=figure or verify)
         if issue is not None:
             found.append(issue)
     return found
 
 
 __all__ = ["CutOff", "EVERY_ANALYZE", "INDEX_STEPS", "INDEX_TABLES", "Problem", "columns_of", "cut_off", "describe",
-           "describe_file", "figure_problems", "file_problem", "problem", "redraw_command",
+           "describe_file", "file_problem", "file_problems", "problem", "redraw_command",
            "rewrite_command", "sha256_file", "step_of", "survey"]

@@ -206,8 +206,9 @@ class Manifest:
         analyses: per experiment of `ffkv analyze`, what it wrote and how.
         tables: per table written (path relative to the run), its size, rows, columns, sha256 and the
             step that wrote it (`ffkv.store.integrity.describe`), checked before each read.
-        figures: per figure file written (``figures/NAME.png``, ``.svg``), its size, sha256 and the step that
-            drew it (`ffkv.store.integrity.describe_file`), checked before the report embeds it.
+        files: per file written that is not a table (a figure ``figures/NAME.png``, ``.svg``; the translators
+            ``translators/translators.npz``, ``.json``), its size, sha256 and the step that wrote it
+            (`ffkv.store.integrity.describe_file`), checked before it is read (a figure before the report embeds it).
         analyzing: while an `ffkv analyze` runs (and after one that did not finish): its ``steps``, those
             ``done``, its ``status`` (running, interrupted, failed), ``error`` and ``process``; absent after
             an analyze that finished.
@@ -228,7 +229,7 @@ class Manifest:
     counts: dict[str, int] = field(default_factory=dict)
     analyses: dict[str, dict[str, Any]] = field(default_factory=dict)
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     analyzing: dict[str, Any] | None = None
     updated: str | None = None
     merged_from: list[str] | None = None
@@ -291,7 +292,7 @@ class Manifest:
         known = {f.name for f in fields(cls)} - {"extra"}
         analyses = _objects(data, "analyses", where)
         tables = _objects(data, "tables", where)
-        figures = _objects(data, "figures", where)
+        files = _objects(data, "files", where)
         analyzing = data.get("analyzing")
         if analyzing is not None and not isinstance(analyzing, Mapping):
             raise ManifestError(f"{where}: field 'analyzing' should be an object, got {type(analyzing).__name__}")
@@ -308,7 +309,7 @@ class Manifest:
             counts=dict(data.get("counts") or {}),
             analyses={str(k): dict(v) for k, v in analyses.items()},
             tables={str(k): dict(v) for k, v in tables.items()},
-            figures={str(k): dict(v) for k, v in figures.items()},
+            files={str(k): dict(v) for k, v in files.items()},
             analyzing=dict(analyzing) if analyzing is not None else None,
             updated=data.get("updated"),
             merged_from=list(data["merged_from"]) if data.get("merged_from") is not None else None,
@@ -335,8 +336,8 @@ class Manifest:
             out["analyses"] = {k: dict(v) for k, v in self.analyses.items()}
         if self.tables:
             out["tables"] = {k: dict(v) for k, v in self.tables.items()}
-        if self.figures:
-            out["figures"] = {k: dict(v) for k, v in self.figures.items()}
+        if self.files:
+            out["files"] = {k: dict(v) for k, v in self.files.items()}
         if self.analyzing is not None:
             out["analyzing"] = dict(self.analyzing)
         if self.merged_from is not None:

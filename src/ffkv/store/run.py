@@ -213,10 +213,18 @@ class RunDir:
         """Record in `manifest` (not yet written) what the table `rel` is, just written by `step`."""
         manifest.tables[rel] = integrity.describe(self.path / rel, step)
 
-    def record_figure(self, manifest: Manifest, path: Path, step: str) -> None:
-        """Record in `manifest` (not yet written) what the figure file `path` (RUN/figures/NAME.FMT) is, just
-        drawn by `step`."""
-        manifest.figures[path.relative_to(self.path).as_posix()] = integrity.describe_file(path, step)
+    def record_file(self, manifest: Manifest, path: Path, step: str) -> None:
+        """Record in `manifest` (not yet written) what the file `path` of the run (not a table: a figure
+        RUN/figures/NAME.FMT, the translators) is, just written by `step`."""
+        manifest.files[path.relative_to(self.path).as_posix()] = integrity.describe_file(path, step)
+
+    def require_file(self, path: Path, manifest: Manifest | None = None) -> None:
+        """Raise `DamagedRun` naming the file and the command that rewrites it unless the recorded file `path`
+        has the size it was written with (`ffkv.store.integrity.file_problems`; an unrecorded file passes)."""
+        manifest = manifest or self.manifest()
+        found = integrity.file_problems(self, manifest, only=path.relative_to(self.path).as_posix())
+        if found:
+            raise DamagedRun(found[0].line(self.path))
 
     def _damaged(self, rel: str, error: BaseException) -> DamagedRun:
         """The one line for a table that passed the footer check but failed to read."""
