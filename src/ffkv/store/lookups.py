@@ -65,8 +65,8 @@ def is_current(run: RunDir, manifest: Manifest, folder: Path) -> bool:
     if not isinstance(recorded, dict) or recorded.get("fingerprint") != fingerprint(run, manifest):
         return False
     # tables built before their sizes were recorded are taken as they are; a recorded file that is gone is stale
-    return all((folder / name).is_file() and (folder / name).stat().st_size == size
-               for name, size in _sizes(recorded).items())
+    return all((folder / name).is_file() and (folder / name).stat().st_size == record.get("size")
+               for name, record in _records(recorded).items())
 
 
 def _records(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -77,10 +77,6 @@ def _records(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 if name in (*FILES, COEFFICIENTS) and isinstance(record, dict)}
     sizes = info.get("sizes") or {}
     return {name: {"size": size} for name, size in sizes.items() if name in FILES}
-
-
-def _sizes(info: dict[str, Any]) -> dict[str, Any]:
-    return {name: record.get("size") for name, record in _records(info).items()}
 
 
 def read_info(folder: Path) -> dict[str, Any]:
