@@ -318,3 +318,20 @@ def test_the_translators_are_recorded_and_a_damaged_file_is_named(own, capsys):
     code, _, err = run(capsys, *advice(out, path), "--eval-corpus", corpus, "--no-progress")
     assert code == 0, err
     whole(capsys, own)
+
+
+def test_a_figure_no_analyze_drew_is_named_and_never_reported(own, capsys):
+    """A figure file dropped among an experiment's recorded figures (copied from another run, say) is not the
+    run's: named, and the report refuses to embed it. Figures of a run drawn before the records stay unnamed."""
+    stray = own / "figures" / "values_copied.png"
+    shutil.copy(own / "figures" / "patterns.png", stray)
+    code, out, _ = run(capsys, "status", own)
+    assert code == 3 and (f"{stray} is damaged (`ffkv analyze --only values` did not draw it: it is not in the run's "
+                          "record): move it out of the run's figures folder") in out, out
+    code, _, err = run(capsys, "report", own)
+    assert code == 3 and f"{stray} is damaged (" in error_line(err)
+    stray.unlink()
+    manifest = json.loads((own / "manifest.json").read_text())
+    manifest["files"] = {rel: record for rel, record in manifest["files"].items() if record["step"] != "patterns"}
+    (own / "manifest.json").write_text(json.dumps(manifest))
+    whole(capsys, own)  # the patterns figures, unrecorded, as an older ffkv drew them

@@ -140,6 +140,12 @@ def step_of(manifest: Manifest, rel: str) -> str | None:
     for experiment, info in manifest.analyses.items():
         if name in (info.get("tables") or ()):
             return experiment
+    return owner_of(manifest, name)
+
+
+def owner_of(manifest: Manifest, name: str) -> str | None:
+    """The experiment whose name a table's or figure's `name` carries (NAME or NAME_*, the longest such among the
+    run's analyses), or None."""
     for experiment in sorted(manifest.analyses, key=len, reverse=True):
         if name == experiment or name.startswith(experiment + "_"):
             return experiment
@@ -345,9 +351,18 @@ def file_problems(run: RunDir, manifest: Manifest, verify: bool = False, only: s
         issue = file_problem(run.path, rel, record, fix, verify=figure or verify)
         if issue is not None:
             found.append(issue)
+    # A figure file of an experiment whose figures are recorded, yet without a record of its own, was not drawn
+    # by it (its own stale figures are removed with their records): the report must not show it as the run's.
+    drew = {str(record.get("step")) for rel, record in manifest.files.items() if rel.startswith("figures/")}
+    for path in sorted(run.figures_dir.glob("*")) if drew and only is None and run.figures_dir.is_dir() else ():
+        rel = f"figures/{path.name}"
+        owner = owner_of(manifest, path.stem)
+        if path.suffix in (".png", ".svg") and rel not in manifest.files and owner in drew:
+            found.append(Problem(rel, "damaged", f"`ffkv analyze --only {owner}` did not draw it: it is not in the "
+                                                 "run's record", "move it out of the run's figures folder"))
     return found
 
 
 __all__ = ["CutOff", "EVERY_ANALYZE", "INDEX_STEPS", "INDEX_TABLES", "Problem", "columns_of", "cut_off", "describe",
-           "describe_file", "file_problem", "file_problems", "problem", "redraw_command",
+           "describe_file", "file_problem", "file_problems", "owner_of", "problem", "redraw_command",
            "rewrite_command", "sha256_file", "step_of", "survey"]
