@@ -255,13 +255,18 @@ def _status_parser(sub) -> None:
     p = sub.add_parser("status", help="is a run complete, running (alive?), interrupted or failed; is it whole",
                        description="The state of each run: running (pid, host, heartbeat; alive or not), "
                                    "interrupted, failed (with the error) or complete, and what to do next; for a "
-                                   "complete run, its analyses (and those skipped, with why), and every table "
-                                   "damaged, missing or out of date and an analyze that did not finish, each with "
-                                   "the command that rewrites it. Exit status 3 when any is.")
+                                   "complete run, its analyses (and those skipped, with why), and every table, "
+                                   "figure, label table and explorer lookup file damaged, missing or out of date "
+                                   "and an analyze that did not finish, each with the command that rewrites it. "
+                                   "Exit status 3 when any is (a missing or out-of-date explorer folder aside: "
+                                   "`ffkv serve` builds it), and for a run that stopped before it was complete "
+                                   "(interrupted or failed); 0 when every run is whole, or being written by a "
+                                   "live process.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--verify", action="store_true",
-                   help="also hash every table and compare it with the hash recorded when it was written "
-                        "(reads every byte; without it, sizes, rows and columns are compared)")
+                   help="also hash every table and explorer lookup file and compare it with the hash recorded when "
+                        "it was written (reads every byte; without it, sizes, rows and columns are compared; "
+                        "figures, being small, are always hashed)")
 
 
 def _merge_parser(sub) -> None:

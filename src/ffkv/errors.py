@@ -74,11 +74,12 @@ class Interrupted(KeyboardInterrupt):
 
 #: The exit status of every `ffkv` command, the one place they are defined (`ffkv --help` prints them).
 EXIT_CODES = {
-    0: "done (`ffkv status`: every run readable and whole)",
+    0: "done (`ffkv status`: every run readable and whole, or being written by a live process)",
     1: "the file system: a full disk, a read-only folder, no permission (`StorageError`)",
     2: "the input: an option, a corpus, a model or a file that cannot be used as given (`FfkvError`)",
-    3: "a damaged run: a table missing, damaged or not the one it should be, or an analyze that was cut off "
-       "(`DamagedRun`; `ffkv status RUN` names each, with the command that rewrites it)",
+    3: "a damaged run: a file missing, damaged or not the one it should be (a table, a figure, the labels, the "
+       "explorer's lookup files), an analyze that was cut off, or (`ffkv status`) an index or merge that stopped "
+       "before its end (`DamagedRun`; `ffkv status RUN` names each, with the command that rewrites it)",
     130: "interrupted by Ctrl-C (the line says what was kept)",
     141: "the output's reader went away (e.g. `ffkv status RUN | head -1`); nothing is printed",
 }

@@ -236,7 +236,7 @@ def test_status_after_a_killed_merge_gives_advice_that_works(own_run, tmp_path, 
                            "started": "2026-01-01T00:00:00+0000", "heartbeat": "2026-01-01T00:00:00+0000"}
     (own_run / "manifest.json").write_text(json.dumps(manifest))
     code, out, _ = run(capsys, "status", own_run)
-    assert out.splitlines()[0] == f"{own_run}: interrupted" and "--resume" not in out
+    assert code == 3 and out.splitlines()[0] == f"{own_run}: interrupted" and "--resume" not in out
     assert "rerun the same `ffkv merge` command" in out
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["merge", "a", "--out", "b", "--resume"])  # the advice given before

@@ -157,7 +157,7 @@ def plant_in_database(run, sql: str) -> None:
     con.execute("CHECKPOINT")
     con.close()
     info = json.loads((folder / "info.json").read_text())
-    info["sizes"]["explorer.duckdb"] = (folder / "explorer.duckdb").stat().st_size
+    info["files"]["explorer.duckdb"]["size"] = (folder / "explorer.duckdb").stat().st_size
     (folder / "info.json").write_text(json.dumps(info))
 
 

@@ -153,19 +153,25 @@ def save_figures(run: RunDir, experiment: registry.Experiment, result: registry.
     from ffkv.experiments.figures import plt, save_figure
 
     drawn = dict(experiment.draw(result)) if experiment.draw is not None else {}
+    written: list[Path] = []
     try:
         check_names(experiment.name, drawn, "figure")
         for name, figure in drawn.items():
-            save_figure(figure, run.path, name)
+            written += save_figure(figure, run.path, name)
     finally:  # none left open when one fails to save
         for figure in drawn.values():
             plt.close(figure)
-    before = run.manifest().analyses.get(experiment.name) or {}
+    manifest = run.manifest()
+    for path in written:  # each figure is recorded as a table is: `ffkv status` and the report check it
+        run.record_file(manifest, path, experiment.name)
+    before = manifest.analyses.get(experiment.name) or {}
     for name in before.get("figures") or ():
         stem = str(name).removesuffix(".png").removesuffix(".svg")
         if stem not in drawn and registry.experiment_of(stem) == experiment.name:
             for fmt in ("png", "svg"):
                 run.figure_path(stem, fmt).unlink(missing_ok=True)
+                manifest.files.pop(f"figures/{stem}.{fmt}", None)
+    run.write_manifest(manifest)
     return list(drawn)
 
 
@@ -180,8 +186,11 @@ def check_names(experiment: str, names, kind: str) -> None:
 
 def refuse_damaged(run: RunDir, manifest, steps: Sequence[str]) -> None:
     """Refuse, before anything runs, a run with a damaged table that this call would read and not rewrite:
-    every metrics table but those of `steps` (the fidelity table reads them all; pruning the census)."""
+    every metrics table but those of `steps` (the fidelity table reads them all; pruning the census), and the
+    human labels where `patterns` runs (its agreement with them)."""
     for found in integrity.survey(run, manifest):
+        if found.state == "damaged" and found.path.startswith("annotations/") and "patterns" in steps:
+            raise DamagedRun(f"{found.line(run.path)} (`ffkv analyze --only patterns` reads it)")
         if found.state != "damaged" or not found.path.startswith("metrics/"):
             continue
         step = integrity.step_of(manifest, found.path)

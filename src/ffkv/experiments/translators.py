@@ -111,8 +111,12 @@ def fit(ctx: RunContext) -> Translators:
         "final_norm_after_translator": True, "chunk_positions": chunk,
         "values": "updates (values, sub-updates, FF outputs) use A_l without b_l"})
     if is_writer():
-        fitted.save(translators_path(ctx))
-        write_json(translators_path(ctx).with_suffix(".json"), fitted.info)
+        paths = [fitted.save(translators_path(ctx)), translators_path(ctx).with_suffix(".json")]
+        write_json(paths[1], fitted.info)
+        manifest = ctx.run.manifest()
+        for path in paths:  # recorded as a figure is: `ffkv status` and the explorer check them
+            ctx.run.record_file(manifest, path, NAME)
+        ctx.run.write_manifest(manifest)
     return fitted
 
 

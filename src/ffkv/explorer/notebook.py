@@ -96,6 +96,7 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
     generation = None
     with data.model.lock:
         if lens == TRANSLATOR and loaded.view.translators is None:
+            data.run.require_file(data.translators_file)  # a damaged file: one line naming it and the command
             loaded.view.translators = Translators.load(data.translators_file, loaded.view.device)
         base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens)
         edited = trace(loaded, token_ids, edits.values(), position=position, target=base.target, lens=lens) \

@@ -26,8 +26,9 @@ from ffkv.memories.address import edit_label
 from ffkv.presentation.findings import finding_heading
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
-from ffkv.presentation.tables import table_html, table_view
+from ffkv.presentation.tables import TableView, table_html, table_view
 from ffkv.store.annotations import LABELS
+from ffkv.store.integrity import file_problems
 from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
@@ -114,11 +115,15 @@ def error_page(status: int, reason: str, message: str, run_name: str = "", root:
 
 
 def figures_of(data: ExplorerData) -> list[dict]:
-    """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each, in the paper's order."""
+    """Figures of `ffkv analyze` (PNG preferred, else SVG) with the paper's finding for each, in the paper's order;
+    a figure whose bytes are not those recorded when it was drawn has ``problem`` (the line naming it and the
+    command that draws it again) and is not shown."""
+    problems = {p.path: p.line(data.run.path) for p in file_problems(data.run, data.run.manifest())}
     out = []
     for name, path in sorted(data.run.figure_names().items(), key=lambda item: paper_order(item[0])):
         finding = paper_finding(name)
-        out.append({"name": name, "path": path.relative_to(data.run.path).as_posix(),
+        rel = path.relative_to(data.run.path).as_posix()
+        out.append({"name": name, "path": rel, "problem": problems.get(rel),
                     "finding": finding.get("finding") if finding else None,
                     "paper_figure": finding.get("figure") if finding else None})
     return out
@@ -132,11 +137,27 @@ LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement",
                         "share_none": "none", "annotated_keys": "annotated keys"}
 
 
+def fidelity_of(data: ExplorerData) -> TableView | None:
+    """The fidelity table (None before `ffkv analyze`), each row read from a table that is damaged or missing now
+    marked so, with that table's file and the command that rewrites it (checked at each view: a table may be
+    damaged after the explorer started)."""
+    if not data.run.has_metric("fidelity"):
+        return None
+    table = data.run.read_metric("fidelity")
+    manifest = data.run.manifest()
+    unreadable = {}
+    for name in table["table"].dropna().unique() if "table" in table.columns else ():
+        found = data.run.table_problem(f"metrics/{name}.parquet", manifest)
+        if found is not None:
+            unreadable[str(name)] = found.line(data.run.path)
+    return fidelity_view(table, unreadable)
+
+
 def overview(data: ExplorerData, root: str = "") -> str:
     summary = data.layer_summary()
     layers = table_view(summary, titles=LAYER_SUMMARY_TITLES,
                         links={"layer": lambda r: f"/layer/{layer_number(r['layer'])}"})
-    fidelity = fidelity_view(data.run.read_metric("fidelity")) if data.run.has_metric("fidelity") else None
+    fidelity = fidelity_of(data)
     massive = massive_view(data.run.read_metric("composition_massive")) \
         if data.run.has_metric("composition_massive") else None
     positions = data.lookup_info.get("activation_sample", {}).get("positions", 0)

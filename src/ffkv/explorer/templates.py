@@ -38,7 +38,7 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
 <h2>Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
-{% for f in figures %}<section class="figure-block"><figure><img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy"><figcaption class="small muted">{{ f.name }}</figcaption></figure>
+{% for f in figures %}<section class="figure-block"><figure>{% if f.problem %}<p class="warning damaged-figure">Not shown: {{ f.problem }}</p>{% else %}<img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy">{% endif %}<figcaption class="small muted">{{ f.name }}</figcaption></figure>
 <div>{% if f.finding %}<div class="finding"><strong>{{ heading(f.paper_figure) }}:</strong> {{ f.finding }}</div>{% endif %}</div></section>{% endfor %}
 {% endblock %}""",
 

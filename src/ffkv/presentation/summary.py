@@ -3,6 +3,8 @@ numbering of layers, and the table of the paper's findings that this model repro
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import pandas as pd
 
 from ffkv.presentation.tables import TableView, table_view
@@ -31,10 +33,30 @@ def manifest_summary(manifest: Manifest) -> list[tuple[str, str]]:
     return rows
 
 
-def fidelity_view(table: pd.DataFrame) -> TableView:
+#: Columns of a fidelity row that come from the table it reads: not shown when that table cannot be read.
+MEASURED_COLUMNS = ("measured", "chance", "n", "reproduces")
+
+
+def fidelity_view(table: pd.DataFrame, unreadable: Mapping[str, str] | None = None) -> TableView:
     """metrics/fidelity.parquet (one row per paper finding: finding, figure, this model's value, whether it
     reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no, and a row without a verdict
-    says so in its reproduces cell (its verdict cell says why), never a blank."""
+    says so in its reproduces cell (its verdict cell says why), never a blank.
+
+    Args:
+        unreadable: metrics table name (the rows' ``table``) -> why it cannot be trusted now, as one line naming
+            the file and the command that rewrites it (`ffkv.store.integrity.Problem.line`). A row read from such
+            a table keeps its finding and rule, but its numbers and verdict are not shown: its verdict cell says
+            ``not shown: LINE``.
+    """
+    if unreadable and "table" in table.columns:
+        hit = table["table"].isin(list(unreadable))
+        if hit.any():
+            table = table.copy()
+            for column in [c for c in MEASURED_COLUMNS if c in table.columns]:
+                table[column] = table[column].astype(object).where(~hit, None)
+            notes = table.loc[hit, "table"].map(lambda name: f"not shown: {unreadable[name]}")
+            table["verdict"] = table["verdict"].astype(object) if "verdict" in table.columns else None
+            table.loc[hit, "verdict"] = notes
     if "reproduces" in table.columns:
         table = table.assign(reproduces=[("yes" if bool(v) else "no") if v is not None and not pd.isna(v)
                                          else "no verdict" for v in table["reproduces"]])

@@ -170,7 +170,8 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     images = {f.name: _data_uri(f.path) for s in sections for f in s.figures}
     tables = {t.name: table_html(t.view) for s in sections for t in s.tables if t.view is not None}
     summary = layer_summary(run)
-    fidelity = table_html(fidelity_view(run.read_metric("fidelity")), id="fidelity", cls="fidelity") \
+    unreadable = {Path(p.path).stem: p.line(run.path) for p in problems if p.path.startswith("metrics/")}
+    fidelity = table_html(fidelity_view(run.read_metric("fidelity"), unreadable), id="fidelity", cls="fidelity") \
         if run.has_metric("fidelity") else None
     annotations = _annotations(run)
     page = _ENV.from_string(TEMPLATE).render(

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ffkv.errors import DamagedRun, FfkvError, one_line
 from ffkv.store import atomic, integrity, schemas
+from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
 #: The pattern labels of SPEC section 4.
@@ -30,21 +31,69 @@ LABELS = ("shallow", "semantic", "both", "none")
 
 #: What to do about a damaged labels table: only its annotators can write it again.
 RESTORE = "restore it from a copy, or move it away to start the labels again"
+#: Offending rows a damaged labels table's line names (then how many more).
+NAMED_ROWS = 3
 
 
 def read_labels(run_dir: str | Path) -> pd.DataFrame:
-    """All human labels of a run (empty, with the columns, when there are none); a damaged table is refused
-    with one line (`DamagedRun`)."""
+    """All human labels of a run (empty, with the columns, when there are none). A table that is not whole, lacks
+    a column, or holds a row the run cannot have (`label_problem`) is refused with one line (`DamagedRun`) that
+    names the file and its first offending rows."""
     run = RunDir(run_dir)
-    path = run.annotations_path
-    if not path.exists():
+    if not run.annotations_path.exists():
         return schemas.LABELS.empty_table().to_pandas()
-    rel = str(path.relative_to(run.path))
-    integrity.require(run.path, rel, None, RESTORE, schemas.LABELS)
+    found, table = _checked(run, run.manifest() if run.exists() else None)
+    if found is not None:
+        raise DamagedRun(found.line(run.path))
+    return table
+
+
+def label_problem(run: RunDir, manifest: Manifest | None) -> integrity.Problem | None:
+    """What is wrong with RUN/annotations/labels.parquet, or None (also when there is none): not a whole Parquet
+    file, a column of `schemas.LABELS` missing or of another type, or rows the run cannot have: a layer outside
+    the run's layers, a key outside 0..d_m-1 (`manifest`'s model; without one, a negative layer or key), a label
+    not among `LABELS`, no layer, key or annotator."""
+    if not run.annotations_path.exists():
+        return None
+    return _checked(run, manifest)[0]
+
+
+def _checked(run: RunDir, manifest: Manifest | None) -> tuple[integrity.Problem | None, pd.DataFrame | None]:
+    """(`label_problem`'s answer, the table when it has none)."""
+    rel = run.annotations_path.relative_to(run.path).as_posix()
+    found = integrity.problem(run.path, rel, None, RESTORE, schemas.LABELS)
+    if found is not None:
+        return found, None
     try:
-        return pd.read_parquet(path)
+        table = pd.read_parquet(run.annotations_path)
     except (pa.ArrowException, OSError) as error:
-        raise DamagedRun(f"{path} is damaged (it cannot be read: {one_line(error)}): {RESTORE}") from None
+        return integrity.Problem(rel, "damaged", f"it cannot be read: {one_line(error)}", RESTORE), None
+    bad = _offending_rows(table, manifest)
+    if bad:
+        more = f"; and {len(bad) - NAMED_ROWS} more" if len(bad) > NAMED_ROWS else ""
+        why = (f"{len(bad)} of its {len(table)} rows hold what this run cannot have (rows counted from 1): "
+               + "; ".join(bad[:NAMED_ROWS]) + more)
+        return integrity.Problem(rel, "damaged", why, RESTORE), None
+    return None, table
+
+
+def _offending_rows(table: pd.DataFrame, manifest: Manifest | None) -> list[str]:
+    """Each row of a labels table that the run cannot hold, as "row N: what" (N from 1)."""
+    n_layers = manifest.model.n_layers if manifest is not None else None
+    d_m = manifest.model.d_m if manifest is not None else None
+    layers = f"this run's layers are 0 to {n_layers - 1}, 0-based" if n_layers else "layers count from 0"
+    keys = f"this run's keys are 0 to {d_m - 1}" if d_m else "keys count from 0"
+    checks = [("layer", lambda v: not pd.isna(v) and 0 <= v < (n_layers or float("inf")), layers),
+              ("key", lambda v: not pd.isna(v) and 0 <= v < (d_m or float("inf")), keys),
+              ("label", lambda v: v in LABELS, f"labels are {', '.join(LABELS)}"),
+              ("annotator", lambda v: isinstance(v, str), "every label names its annotator")]
+    out = []
+    for row, values in enumerate(table[[c for c, _, _ in checks]].itertuples(index=False), start=1):
+        wrong = [f"{column} {value if isinstance(value, str) or pd.isna(value) else int(value)!r} ({why})"
+                 for (column, ok, why), value in zip(checks, values) if not ok(value)]
+        if wrong:
+            out.append(f"row {row}: " + ", ".join(wrong))
+    return out
 
 
 def consensus(labels: pd.DataFrame) -> pd.DataFrame:
@@ -127,4 +176,4 @@ class Annotations:
         return rows
 
 
-__all__ = ["LABELS", "Annotations", "consensus", "read_labels"]
+__all__ = ["LABELS", "Annotations", "consensus", "label_problem", "read_labels"]

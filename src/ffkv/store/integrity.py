@@ -1,4 +1,4 @@
-"""Whether a run's tables are still the ones written: recorded at each write, checked before each read.
+"""Whether a run's files are still the ones written: recorded at each write, checked before each read.
 
 Every Parquet table of a run (``examples``, ``trigger_examples``, ``metrics/NAME``) is recorded in
 manifest.json's ``tables`` when it is written (`describe`): its size in bytes, its rows, its columns
@@ -9,8 +9,15 @@ own metadata (a table copied over another is caught even without a record). That
 footer read; ``verify=True`` (`ffkv status --verify`) also hashes the bytes. A table of a run written
 before the records existed is checked against what its reader expects.
 
-`survey` lists what `ffkv status` and the report name: damaged, missing and out-of-date tables and
-figures, the explorer's lookup tables, and an `ffkv analyze` that was cut off.
+Every other file is recorded by `describe_file` (size, SHA-256, step) and checked by `file_problem`:
+the figures and the translators in manifest.json's ``files`` (`file_problems`: figures are small and
+always hashed, so a report never embeds another figure's image; the others by size, hashed under
+``verify``), the explorer's lookup files in explorer/info.json (`ffkv.store.lookups`: sizes on every
+start, hashes under ``verify``). The human labels, which the explorer saves without the run's
+lock, are checked by their content instead (`ffkv.store.annotations.label_problem`).
+
+`survey` lists what `ffkv status` and the report name: damaged, missing and out-of-date tables,
+figures, labels and the explorer's lookup files, and an `ffkv analyze` that was cut off.
 """
 
 from __future__ import annotations
@@ -23,8 +30,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from ffkv.errors import DamagedRun
 
 if TYPE_CHECKING:
     from ffkv.store.manifest import Manifest
@@ -58,12 +63,18 @@ def _type(kind: pa.DataType) -> str:
     return str(kind).replace("<element: ", "<item: ")
 
 
-def describe(path: str | Path, step: str) -> dict[str, Any]:
-    """The record of a table just written: size, rows, columns, sha256, and `step` (what writes it)."""
+def describe_file(path: str | Path, step: str) -> dict[str, Any]:
+    """The record of any file just written: its size, the sha256 of its bytes, and `step` (what writes it)."""
     path = Path(path)
+    return {"size": path.stat().st_size, "sha256": sha256_file(path), "step": step}
+
+
+def describe(path: str | Path, step: str) -> dict[str, Any]:
+    """The record of a table just written: `describe_file`'s, with its rows and columns."""
     meta = pq.read_metadata(path)
-    return {"size": path.stat().st_size, "rows": meta.num_rows, "columns": columns_of(meta.schema.to_arrow_schema()),
-            "sha256": sha256_file(path), "step": step}
+    record = describe_file(path, step)
+    return {"size": record["size"], "rows": meta.num_rows, "columns": columns_of(meta.schema.to_arrow_schema()),
+            "sha256": record["sha256"], "step": step}
 
 
 @dataclass(frozen=True)
@@ -83,36 +94,58 @@ class Problem:
     fix: str
 
     def line(self, run: str | Path) -> str:
+        """The problem as one line: the file (under `run`), its state, what was found, and the fix."""
         why = f" ({self.why})" if self.why else ""
         return f"{Path(run) / self.path} is {self.state}{why}: {self.fix}"
 
 
-#: Tables written by a command of their own rather than an `ffkv analyze` step: step -> that command.
-TOOL_STEPS = {"explain": "ffkv explain", "score": "ffkv score"}
+#: Tables written by a command of their own rather than an `ffkv analyze` step: step -> that command, whose
+#: language model the user names again.
+TOOL_STEPS = {"explain": "ffkv explain {run} --explainer BACKEND", "score": "ffkv score {run} --simulator BACKEND"}
+#: Steps that write the index's tables (``control_*`` included): `ffkv index`, and `ffkv merge` of its shards.
+INDEX_STEPS = ("index", "merge")
 
 
 def rewrite_command(run: str | Path, rel: str, step: str | None) -> str:
-    """How a table of the run is written again: by its `ffkv analyze` step, or (an index table) not in place."""
-    if rel in INDEX_TABLES:
+    """How a table (or another file) of the run is written again: by its `ffkv analyze` step or its command, or
+    (a table of the index: its two tables and the random-key control's) not in place."""
+    from ffkv.store.schemas import INDEX_EXPECTED
+
+    if rel in INDEX_EXPECTED or step in INDEX_STEPS:
         return ("the index cannot be rewritten in place: index the corpus again into a new folder "
                 f"(`ffkv index`, with the options in {Path(run) / 'manifest.json'})")
     if step in TOOL_STEPS:
-        return f"rewrite it with `{TOOL_STEPS[step]} {run}`"
+        return (f"rewrite it with `{TOOL_STEPS[step].format(run=run)}` and the memories and options it was run with "
+                "(a language model may answer otherwise than before)")
     if step is None or step in EVERY_ANALYZE:
         return f"rewrite it with `ffkv analyze {run} --only lookups` (it is written at the end of every analyze)"
     return f"rewrite it with `ffkv analyze {run} --only {step}`"
 
 
+def redraw_command(run: str | Path, step: str) -> str:
+    """How a figure of the run is drawn again: by the `ffkv analyze` step that drew it."""
+    return f"draw it again with `ffkv analyze {run} --only {step}`"
+
+
 def step_of(manifest: Manifest, rel: str) -> str | None:
-    """The `ffkv analyze` step that writes the table `rel` (``metrics/NAME.parquet``): its record's, else the
-    experiment whose manifest entry lists it, else the longest experiment name it starts with."""
+    """The step that writes the table `rel`: its record's (``index``, ``merge``, an `ffkv analyze` experiment);
+    for a metrics table (``metrics/NAME.parquet``) without one, the experiment whose manifest entry lists it,
+    else the longest experiment name it starts with."""
     record = manifest.tables.get(rel)
     if record and record.get("step"):
         return str(record["step"])
+    if not rel.startswith("metrics/"):
+        return None
     name = Path(rel).stem
     for experiment, info in manifest.analyses.items():
         if name in (info.get("tables") or ()):
             return experiment
+    return owner_of(manifest, name)
+
+
+def owner_of(manifest: Manifest, name: str) -> str | None:
+    """The experiment whose name a table's or figure's `name` carries (NAME or NAME_*, the longest such among the
+    run's analyses), or None."""
     for experiment in sorted(manifest.analyses, key=len, reverse=True):
         if name == experiment or name.startswith(experiment + "_"):
             return experiment
@@ -131,15 +164,13 @@ def problem(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: s
         verify: also hash the bytes and compare them with the record.
     """
     path = Path(root) / rel
-    if not path.is_file():
-        return Problem(rel, "missing", "", fix)
+    found = file_problem(root, rel, record, fix)  # missing, or another size
+    if found is not None:
+        return found
 
     def damaged(why: str) -> Problem:
         return Problem(rel, "damaged", why, fix)
 
-    size = path.stat().st_size
-    if record is not None and size != record.get("size"):
-        return damaged(f"{size:,} bytes; {int(record.get('size', 0)):,} when it was written")
     try:
         meta = pq.read_metadata(path)
         schema = meta.schema.to_arrow_schema()
@@ -160,8 +191,24 @@ def problem(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: s
         if lacking:
             return damaged(f"it lacks the column(s) {', '.join(lacking)} of type "
                            f"{', '.join(str(expected.field(n).type) for n in lacking)}")
-    if verify and record is not None and record.get("sha256") and sha256_file(path) != record["sha256"]:
-        return damaged("its bytes differ from those written (SHA-256)")
+    return file_problem(root, rel, record, fix, verify=True) if verify else None
+
+
+def file_problem(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: str,
+                 verify: bool = False) -> Problem | None:
+    """What is wrong with the file `rel` of the run at `root` against its record (`describe_file`), or None when
+    it reads as written: missing, another size, or (`verify`) other bytes. Without a record only its presence is
+    checked."""
+    path = Path(root) / rel
+    if not path.is_file():
+        return Problem(rel, "missing", "", fix)
+    if record is None:
+        return None
+    size = path.stat().st_size
+    if size != record.get("size"):
+        return Problem(rel, "damaged", f"{size:,} bytes; {int(record.get('size') or 0):,} when it was written", fix)
+    if verify and record.get("sha256") and sha256_file(path) != record["sha256"]:
+        return Problem(rel, "damaged", "its bytes differ from those written (SHA-256)", fix)
     return None
 
 
@@ -183,14 +230,6 @@ def _difference(written: Mapping[str, str], found: Mapping[str, str]) -> str:
     parts = [f"{label} {', '.join(cols[:4])}{'...' if len(cols) > 4 else ''}"
              for label, cols in (("without", gone), ("with", new), ("other types of", changed)) if cols]
     return "; ".join(parts) or "in another order"
-
-
-def require(root: str | Path, rel: str, record: Mapping[str, Any] | None, fix: str,
-            expected: pa.Schema | None = None) -> None:
-    """Raise `DamagedRun` (one line naming the file and `fix`) unless the table reads as written."""
-    found = problem(root, rel, record, fix, expected)
-    if found is not None:
-        raise DamagedRun(found.line(root))
 
 
 # ---------------------------------------------------------------------------------------- the whole run
@@ -244,8 +283,9 @@ def cut_off(run: RunDir, manifest: Manifest, writer_alive: bool | None = None) -
 
 def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: bool | None = None) -> list[Problem]:
     """Every problem of a complete run: its tables (recorded, or listed by the analyses that wrote them),
-    its figures, the explorer's lookup tables, and tables left from before an analyze that was cut off."""
-    from ffkv.store import lookups
+    its figures (recorded ones always hashed: they are small), its human labels, the explorer's lookup files
+    (hashed too with `verify`), and tables left from before an analyze that was cut off."""
+    from ffkv.store import annotations, lookups
     from ffkv.store.schemas import INDEX_EXPECTED
 
     found: list[Problem] = []
@@ -257,19 +297,14 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
     for rel in manifest.tables:
         listed.setdefault(rel, None)
     for rel in listed:
-        step = step_of(manifest, rel) if rel.startswith("metrics/") else None
-        issue = problem(run.path, rel, manifest.tables.get(rel), rewrite_command(run.path, rel, step),
+        issue = problem(run.path, rel, manifest.tables.get(rel), rewrite_command(run.path, rel, step_of(manifest, rel)),
                         INDEX_EXPECTED.get(rel), verify)
         if issue is not None:
             found.append(issue)
-    for experiment, info in manifest.analyses.items():
-        for name in info.get("figures") or ():
-            name = str(name)
-            files = [run.figures_dir / name] if Path(name).suffix in (".png", ".svg") else \
-                [run.figure_path(name, fmt) for fmt in ("png", "svg")]
-            if not any(f.is_file() for f in files):
-                found.append(Problem(f"figures/{files[0].name}", "missing", "",
-                                     f"draw it again with `ffkv analyze {run.path} --only {experiment}`"))
+    found += file_problems(run, manifest, verify)
+    labels = annotations.label_problem(run, manifest)
+    if labels is not None:
+        found.append(labels)
     stopped = cut_off(run, manifest, writer_alive)
     if stopped is not None:
         bad = {p.path for p in found}
@@ -286,8 +321,48 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
             found.append(Problem("explorer/", state, "the explorer's lookup tables",
                                  f"rebuild them with `ffkv analyze {run.path} --only lookups` (or let `ffkv serve` "
                                  "build them)"))
+        elif verify:
+            found += lookups.verify(run)
     return found
 
 
-__all__ = ["CutOff", "EVERY_ANALYZE", "INDEX_TABLES", "Problem", "columns_of", "cut_off", "describe", "problem",
-           "require", "rewrite_command", "sha256_file", "step_of", "survey"]
+def file_problems(run: RunDir, manifest: Manifest, verify: bool = False, only: str | None = None) -> list[Problem]:
+    """The files of a run other than its tables that are not as written: each recorded one (manifest.json's
+    ``files``) against its size, and its SHA-256 for a figure (figures are small, and one swapped with another of
+    the same size must not pass) or under `verify`; for a figure an analysis lists without a record (a run drawn
+    before the records), only whether it exists. Each problem names the command that writes the file again.
+    `only`: check that one file (its path in the run) alone."""
+    found: list[Problem] = []
+    for experiment, info in manifest.analyses.items() if only is None else ():
+        for name in info.get("figures") or ():
+            name = str(name)
+            files = [run.figures_dir / name] if Path(name).suffix in (".png", ".svg") else \
+                [run.figure_path(name, fmt) for fmt in ("png", "svg")]
+            if any(f"figures/{f.name}" in manifest.files for f in files):
+                continue  # checked against its record, below
+            if not any(f.is_file() for f in files):
+                found.append(Problem(f"figures/{files[0].name}", "missing", "", redraw_command(run.path, experiment)))
+    for rel, record in manifest.files.items():
+        if only is not None and rel != only:
+            continue
+        step = str(record.get("step") or Path(rel).stem)
+        figure = rel.startswith("figures/")
+        fix = redraw_command(run.path, step) if figure else rewrite_command(run.path, rel, step)
+        issue = file_problem(run.path, rel, record, fix, verify=figure or verify)
+        if issue is not None:
+            found.append(issue)
+    # A figure file of an experiment whose figures are recorded, yet without a record of its own, was not drawn
+    # by it (its own stale figures are removed with their records): the report must not show it as the run's.
+    drew = {str(record.get("step")) for rel, record in manifest.files.items() if rel.startswith("figures/")}
+    for path in sorted(run.figures_dir.glob("*")) if drew and only is None and run.figures_dir.is_dir() else ():
+        rel = f"figures/{path.name}"
+        owner = owner_of(manifest, path.stem)
+        if path.suffix in (".png", ".svg") and rel not in manifest.files and owner in drew:
+            found.append(Problem(rel, "damaged", f"`ffkv analyze --only {owner}` did not draw it: it is not in the "
+                                                 "run's record", "move it out of the run's figures folder"))
+    return found
+
+
+__all__ = ["CutOff", "EVERY_ANALYZE", "INDEX_STEPS", "INDEX_TABLES", "Problem", "columns_of", "cut_off", "describe",
+           "describe_file", "file_problem", "file_problems", "owner_of", "problem", "redraw_command",
+           "rewrite_command", "sha256_file", "step_of", "survey"]

@@ -13,8 +13,11 @@ builds them itself only for a run that was never analysed (docs/run-directory.md
                                absent for an index too large to store them)
 
 The tables are current when info.json names this run's identity and the size and time of
-its index tables, and each table has the size it had when built; any new index (or a newer
-format of these tables) makes them stale, and a damaged one is rebuilt.
+its index tables, and each file has the size it had when built; any new index (or a newer
+format of these tables) makes them stale, and a damaged one is rebuilt. info.json's ``files``
+records each file as the run's manifest records a figure (`ffkv.store.integrity.describe_file`: size,
+SHA-256); `verify` (`ffkv status --verify`) hashes them, so that a file edited in place is named.
+Tables built before the hashes were recorded (``sizes`` alone) still read, and are checked by size.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ffkv.store import atomic
+from ffkv.store import atomic, integrity
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -61,8 +64,19 @@ def is_current(run: RunDir, manifest: Manifest, folder: Path) -> bool:
         return False
     if not isinstance(recorded, dict) or recorded.get("fingerprint") != fingerprint(run, manifest):
         return False
-    sizes = recorded.get("sizes") or {}  # tables built before their sizes were recorded are taken as they are
-    return all((folder / name).stat().st_size == size for name, size in sizes.items() if name in FILES)
+    # tables built before their sizes were recorded are taken as they are; a recorded file that is gone is stale
+    return all((folder / name).is_file() and (folder / name).stat().st_size == record.get("size")
+               for name, record in _records(recorded).items())
+
+
+def _records(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """info.json's record of each lookup file (`integrity.describe_file`); from the ``sizes`` of an older build."""
+    files = info.get("files")
+    if isinstance(files, dict):
+        return {str(name): dict(record) for name, record in files.items()
+                if name in (*FILES, COEFFICIENTS) and isinstance(record, dict)}
+    sizes = info.get("sizes") or {}
+    return {name: {"size": size} for name, size in sizes.items() if name in FILES}
 
 
 def read_info(folder: Path) -> dict[str, Any]:
@@ -74,9 +88,23 @@ def read_info(folder: Path) -> dict[str, Any]:
 
 
 def write_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) -> None:
-    """Mark the tables in `folder` as built for this run's index; call after every table is written."""
-    sizes = {name: (folder / name).stat().st_size for name in FILES}  # a damaged (truncated) table is rebuilt
-    atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), "sizes": sizes, **details})
+    """Mark the tables in `folder` as built for this run's index; call after every table is written. Each file is
+    recorded (size, SHA-256: a truncated one is rebuilt, one edited in place is named by `verify`)."""
+    files = {name: integrity.describe_file(folder / name, "lookups")
+             for name in (*FILES, COEFFICIENTS) if (folder / name).is_file()}
+    atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), "files": files, **details})
+
+
+def verify(run: RunDir) -> list[integrity.Problem]:
+    """The lookup files of RUN/explorer whose bytes are not those its info.json records (SHA-256; a build without
+    hashes is checked by size), each with the command that rebuilds them."""
+    fix = f"rebuild them with `ffkv analyze {run.path} --only lookups`"
+    found = []
+    for name, record in _records(read_info(run.cache_dir)).items():
+        issue = integrity.file_problem(run.path, f"{run.cache_dir.name}/{name}", record, fix, verify=True)
+        if issue is not None:
+            found.append(issue)
+    return found
 
 
 def writable_folder(run: RunDir) -> Path:
@@ -114,4 +142,5 @@ def read_coefficients(folder: Path, info: dict[str, Any]) -> Any:
     return data
 
 
-__all__ = ["VERSION", "FILES", "COEFFICIENTS", "read_coefficients", "fingerprint", "is_current", "read_info", "write_info", "writable_folder", "find"]
+__all__ = ["VERSION", "FILES", "COEFFICIENTS", "read_coefficients", "fingerprint", "is_current", "read_info", "verify",
+           "write_info", "writable_folder", "find"]

@@ -206,6 +206,9 @@ class Manifest:
         analyses: per experiment of `ffkv analyze`, what it wrote and how.
         tables: per table written (path relative to the run), its size, rows, columns, sha256 and the
             step that wrote it (`ffkv.store.integrity.describe`), checked before each read.
+        files: per file written that is not a table (a figure ``figures/NAME.png``, ``.svg``; the translators
+            ``translators/translators.npz``, ``.json``), its size, sha256 and the step that wrote it
+            (`ffkv.store.integrity.describe_file`), checked before it is read (a figure before the report embeds it).
         analyzing: while an `ffkv analyze` runs (and after one that did not finish): its ``steps``, those
             ``done``, its ``status`` (running, interrupted, failed), ``error`` and ``process``; absent after
             an analyze that finished.
@@ -226,6 +229,7 @@ class Manifest:
     counts: dict[str, int] = field(default_factory=dict)
     analyses: dict[str, dict[str, Any]] = field(default_factory=dict)
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     analyzing: dict[str, Any] | None = None
     updated: str | None = None
     merged_from: list[str] | None = None
@@ -288,6 +292,7 @@ class Manifest:
         known = {f.name for f in fields(cls)} - {"extra"}
         analyses = _objects(data, "analyses", where)
         tables = _objects(data, "tables", where)
+        files = _objects(data, "files", where)
         analyzing = data.get("analyzing")
         if analyzing is not None and not isinstance(analyzing, Mapping):
             raise ManifestError(f"{where}: field 'analyzing' should be an object, got {type(analyzing).__name__}")
@@ -304,6 +309,7 @@ class Manifest:
             counts=dict(data.get("counts") or {}),
             analyses={str(k): dict(v) for k, v in analyses.items()},
             tables={str(k): dict(v) for k, v in tables.items()},
+            files={str(k): dict(v) for k, v in files.items()},
             analyzing=dict(analyzing) if analyzing is not None else None,
             updated=data.get("updated"),
             merged_from=list(data["merged_from"]) if data.get("merged_from") is not None else None,
@@ -330,6 +336,8 @@ class Manifest:
             out["analyses"] = {k: dict(v) for k, v in self.analyses.items()}
         if self.tables:
             out["tables"] = {k: dict(v) for k, v in self.tables.items()}
+        if self.files:
+            out["files"] = {k: dict(v) for k, v in self.files.items()}
         if self.analyzing is not None:
             out["analyzing"] = dict(self.analyzing)
         if self.merged_from is not None:

@@ -197,19 +197,39 @@ class RunDir:
         """Raise `DamagedRun` naming the file and the command that rewrites it unless the table `rel`
         (``examples.parquet``, ``metrics/values.parquet``) reads as recorded when written
         (`ffkv.store.integrity`: its size, footer, rows, columns and own name; no hashing)."""
+        found = self.table_problem(rel, manifest)
+        if found is not None:
+            raise DamagedRun(found.line(self.path))
+
+    def table_problem(self, rel: str, manifest: Manifest | None = None) -> integrity.Problem | None:
+        """What is wrong with the table `rel` against its record (`require_table`'s check), with the command that
+        rewrites it; None when it reads as written."""
         manifest = manifest or self.manifest()
-        step = integrity.step_of(manifest, rel) if rel.startswith("metrics/") else None
-        integrity.require(self.path, rel, manifest.tables.get(rel), integrity.rewrite_command(self.path, rel, step),
-                          schemas.INDEX_EXPECTED.get(rel))
+        step = integrity.step_of(manifest, rel)
+        return integrity.problem(self.path, rel, manifest.tables.get(rel),
+                                 integrity.rewrite_command(self.path, rel, step), schemas.INDEX_EXPECTED.get(rel))
 
     def record_table(self, manifest: Manifest, rel: str, step: str) -> None:
         """Record in `manifest` (not yet written) what the table `rel` is, just written by `step`."""
         manifest.tables[rel] = integrity.describe(self.path / rel, step)
 
+    def record_file(self, manifest: Manifest, path: Path, step: str) -> None:
+        """Record in `manifest` (not yet written) what the file `path` of the run (not a table: a figure
+        RUN/figures/NAME.FMT, the translators) is, just written by `step`."""
+        manifest.files[path.relative_to(self.path).as_posix()] = integrity.describe_file(path, step)
+
+    def require_file(self, path: Path, manifest: Manifest | None = None) -> None:
+        """Raise `DamagedRun` naming the file and the command that rewrites it unless the recorded file `path`
+        has the size it was written with (`ffkv.store.integrity.file_problems`; an unrecorded file passes)."""
+        manifest = manifest or self.manifest()
+        found = integrity.file_problems(self, manifest, only=path.relative_to(self.path).as_posix())
+        if found:
+            raise DamagedRun(found[0].line(self.path))
+
     def _damaged(self, rel: str, error: BaseException) -> DamagedRun:
         """The one line for a table that passed the footer check but failed to read."""
         try:
-            step = integrity.step_of(self.manifest(), rel) if rel.startswith("metrics/") else None
+            step = integrity.step_of(self.manifest(), rel)
         except FfkvError:
             step = None
         return DamagedRun(f"{self.path / rel} is damaged (it cannot be read: {one_line(error)}): "

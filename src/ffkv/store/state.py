@@ -90,7 +90,8 @@ class RunState:
             lines.append(f"  {self.cut_off.line(self.path)}")
         lines += [f"  {p.line(self.path)}" for p in self.problems]
         if self.verified:
-            lines.append(f"  verified: every recorded table hashed ({len(m.tables)}), "
+            lines.append(f"  verified: every recorded table ({len(m.tables)}), other file ({len(m.files)}) and "
+                         "explorer lookup file hashed, "
                          + ("all as written" if not any(p.state == "damaged" for p in self.problems)
                             else "see above"))
         if self.writer is not None:
@@ -99,14 +100,21 @@ class RunState:
 
     @property
     def damaged(self) -> bool:
-        """Whether `ffkv status` exits 3: a table damaged or missing, or an analyze cut off."""
+        """Whether `ffkv status` exits 3 (`ffkv.errors.EXIT_CODES`): the run is not whole and no live process is
+        making it so: an index or merge that stopped (interrupted, failed, or killed), a file damaged or missing,
+        or an analyze cut off. A run being written by a live process is not."""
+        if self.status in ("interrupted", "failed"):
+            return True
         return self.cut_off is not None or any(_serious(p) for p in self.problems)
 
 
 def _serious(problem: Problem) -> bool:
-    """A table damaged or missing; not one out of date, nor the explorer's lookup tables (derived data, which
-    `ffkv serve` builds again)."""
-    return problem.state != "out of date" and not problem.path.startswith("explorer")
+    """A file damaged or missing; not one out of date, nor a missing or out-of-date explorer folder (derived data,
+    which `ffkv serve` builds again). An explorer file whose bytes differ from its record is damaged: `ffkv serve`
+    would read it as it is."""
+    if problem.state == "out of date":
+        return False
+    return problem.state == "damaged" or not problem.path.startswith("explorer")
 
 
 
