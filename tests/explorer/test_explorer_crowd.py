@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ffkv.explorer import create_app, pages
-from ffkv.explorer.app import MAX_IN_FLIGHT, RETRY_AFTER_MS
+from ffkv.explorer.app import MAX_IN_FLIGHT, MODEL_WAIT_S, RETRY_AFTER_MS
 from support.browser import live_server
 
 LOCAL = "http://127.0.0.1:8000"
@@ -30,18 +30,32 @@ def wait_until(condition, what: str, seconds: float = 60) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture
-def held_layer_page(monkeypatch):
-    """Layer pages wait for the returned Event before their work (set on teardown, so nothing hangs)."""
+def hold(monkeypatch, page: str):
+    """`pages.<page>` waits for the returned Event before its work (set it on teardown, so nothing hangs)."""
     release = threading.Event()
-    real = pages.layer_page
+    real = getattr(pages, page)
 
     def held(*args, **kwargs):
         if not release.wait(120):
             raise RuntimeError("the test never released the page")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pages, "layer_page", held)
+    monkeypatch.setattr(pages, page, held)
+    return release
+
+
+@pytest.fixture
+def held_layer_page(monkeypatch):
+    """Layer pages wait for the returned Event before their work."""
+    release = hold(monkeypatch, "layer_page")
+    yield release
+    release.set()
+
+
+@pytest.fixture
+def held_model_page(monkeypatch):
+    """Memory pages as JSON (model work) wait for the returned Event before their work."""
+    release = hold(monkeypatch, "memory_json")
     yield release
     release.set()
 
@@ -89,6 +103,32 @@ def test_a_client_that_leaves_gives_its_slot_back_when_its_work_ends(analyzed, h
         held_layer_page.set()
         wait_until(lambda: admission.in_flight == 0, "the slot given back")
         assert httpx.get(f"{url}/layer/1", timeout=60).status_code == 200
+
+
+def test_a_request_waits_for_the_model_only_when_it_can_be_answered_in_time(analyzed, held_model_page):
+    run, loaded = analyzed
+    app = create_app(run, loaded=loaded)
+    queue = app.state.model_queue
+
+    def waiting() -> int:
+        return queue.pool.statistics().tasks_waiting
+
+    with live_server(app) as url, ThreadPoolExecutor(3) as clients:
+        try:
+            held = [clients.submit(httpx.get, f"{url}/memory/1/{key}.json", timeout=120) for key in (0, 1)]
+            wait_until(lambda: waiting() == 1, "one request running, one waiting")  # one may always wait
+            queue.seconds = MODEL_WAIT_S / 2  # a slow model: the running one, the waiting one and its own: too long
+            assert_refused(httpx.get(f"{url}/memory/1/2.json", timeout=30))
+            assert_refused(httpx.get(f"{url}/memory/1/2", timeout=30))
+            assert httpx.get(f"{url}/layer/1", timeout=30).status_code == 200  # tables need no model
+            queue.seconds = 0.01  # a fast model: this one will be answered in time, so it waits
+            held.append(clients.submit(httpx.get, f"{url}/memory/1/2.json", timeout=120))
+            wait_until(lambda: waiting() == 2, "a second one waiting")
+            assert not any(request.done() for request in held)
+        finally:
+            held_model_page.set()
+        assert [request.result().status_code for request in held] == [200] * 3
+        assert queue.seconds > 0.01 and app.state.admission.in_flight == 0  # the time of each request is kept
 
 
 def test_errors_give_their_slot_back(analyzed, monkeypatch):

@@ -17,13 +17,14 @@ The model loads in the background (`ModelHandle`): the overview answers at once.
 request gets a 4xx page that says what was wrong; none shows a traceback. `security.Guard` answers
 only loopback names and the names given, refuses cross-site changes, checks the access token of a
 server bound beyond loopback, and sets the security headers. Page handlers run in a few threads of their
-own (`PAGE_THREADS`; DuckDB: one cursor per query); pages that need the model (memory pages, trace, generate) run in a
-pool of their own, one at a time, with a bounded queue.
+own (`PAGE_THREADS`; DuckDB: one cursor per query); pages that need the model (memory pages, trace,
+generate) run in a thread of their own, one at a time, with a short queue (`ModelQueue`).
 
-Under a crowd the explorer answers what it can and refuses the rest at once (`Admission`): at most
-`MAX_IN_FLIGHT` page requests are in the app, and at most `MAX_WAITING_FOR_MODEL` wait for the model; past
-either, the request gets a 503 page at once with ``Retry-After`` (whole seconds, as HTTP defines it) and
-``Retry-After-Ms`` (the milliseconds), never a place in a queue that would keep it waiting for many seconds.
+Under a crowd the explorer answers what it can and refuses the rest at once: at most `MAX_IN_FLIGHT` page
+requests are in the app (`Admission`), and a request waits for the model only when it should be answered
+in `MODEL_WAIT_S`; past either, the request gets a 503 page at once with ``Retry-After`` (whole
+seconds, as HTTP defines it) and ``Retry-After-Ms`` (the milliseconds), never a place in a queue that would
+keep it waiting for many seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import errno
 import random
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,16 +65,21 @@ PAGE_THREADS = 4
 #: Page requests in the app at once (those for the model included); more get a 503 at once. A small multiple of
 #: the page threads: a table page costs 5-100 ms, so one admitted waits for a thread well under a second.
 MAX_IN_FLIGHT = 16
-#: Requests that need the model (memory pages, traces) waiting for it at once; more get a 503 at once. The
-#: model runs one request at a time, 100-500 ms each on 2 cores under load: 4 waiting is at most about 2.5 s.
-MAX_WAITING_FOR_MODEL = 4
+#: The longest a request that needs the model (memory pages, traces) should expect to wait for its answer: the
+#: model runs one request at a time, so one more is refused at once when those waiting, the one running and its
+#: own, at the recent time of one, would take longer (but one may always wait). Well under the 5 s a crowd's
+#: request may wait for its first byte: the recent time lags when the machine slows down.
+MODEL_WAIT_S = 3.0
+#: Requests waiting for the model at once, however fast it is; more get a 503 at once. Eight clients who all
+#: ask for memory pages are never refused.
+MAX_WAITING_FOR_MODEL = 8
 #: A refused request is told to retry after this many milliseconds, drawn anew each time from this range so
 #: that a crowd refused at once does not come back at once; its mean is the ``Retry-After: 1`` it also carries.
 RETRY_AFTER_MS = (500, 1500)
 #: Folders (and files) of the run directory that /files serves.
 SERVED = ("figures", "metrics", "report.html")
 
-__all__ = ["Admission", "Busy", "create_app", "serve", "load_run_model"]
+__all__ = ["Admission", "Busy", "ModelQueue", "create_app", "serve", "load_run_model"]
 
 
 class Busy(BadRequest):
@@ -118,6 +125,32 @@ class Admission:
         return run
 
 
+class ModelQueue:
+    """Page work that needs the model, one request at a time (it holds the model's lock anyway: it waits here,
+    not in the page threads), behind a short queue: `MODEL_WAIT_S` and `MAX_WAITING_FOR_MODEL`."""
+
+    #: Weight of the newest request in `seconds`, the moving average of one request's time.
+    SMOOTHING = 0.3
+
+    def __init__(self) -> None:
+        self.pool = anyio.CapacityLimiter(1)
+        self.seconds = 0.0  # written by the model's thread only, one request at a time
+
+    async def run(self, function: Callable, *args):
+        """`function(*args)` in the model's thread, or `Busy` at once when the queue is full."""
+        waiting = self.pool.statistics().tasks_waiting
+        if waiting >= MAX_WAITING_FOR_MODEL or waiting and (waiting + 2) * self.seconds > MODEL_WAIT_S:
+            raise Busy(f"the model is busy with {waiting + 1} requests; try again in a second")
+        return await anyio.to_thread.run_sync(self._timed, function, args, limiter=self.pool)
+
+    def _timed(self, function: Callable, args: tuple):
+        start = time.perf_counter()
+        try:
+            return function(*args)
+        finally:
+            self.seconds += self.SMOOTHING * (time.perf_counter() - start - self.seconds)
+
+
 def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "",
                hosts: tuple[str, ...] = (), token: str | None = None) -> Starlette:
     """The explorer's web app for a run.
@@ -133,9 +166,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
     data.model.after_load(lambda: (data.warm(), pages.warm()))  # a model loaded in the background: warm up
-    # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
-    model_pool, page_pool = anyio.CapacityLimiter(1), anyio.CapacityLimiter(PAGE_THREADS)
-    admission = Admission(MAX_IN_FLIGHT)
+    page_pool, model_queue, admission = anyio.CapacityLimiter(PAGE_THREADS), ModelQueue(), Admission(MAX_IN_FLIGHT)
 
     async def in_threads(function, *args):
         """Run page work that reads only tables in the page threads."""
@@ -150,21 +181,15 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
                                             _one(q, "sort", "key"), _one(q, "order", "asc"), _one(q, "page", "1"), root,
                                             _one(q, "census"), _one(q, "min_score")))
 
-    async def with_model(function, *args):
-        """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""
-        if model_pool.statistics().tasks_waiting >= MAX_WAITING_FOR_MODEL:
-            raise Busy(f"the model is busy with {MAX_WAITING_FOR_MODEL} requests; try again in a second")
-        return await anyio.to_thread.run_sync(function, *args, limiter=model_pool)
-
     async def memory(request: Request):
         p, q = request.path_params, _query(request)
-        return _html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
-                                      _one(q, "projection", "identity"), _one(q, "shown", "p")))
+        return _html(await model_queue.run(pages.memory_page, data, p["layer"], p["key"], root,
+                                           _one(q, "projection", "identity"), _one(q, "shown", "p")))
 
     async def memory_json(request: Request):
         p, q = request.path_params, _query(request)
-        return JSONResponse(await with_model(pages.memory_json, data, p["layer"], p["key"],
-                                             _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
+        return JSONResponse(await model_queue.run(pages.memory_json, data, p["layer"], p["key"],
+                                                  _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
         p = request.path_params
@@ -185,7 +210,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return _html(await in_threads(pages.search_page, data, _one(q, "token"), _one(q, "q"), root))
 
     async def concepts(request: Request):
-        return _html(await with_model(pages.concepts_page, data, _one(_query(request), "layer"), root))
+        return _html(await model_queue.run(pages.concepts_page, data, _one(_query(request), "layer"), root))
 
     def run_trace(params: dict[str, list[str]]) -> str:
         from ffkv.explorer.notebook import run_trace as traced
@@ -208,7 +233,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def traced(params: dict[str, list[str]]) -> HTMLResponse:
         if _one(params, "prompt") is None:
             return _html(await in_threads(run_trace, params))
-        return _html(await with_model(run_trace, params))
+        return _html(await model_queue.run(run_trace, params))
 
     async def trace_get(request: Request):
         return await traced(_query(request))
@@ -247,7 +272,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     app = Starlette(routes=routes, exception_handlers=_error_handlers(data, root),
         middleware=[Middleware(Guard, hosts=hosts, token=token),
                     Middleware(LoadModelAfterFirstResponse, model=data.model)])
-    app.state.data, app.state.admission = data, admission
+    app.state.data, app.state.admission, app.state.model_queue = data, admission, model_queue
     return app
 
 
