@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 import anyio
@@ -60,7 +61,7 @@ REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not 
            500: "Server error", 503: "Unavailable", 507: "Insufficient storage"}
 #: Threads computing pages that read only tables. Few: page work is mostly Python and holds the GIL, and each
 #: thread more takes a share of it from the event loop, which then answers everyone (refusals too) later. At
-#: 500 clients (`benchmarks/explorer_crowd.py`) a refusal took 0.07 s (median) with 4, 0.7 s with 40.
+#: 500 clients (`benchmarks/explorer_crowd.py`, 20 s) a refusal took 0.07 s (median) with 4, 0.7 s with 40.
 PAGE_THREADS = 4
 #: Page requests in the app at once (those for the model included); more get a 503 at once. A small multiple of
 #: the page threads: a table page costs 5-100 ms, so one admitted waits for a thread well under a second.
@@ -80,6 +81,8 @@ RETRY_AFTER_MS = (500, 1500)
 SERVED = ("figures", "metrics", "report.html")
 
 __all__ = ["Admission", "Busy", "ModelQueue", "create_app", "serve", "load_run_model"]
+
+T = TypeVar("T")
 
 
 class Busy(BadRequest):
@@ -136,14 +139,14 @@ class ModelQueue:
         self.pool = anyio.CapacityLimiter(1)
         self.seconds = 0.0  # written by the model's thread only, one request at a time
 
-    async def run(self, function: Callable, *args):
+    async def run(self, function: Callable[..., T], *args) -> T:
         """`function(*args)` in the model's thread, or `Busy` at once when the queue is full."""
         waiting = self.pool.statistics().tasks_waiting
         if waiting >= MAX_WAITING_FOR_MODEL or waiting and (waiting + 2) * self.seconds > MODEL_WAIT_S:
             raise Busy(f"the model is busy with {waiting + 1} requests; try again in a second")
         return await anyio.to_thread.run_sync(self._timed, function, args, limiter=self.pool)
 
-    def _timed(self, function: Callable, args: tuple):
+    def _timed(self, function: Callable[..., T], args: tuple) -> T:
         start = time.perf_counter()
         try:
             return function(*args)
