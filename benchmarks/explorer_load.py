@@ -22,8 +22,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -33,6 +36,8 @@ PROMPTS = ("In the beginning God created", "And the LORD spake unto Moses, sayin
            "For God so loved the world", "The LORD is my shepherd")
 WORDS = ("God", "LORD", "land", "king", "water", "house", "children", "heaven")
 TOKENS = (" the", " of", " and", " God", " LORD", " unto")
+#: `python` arguments that run the `ffkv` command line (of the src/ on PYTHONPATH).
+FFKV = ["-c", "import sys; from ffkv.cli import main; sys.exit(main())"]
 
 
 def free_port() -> int:
@@ -47,6 +52,33 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
+
+
+@contextmanager
+def serving(run: str | Path, src: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`ffkv serve RUN` of the ffkv in `src` on a free loopback port, up and its model loaded (a first trace
+    waits for it); (the server's process, its base URL). Stopped on leaving."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: a full pipe would stop the server
+        server = subprocess.Popen([sys.executable, *FFKV, "serve", str(run), "--port", str(port)],
+                                  env=dict(os.environ, PYTHONPATH=src), stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.time() + 300
+            while True:
+                try:
+                    if httpx.get(base + "/trace", params={"prompt": "In"}, timeout=300).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.time() > deadline or server.poll() is not None:
+                    log.seek(0)
+                    raise SystemExit(f"the server did not start: {log.read().decode()[-2000:]}")
+                time.sleep(0.2)
+            yield server, base
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def requests_mix(n: int, n_layers: int, d_m: int, seed: int) -> list[tuple[str, str]]:
@@ -130,23 +162,7 @@ def main() -> None:
     from ffkv.store.run import RunDir
 
     model = RunDir(args.run).require_complete().model
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=args.src)
-    server = subprocess.Popen([sys.executable, "-c", "import sys; from ffkv.cli import main; sys.exit(main())",
-                               "serve", args.run, "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 300
-        while True:  # up, and the model loaded (a first trace waits for it)
-            try:
-                if httpx.get(base + "/trace", params={"prompt": "In"}, timeout=300).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise SystemExit(f"the server did not start: {server.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
+    with serving(args.run, args.src) as (server, base):
         asyncio.run(drive(base, requests_mix(60, model.n_layers, model.d_m, args.seed + 99), 4))  # warm up
         rates = {}
         for c in args.concurrency:
@@ -164,9 +180,6 @@ def main() -> None:
             errors = sum(s >= 500 for rows in seen.values() for s, _ in rows)
             print(f"\nsoak: {args.soak} requests at 8 clients in {seconds:.0f} s, {errors} 5xx; server memory "
                   f"{before:.0f} -> {after:.0f} MiB ({100 * (after - before) / before:+.1f}%, goal < 10%)")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

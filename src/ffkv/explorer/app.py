@@ -16,22 +16,32 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
 The model loads in the background (`ModelHandle`): the overview answers at once. Every bad
 request gets a 4xx page that says what was wrong; none shows a traceback. `security.Guard` answers
 only loopback names and the names given, refuses cross-site changes, checks the access token of a
-server bound beyond loopback, and sets the security headers. Page handlers run in the thread pool
-(DuckDB: one cursor per query); pages that need the model (memory pages, trace, generate) run in a
-pool of their own, one at a time, with a bounded queue: past it, a 503 asks the client to retry.
+server bound beyond loopback, and sets the security headers. Page handlers run in a few threads of their
+own (`PAGE_THREADS`; DuckDB: one cursor per query); pages that need the model (memory pages, trace,
+generate) run in a thread of their own, one at a time, with a short queue (`ModelQueue`).
+
+Under a crowd the explorer answers what it can and refuses the rest at once: at most `MAX_IN_FLIGHT` page
+requests are in the app (`Admission`), and a request waits for the model only when it should be answered
+in `MODEL_WAIT_S`; past either, the request gets a 503 page at once with ``Retry-After`` (whole
+seconds, as HTTP defines it) and ``Retry-After-Ms`` (the milliseconds), never a place in a queue that would
+keep it waiting for many seconds.
 """
 
 from __future__ import annotations
 
 import errno
+import random
 import socket
 import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 import anyio
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.middleware import Middleware
@@ -49,13 +59,99 @@ from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
            413: "Too large", 415: "Unsupported media type", 421: "Misdirected request", 422: "Cannot use this input",
            500: "Server error", 503: "Unavailable", 507: "Insufficient storage"}
-#: Most requests that need the model (memory pages, traces) waiting for it at once; more get a 503 with
-#: Retry-After. Above the 50 clients of the load benchmark, so only a flood meets it.
-MAX_WAITING_FOR_MODEL = 64
+#: Threads computing pages that read only tables. Few: page work is mostly Python and holds the GIL, and each
+#: thread more takes a share of it from the event loop, which then answers everyone (refusals too) later. At
+#: 500 clients (`benchmarks/explorer_crowd.py`, 20 s) a refusal took 0.07 s (median) with 4, 0.7 s with 40.
+PAGE_THREADS = 4
+#: Page requests in the app at once (those for the model included); more get a 503 at once. A small multiple of
+#: the page threads: a table page costs 5-100 ms, so one admitted waits for a thread well under a second.
+MAX_IN_FLIGHT = 16
+#: The longest a request that needs the model (memory pages, traces) should expect to wait for its answer: the
+#: model runs one request at a time, so one more is refused at once when those waiting, the one running and its
+#: own, at the recent time of one, would take longer (but one may always wait). Well under the 5 s a crowd's
+#: request may wait for its first byte: the recent time lags when the machine slows down.
+MODEL_WAIT_S = 3.0
+#: Requests waiting for the model at once, however fast it is; more get a 503 at once. Eight clients who all
+#: ask for memory pages are never refused.
+MAX_WAITING_FOR_MODEL = 8
+#: A refused request is told to retry after this many milliseconds, drawn anew each time from this range so
+#: that a crowd refused at once does not come back at once; its mean is the ``Retry-After: 1`` it also carries.
+RETRY_AFTER_MS = (500, 1500)
 #: Folders (and files) of the run directory that /files serves.
 SERVED = ("figures", "metrics", "report.html")
 
-__all__ = ["create_app", "serve", "load_run_model"]
+__all__ = ["Admission", "Busy", "ModelQueue", "create_app", "serve", "load_run_model"]
+
+T = TypeVar("T")
+
+
+class Busy(BadRequest):
+    """A request refused because the explorer is full: a 503 that says when to retry.
+
+    HTTP's ``Retry-After`` counts whole seconds, too coarse for a wait of about one; the response also carries
+    ``Retry-After-Ms``, the header that OpenAI's and Azure's clients read for the same purpose.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 503)
+        self.retry_after_ms = random.randrange(*RETRY_AFTER_MS)
+
+
+class Admission:
+    """At most `limit` requests in flight; one more is refused at once (`Busy`) instead of queued.
+
+    The count lives on the event loop's thread (handlers start and end there), so it needs no lock; a request
+    leaves its slot when its handler ends however it ends (an answer, an error, a cancellation), and a handler
+    ends only after its page's thread: work still running keeps its slot.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one slot while the block runs, or raise `Busy` when every slot is taken."""
+        if self.in_flight >= self.limit:
+            raise Busy(f"the explorer is answering {self.limit} requests; try again in a second")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def admitted(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """`handler`, run only when a slot is free."""
+        async def run(request: Request) -> Response:
+            with self.slot():
+                return await handler(request)
+        return run
+
+
+class ModelQueue:
+    """Page work that needs the model, one request at a time (it holds the model's lock anyway: it waits here,
+    not in the page threads), behind a short queue: `MODEL_WAIT_S` and `MAX_WAITING_FOR_MODEL`."""
+
+    #: Weight of the newest request in `seconds`, the moving average of one request's time.
+    SMOOTHING = 0.3
+
+    def __init__(self) -> None:
+        self.pool = anyio.CapacityLimiter(1)
+        self.seconds = 0.0  # written by the model's thread only, one request at a time
+
+    async def run(self, function: Callable[..., T], *args) -> T:
+        """`function(*args)` in the model's thread, or `Busy` at once when the queue is full."""
+        waiting = self.pool.statistics().tasks_waiting
+        if waiting >= MAX_WAITING_FOR_MODEL or waiting and (waiting + 2) * self.seconds > MODEL_WAIT_S:
+            raise Busy(f"the model is busy with {waiting + 1} requests; try again in a second")
+        return await anyio.to_thread.run_sync(self._timed, function, args, limiter=self.pool)
+
+    def _timed(self, function: Callable[..., T], args: tuple) -> T:
+        start = time.perf_counter()
+        try:
+            return function(*args)
+        finally:
+            self.seconds += self.SMOOTHING * (time.perf_counter() - start - self.seconds)
 
 
 def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "",
@@ -73,34 +169,30 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     run_dir = Path(run_dir)
     data = ExplorerData(run_dir, loaded, progress=progress)
     data.model.after_load(lambda: (data.warm(), pages.warm()))  # a model loaded in the background: warm up
-    # Model work holds the model lock anyway: it queues here, not in the page threads (tables-only pages stay fast).
-    model_pool = anyio.CapacityLimiter(1)
+    page_pool, model_queue, admission = anyio.CapacityLimiter(PAGE_THREADS), ModelQueue(), Admission(MAX_IN_FLIGHT)
+
+    async def in_threads(function, *args):
+        """Run page work that reads only tables in the page threads."""
+        return await anyio.to_thread.run_sync(function, *args, limiter=page_pool)
 
     async def overview(request: Request):
-        return _html(await run_in_threadpool(pages.overview, data, root))
+        return _html(await in_threads(pages.overview, data, root))
 
     async def layer(request: Request):
         q = _query(request)
-        return _html(await run_in_threadpool(pages.layer_page, data, request.path_params["layer"],
+        return _html(await in_threads(pages.layer_page, data, request.path_params["layer"],
                                             _one(q, "sort", "key"), _one(q, "order", "asc"), _one(q, "page", "1"), root,
                                             _one(q, "census"), _one(q, "min_score")))
 
-    async def with_model(function, *args):
-        """Run page work that needs the model in the model's own pool: one at a time, a bounded queue."""
-        if model_pool.statistics().tasks_waiting >= MAX_WAITING_FOR_MODEL:
-            raise BadRequest(f"the model is busy with {MAX_WAITING_FOR_MODEL} requests; try again in a few "
-                             "seconds", 503)
-        return await anyio.to_thread.run_sync(function, *args, limiter=model_pool)
-
     async def memory(request: Request):
         p, q = request.path_params, _query(request)
-        return _html(await with_model(pages.memory_page, data, p["layer"], p["key"], root,
-                                      _one(q, "projection", "identity"), _one(q, "shown", "p")))
+        return _html(await model_queue.run(pages.memory_page, data, p["layer"], p["key"], root,
+                                           _one(q, "projection", "identity"), _one(q, "shown", "p")))
 
     async def memory_json(request: Request):
         p, q = request.path_params, _query(request)
-        return JSONResponse(await with_model(pages.memory_json, data, p["layer"], p["key"],
-                                             _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
+        return JSONResponse(await model_queue.run(pages.memory_json, data, p["layer"], p["key"],
+                                                  _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
         p = request.path_params
@@ -118,10 +210,10 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     async def search(request: Request):
         q = _query(request)
-        return _html(await run_in_threadpool(pages.search_page, data, _one(q, "token"), _one(q, "q"), root))
+        return _html(await in_threads(pages.search_page, data, _one(q, "token"), _one(q, "q"), root))
 
     async def concepts(request: Request):
-        return _html(await with_model(pages.concepts_page, data, _one(_query(request), "layer"), root))
+        return _html(await model_queue.run(pages.concepts_page, data, _one(_query(request), "layer"), root))
 
     def run_trace(params: dict[str, list[str]]) -> str:
         from ffkv.explorer.notebook import run_trace as traced
@@ -143,8 +235,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     async def traced(params: dict[str, list[str]]) -> HTMLResponse:
         if _one(params, "prompt") is None:
-            return _html(await run_in_threadpool(run_trace, params))
-        return _html(await with_model(run_trace, params))
+            return _html(await in_threads(run_trace, params))
+        return _html(await model_queue.run(run_trace, params))
 
     async def trace_get(request: Request):
         return await traced(_query(request))
@@ -165,23 +257,25 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
             raise BadRequest(f"no file {rel[:80]!r} in the run's figures, metrics or report", 404)
         return FileResponse(target)
 
+    page = admission.admitted
     routes = [
-        Route("/", overview),
-        Route("/layer/{layer}", layer),
-        Route("/memory/{layer}/{key}.json", memory_json),
-        Route("/memory/{layer}/{key}", memory),
-        Route("/memory/{layer}/{key}/annotate", annotate, methods=["POST"]),
-        Route("/search", search),
-        Route("/concepts", concepts),
-        Route("/trace", trace_get, methods=["GET"]),
-        Route("/trace", trace_post, methods=["POST"]),
+        Route("/", page(overview)),
+        Route("/layer/{layer}", page(layer)),
+        Route("/memory/{layer}/{key}.json", page(memory_json)),
+        Route("/memory/{layer}/{key}", page(memory)),
+        Route("/memory/{layer}/{key}/annotate", page(annotate), methods=["POST"]),
+        Route("/search", page(search)),
+        Route("/concepts", page(concepts)),
+        Route("/trace", page(trace_get), methods=["GET"]),
+        Route("/trace", page(trace_post), methods=["POST"]),
+        # Not counted: the figures of a page already admitted (refused, the page would show broken images).
         Route("/files/{path:path}", files),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # a browser asks, on the JSON pages too
     ]
     app = Starlette(routes=routes, exception_handlers=_error_handlers(data, root),
         middleware=[Middleware(Guard, hosts=hosts, token=token),
                     Middleware(LoadModelAfterFirstResponse, model=data.model)])
-    app.state.data = data
+    app.state.data, app.state.admission, app.state.model_queue = data, admission, model_queue
     return app
 
 
@@ -234,7 +328,10 @@ def _error_handlers(data: ExplorerData, root: str) -> dict:
 
     async def bad_request(request: Request, exc: BadRequest):
         response = error(exc.status, str(exc), request)
-        if exc.status == 503:
+        if isinstance(exc, Busy):
+            response.headers["retry-after"] = str(max(1, round(exc.retry_after_ms / 1000)))
+            response.headers["retry-after-ms"] = str(exc.retry_after_ms)
+        elif exc.status == 503:  # the model could not be loaded, or a run without weights: not soon
             response.headers["retry-after"] = "5"
         return response
 
@@ -307,6 +404,9 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
             shown = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
         link = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
         print(f"ffkv serve: exploring {Path(run_dir)} at {link} (Ctrl-C to stop)", flush=True)
+        # Not uvicorn's limit_concurrency: it counts open connections (idle keep-alive ones too) and answers
+        # past it with a bare 503 that has no Retry-After and skips the security headers; `Admission` refuses
+        # in the app instead. Its backlog applies only to a socket uvicorn opens (ours is `bind`'s).
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listening])
     finally:
         listening.close()
