@@ -29,23 +29,10 @@ from ffkv.tools.journal import Journal
 from ffkv.tools.llm_backends import LLMError, ServerBackend
 from ffkv.tools.score import score
 from support.chat_server import ChatServer
-from support.explain_runs import CHAR, PLANTED, planted_run
-from support.runs import copy_run
+from support.explain_runs import CHAR, PLANTED
 
 MEMORIES = [(0, PLANTED), (0, 1), (0, 2), (0, 3)]
 TESTS = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    """(run, loaded): the planted model's indexed run (top-10, both signs, 256 control memories)."""
-    return planted_run(tmp_path_factory.mktemp("planted"))
-
-
-@pytest.fixture
-def fresh(planted, tmp_path):
-    run, loaded = planted
-    return copy_run(run, tmp_path / "run"), loaded
 
 
 def _explained(run, loaded, server, **options):

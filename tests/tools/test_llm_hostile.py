@@ -13,28 +13,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ffkv import cli
 from ffkv.errors import DamagedRun
 from ffkv.store.run import RunDir
 from ffkv.tools.explain import explain
 from ffkv.tools.llm_backends import LLMError, ServerBackend, TemplateRefused, redact_url
 from support.chat_server import DRIP_SECONDS, ChatServer
 from support.cli_runs import error_line, run
-from support.explain_runs import PLANTED, install, planted_run
-from support.runs import copy_run
+from support.explain_runs import PLANTED, install
 
 MEMORIES = [(0, PLANTED), (0, 1)]
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return planted_run(tmp_path_factory.mktemp("planted"))
-
-
-@pytest.fixture
-def fresh(planted, tmp_path):
-    run_dir, loaded = planted
-    return copy_run(run_dir, tmp_path / "run"), loaded
 
 
 def _explain(run_dir, loaded, url, **options):

@@ -58,8 +58,8 @@ def fidelity_view(table: pd.DataFrame, unreadable: Mapping[str, str] | None = No
             table["verdict"] = table["verdict"].astype(object) if "verdict" in table.columns else None
             table.loc[hit, "verdict"] = notes
     if "reproduces" in table.columns:
-        table = table.assign(reproduces=[("yes" if bool(v) else "no") if v is not None and not pd.isna(v)
-                                         else "no verdict" for v in table["reproduces"]])
+        table = table.assign(reproduces=pd.Series([bool(v) if v is not None and not pd.isna(v) else "no verdict"
+                                                   for v in table["reproduces"]], index=table.index, dtype=object))
     return table_view(table)
 
 
