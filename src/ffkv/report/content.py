@@ -67,7 +67,8 @@ EMPTY_BECAUSE = "empty_because"
 
 def empty_reason(description: dict) -> str:
     """Why a metrics table holds no rows, as its study recorded it (`EMPTY_BECAUSE`)."""
-    return str(description.get(EMPTY_BECAUSE) or EMPTY_UNEXPLAINED)
+    reason = str(description.get(EMPTY_BECAUSE) or EMPTY_UNEXPLAINED)
+    return reason if reason.endswith(".") else reason + "."
 
 
 def is_per_layer(table: pd.DataFrame) -> bool:
