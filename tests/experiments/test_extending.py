@@ -107,7 +107,8 @@ def test_a_new_table_never_inherits_another_experiments_finding():
     # main's prefix rule gave values_spread Figure 4's finding (it starts with "values").
     assert registry.paper_finding("values_spread") is None
     assert registry.paper_finding("values")["figure"] == "Figure 4"
-    assert registry.paper_finding("values_negative_keys")["figure"] == "Figure 4"  # named by its experiment
+    # named by its experiment (values_negative: the signed twin of Figure 4, beyond the paper)
+    assert registry.paper_finding("values_negative_keys")["figure"] == "Beyond the paper, beside Figure 4"
     spread = Experiment(name="values_spread", title="t", section="s", order=30, compute=lambda ctx, options: Result(),
                         findings={"values_spread": Finding("Elsewhere", "its own")})
     registry.register(spread)
