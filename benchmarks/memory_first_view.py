@@ -5,12 +5,13 @@ explorer's tables store those coefficients (`ffkv.experiments.trigger_contexts`)
 ran the model over the key's trigger examples the first time it was asked for. In one process, with
 the run's model loaded as `ffkv serve` loads it, this times the page (`pages.memory_page`: the
 tables' queries, the value under the identity projection, the HTML) for keys never viewed before,
-taking turns: one key read from the stored coefficients, the next computed by a forward pass (the
-explorer's fallback, what every first view cost before). It also reports what the stored
+`--per-band` random keys in each third of the layers (a forward pass costs more the deeper the key), with
+each page's size; `--forward N` also times N views computed by a forward pass (the explorer's fallback,
+what every first view cost before the coefficients were stored). It also reports what the stored
 coefficients cost: the build's seconds and the file's size (explorer/info.json), beside the index's
 own seconds (manifest.json) for scale.
 
-    python benchmarks/memory_first_view.py RUN [--keys 40] [--seed 0]
+    python benchmarks/memory_first_view.py RUN [--per-band 20] [--forward 0] [--seed 0]
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def summary(seconds: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="an analysed run directory (its explorer tables built), e.g. runs/demo")
-    parser.add_argument("--keys", type=int, default=40, help="keys timed each way (default: %(default)s)")
+    parser.add_argument("--per-band", type=int, default=20,
+                        help="random keys timed in each third of the layers (default: %(default)s)")
+    parser.add_argument("--forward", type=int, default=0,
+                        help="also time this many first views computed by a forward pass (default: none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -58,22 +62,31 @@ def main() -> None:
         raise SystemExit(f"{run} has no stored trigger coefficients: `ffkv analyze {run} --only lookups` builds them")
     stored = data.coefficients
     rng = np.random.default_rng(args.seed)
-    chosen = rng.choice(data.n_layers * data.d_m, size=2 * args.keys + 1, replace=False)
-    keys = [divmod(int(i), data.d_m) for i in chosen]
-
-    layer, key = keys.pop()
+    bands = np.array_split(np.arange(data.n_layers), 3)  # first, middle and last third of the layers
+    keys_by_band = [[(int(layer), int(key)) for layer, key in zip(rng.choice(band, args.per_band),
+                                                                    rng.choice(data.d_m, args.per_band, replace=False))]
+                    for band in bands]
+    layer, key = int(rng.integers(data.n_layers)), int(rng.integers(data.d_m))
     begun = time.perf_counter()
     pages.memory_page(data, layer + 1, key)
     first_page = time.perf_counter() - begun  # the process's first page: vocabulary strings, templates
 
-    timings: dict[str, list[float]] = {"stored": [], "forward pass": []}
-    for i, (layer, key) in enumerate(keys):
-        way = "stored" if i % 2 == 0 else "forward pass"
-        data.coefficients = stored if way == "stored" else None
+    timings: dict[str, list[float]] = {}
+    sizes: dict[str, list[int]] = {}
+    for band, keys in zip(bands, keys_by_band):
+        name = f"layers {band[0] + 1}-{band[-1] + 1}"
+        for layer, key in keys:
+            begun = time.perf_counter()
+            html = pages.memory_page(data, layer + 1, key)
+            timings.setdefault(name, []).append(time.perf_counter() - begun)
+            sizes.setdefault(name, []).append(len(html.encode()))
+            assert 'id="triggers"' in html
+    forward: list[float] = []
+    for layer, key in [divmod(int(i), data.d_m) for i in rng.choice(data.n_layers * data.d_m, args.forward)]:
+        data.coefficients = None  # the explorer's fallback: a forward pass over the key's trigger examples
         begun = time.perf_counter()
-        html = pages.memory_page(data, layer + 1, key)
-        timings[way].append(time.perf_counter() - begun)
-        assert 'id="triggers"' in html
+        pages.memory_page(data, layer + 1, key)
+        forward.append(time.perf_counter() - begun)
     data.coefficients = stored
     data.close()
 
@@ -83,10 +96,13 @@ def main() -> None:
     print(f"run {run}: {data.n_layers} layers x {data.d_m:,} keys, model {manifest['model']['id']}; "
           f"load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"the process's first memory page (vocabulary strings, templates): {first_page:.3f} s")
-    for way, seconds in timings.items():
-        print(f"first view, {way:>12}: {summary(seconds)}")
-    ratio = statistics.median(timings["forward pass"]) / statistics.median(timings["stored"])
-    print(f"forward pass / stored, medians: {ratio:.1f}x")
+    for band, seconds in timings.items():
+        print(f"first view, stored, {band}: {summary(seconds)}; page {statistics.median(sizes[band]) / 1000:.0f} kB "
+              f"median, {max(sizes[band]) / 1000:.0f} kB max")
+    if forward:
+        every = [t for seconds in timings.values() for t in seconds]
+        print(f"first view, forward pass (any layer): {summary(forward)}; forward pass / stored, medians: "
+              f"{statistics.median(forward) / statistics.median(every):.1f}x")
     print(f"stored coefficients: {built.get('cells', 0):,} ({built.get('dtype')}), {built.get('bytes', 0) / 2**20:.1f} MiB; "
           f"built in {built.get('seconds', float('nan')):.1f} s of the tables' {info.get('seconds', float('nan')):.1f} s; "
           f"the index took {manifest.get('timings', {}).get('index_seconds', float('nan')):.1f} s")

@@ -229,3 +229,72 @@ def test_the_explorer_says_why_it_builds_its_lookup_tables(tmp_path, capsys):
     shutil.rmtree(run / "explorer")
     ExplorerData(run, loaded, progress=True).close()
     assert "ffkv serve: its lookup tables are missing or out of date" in capsys.readouterr().out
+
+
+def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, monkeypatch):
+    """Issue 44: on SmolLM2 the index's whole trigger examples held more than MAX_CELLS coefficients, so none were
+    stored and each first view of a memory page ran the model (median 28 s). Now the build stores a window around
+    each trigger: within it the page's coefficients equal a brute-force forward pass (to float16's precision) and
+    no model runs; outside it no token is shaded."""
+    from ffkv.experiments import trigger_contexts
+    from ffkv.explorer import live
+    from ffkv.store import lookups
+
+    run, loaded = fresh_run
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    ex = pd.read_parquet(run / "examples.parquet").set_index("example_id")
+    whole = sum(len(ex.at[e, "token_ids"]) for e in te.example_id)
+    before, after = 2, 1
+    monkeypatch.setattr(trigger_contexts, "WINDOW", (before, after))
+    monkeypatch.setattr(trigger_contexts, "MAX_CELLS", whole - 1)  # the whole examples no longer fit
+    (run / "explorer" / lookups.INFO).unlink()  # rebuilt
+    calls = []
+    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
+    d = ExplorerData(run, loaded)
+    try:
+        info = lookups.read_info(run / "explorer")["trigger_coefficients"]
+        expected = sum(min(p + after + 1, len(ex.at[e, "token_ids"])) - max(p - before, 0)
+                       for e, p in zip(te.example_id, te.position))
+        assert info["file"] == lookups.COEFFICIENTS and info["window"] == [before, after]
+        assert info["cells"] == expected < whole
+        for layer, key in [(0, 3), (2, 11)]:
+            for group in d.memory(layer, key)["triggers"]:
+                for e in group["examples"]:
+                    token_ids = list(ex.at[e["example_id"], "token_ids"])
+                    with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
+                        loaded.view.forward(torch.tensor([token_ids]))
+                    truth = cap["coefficients"][layer][0, :, key].numpy()
+                    p, first = e["position"], e["first"]
+                    for j, t in enumerate(t for t in e["tokens"] if not t.get("gap")):
+                        at = first + j
+                        if p - before <= at <= p + after:
+                            assert t["m"] == pytest.approx(float(truth[at]), rel=2e-3, abs=1e-4), (layer, key, at)
+                        else:
+                            assert t["m"] is None
+        assert calls == []  # no forward pass for a page
+    finally:
+        d.close()
+
+
+def test_a_long_example_is_shown_around_its_trigger(data, monkeypatch):
+    """A page shows SHOWN_BEFORE tokens before the trigger and SHOWN_AFTER after it, a mark for the rest (a WikiText
+    line of hundreds of tokens made a SmolLM2 memory page 0.5-0.74 MB); its JSON says where the tokens start."""
+    from ffkv.explorer import data as data_module
+    from ffkv.explorer.pages import memory_json
+
+    monkeypatch.setattr(data_module, "SHOWN_BEFORE", 3)
+    monkeypatch.setattr(data_module, "SHOWN_AFTER", 1)
+    examples = [e for g in data.memory(1, 3)["triggers"] for e in g["examples"]]
+    lengths = {int(e): len(ids) for e, ids in zip(*(data.triggers(1, 3)[c] for c in ("example_id", "token_ids")))}
+    assert any(e["tokens"][0].get("gap") for e in examples)
+    for e in examples:
+        shown = [t for t in e["tokens"] if not t.get("gap")]
+        assert shown[e["position"] - e["first"]]["trigger"]
+        if lengths[e["example_id"]] > 5:  # cut to 3 before the trigger and 1 after it
+            assert len(shown) <= 5 and e["first"] == max(0, e["position"] - 3)
+        else:  # a short example is shown whole
+            assert len(shown) == lengths[e["example_id"]] and e["first"] == 0
+    exported = memory_json(data, 2, 3)["trigger_examples"]
+    for e in exported:
+        assert len(e["tokens"]) == len(e["coefficients"]) <= 5
+        assert e["coefficients"][e["position"] - e["first_position"]] == pytest.approx(e["coefficient"], rel=1e-4)

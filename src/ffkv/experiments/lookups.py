@@ -77,18 +77,16 @@ def build_database(run: RunDir, path: Path) -> None:
     zone maps of tables stored in that order (DuckDB's planner chose sequential scans over the
     indexes anyway), and an ART index must fit in memory while it is built.
 
-    While the index has at most `trigger_contexts.MAX_ROWS` trigger rows, each row also holds ``m_length`` (its
-    example's tokens) and ``m_offset`` (where its per-token coefficients start in `trigger_contexts.FILE`); NULL
-    beyond.
+    While the index has at most `trigger_contexts.MAX_ROWS` trigger rows, each row also holds ``m_start`` and
+    ``m_length`` (the first of its example's tokens whose coefficients are stored, and how many: the whole example,
+    or a window around the trigger where the whole would not fit; `_located`) and ``m_offset`` (where they start
+    in `trigger_contexts.FILE`); NULL beyond.
     """
     te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
     columns = pq.read_schema(run.table("trigger_examples")).names
     # Runs of format 3 hold a direction column (+1, and -1 with --sign both); older runs are all +1.
     direction = "t.direction" if "direction" in columns else "CAST(1 AS TINYINT)"
     located = pq.ParquetFile(run.table("trigger_examples")).metadata.num_rows <= trigger_contexts.MAX_ROWS
-    length = "CAST(len(x.token_ids) AS INTEGER)" if located else "CAST(NULL AS INTEGER)"
-    offset = (f"CAST(sum(len(x.token_ids)) OVER (ORDER BY t.layer, t.key, {direction} DESC, t.rank "
-              "ROWS UNBOUNDED PRECEDING) - len(x.token_ids) AS BIGINT)" if located else "CAST(NULL AS BIGINT)")
     with atomic.atomic_path(path) as tmp:
         tmp.unlink()
         spill = tmp.with_name(tmp.name + ".spill")
@@ -102,13 +100,17 @@ def build_database(run: RunDir, path: Path) -> None:
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')
                 WHERE example_id IN (SELECT DISTINCT example_id FROM read_parquet('{te}'))
                 ORDER BY example_id""")
+            start, length = _located(con, te, located)
             con.execute(f"""
                 CREATE TABLE triggers AS
-                SELECT t.layer, t.key, {direction} AS direction, t.rank, t.coefficient, t.example_id,
-                       t.position, t.next_token_id, CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id,
-                       {length} AS m_length, {offset} AS m_offset
-                FROM read_parquet('{te}') t JOIN texts x USING (example_id)
-                ORDER BY t.layer, t.key, direction DESC, t.rank""")
+                SELECT *, CAST(sum(m_length) OVER (ORDER BY layer, key, direction DESC, rank
+                                                   ROWS UNBOUNDED PRECEDING) - m_length AS BIGINT) AS m_offset
+                FROM (SELECT t.layer, t.key, {direction} AS direction, t.rank, t.coefficient, t.example_id,
+                             t.position, t.next_token_id,
+                             CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id,
+                             CAST({start} AS INTEGER) AS m_start, CAST({length} AS INTEGER) AS m_length
+                      FROM read_parquet('{te}') t JOIN texts x USING (example_id))
+                ORDER BY layer, key, direction DESC, rank""")
             con.execute("""
                 CREATE TABLE triggers_by_example AS
                 SELECT example_id, layer, key, direction, rank, coefficient FROM triggers
@@ -121,6 +123,22 @@ def build_database(run: RunDir, path: Path) -> None:
         wal = Path(str(tmp) + ".wal")
         if wal.exists():
             wal.unlink()
+
+
+def _located(con, triggers: str, located: bool) -> tuple[str, str]:
+    """SQL for where each trigger row's stored coefficients start in its example and how many there are: the whole
+    example while every row's whole example fits `trigger_contexts.MAX_CELLS`, else the window of
+    `trigger_contexts.WINDOW` around the trigger position (the tokens a page shows shaded); NULL beyond
+    `trigger_contexts.MAX_ROWS` rows."""
+    if not located:
+        return "NULL", "NULL"
+    whole = con.execute(f"SELECT coalesce(sum(len(x.token_ids)), 0) FROM read_parquet('{triggers}') t "
+                        "JOIN texts x USING (example_id)").fetchone()[0]
+    if whole <= trigger_contexts.MAX_CELLS:
+        return "0", "len(x.token_ids)"
+    before, after = trigger_contexts.WINDOW
+    start = f"greatest(t.position - {before}, 0)"
+    return start, f"least(t.position + {after + 1}, len(x.token_ids)) - {start}"
 
 
 def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = TOP_TOKENS,
@@ -296,12 +314,15 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
     top_table, stats = value_tables(loaded, top1, bar=bar)
     act = activation_stats(loaded, batches, threshold, bar=bar)
-    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"}
+    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"
+                                                        if rows is not None else
+                                                        f"more than {trigger_contexts.MAX_ROWS:,} trigger rows"}
     if store_contexts:
         begun = time.perf_counter()
         flat = trigger_contexts.compute(loaded, rows, texts, bar=bar)
         dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
         contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
+                    "window": trigger_contexts.window_of(rows, texts),
                     "bytes": (folder / trigger_contexts.FILE).stat().st_size,
                     "seconds": round(time.perf_counter() - begun, 3)}
         del flat, texts

@@ -8,11 +8,13 @@ every layer, computes them for all keys at once, and the page reads a slice of a
 
 Stored in RUN/explorer/ as `FILE` (read by `ffkv.store.lookups.read_coefficients`): one flat
 float16 array (float32 when some |m| exceeds float16's range), the rows of the ``triggers`` table
-of explorer.duckdb one after another in its order, each as long as its example; the row's
-``m_offset`` and ``m_length`` point into it. float16 keeps three
+of explorer.duckdb one after another in its order, each as long as its example, or, where every
+row's whole example would exceed `MAX_CELLS`, as long as the `WINDOW` around its trigger (a real
+model's index: the page shades those tokens); the row's ``m_offset``, ``m_start`` and ``m_length``
+point into it. float16 keeps three
 significant digits (the page shows three; the trigger position's own coefficient is the index's,
-exact). Skipped (the explorer then computes a page's coefficients when it is asked for) when the
-rows hold more than `MAX_CELLS` tokens in all.
+exact). Skipped (the explorer then computes a page's coefficients when it is asked for) when even
+the windows hold more than `MAX_CELLS` tokens in all, or the index more than `MAX_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ MAX_CELLS = 60_000_000
 #: Most trigger rows for which explorer.duckdb locates coefficients (more rows cannot stay under `MAX_CELLS`
 #: with examples of a few tokens; the 8B-scale index, 92M rows, is never located).
 MAX_ROWS = 6_000_000
+#: Tokens before and after the trigger position whose coefficients are stored, where every row's whole example
+#: would exceed `MAX_CELLS` (SmolLM2-135M, 30 layers x 1,536 keys x 2 directions x top-20 over WikiText lines: 1.8M
+#: rows, their whole examples about 200M cells; their windows 50M, 100 MB in float16).
+WINDOW = (20, 6)
 #: Examples per forward pass, and padded tokens per batch.
 BATCH_SIZE = 16
 MAX_BATCH_TOKENS = 8192
@@ -43,10 +49,11 @@ MAX_BATCH_TOKENS = 8192
 
 def plan(db_path: Path) -> dict[str, np.ndarray] | None:
     """The rows of explorer.duckdb's triggers table in the order of their coefficients: layer, key, example_id,
-    m_offset, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows)."""
-    con = open_database(db_path, tables={"triggers": ("layer", "key", "example_id", "m_offset", "m_length")})
+    m_offset, m_start, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows)."""
+    con = open_database(db_path, tables={"triggers": ("layer", "key", "example_id", "m_offset", "m_start",
+                                                      "m_length")})
     try:
-        rows = con.execute("SELECT layer, key, example_id, m_offset, m_length FROM triggers "
+        rows = con.execute("SELECT layer, key, example_id, m_offset, m_start, m_length FROM triggers "
                            "WHERE m_offset IS NOT NULL ORDER BY m_offset").fetchnumpy()
         located = con.execute("SELECT count(*) = count(m_offset) FROM triggers").fetchone()[0]
     finally:
@@ -68,7 +75,8 @@ def texts_of(db_path: Path) -> dict[int, list[int]]:
 
 @torch.no_grad()
 def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, list[int]], bar=None) -> np.ndarray:
-    """m of each row's key at every position of its example, the rows one after another (`plan`'s order).
+    """m of each row's key at the stored positions of its example (``m_start`` on, ``m_length`` of them), the rows
+    one after another (`plan`'s order).
 
     Args:
         rows: `plan`'s arrays.
@@ -93,9 +101,10 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
         batch_row = np.searchsorted(state["ids"], rows["example_id"][chosen])
         keys = torch.as_tensor(rows["key"][chosen].astype(np.int64), device=m.device)
         values = m[torch.as_tensor(batch_row, device=m.device), :, keys].float().cpu().numpy()  # (rows, T)
-        lengths = rows["m_length"][chosen]
-        inside = np.arange(values.shape[1])[None, :] < lengths[:, None]
-        where = rows["m_offset"][chosen][:, None] + np.arange(values.shape[1])[None, :]
+        starts, lengths = rows["m_start"][chosen][:, None], rows["m_length"][chosen][:, None]
+        at = np.arange(values.shape[1])[None, :]
+        inside = (at >= starts) & (at < starts + lengths)
+        where = rows["m_offset"][chosen][:, None] + at - starts
         flat[where[inside]] = values[inside]
 
     with view.capture(("coefficients",), sink=sink, stop_early=True):
@@ -109,6 +118,12 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
             if bar is not None:
                 bar.update(1)
     return flat
+
+
+def window_of(rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> list[int] | None:
+    """The window stored around each trigger (`WINDOW`, tokens before and after), or None: whole examples."""
+    whole = np.array([len(texts[int(e)]) for e in rows["example_id"]], dtype=np.int64)
+    return None if np.array_equal(whole, rows["m_length"]) and not rows["m_start"].any() else list(WINDOW)
 
 
 def batches_needed(rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> int:

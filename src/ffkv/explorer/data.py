@@ -11,6 +11,7 @@ counted from 1 (`ffkv.presentation.style.layer_number`).
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections import Counter
@@ -46,6 +47,12 @@ CENSUS_COLUMNS = {"class": "census_class", "value_type": "census_value_type", "e
 #: Memories whose per-token coefficients over their trigger examples are kept (256 x 100 examples x
 #: 128 tokens of float32: 13 MB).
 CONTEXT_CACHE = 256
+#: Tokens of a trigger example a memory page shows before and after the trigger position: an example longer than
+#: the window (a WikiText line of hundreds of tokens) is cut to it, with a mark for what is left out, so that a page
+#: of 40 examples stays small (the example's whole text is in its JSON); a shorter one is shown whole.
+SHOWN_BEFORE, SHOWN_AFTER = 48, 16
+#: The mark of tokens left out of a shown example.
+GAP = {"text": "…", "m": None, "shade": 0.0, "trigger": False, "next": False, "after": False, "gap": True}
 #: Trigger directions (`direction` of trigger_examples.parquet, format 3): largest m, most negative m.
 DIRECTIONS = {Direction.POSITIVE: "largest coefficients", Direction.NEGATIVE: "most negative coefficients"}
 
@@ -311,7 +318,8 @@ class ExplorerData:
     def triggers(self, layer: int, key: int) -> pd.DataFrame:
         """The trigger examples of a key, with their example's token ids and text, strongest first per direction."""
         trig = self._query("SELECT t.direction, t.rank, t.coefficient, t.example_id, t.position, t.next_token_id, "
-                           "t.m_offset, t.m_length, x.token_ids, x.text FROM triggers t JOIN texts x USING (example_id) "
+                           "t.m_offset, t.m_start, t.m_length, x.token_ids, x.text FROM triggers t "
+                           "JOIN texts x USING (example_id) "
                            "WHERE t.layer = ? AND t.key = ? ORDER BY t.direction DESC, t.rank", [layer, key])
         return trig
 
@@ -328,12 +336,17 @@ class ExplorerData:
         return target if target >= 0 else None
 
     def _stored_context(self, trig: pd.DataFrame) -> list | None:
-        """The per-token coefficients of a key's trigger examples as the build stored them, or None when it
-        stored none for these rows."""
+        """The per-token coefficients of a key's trigger examples as the build stored them, each as long as its
+        example (NaN outside the stored window: `ffkv.experiments.trigger_contexts.WINDOW`), or None when it stored
+        none for these rows."""
         if self.coefficients is None or trig["m_offset"].isna().any():
             return None
-        return [np.asarray(self.coefficients[int(o):int(o) + int(n)], dtype=np.float32)
-                for o, n in zip(trig["m_offset"], trig["m_length"])]
+        out = []
+        for offset, start, n, ids in zip(trig["m_offset"], trig["m_start"], trig["m_length"], trig["token_ids"]):
+            full = np.full(len(ids), np.nan, dtype=np.float32)
+            full[int(start):int(start) + int(n)] = self.coefficients[int(offset):int(offset) + int(n)]
+            out.append(full)
+        return out
 
     def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
         """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
@@ -380,21 +393,30 @@ class ExplorerData:
                 value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig), shown)
                 if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
-        scale = max([float(np.abs(c).max()) for c in per_token if c is not None and len(c)]
+        scale = max([float(np.nanmax(np.abs(c), initial=0.0)) for c in per_token if c is not None and len(c)]
                     + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
         groups: dict[int, list[dict]] = {}
         for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
             pos = int(row.position)
             tokens = []
-            for j, (t, text) in enumerate(zip(ids, self.sequence(ids))):
+            first, last = max(0, pos - SHOWN_BEFORE), min(len(ids), pos + SHOWN_AFTER + 1)
+            if len(ids) <= SHOWN_BEFORE + SHOWN_AFTER + 1:  # a short example is shown whole
+                first, last = 0, len(ids)
+            texts = self.sequence(ids)
+            for j in range(first, last):
                 # The trigger position's coefficient is the index's own (stored coefficients are float16).
                 m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
-                tokens.append({"text": text, "m": m, "shade": 0.0 if m is None else m / scale,
+                m = None if m is not None and math.isnan(m) else m  # outside the stored window
+                tokens.append({"text": texts[j], "m": m, "shade": 0.0 if m is None else m / scale,
                                "trigger": j == pos, "next": j == pos + 1, "after": j > pos})
+            if first > 0:
+                tokens.insert(0, {**GAP, "omitted": first})
+            if last < len(ids):
+                tokens.append({**GAP, "after": True, "omitted": len(ids) - last})
             groups.setdefault(int(row.direction), []).append({
                 "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
                 "bar": 100.0 * abs(float(row.coefficient)) / scale,
-                "example_id": int(row.example_id), "position": pos, "tokens": tokens,
+                "example_id": int(row.example_id), "position": pos, "tokens": tokens, "first": first,
                 "next_token_id": int(row.next_token_id), "next": self.token(int(row.next_token_id)),
                 "last": self.token(ids[pos]), "text": row.text,
             })

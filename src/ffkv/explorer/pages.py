@@ -58,6 +58,9 @@ def strip_html(tokens: list[dict]) -> Markup:
     rather than in a template: a memory page holds thousands of them."""
     out = ['<span class="tokens">']
     for t in tokens:
+        if t.get("gap"):
+            out.append(f'<span class="gap" title="{t["omitted"]:,} tokens not shown">…</span>')
+            continue
         cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "") \
             + ("" if t["text"] else " part")
         title = "" if t["m"] is None else \
@@ -452,8 +455,9 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "trigger_examples": [
             {"direction": e["direction"], "rank": e["rank"], "coefficient": e["coefficient"],
              "example_id": e["example_id"], "position": e["position"], "next_token_id": e["next_token_id"],
-             "text": e["text"], "tokens": [t["text"] for t in e["tokens"]],
-             "coefficients": [t["m"] for t in e["tokens"]]}
+             "text": e["text"], "first_position": e["first"],  # tokens[0]'s position (a long example is cut)
+             "tokens": [t["text"] for t in e["tokens"] if not t.get("gap")],
+             "coefficients": [t["m"] for t in e["tokens"] if not t.get("gap")]}
             for g in m["triggers"] for e in g["examples"]],
     }
 

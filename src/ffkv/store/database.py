@@ -24,7 +24,7 @@ SAFE_CONFIG = {"enable_external_access": False, "lock_configuration": True}
 EXPLORER_TABLES: dict[str, tuple[str, ...]] = {
     "texts": ("example_id", "token_ids", "text"),
     "triggers": ("layer", "key", "direction", "rank", "coefficient", "example_id", "position", "next_token_id",
-                 "last_token_id", "m_length", "m_offset"),
+                 "last_token_id", "m_start", "m_length", "m_offset"),
     "triggers_by_example": ("example_id", "layer", "key", "direction", "rank", "coefficient"),
 }
 

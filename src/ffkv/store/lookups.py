@@ -36,8 +36,9 @@ from ffkv.store.run import RunDir
 #: active rule, was m > 0; 4: explorer.duckdb holds triggers_by_example and no ART index on the triggers,
 #: trigger coefficients stored, activation statistics on the robust scale that leaves massive activations out;
 #: 6: activation_frequency with the run's s_l, of the held-out examples, not the sample's; common_last_token_id's
-#: ties to the lowest id).
-VERSION = 6
+#: ties to the lowest id; 7: explorer.duckdb's m_start: a real model's index stores the
+#: coefficients of a window around each trigger when its whole examples would not fit).
+VERSION = 7
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
