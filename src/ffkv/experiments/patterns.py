@@ -87,8 +87,10 @@ def shallow_scores(entries: pd.DataFrame) -> pd.DataFrame:
         counts = counts.sort_values(["layer", "key", "count", *cols], ascending=[True, True, False] + [True] * n)
         best = counts.groupby(["layer", "key"]).head(1).set_index(["layer", "key"])
         per_key[f"shallow_score_{n}"] = best["count"].reindex(per_key.index).fillna(0) / per_key["n_triggers"]
-        per_key[f"suffix_{n}"] = [tuple(int(best.at[i, c]) for c in cols[::-1]) if i in best.index else ()
-                                  for i in per_key.index]
+        aligned = best[cols[::-1]].reindex(per_key.index)  # a key with no valid suffix: NaN
+        present = aligned.notna().all(axis=1).to_numpy()
+        per_key[f"suffix_{n}"] = [tuple(int(v) for v in row) if ok else ()
+                                  for row, ok in zip(aligned.to_numpy(), present)]
     shared = []
     for row in per_key.itertuples():
         chosen = ()
@@ -311,18 +313,25 @@ def _show(ctx: RunContext, ids: list[int]) -> str:
 
 
 def _topic_words(ctx, prefixes, masked, special, doc_freq, n_docs) -> list[str]:
-    counts: dict[int, int] = {}
-    for p, m in zip(prefixes, masked):
-        body = p[: len(p) - m] if m else p
-        for t in set(int(t) for t in body):
-            if t not in special:
-                counts[t] = counts.get(t, 0) + 1
+    if not len(prefixes):
+        return []
+    # Each token once per prefix body, counted over the prefixes (the same counts as a set per prefix): the distinct
+    # (prefix, token) pairs of all the bodies at once.
+    bodies = [np.asarray(p[: len(p) - m] if m else p, dtype=np.int64) for p, m in zip(prefixes, masked)]
+    tokens = np.concatenate(bodies)
+    which = np.repeat(np.arange(len(bodies), dtype=np.int64), [len(b) for b in bodies])
+    width = int(tokens.max(initial=0)) + 1
+    ids, numbers = np.unique(np.unique(which * width + tokens) % width, return_counts=True)
+    words = ctx.once("topic words", dict)  # token id -> its stripped text, "" when it has no letter or digit
     scored = []
-    for t, c in counts.items():
-        if c < 2:
+    for t, c in zip(ids.tolist(), numbers.tolist()):
+        if c < 2 or t in special:
             continue
-        text = ctx.token(t).strip()
-        if not any(ch.isalnum() for ch in text):
+        text = words.get(t)
+        if text is None:
+            text = ctx.token(t).strip()
+            text = words[t] = text if any(ch.isalnum() for ch in text) else ""
+        if not text:
             continue
         idf = math.log((n_docs + 1) / (1 + doc_freq[t] if t < len(doc_freq) else 1))
         scored.append((-(c / len(prefixes)) * idf, t, text))
