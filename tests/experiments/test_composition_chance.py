@@ -99,3 +99,21 @@ def test_composition_onto_other_memories_tokens_is_above_chance(tmp_path):
     assert 0.7 < row["composition_rate_chance"] < 0.9
     assert row["composition_rate_minus_chance_ci_low"] > 0
     assert verdict["verdict"] == "yes" and verdict["n"] == 300
+
+
+def test_one_held_out_example_gives_no_chance_level_and_no_traceback(tmp_path):
+    """stories260K on an 18-line corpus left one held-out example: the permutation chance level was NaN in every
+    layer and the fidelity rule's idxmin raised "Encountered all NA values" (a traceback, exit 1)."""
+    import pandas as pd
+
+    from ffkv.experiments import analyze
+    from support.experiment_runs import make_run
+
+    run, loaded = make_run(tmp_path / "r", "gpt2", n=30)
+    one = tmp_path / "one.txt"
+    one.write_text("a few words of text to read here\n")
+    analyze(run, only="composition", eval_corpus=str(one), n_eval=1, loaded=loaded, progress=False)
+    fidelity = pd.read_parquet(run / "metrics" / "fidelity.parquet").set_index("table")
+    row = fidelity.loc["composition"]
+    row = row[row["figure"] == "Figure 8"].iloc[0] if isinstance(row, pd.DataFrame) else row
+    assert "no chance level" in row["chance"] and pd.isna(row["reproduces"])  # too few: no verdict

@@ -302,7 +302,9 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
         rule = ("the FF output's top token differs from every active memory's in at least 68% of examples in every "
                 "layer (the paper's lowest layer)")
         ok, chance = bool(low >= 0.68), ""
-        if "composition_rate_minus_chance" in tt:
+        if "composition_rate_minus_chance" in tt and tt["composition_rate_minus_chance"].isna().all():
+            chance = "no chance level: the permutation needs at least 2 held-out examples in a batch"
+        elif "composition_rate_minus_chance" in tt:
             rule += (", and in no layer is it a single memory's more often than an unrelated example's top token would "
                      "be (the 95% interval of observed - chance reaches 0 or above)")
             ok = ok and bool((tt["composition_rate_minus_chance_ci_high"] >= 0).all())
