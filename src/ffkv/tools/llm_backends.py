@@ -118,16 +118,16 @@ def open_backend(spec: str, *, concurrency: int = 4, timeout: float = 60.0, retr
                  device: str = "cpu") -> Backend:
     """The backend a ``--explainer`` / ``--simulator`` string names: ``openai:URL#MODEL`` or ``local:PATH``."""
     kind, _, rest = spec.partition(":")
+    url, _, model = rest.partition("#")
+    shown = f"{kind}:{redact_url(url)}{'#' + model if model else ''}" if "://" in url else spec  # no secret shown
     if kind == "openai":
-        url, _, model = rest.partition("#")
         if not url.startswith(("http://", "https://")) or not model:
-            raise FfkvError(f"--explainer openai:URL#MODEL needs an http(s) URL and a model name, got "
-                            f"{'openai:' + redact_url(url) + ('#' + model if model else '')!r} "
+            raise FfkvError(f"--explainer openai:URL#MODEL needs an http(s) URL and a model name, got {shown!r} "
                             "(e.g. openai:http://localhost:8000/v1#Qwen/Qwen2.5-7B-Instruct)")
         return ServerBackend(url, model, concurrency=concurrency, timeout=timeout, retries=retries)
     if kind == "local" and rest:
         return LocalBackend(rest, device=device, concurrency=concurrency)
-    raise FfkvError(f"unknown backend {kind + ':' + redact_url(rest) if '://' in rest else spec!r}: give openai:URL#MODEL (a chat-completions server) or local:PATH "
+    raise FfkvError(f"unknown backend {shown!r}: give openai:URL#MODEL (a chat-completions server) or local:PATH "
                     "(a transformers model directory or a GGUF file)")
 
 
@@ -355,36 +355,33 @@ def _exchange(url: str, data: bytes, headers: dict, timeout: float) -> bytes:
             connection.close()
 
 
-class _Recorded(urllib.request.HTTPHandler):
-    """urllib's HTTP handler, each connection it opens recorded in `opened` (for `_exchange`'s timer)."""
+class _Recording:
+    """A urllib handler whose every connection is recorded in `opened` (for `_exchange`'s timer)."""
 
     def __init__(self, opened: list) -> None:
         super().__init__()
         self.opened = opened
+
+    def _recorded(self, kind: type) -> Callable[..., http.client.HTTPConnection]:
+        def connect(host: str, **options: Any) -> http.client.HTTPConnection:
+            connection = kind(host, **options)
+            self.opened.append(connection)
+            return connection
+        return connect
+
+
+class _Recorded(_Recording, urllib.request.HTTPHandler):
+    """urllib's HTTP handler, its connections recorded."""
 
     def http_open(self, req):  # noqa: ANN001 - urllib's signature
-        return self.do_open(self._connection, req)
-
-    def _connection(self, host: str, **options: Any) -> http.client.HTTPConnection:
-        connection = http.client.HTTPConnection(host, **options)
-        self.opened.append(connection)
-        return connection
+        return self.do_open(self._recorded(http.client.HTTPConnection), req)
 
 
-class _RecordedTLS(urllib.request.HTTPSHandler):
-    """urllib's HTTPS handler, each connection recorded in `opened`."""
-
-    def __init__(self, opened: list) -> None:
-        super().__init__()
-        self.opened = opened
+class _RecordedTLS(_Recording, urllib.request.HTTPSHandler):
+    """urllib's HTTPS handler, its connections recorded."""
 
     def https_open(self, req):  # noqa: ANN001 - urllib's signature
-        return self.do_open(self._connection, req, context=self._context)
-
-    def _connection(self, host: str, **options: Any) -> http.client.HTTPSConnection:
-        connection = http.client.HTTPSConnection(host, **options)
-        self.opened.append(connection)
-        return connection
+        return self.do_open(self._recorded(http.client.HTTPSConnection), req, context=self._context)
 
 
 _LINE = re.compile(r"^\s*(\d{1,9})\t\s*$")
