@@ -94,16 +94,14 @@ def register_loader(loader: Loader) -> Loader:
     return loader
 
 
-def custom_code(error: BaseException) -> bool:
-    """Whether transformers refused to load because the model names code of its own (``auto_map``)."""
-    return "trust_remote_code" in str(error)
-
-
-def custom_code_refusal(name: str) -> FfkvError:
-    """The one line for a model that needs code from its own files: ffkv never runs it (and never asks)."""
+def _custom_code_refusal(error: BaseException, name: str) -> FfkvError | None:
+    """The one line for a model that transformers refused because it needs code from its own files (``auto_map``;
+    ffkv never runs it, and never asks), or None when `error` is not that refusal."""
+    if "trust_remote_code" not in str(error):
+        return None
     return FfkvError(f"the model {name!r} is refused: it needs custom code from its own files (its config names "
                      "Python modules in auto_map), and ffkv never runs code from a model; use a model of a "
-                     f"family transformers supports natively")
+                     "family transformers supports natively")
 
 
 def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tokenizer]:
@@ -115,8 +113,9 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
     try:
         config = AutoConfig.from_pretrained(name, local_files_only=offline, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - HF raises many types; the user needs one line
-        if custom_code(exc):
-            raise custom_code_refusal(name) from None
+        refused = _custom_code_refusal(exc, name)
+        if refused is not None:
+            raise refused from None
         if Path(name).is_dir():
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise FfkvError(f"cannot load the model in {name!r}: its config.json is missing or not a model's "
@@ -141,8 +140,9 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
         model = auto.from_pretrained(name, dtype=dtype, local_files_only=offline, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001
-        if custom_code(exc):
-            raise custom_code_refusal(name) from None
+        refused = _custom_code_refusal(exc, name)
+        if refused is not None:
+            raise refused from None
         unsafe = refusal(exc, name, "the model weights in")
         if unsafe is not None:
             raise unsafe from None
