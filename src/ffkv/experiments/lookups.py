@@ -69,7 +69,7 @@ def _sql_path(path: Path) -> str:
 DATABASE_MEMORY = "1GB"
 
 
-def build_database(run: RunDir, path: Path) -> None:
+def build_database(run: RunDir, path: Path) -> list[int] | None:
     """Write explorer.duckdb atomically: triggers (with each prefix's last token) in (layer, key) order,
     the same triggers' (memory, coefficient) in example order, and texts.
 
@@ -100,7 +100,7 @@ def build_database(run: RunDir, path: Path) -> None:
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')
                 WHERE example_id IN (SELECT DISTINCT example_id FROM read_parquet('{te}'))
                 ORDER BY example_id""")
-            start, length = _located(con, te, located)
+            start, length, window = _located(con, te, located)
             con.execute(f"""
                 CREATE TABLE triggers AS
                 SELECT *, CAST(sum(m_length) OVER (ORDER BY layer, key, direction DESC, rank
@@ -123,22 +123,23 @@ def build_database(run: RunDir, path: Path) -> None:
         wal = Path(str(tmp) + ".wal")
         if wal.exists():
             wal.unlink()
+    return window
 
 
-def _located(con, triggers: str, located: bool) -> tuple[str, str]:
-    """SQL for where each trigger row's stored coefficients start in its example and how many there are: the whole
-    example while every row's whole example fits `trigger_contexts.MAX_CELLS`, else the window of
-    `trigger_contexts.WINDOW` around the trigger position (the tokens a page shows shaded); NULL beyond
-    `trigger_contexts.MAX_ROWS` rows."""
+def _located(con, triggers: str, located: bool) -> tuple[str, str, list[int] | None]:
+    """SQL for where each trigger row's stored coefficients start in its example and how many there are, and the
+    window that decides them: the whole example (window None) while every row's whole example fits
+    `trigger_contexts.MAX_CELLS`, else `trigger_contexts.WINDOW` around the trigger position (the tokens a page
+    shows shaded); NULL beyond `trigger_contexts.MAX_ROWS` rows."""
     if not located:
-        return "NULL", "NULL"
+        return "NULL", "NULL", None
     whole = con.execute(f"SELECT coalesce(sum(len(x.token_ids)), 0) FROM read_parquet('{triggers}') t "
                         "JOIN texts x USING (example_id)").fetchone()[0]
     if whole <= trigger_contexts.MAX_CELLS:
-        return "0", "len(x.token_ids)"
+        return "0", "len(x.token_ids)", None
     before, after = trigger_contexts.WINDOW
     start = f"greatest(t.position - {before}, 0)"
-    return start, f"least(t.position + {after + 1}, len(x.token_ids)) - {start}"
+    return start, f"least(t.position + {after + 1}, len(x.token_ids)) - {start}", [before, after]
 
 
 def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = TOP_TOKENS,
@@ -303,7 +304,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     folder.mkdir(parents=True, exist_ok=True)
     sample = corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample)
-    build_database(run, folder / "explorer.duckdb")
+    window = build_database(run, folder / "explorer.duckdb")
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     cells = int(rows["m_length"].sum()) if rows is not None else None
     store_contexts = cells is not None and cells <= trigger_contexts.MAX_CELLS
@@ -322,7 +323,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         flat = trigger_contexts.compute(loaded, rows, texts, bar=bar)
         dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
         contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
-                    "window": trigger_contexts.window_of(rows, texts),
+                    "window": window,
                     "bytes": (folder / trigger_contexts.FILE).stat().st_size,
                     "seconds": round(time.perf_counter() - begun, 3)}
         del flat, texts

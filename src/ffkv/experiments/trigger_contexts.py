@@ -120,12 +120,6 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
     return flat
 
 
-def window_of(rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> list[int] | None:
-    """The window stored around each trigger (`WINDOW`, tokens before and after), or None: whole examples."""
-    whole = np.array([len(texts[int(e)]) for e in rows["example_id"]], dtype=np.int64)
-    return None if np.array_equal(whole, rows["m_length"]) and not rows["m_start"].any() else list(WINDOW)
-
-
 def batches_needed(rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> int:
     """How many forward passes `compute` makes (for a progress bar)."""
     examples = [Example(int(e), np.zeros(len(texts[int(e)]), dtype=np.int64), "") for e in np.unique(rows["example_id"])]
