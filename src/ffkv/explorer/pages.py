@@ -369,8 +369,8 @@ def label_cutoffs(auto: dict) -> dict[str, float]:
 
 def label_reasons(auto: dict) -> list[str]:
     """Why the key got its automatic label: each test, its score, its cut-off and by how much it passed or failed."""
-    if not auto or auto.get("dead"):
-        return ["dead: never active on the held-out text, so no pattern is read"] if auto.get("dead") else []
+    if auto.get("dead"):
+        return ["dead: never active on the held-out text, so no pattern is read"]
     reasons, cutoffs = [], label_cutoffs(auto)
     shallow = auto.get("shallow_score")
     if shallow is not None and not math.isnan(float(shallow)):
