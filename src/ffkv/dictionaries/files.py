@@ -138,9 +138,9 @@ def positive_int(path: Path, cfg: Mapping[str, Any], key: str, default: Any = No
 
 
 def provenance(path: Path, layout: str, files: Iterable[Path], **fields: Any) -> dict[str, Any]:
-    """A dictionary's `source`: where it was read (`path`, `layout`), the sha256 of each file read, and
+    """A dictionary's `source`: where it was read (`path`, `layout`), the sha256 of each file read (by its name), and
     `fields` (architecture, hookpoint, reads, writes, ...)."""
-    return {"path": str(path), "layout": layout, "sha256": {str(f): sha256(f) for f in files}, **fields}
+    return {"path": str(path), "layout": layout, "sha256": {f.name: sha256(f) for f in files}, **fields}
 
 
 @contextmanager

@@ -1,0 +1,84 @@
+"""`open_dictionary`: which layout a path is, and a model's dictionaries read from it.
+
+A path may be one dictionary (a sparsify hookpoint folder, a SAELens folder, an ``.npz`` file) or a
+folder of them (sparsify's run folder of hookpoint folders, or any folder whose sub-folders and ``.npz``
+files are dictionaries). The result is a plain ``dict[int, Dictionary]``: FF layer -> its dictionary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ffkv.dictionaries import npz_layout, saelens_layout, sparsify_layout
+from ffkv.dictionaries.dictionary import Dictionary
+from ffkv.errors import FfkvError
+
+LAYOUTS = ("sparsify", "saelens", "npz")
+
+
+def layout_of(path: Path) -> str | None:
+    """The layout of one dictionary at `path` ("sparsify", "saelens" or "npz"), or None if `path` is not one
+    (a folder of them, or something else). A folder with a ``cfg.json`` but no weights file is refused."""
+    if path.is_file():
+        return "npz" if path.suffix == ".npz" else None
+    sparsify, saelens = (path / sparsify_layout.WEIGHTS).is_file(), (path / saelens_layout.WEIGHTS).is_file()
+    if sparsify and saelens:
+        raise FfkvError(f"{path}: holds both {sparsify_layout.WEIGHTS} (sparsify) and {saelens_layout.WEIGHTS} "
+                        f"(SAELens): open one of them from a folder of its own")
+    if sparsify or saelens:
+        return "sparsify" if sparsify else "saelens"
+    if (path / sparsify_layout.CONFIG).is_file():
+        raise FfkvError(f"{path}: holds {sparsify_layout.CONFIG} but no weights: expected {sparsify_layout.WEIGHTS} "
+                        f"(sparsify) or {saelens_layout.WEIGHTS} (SAELens) beside it")
+    return None
+
+
+def read_one(path: Path, *, kind: str | None = None, layer: int | None = None,
+             hookpoint: str | None = None) -> Dictionary:
+    """The one dictionary at `path`, in whichever layout it is. `hookpoint` stands in for the one the files
+    name (sparsify: the folder's name; SAELens: ``hook_name``); `kind` and `layer` are for an ``.npz`` that
+    does not say them (Gemma Scope's)."""
+    layout = layout_of(path)
+    if layout is None:
+        raise FfkvError(f"{path}: not a dictionary ffkv reads (a sparsify folder with {sparsify_layout.WEIGHTS}, "
+                        f"a SAELens folder with {saelens_layout.WEIGHTS}, or an .npz file)")
+    if layout == "npz":
+        return npz_layout.read_npz_dictionary(path, kind=kind, layer=layer, hookpoint=hookpoint)
+    if kind is not None or layer is not None:
+        raise FfkvError(f"{path}: kind= and layer= are for an .npz file; a {layout} folder says them itself")
+    reader = sparsify_layout.read_sparsify if layout == "sparsify" else saelens_layout.read_saelens
+    return reader(path, hookpoint)
+
+
+def open_dictionary(path: str | Path, *, kind: str | None = None, layer: int | None = None,
+                    hookpoint: str | None = None) -> dict[int, Dictionary]:
+    """A model's sparse dictionaries from `path`, by FF layer: one dictionary, or a folder of them (each
+    sub-folder or ``.npz`` file that is one; other files are left alone).
+
+    Every file read is recorded in each dictionary's `source` (path, layout, sha256, architecture,
+    hookpoint, and which site the keys read and the values write). A damaged or unsupported file, or two
+    dictionaries for one layer, is refused with one line (`FfkvError`) that names the file. `kind`,
+    `layer` and `hookpoint` describe a single dictionary (see `read_one`).
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FfkvError(f"{path}: no such file or folder")
+    if layout_of(path) is not None:
+        one = read_one(path, kind=kind, layer=layer, hookpoint=hookpoint)
+        return {one.layer: one}
+    if any(v is not None for v in (kind, layer, hookpoint)):
+        raise FfkvError(f"{path}: a folder of dictionaries; kind=, layer= and hookpoint= describe one dictionary "
+                        f"(open its own folder or file)")
+    found: dict[int, Dictionary] = {}
+    for child in sorted(path.iterdir()) if path.is_dir() else []:
+        if child.name.startswith(".") or layout_of(child) is None:
+            continue
+        one = read_one(child)
+        if one.layer in found:
+            raise FfkvError(f"{child}: a second dictionary for FF layer {one.layer} (the first is "
+                            f"{found[one.layer].source['path']}): open the one you mean")
+        found[one.layer] = one
+    if not found:
+        raise FfkvError(f"{path}: holds no dictionary ffkv reads (sparsify hookpoint folders with "
+                        f"{sparsify_layout.WEIGHTS}, SAELens folders with {saelens_layout.WEIGHTS}, or .npz files)")
+    return dict(sorted(found.items()))
