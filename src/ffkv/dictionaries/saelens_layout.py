@@ -137,8 +137,8 @@ def _modern(cfg: dict[str, Any]) -> dict[str, Any]:
 def _refuse_what_ffkv_cannot_compute(config_path: Path, cfg: dict[str, Any], meta: dict[str, Any], kind: str) -> None:
     norm = cfg["normalize_activations"]
     if norm != "none":
-        why = {"expected_average_only_in": "its inputs must be scaled by a factor this folder does not hold "
-                                            "(fold it with SAE.fold_activation_norm_scaling_factor and save again)",
+        why = {"expected_average_only_in": "its inputs must be scaled by a factor this folder does not hold: "
+                                            "fold it with SAE.fold_activation_norm_scaling_factor and save again",
                "covariance_whitening": "fold it with SAE.fold_activation_whitening and save again"}
         reason = why.get(norm, "it is computed from each input, so latents are no longer fixed keys")
         raise FfkvError(f"{config_path}: normalize_activations {norm!r}: ffkv reads dictionaries whose input is "
