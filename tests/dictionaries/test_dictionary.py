@@ -75,11 +75,10 @@ def random_dictionary(activation: str, *, kind: str = "transcoder", skip: bool =
     extra = {"k": 3} if activation == "topk" else {}
     if activation == "jumprelu":
         extra["threshold"] = torch.rand(n, generator=g, dtype=torch.float64)
-    return Dictionary(kind, 1, torch.randn(n, dm, generator=g, dtype=torch.float64),
-                      torch.randn(n, generator=g, dtype=torch.float64), torch.randn(n, dm, generator=g, dtype=torch.float64),
-                      torch.randn(dm, generator=g, dtype=torch.float64), activation,
-                      skip=torch.randn(dm, dm, generator=g, dtype=torch.float64) if skip else None,
-                      input_bias=torch.randn(dm, generator=g, dtype=torch.float64) if input_bias else None, **extra)
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    return Dictionary(kind, 1, draw(n, dm), draw(n), draw(n, dm), draw(dm), activation,
+                      skip=draw(dm, dm) if skip else None, input_bias=draw(dm) if input_bias else None, **extra)
 
 
 @pytest.mark.parametrize("activation, kind, skip, input_bias", [
@@ -148,4 +147,5 @@ def test_check_against_a_model():
 
 def test_to_moves_every_tensor():
     d = random_dictionary("jumprelu", skip=True).to(dtype=torch.float32)
-    assert {t.dtype for t in (d.encoder, d.encoder_bias, d.decoder, d.decoder_bias, d.threshold, d.skip)} == {torch.float32}
+    tensors = (d.encoder, d.encoder_bias, d.decoder, d.decoder_bias, d.threshold, d.skip)
+    assert {t.dtype for t in tensors} == {torch.float32}

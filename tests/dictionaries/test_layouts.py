@@ -61,7 +61,8 @@ def test_sparsify_round_trip_is_bit_exact(tmp_path, kind, skip):
     assert back[1].source["reads"] == ("ff_input" if kind == "transcoder" else "ff_output")
     weights = tmp_path / "layers.1.mlp" / "sae.safetensors"
     assert back[1].source["sha256"]["sae.safetensors"] == hashlib.sha256(weights.read_bytes()).hexdigest()
-    assert set(load_file(weights)) == {"encoder.weight", "encoder.bias", "W_dec", "b_dec"} | ({"W_skip"} if skip else set())
+    written = {"encoder.weight", "encoder.bias", "W_dec", "b_dec"} | ({"W_skip"} if skip else set())
+    assert set(load_file(weights)) == written
 
 
 def test_a_sparsify_run_folder_is_read_by_layer_and_the_hookpoint_is_kept_off_folder(tmp_path):

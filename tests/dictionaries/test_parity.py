@@ -87,8 +87,9 @@ def sae_lens():
         return pytest.importorskip("sae_lens", reason="sae-lens is not installed (pip install sae-lens)")
 
 
-SAELENS = [("standard", {}), ("jumprelu", {}), ("topk", {"k": 8}), ("topk", {"k": 8, "rescale_acts_by_decoder_norm": True}),
-           ("transcoder", {}), ("skip_transcoder", {}), ("jumprelu_transcoder", {}), ("jumprelu_skip_transcoder", {})]
+SAELENS = [("standard", {}), ("jumprelu", {}), ("topk", {"k": 8}),
+           ("topk", {"k": 8, "rescale_acts_by_decoder_norm": True}), ("transcoder", {}), ("skip_transcoder", {}),
+           ("jumprelu_transcoder", {}), ("jumprelu_skip_transcoder", {})]
 
 
 @pytest.mark.parametrize("architecture, extra", SAELENS,

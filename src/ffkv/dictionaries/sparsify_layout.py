@@ -82,8 +82,9 @@ def save_sparsify(dictionary: Dictionary, folder: str | Path, hookpoint: str | N
     Name the folder after the hookpoint, sparsify's convention (``root / "layers.3.mlp"``, which
     ``SparseCoder.load_many(root, local=True)`` reads as a set); where the folder's name is not `hookpoint`
     (default: the one the dictionary was read from, else ``layers.{layer}.mlp``), ``cfg.json`` records it
-    as ``hookpoint`` (sparsify drops the field with a notice). Only what sparsify can compute is written: a topk dictionary, whose input
-    bias (an SAE's) is its decoder bias, and a transcoder's none. Each file is written atomically.
+    as ``hookpoint`` (sparsify drops the field with a notice). Only what sparsify can compute is written:
+    a topk dictionary, whose input bias (an SAE's) is its decoder bias, and a transcoder's none. Each file
+    is written atomically.
     """
     d, folder = dictionary, Path(folder)
     hookpoint = hookpoint or d.source.get("hookpoint") or f"layers.{d.layer}.mlp"
