@@ -230,6 +230,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 EXPERIMENT = Experiment(
     name=NAME, title="Local modifications of trigger prefixes (paper Figure 3)", section="paper Section 3.2, Figure 3",
     order=2, compute=compute, draw=draw,
+    own_pass="the sampled keys' trigger prefixes and their modified copies, each run alone: text no other study runs",
     encoder=Encoder(False, "Figure 3", "not computed: it recomputes the coefficient on the prefix alone and removes "
                     "its last token, but an encoder's trigger coefficient is read over the whole example and its last "
                     "prefix token is the trigger token itself; the figure measures nothing the paper's does"),

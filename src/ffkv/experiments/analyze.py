@@ -89,6 +89,7 @@ def analyze(
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      options=dict(options or {}))
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
+    ctx.steps = tuple(name for name in names if name not in skipped)
     if skipped and only is not None:  # asked for by name: refused before anything runs
         raise FfkvError(next(iter(skipped.values())))
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).

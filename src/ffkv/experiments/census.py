@@ -748,6 +748,8 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 EXPERIMENT = Experiment(
     name=NAME, title="Census of memories: dead, token detectors, positional, value types (beyond the paper)",
     section="beyond the paper: Voita et al. 2023, Gurnee et al. 2024", order=6, compute=compute, draw=draw,
+    own_pass=("every position of every held-out example, three times (scale, candidate rules, exact counts): the shared"
+              " held-out pass keeps one analysed position per example"),
     held_out=True,
     encoder=Encoder(True, "census (beyond the paper)", "over every token of the held-out examples, unmasked: "
                     "activation, detector and positional statistics describe the keys; value types through the "

@@ -199,6 +199,9 @@ class RunContext:
     analyses: dict = field(default_factory=dict)
     #: the experiment running now (`analyze` sets it): the step each table is recorded as written by.
     step: str | None = None
+    #: the experiments this call runs (`analyze` sets them, skipped ones left out): the held-out pass is read by
+    #: every one of them that declares a reader (`ffkv.experiments.heldout.read_held_out`).
+    steps: tuple[str, ...] = ()
     _shared: dict = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------- the model

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from ffkv.experiments.common import RunContext, chance_with_interval, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
-from ffkv.experiments.heldout import TAU_CURVE, active_scale, capture_eval
+from ffkv.experiments.heldout import TAU_CURVE, EvalReader, active_scale, capture_eval
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.presentation.findings import diff, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row, verdict_rows
@@ -321,7 +321,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Composition inside a layer (paper Section 5.1)", section="paper Section 5.1, Figures 7-8",
-    order=4, compute=compute, draw=draw, held_out=True,
+    order=4, compute=compute, draw=draw, held_out=True, held_out_reader=EvalReader,
     after=("translators",),  # the held-out pass it shares with refinement then reads the fitted translators too
     encoder=Encoder(True, "Figures 6-8", "at the masked held-out position; sub-updates and the FF output through "
                     "the values projection (the decoder weights)"),

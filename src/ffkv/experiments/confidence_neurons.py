@@ -384,6 +384,8 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 EXPERIMENT = Experiment(
     name=NAME, title="Entropy, token-frequency and GLU classes of memories (beyond the paper)",
     section="beyond the paper: Stolfo et al. 2024, Gerstner and Schütze 2025", order=6.6, compute=compute, draw=draw,
+    own_pass=("one held-out pass per measured candidate with that memory mean-ablated (its total effect): a changed "
+              "model each time"),
     needs=("vocabulary_classes",), held_out=True,
     encoder=Encoder(False, "confidence classes (beyond the paper)", "not computed: they read the vocabulary classes, "
                     "which an encoder does not have"),

@@ -16,7 +16,7 @@ predicts, head bias included. Only (examples x layers) integers and floats are k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pandas as pd
@@ -141,9 +141,52 @@ def _matches_exact(view, layer: int, m: torch.Tensor, active: torch.Tensor, proj
     return found
 
 
+class HeldOutReader(Protocol):
+    """A study's reduction of the shared held-out pass (`read_held_out`): built from the context before the pass
+    (`reader(ctx)`), it reads each batch's analysed positions and gives its result at the end."""
+
+    quantities: tuple[str, ...]
+
+    def read(self, idx: np.ndarray, state: dict) -> None: ...
+
+    def result(self, rows: np.ndarray) -> Any: ...
+
+
+def read_held_out(ctx: RunContext, reader: Callable[[RunContext], HeldOutReader]) -> Any:
+    """The result of `reader` over the held-out examples' analysed positions: one forward pass per `analyze`.
+
+    The first study that asks runs the pass for itself and for every other study of this call (`ctx.steps`)
+    that declares a reader in the registry (`Experiment.held_out_reader`), each reading the same batches; the
+    others then find their results here. A study run alone runs the pass for itself."""
+    from ffkv.experiments import registry
+
+    results = ctx._shared.setdefault("held_out_pass", {})
+    if reader not in results:
+        readers = {reader: reader(ctx)}
+        for other in (e.held_out_reader for e in map(registry.get, ctx.steps)):
+            if other is not None and other not in results and other not in readers:
+                try:
+                    readers[other] = other(ctx)
+                except Exception:  # noqa: BLE001 - its own step runs the pass again and reports the error as its own
+                    continue
+        quantities = tuple(dict.fromkeys(q for r in readers.values() for q in r.quantities))
+        mine = ctx.batches(held_out_rows(ctx))
+        passing = analysed_positions(ctx, mine, quantities, "held-out pass", with_head="head_in" in quantities)
+        for idx, state in passing:
+            for r, got in list(readers.items()):
+                try:
+                    got.read(idx, state)
+                except Exception:  # noqa: BLE001 - as above: only the asking study's failure is this pass's
+                    if r is reader:
+                        raise
+                    del readers[r]
+        results.update({r: got.result(mine.rows) for r, got in readers.items()})
+    return results[reader]
+
+
 def capture_eval(ctx: RunContext) -> EvalCapture:
-    """The held-out pass, run once per `analyze` and shared by composition and refinement."""
-    return ctx.once("eval_capture", lambda: _capture_eval(ctx))
+    """The held-out pass's capture of sections 7 and 8, shared by composition and refinement (`read_held_out`)."""
+    return read_held_out(ctx, EvalReader)
 
 
 def held_out_rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
@@ -267,44 +310,48 @@ def _partners(n: int, seed: int, first_row: int) -> np.ndarray:
     return (np.arange(n) + shift) % n
 
 
-@torch.no_grad()
-def _capture_eval(ctx: RunContext) -> EvalCapture:
-    """Run the held-out examples once (after the coefficient-only pass of `coefficient_scale` where the
-    activation goes negative).
+class EvalReader:
+    """Sections 7 and 8's reduction of the shared held-out pass (`read_held_out`): per example and layer what
+    `EvalCapture` holds (after the coefficient-only pass of `active_scale` where the activation goes negative).
+    Under torchrun each rank reads its share of the batches; every rank gets every example's row."""
 
-    Under torchrun each rank runs its share of the batches; every rank gets every example's row.
-    """
-    view, held = ctx.view, ctx.held_out()
-    L, N = view.n_layers, len(held.examples)
-    pv = ctx.projections.values
-    device = view.device
-    tau = active_fraction(view)
-    threshold = active_threshold(ctx)
-    tokens = [value_tokens(ctx, layer) for layer in range(L)]
-    tops = [torch.as_tensor(t, device=device) for t, _ in tokens]
-    bottoms = [torch.as_tensor(b, device=device) for _, b in tokens]
-    out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
-        ("n_active", np.int32), ("n_positive", np.int32), ("n_negative", np.int32), ("ff_top", np.int64),
-        ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool), ("ff_matches_chance", bool))}
-    curve = np.asarray(TAU_CURVE if tau > 0 else (), dtype=np.float64)
-    scale = coefficient_scale(ctx) if tau > 0 else np.zeros(L)
-    out["tau_active"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.int32)
-    out["tau_left_out"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.float32)
-    out["partner"] = np.arange(N, dtype=np.int64)
-    # Figures 9-11 under each residual projection, and under the fitted translators when the view has them
-    residual_projections = (*PROJECTIONS, TRANSLATOR) if view.translators is not None else PROJECTIONS
-    for name in residual_projections:
-        for k, dt in (("resid_top", np.int64), ("ff_top", np.int64), ("post_top", np.int64),
-                      ("confidence", np.float32), ("confidence_chance", np.float32)):
-            out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
-    final = np.zeros(N, dtype=np.int64)
+    quantities = ("coefficients", "resid_mid", "ff_out", "resid_post", "head_in")
 
-    mine = ctx.batches(held_out_rows(ctx))
-    for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "ff_out", "resid_post", "head_in"),
-                                         "held-out pass", with_head=True):  # the pass ends at the head
+    def __init__(self, ctx: RunContext) -> None:
+        view, held = ctx.view, ctx.held_out()
+        L, N = view.n_layers, len(held.examples)
+        self.ctx, self.view, self.L, self.N = ctx, view, L, N
+        self.pv = ctx.projections.values
+        self.tau = active_fraction(view)
+        self.threshold = active_threshold(ctx)
+        tokens = [value_tokens(ctx, layer) for layer in range(L)]
+        self.tops = [torch.as_tensor(t, device=view.device) for t, _ in tokens]
+        self.bottoms = [torch.as_tensor(b, device=view.device) for _, b in tokens]
+        out = {k: np.zeros((N, L), dtype=dt) for k, dt in (
+            ("n_active", np.int32), ("n_positive", np.int32), ("n_negative", np.int32), ("ff_top", np.int64),
+            ("ff_matches", bool), ("post_top_values", np.int64), ("post_matches", bool),
+            ("ff_matches_chance", bool))}
+        self.curve = np.asarray(TAU_CURVE if self.tau > 0 else (), dtype=np.float64)
+        self.scale = coefficient_scale(ctx) if self.tau > 0 else np.zeros(L)
+        out["tau_active"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.int32)
+        out["tau_left_out"] = np.zeros((N, L, len(TAU_CURVE)), dtype=np.float32)
+        out["partner"] = np.arange(N, dtype=np.int64)
+        # Figures 9-11 under each residual projection, and under the fitted translators when the view has them
+        self.residual_projections = (*PROJECTIONS, TRANSLATOR) if view.translators is not None else PROJECTIONS
+        for name in self.residual_projections:
+            for k, dt in (("resid_top", np.int64), ("ff_top", np.int64), ("post_top", np.int64),
+                          ("confidence", np.float32), ("confidence_chance", np.float32)):
+                out[f"{name}/{k}"] = np.zeros((N, L), dtype=dt)
+        self.out, self.final = out, np.zeros(N, dtype=np.int64)
+
+    @torch.no_grad()
+    def read(self, idx: np.ndarray, state: dict) -> None:
+        """One batch of the pass: `state` holds its examples' analysed positions (`analysed_positions`)."""
+        view, out, L, pv, device = self.view, self.out, self.L, self.pv, self.view.device
+        threshold, tops, bottoms, curve, scale = self.threshold, self.tops, self.bottoms, self.curve, self.scale
         o = final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)]).argmax(-1)
-        final[idx] = as_numpy(o)
-        shift = _partners(len(idx), ctx.seed, int(idx[0]))
+        self.final[idx] = as_numpy(o)
+        shift = _partners(len(idx), self.ctx.seed, int(idx[0]))
         out["partner"][idx] = np.asarray(idx)[shift]
         shift = torch.as_tensor(shift, device=device)
         for layer in range(L):
@@ -333,7 +380,7 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                     off = m.abs() <= t * float(scale[layer])
                     out["tau_active"][idx, layer, c] = as_numpy((~off).sum(-1))
                     out["tau_left_out"][idx, layer, c] = as_numpy(((m * off) @ values_l).norm(dim=-1) / full)
-            for name in residual_projections:
+            for name in self.residual_projections:
                 z_mid = project(view, state[("resid_mid", layer)], name, layer=layer)
                 values[f"{name}/resid_top"] = z_mid.argmax(-1)
                 p_mid = torch.softmax(z_mid, -1)
@@ -345,9 +392,13 @@ def _capture_eval(ctx: RunContext) -> EvalCapture:
                     project(view, state[("resid_post", layer)], name, layer=layer).argmax(-1)
             for name, value in values.items():
                 out[name][idx, layer] = as_numpy(value)
-    out = gather_rows({**out, "final": final}, mine.rows)  # this rank's examples -> all, under torchrun
-    residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top", "confidence",
-                                                                        "confidence_chance")))
-                for name in residual_projections}
-    paired = out["partner"] != np.arange(N)
-    return EvalCapture(**out, residual=residual, tau=tau, threshold=np.asarray(threshold, dtype=float), paired=paired)
+
+    def result(self, rows: np.ndarray) -> EvalCapture:
+        """The capture, once every batch is read (`rows`: this rank's examples)."""
+        out = gather_rows({**self.out, "final": self.final}, rows)  # this rank's examples -> all, under torchrun
+        residual = {name: ResidualTops(*(out.pop(f"{name}/{k}") for k in ("resid_top", "ff_top", "post_top",
+                                                                            "confidence", "confidence_chance")))
+                    for name in self.residual_projections}
+        paired = out["partner"] != np.arange(self.N)
+        return EvalCapture(**out, residual=residual, tau=self.tau, threshold=np.asarray(self.threshold, dtype=float),
+                           paired=paired)

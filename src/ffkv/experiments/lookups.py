@@ -272,6 +272,15 @@ def activation_stats(loaded: LoadedModel, batches: list, threshold: np.ndarray |
             "histogram": hist.view(L, d_m, bins).numpy(), "positions": np.int64(total)}
 
 
+def sample_statistics(ctx: RunContext, bar=None) -> tuple[list[list[int]], dict[str, np.ndarray]]:
+    """The run's corpus sample (`corpus_sample`, seeded by the call's seed) and `activation_stats` over it under the
+    run's active rule: one pass per analyze, read by the explorer's lookups and by pruning's criteria."""
+    def compute() -> tuple[list[list[int]], dict[str, np.ndarray]]:
+        sample = corpus_sample(ctx.run, seed=ctx.seed)
+        return sample, activation_stats(ctx.loaded, sample_batches(ctx.loaded, sample), active_threshold(ctx), bar=bar)
+    return ctx.once("sample_statistics", compute)
+
+
 def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[np.ndarray, pd.DataFrame]:
     """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token (ties: the lowest
     id, so that the table is the same on every build) and its share."""
@@ -294,16 +303,19 @@ def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[
 
 
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
-          progress: bool = False, seed: int = 0, threshold_source: dict | None = None) -> Path:
+          progress: bool = False, seed: int = 0, threshold_source: dict | None = None,
+          sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None) -> Path:
     """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder.
 
     `threshold`: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of the
-    activation frequencies; `threshold_source` says where it came from (info.json's activation_sample)."""
+    activation frequencies; `threshold_source` says where it came from (info.json's activation_sample).
+    `sampled`: the corpus sample of `seed` and its `activation_stats` under `threshold`, when the caller has them
+    (`sample_statistics`); else computed here."""
     started = time.perf_counter()
     view = loaded.view
     folder.mkdir(parents=True, exist_ok=True)
-    sample = corpus_sample(run, seed=seed)
-    batches = sample_batches(loaded, sample)
+    sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
+    batches = sample_batches(loaded, sample) if sampled is None else []
     window = build_database(run, folder / "explorer.duckdb")
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     cells = int(rows["m_length"].sum()) if rows is not None else None
@@ -314,7 +326,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     bar.update(1)
     top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
     top_table, stats = value_tables(loaded, top1, bar=bar)
-    act = activation_stats(loaded, batches, threshold, bar=bar)
+    act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
     contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"
                                                         if rows is not None else
                                                         f"more than {trigger_contexts.MAX_ROWS:,} trigger rows"}
@@ -359,7 +371,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
-              threshold_source=source)
+              threshold_source=source, sampled=sample_statistics(ctx))
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
                                              "tables": list(lookups.FILES), "projection": DEFAULT_FOR_VALUES,
                                              "sample_examples": SAMPLE_EXAMPLES})
@@ -369,4 +381,7 @@ def compute(ctx: RunContext, options=None) -> Result:
 #: Not a study: the explorer's lookup tables, built by `analyze` so that `ffkv serve` answers at once.
 EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11,
                         compute=compute, held_out=True,  # the active rule's s_l, for a signed model
+                        own_pass="every trigger example once, to the last layer (the coefficients a memory page "
+                                 "shades): the indexed examples, not the held-out ones; its corpus sample's activation "
+                                 "statistics are pruning's (`sample_statistics`, one pass for both)",
                         module=__name__)

@@ -212,6 +212,8 @@ EXPERIMENT = Experiment(
     name=NAME, title="Membership signal: training vs held-out text (beyond the paper)",
     section="beyond the paper (its Section 8 names it as future work)",
     order=8, compute=compute, draw=draw, options=Options, skip_reason=skip_reason,
+    own_pass=("training and held-out examples scored whole (loss and coefficient statistics at every position): its own"
+              " text, the member and non-member sets"),
     encoder=Encoder(False, "membership (beyond the paper)", "not computed: its baseline and statistic score "
                     "next-token loss, which a masked-LM encoder does not define"),
     findings=FINDINGS, reading=reading, module=__name__)

@@ -45,7 +45,8 @@ from jaxtyping import Float
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, as_numpy, progress_bar
 from ffkv.experiments.heldout import active_threshold
-from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
+from ffkv.experiments.lookups import (SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample,
+                                     sample_batches, sample_statistics)
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.scoring import score_examples
 from ffkv.memories.active import RULE
@@ -108,7 +109,7 @@ class KeyStatistics:
 
 def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0,
                    token_lists: Sequence[Sequence[int]] | None = None, bar=None,
-                   threshold: np.ndarray | None = None) -> KeyStatistics:
+                   threshold: np.ndarray | None = None, act: dict[str, np.ndarray] | None = None) -> KeyStatistics:
     """‖v_i‖ of every key and, from a corpus sample, each key's activation frequency and mean |m_i|.
 
     Args:
@@ -117,6 +118,8 @@ def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0
         token_lists: the sample itself instead of `run` (None and no run: weights only).
         threshold: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of
             the activation frequency (the explorer's); None: no activation frequency.
+        act: `activation_stats` of `token_lists` under `threshold`, when the caller has them (`analyze` computes
+            them once for the explorer and this: `ffkv.experiments.lookups.sample_statistics`).
     """
     view = loaded.view
     norms = np.stack([view.values(layer).float().norm(dim=1).cpu().numpy() for layer in range(view.n_layers)])
@@ -124,7 +127,8 @@ def key_statistics(loaded: LoadedModel, run: RunDir | None = None, seed: int = 0
         token_lists = corpus_sample(run, n=SAMPLE_EXAMPLES, seed=seed, max_tokens=SAMPLE_MAX_TOKENS)
     if token_lists is None:
         return KeyStatistics(norms.astype(np.float64))
-    act = activation_stats(loaded, sample_batches(loaded, [list(t) for t in token_lists]), threshold, bar=bar)
+    if act is None:
+        act = activation_stats(loaded, sample_batches(loaded, [list(t) for t in token_lists]), threshold, bar=bar)
     frequency = None if act["frequency"] is None else act["frequency"].astype(np.float64)
     return KeyStatistics(norms.astype(np.float64), frequency, act["mean_abs"],
                          int(act["positions"]), len(token_lists))
@@ -338,7 +342,8 @@ def compute(ctx: RunContext, options=None) -> Result:
             census_note = f"metrics/census.parquet not read as one (layer, key, class, value_type) row per key: {exc}"
             warnings.append(f"pruning: the census criterion was left out ({census_note})")
     criteria = [c for c in CRITERIA if c != "census" or census is not None]
-    stats = key_statistics(ctx.loaded, ctx.run, ctx.seed, threshold=active_threshold(ctx))
+    sample, act = sample_statistics(ctx)  # the explorer's lookups read the same pass
+    stats = key_statistics(ctx.loaded, token_lists=sample, threshold=active_threshold(ctx), act=act)
     held = ctx.held_out()
     rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
     if not rows:
@@ -437,6 +442,9 @@ FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}
 EXPERIMENT = Experiment(
     name=NAME, title="Pruning memories: held-out perplexity against the share of keys removed (beyond the paper)",
     section="beyond the paper", order=9, compute=compute, draw=draw, held_out=True,
+    own_pass=("one held-out pass per criterion and share removed, those memories masked (a changed model each "
+              "time); its corpus sample's activation statistics are the explorer's (`lookups.sample_statistics`, "
+              "one pass for both)"),
     after=("census",),  # its census criterion reads the census of this call
     encoder=Encoder(False, "pruning curves (beyond the paper)", "not computed: perplexity is a causal LM's; `ffkv "
                     "prune` still writes a smaller encoder"),

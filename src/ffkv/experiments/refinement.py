@@ -22,7 +22,7 @@ from typing import Mapping
 from ffkv.experiments.common import (RESIDUAL_CHOICE, RunContext, chance_with_interval, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
-from ffkv.experiments.heldout import ResidualTops, capture_eval
+from ffkv.experiments.heldout import EvalReader, ResidualTops, capture_eval
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
                                         verdict_rows)
@@ -319,7 +319,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Refinement across layers (paper Section 5.2)", section="paper Section 5.2, Figures 9-11, Table 3",
-    order=5, compute=compute, draw=draw, held_out=True, after=("translators",),
+    order=5, compute=compute, draw=draw, held_out=True, held_out_reader=EvalReader, after=("translators",),
     encoder=Encoder(True, "Figures 9-11, Table 3", "at the masked held-out position; residuals through the MLM head "
                     "(transform, then decoder); o is the MLM head's prediction of the masked token"),
     findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_projections"), fidelity=fidelity_rows, reading=reading,

@@ -135,6 +135,11 @@ class Experiment:
         needs: experiments whose results this one reads: they run first, and naming this one alone with ``--only``
             is refused unless the run holds them (`ffkv.experiments.needs`).
         held_out: reads the held-out examples (`RunContext.held_out`).
+        held_out_reader: its reduction of the held-out pass at the analysed positions
+            (`ffkv.experiments.heldout.read_held_out`: ``reader(ctx)`` with ``quantities``, ``read(rows, state)``
+            per batch and ``result(rows)``): one forward pass serves every experiment of the call that declares one.
+        own_pass: the forward passes it runs of its own, and why the shared held-out pass does not serve them
+            (empty: it runs none, or only the shared ones).
         optional: runs only when named in ``--only`` (it fits parameters: minutes on a GPU).
         encoder: whether it applies to a masked-LM encoder (None: it does, with no row in the applicability table).
         options: a dataclass of its own options (`analyze(options={name: {...}})`), or None.
@@ -159,6 +164,8 @@ class Experiment:
     after: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     held_out: bool = False
+    held_out_reader: Callable[["RunContext"], Any] | None = None
+    own_pass: str = ""
     optional: bool = False
     encoder: Encoder | None = None
     options: type | None = None

@@ -27,7 +27,7 @@ import torch
 
 from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure
-from ffkv.experiments.heldout import active_threshold, analysed_positions, held_out_rows, memory_predictions
+from ffkv.experiments.heldout import active_threshold, memory_predictions, read_held_out
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.values import value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
@@ -69,49 +69,68 @@ def delta_p(view, layer: int, resid_mid: torch.Tensor, m: torch.Tensor, keys: to
     return torch.softmax(project(view, moved, projection), -1)[:, gold] - base
 
 
-@torch.no_grad()
-def capture(ctx: RunContext) -> dict[str, np.ndarray]:
-    """Per held-out example (rows) and layer (columns): knowing memories, the strongest one, its delta_p;
-    per example the model's prediction, its probability of gold and gold's rank."""
-    view, held = ctx.view, ctx.held_out()
-    L, N = view.n_layers, len(held.examples)
-    pv, pr = ctx.projections.values, ctx.projections.residuals
-    threshold = active_threshold(ctx)
-    tokens = [value_tokens(ctx, layer) for layer in range(L)] if pv == "identity" else None
-    out = {"n_knowing": np.zeros((N, L), np.int32), "best_key": np.full((N, L), -1, np.int32),
-           "best_coefficient": np.zeros((N, L), np.float32), "best_delta_p": np.full((N, L), np.nan, np.float32),
-           "sum_delta_p": np.zeros((N, L), np.float64), "n_active": np.zeros((N, L), np.int32),
-           "final": np.zeros(N, np.int64), "gold_prob": np.zeros(N, np.float32), "gold_rank": np.zeros(N, np.int64)}
-    mine = ctx.batches(held_out_rows(ctx))
-    for idx, state in analysed_positions(ctx, mine, ("coefficients", "resid_mid", "resid_post", "head_in"),
-                                         "suppressed memories", with_head=True):
+class KnowingReader:
+    """The study's reduction of the shared held-out pass (`ffkv.experiments.heldout.read_held_out`): per held-out
+    example (rows) and layer (columns) the knowing memories, the strongest one and its delta_p; per example the
+    model's prediction, its probability of gold and gold's rank."""
+
+    quantities = ("coefficients", "resid_mid", "resid_post", "head_in")
+
+    def __init__(self, ctx: RunContext) -> None:
+        view, held = ctx.view, ctx.held_out()
+        L, N = view.n_layers, len(held.examples)
+        self.view, self.held, self.L = view, held, L
+        self.pv, self.pr = ctx.projections.values, ctx.projections.residuals
+        self.threshold = active_threshold(ctx)
+        self.tokens = [value_tokens(ctx, layer) for layer in range(L)] if self.pv == "identity" else None
+        self.out = {"n_knowing": np.zeros((N, L), np.int32), "best_key": np.full((N, L), -1, np.int32),
+                    "best_coefficient": np.zeros((N, L), np.float32),
+                    "best_delta_p": np.full((N, L), np.nan, np.float32),
+                    "sum_delta_p": np.zeros((N, L), np.float64), "n_active": np.zeros((N, L), np.int32),
+                    "final": np.zeros(N, np.int64), "gold_prob": np.zeros(N, np.float32),
+                    "gold_rank": np.zeros(N, np.int64)}
+
+    @torch.no_grad()
+    def read(self, idx: np.ndarray, state: dict) -> None:
+        """One batch of the pass: `state` holds its examples' analysed positions."""
+        view, out, L, tokens = self.view, self.out, self.L, self.tokens
         z = final_logits(view, state.get(("head_in", -1)), state[("resid_post", L - 1)])
-        gold = torch.as_tensor(held.targets[idx], device=view.device)
+        gold = torch.as_tensor(self.held.targets[idx], device=view.device)
         out["final"][idx] = as_numpy(z.argmax(-1))
         out["gold_prob"][idx] = as_numpy(torch.softmax(z, -1).gather(1, gold[:, None])[:, 0])
         out["gold_rank"][idx] = as_numpy((z > z.gather(1, gold[:, None])).sum(-1) + 1)
         for layer in range(L):
             m = state[("coefficients", layer)]
-            act = active(m, float(threshold[layer]))
+            act = active(m, float(self.threshold[layer]))
             tops = bottoms = None
             if tokens is not None:
                 tops = torch.as_tensor(tokens[layer][0], device=view.device)
                 bottoms = torch.as_tensor(tokens[layer][1], device=view.device)
-            know = knowing(view, layer, m, act, gold, pv, tops, bottoms)
+            know = knowing(view, layer, m, act, gold, self.pv, tops, bottoms)
             out["n_active"][idx, layer] = as_numpy(act.sum(-1))
             out["n_knowing"][idx, layer] = as_numpy(know.sum(-1))
             for b in torch.nonzero(know.any(-1))[:, 0].tolist():
                 keys = torch.nonzero(know[b])[:, 0]
-                dp = delta_p(view, layer, state[("resid_mid", layer)][b], m[b], keys, int(gold[b]), pr)
+                dp = delta_p(view, layer, state[("resid_mid", layer)][b], m[b], keys, int(gold[b]), self.pr)
                 best = int(dp.argmax())
                 row = idx[b]
                 out["best_key"][row, layer] = int(keys[best])
                 out["best_coefficient"][row, layer] = float(m[b, keys[best]])
                 out["best_delta_p"][row, layer] = float(dp[best])
                 out["sum_delta_p"][row, layer] = float(dp.double().sum())
-    out = gather_rows(out, mine.rows)
-    out["threshold"] = np.asarray(threshold, dtype=float)
-    return out
+
+    def result(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """What `capture` returns, once every batch is read (`rows`: this rank's examples)."""
+        out = gather_rows(self.out, rows)
+        out["threshold"] = np.asarray(self.threshold, dtype=float)
+        return out
+
+
+def capture(ctx: RunContext) -> dict[str, np.ndarray]:
+    """Per held-out example (rows) and layer (columns): knowing memories, the strongest one, its delta_p;
+    per example the model's prediction, its probability of gold and gold's rank. Read from the held-out pass that
+    composition and refinement read too (`read_held_out`): one forward pass for all of them."""
+    return read_held_out(ctx, KnowingReader)
 
 
 def per_layer(cap: dict[str, np.ndarray], gold: np.ndarray) -> pd.DataFrame:
@@ -240,7 +259,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 EXPERIMENT = Experiment(
     name=NAME, title="Suppressed memories: an active memory knew the gold token (beyond the paper)",
-    section="beyond the paper", order=7, compute=compute, draw=draw, held_out=True,
+    section="beyond the paper", order=7, compute=compute, draw=draw, held_out=True, held_out_reader=KnowingReader,
     encoder=Encoder(True, "suppressed memories (beyond the paper)", "at the masked held-out position, the gold token "
                     "being the masked one"),
     findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_examples": 12}, module=__name__)

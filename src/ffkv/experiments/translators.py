@@ -277,6 +277,7 @@ def compute(ctx: RunContext, options=None) -> Result:
 EXPERIMENT = Experiment(
     name=NAME, title="Projection spaces: fitted per-layer translators (beyond the paper)",
     section="beyond the paper: the tuned lens (Belrose et al. 2023)", order=10, compute=compute, draw=draw,
+    own_pass="the fit's forward and backward passes over held-out positions (it trains parameters)",
     held_out=True,
     optional=True,  # fits parameters: minutes on a GPU at the paper's shape
     encoder=Encoder(True, "KL-to-final, Figures 4, 9-11 side by side", "translators fitted at every (unmasked) "
