@@ -125,6 +125,7 @@ class _State:
     tokens_done: int = 0
     elapsed: float = 0.0
     last_fvu: dict[int, float] = field(default_factory=dict)
+    curve: list[list[float]] = field(default_factory=list)  # per step: tokens done, then each layer's batch FVU
 
 
 @dataclass
@@ -199,7 +200,8 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
         dictionaries[layer] = read_sparsify(folder).to(view.device)
     means = {layer: (state.ff_out_sum[layer] / max(1, state.tokens_done)).float().to(view.device)
              for layer in options.layers}
-    evaluation, rows = _fidelity(loaded, eval_examples, options, dictionaries, means, progress)
+    evaluation, rows = measure_fidelity(loaded, eval_examples(), dictionaries, means, options.eval_tokens,
+                                        options.batch_size, progress)
     for row in rows:
         row["dead_latents_training"] = int((~state.fired[row["layer"]]).sum())
         row["hookpoint"] = hookpoint(loaded, row["layer"])
@@ -211,6 +213,8 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
                            "recipe": "sparsify 1.3.3 transcoder (ffkv.dictionaries.train): Adam on the batch FVU, "
                                      "zero-initialised decoder, first-batch biases, no AuxK"},
               "evaluation": evaluation, "fidelity": rows,
+              "curve": {"columns": ["tokens", *(f"fvu_layer_{layer}" for layer in sorted(options.layers))],
+                        "rows": state.curve},
               "layers": {str(layer): hookpoint(loaded, layer) for layer in options.layers}}
     atomic.write_json(out / TRAINING, record)
     (out / CHECKPOINT).unlink(missing_ok=True)
@@ -236,7 +240,7 @@ def _adam(transcoder: TopKTranscoder, lr: float) -> torch.optim.Adam:
 
 def _save_state(state: _State, path: Path, identity: dict) -> None:
     payload = {**identity, "step": state.step, "examples_done": state.examples_done,
-               "tokens_done": state.tokens_done, "elapsed": state.elapsed, "last_fvu": state.last_fvu,
+               "tokens_done": state.tokens_done, "elapsed": state.elapsed, "last_fvu": state.last_fvu, "curve": state.curve,
                "transcoders": {layer: t.state_dict() for layer, t in state.transcoders.items()},
                "optimizers": {layer: o.state_dict() for layer, o in state.optimizers.items()},
                "fired": state.fired, "ff_out_sum": state.ff_out_sum}
@@ -259,6 +263,7 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
         state.ff_out_sum[layer] = saved["ff_out_sum"][layer].cpu()
     state.step, state.examples_done = saved["step"], saved["examples_done"]
     state.tokens_done, state.elapsed, state.last_fvu = saved["tokens_done"], saved["elapsed"], saved["last_fvu"]
+    state.curve = saved["curve"]
     return state
 
 
@@ -282,6 +287,7 @@ def _train(loaded: LoadedModel, train_examples: Callable[[], Iterable], options:
                 state.step += 1
                 state.examples_done += len(group)
                 state.tokens_done += n
+                state.curve.append([state.tokens_done, *(state.last_fvu.get(layer, math.nan) for layer in layers)])
                 state.elapsed += time.perf_counter() - started
                 bar.update(min(n, max(0, options.tokens - bar.n)))
                 bar.set_postfix_str(" ".join(f"L{layer + 1} fvu {state.last_fvu.get(layer, float('nan')):.3f}"
@@ -368,20 +374,27 @@ def _where(keep: torch.Tensor, new: Callable[[torch.Tensor], torch.Tensor]):
 
 
 @torch.no_grad()
-def _fidelity(loaded: LoadedModel, eval_examples: Callable[[], Iterable], options: TrainDictionaryOptions,
-              dictionaries: dict[int, Dictionary], means: dict[int, torch.Tensor], progress: bool
-              ) -> tuple[dict, list[dict]]:
+def measure_fidelity(loaded: LoadedModel, examples: Iterable, dictionaries: dict[int, Dictionary],
+                     means: dict[int, torch.Tensor], eval_tokens: int, batch_size: int = 32, progress: bool = False
+                     ) -> tuple[dict, list[dict]]:
+    """Each transcoder's fidelity (module docstring) over `examples` (whole examples of two or more tokens, up to
+    `eval_tokens` real tokens): returns the evaluation's counts and one row per layer.
+
+    Args:
+        dictionaries: 0-based layer -> its transcoder, on the model's device.
+        means: 0-based layer -> the FF output's mean (d_model,) that mean ablation writes instead.
+    """
     view = loaded.view
-    layers = sorted(options.layers)
+    layers = sorted(dictionaries)
     variance = {layer: VarianceTally(view.d_model) for layer in layers}
     firing = {layer: FiringTally(dictionaries[layer].n_latents) for layer in layers}
     original = 0.0
     spliced = {layer: 0.0 for layer in layers}
     ablated = {layer: 0.0 for layer in layers}
     n_tokens = n_predicted = 0
-    bar = progress_bar(progress, options.eval_tokens, "fidelity", "tok")
+    bar = progress_bar(progress, eval_tokens, "fidelity", "tok")
     try:
-        for batch in _eval_batches(loaded, eval_examples(), options.eval_tokens, options.batch_size):
+        for batch in _eval_batches(loaded, examples, eval_tokens, batch_size):
             keep = batch.competes
             with view.capture(("ff_in", "ff_out"), layers=layers) as cap:
                 original += _loss(loaded, batch)
@@ -409,8 +422,9 @@ def _fidelity(loaded: LoadedModel, eval_examples: Callable[[], Iterable], option
     rows = []
     for layer in layers:
         orig, spl, abl = original / n_predicted, spliced[layer] / n_predicted, ablated[layer] / n_predicted
-        rows.append({"layer": layer, "n_latents": dictionaries[layer].n_latents, "k": options.k,
-                     "skip": options.skip, "fvu": variance[layer].fvu, "dead_latents": firing[layer].dead,
+        d = dictionaries[layer]
+        rows.append({"layer": layer, "n_latents": d.n_latents, "k": d.k, "skip": d.skip is not None,
+                     "fvu": variance[layer].fvu, "dead_latents": firing[layer].dead,
                      "dead_share": firing[layer].dead_share, "loss_original": orig, "loss_spliced": spl,
                      "loss_mean_ablated": abl, "loss_recovered": loss_recovered(orig, spl, abl),
                      "eval_tokens": variance[layer].n})
