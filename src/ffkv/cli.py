@@ -444,6 +444,8 @@ def _train_dictionary_parser(sub) -> None:
     p.add_argument("--init-seed", type=int, default=0, help="seeds the encoders' initialisation (default: %(default)s)")
     p.add_argument("--eval-tokens", type=_positive_int, default=50_000,
                    help="held-out tokens the fidelity is measured on (default: %(default)s)")
+    p.add_argument("--save-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="dtype of the written transcoders; the fidelity is measured on them (default: %(default)s)")
     p.add_argument("--checkpoint-seconds", type=_seconds, default=300.0,
                    help="save a resumable checkpoint this often (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out, same options")
@@ -777,7 +779,8 @@ def _train_dictionary(args: argparse.Namespace) -> int:
     layers = _layer_list(args.layers)
     options = TrainDictionaryOptions(layers=tuple(dict.fromkeys(layers)), expansion_factor=args.expansion_factor,
                                      k=args.k, skip=args.skip, tokens=args.tokens, batch_size=args.batch_size,
-                                     lr=args.lr, seed=args.init_seed, eval_tokens=args.eval_tokens)
+                                     lr=args.lr, seed=args.init_seed, eval_tokens=args.eval_tokens,
+                                     save_dtype=args.save_dtype)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     spec = _corpus_spec(args, args.corpus)
     if loaded.max_positions is not None and args.max_tokens is None:

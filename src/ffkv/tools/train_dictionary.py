@@ -62,6 +62,7 @@ CHECKPOINT = "checkpoint.pt"
 TRAINING = "training.json"
 FIDELITY = "fidelity.parquet"
 _FORMAT = "ffkv train-dictionary checkpoint 1"
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class TrainDictionaryOptions:
         warmup: share of the tokens over which the step size warms up (then it decays linearly to zero).
         seed: seeds the encoders' initialisation (layer l draws from seed + l).
         eval_tokens: held-out tokens the fidelity is measured on (whole examples, up to this many).
+        save_dtype: the dtype the transcoders are written in (float32, float16, bfloat16); the fidelity is
+            measured on what is written.
     """
 
     layers: tuple[int, ...]
@@ -89,6 +92,7 @@ class TrainDictionaryOptions:
     warmup: float = 0.05
     seed: int = 0
     eval_tokens: int = 50_000
+    save_dtype: str = "float32"
 
     @property
     def shape(self) -> TranscoderShape:
@@ -105,6 +109,8 @@ class TrainDictionaryOptions:
             raise FfkvError("tokens, batch size and evaluation tokens must be at least 1")
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise FfkvError(f"the learning rate must be a positive number, got {self.lr}")
+        if self.save_dtype not in SAVE_DTYPES:
+            raise FfkvError(f"unknown save dtype {self.save_dtype!r}; choose from {', '.join(SAVE_DTYPES)}")
         if not 0 <= self.warmup < 1:
             raise FfkvError(f"the warm-up share must be in [0, 1), got {self.warmup}")
 
@@ -195,9 +201,10 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
     dictionaries = {}
     for layer in options.layers:
         folder = out / hookpoint(loaded, layer)
-        save_sparsify(state.transcoders[layer].to_dictionary(layer), folder, hookpoint(loaded, layer))
-        # Measured as written: read back the way any user of the folder reads it.
-        dictionaries[layer] = read_sparsify(folder).to(view.device)
+        trained = state.transcoders[layer].to_dictionary(layer).to(dtype=SAVE_DTYPES[options.save_dtype])
+        save_sparsify(trained, folder, hookpoint(loaded, layer))
+        # Measured as written (values as stored, arithmetic in float32): read back as any user of the folder reads it.
+        dictionaries[layer] = read_sparsify(folder).to(view.device, torch.float32)
     means = {layer: (state.ff_out_sum[layer] / max(1, state.tokens_done)).float().to(view.device)
              for layer in options.layers}
     evaluation, rows = measure_fidelity(loaded, eval_examples(), dictionaries, means, options.eval_tokens,
