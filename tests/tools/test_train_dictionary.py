@@ -211,3 +211,21 @@ def test_sparsify_reads_what_it_writes(llama_run, tmp_path):
         with torch.no_grad():
             theirs = coder(x).sae_out
         torch.testing.assert_close(theirs, ours(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_shipped_ffkv_tiny_transcoder_fits_its_model_and_reconstructs_its_layer():
+    from ffkv.dictionaries.dictionary import check_against
+    from ffkv.models import load_model
+    from ffkv.models.default_corpus import default_corpus_path
+
+    folder = SRC / "ffkv" / "assets" / "ffkv-tiny-transcoders"
+    d = read_sparsify(folder / "h.3.mlp").to(dtype=torch.float32)
+    loaded = load_model("ffkv-tiny")
+    check_against({3: d}, loaded.view.n_layers, loaded.view.d_model)
+    assert (d.kind, d.n_latents, d.k) == ("transcoder", 512, 16)
+    recorded = pd.read_parquet(folder / "fidelity.parquet").iloc[0]
+    spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", split="heldout")
+    means = {3: torch.zeros(loaded.view.d_model)}
+    _, (row,) = measure_fidelity(loaded, iter_examples(spec, loaded.tokenizer), {3: d}, means, eval_tokens=10_000)
+    assert row["fvu"] == pytest.approx(recorded["fvu"], rel=1e-3)
+    assert row["loss_spliced"] == pytest.approx(recorded["loss_spliced"], rel=1e-4)
