@@ -57,3 +57,35 @@ def test_scaled_is_off_at_zero_and_bad_memories_are_refused():
             pass
     with pytest.raises(FfkvError, match="unknown intervention"):
         Intervention(0, 0, "double")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "opt"])
+def test_replace_ff_output_splices_a_layer_and_leaves_no_hook(family):
+    from ffkv.memories.interventions import replace_ff_output
+
+    loaded = loaded_tiny(family)
+    view, model = loaded.view, loaded.model
+    ids = torch.tensor([[5, 9, 14, 20, 7, 30]])
+    with torch.no_grad():
+        base = model(input_ids=ids).logits
+        with replace_ff_output(view, {1: lambda x, y: y}):
+            same = model(input_ids=ids).logits
+        torch.testing.assert_close(same, base, rtol=0, atol=0)
+        seen = {}
+
+        def zero(x, y):
+            seen["x"], seen["y"] = x, y
+            return torch.zeros_like(y)
+
+        with replace_ff_output(view, {1: zero}), view.capture(("ff_in", "resid_mid", "resid_post"), layers=[1]) as cap:
+            changed = model(input_ids=ids).logits
+        # the replacement got the FF input and output, and what reaches the residual stream is what it returned
+        torch.testing.assert_close(seen["x"].reshape(cap["ff_in"][1].shape), cap["ff_in"][1])
+        assert not torch.equal(changed, base)
+        if not view.parallel:
+            torch.testing.assert_close(cap["resid_post"][1] - cap["resid_mid"][1],
+                                       torch.zeros_like(cap["resid_mid"][1]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(input_ids=ids).logits, base, rtol=0, atol=0)  # the hooks are gone
+    with pytest.raises(FfkvError, match="does not exist"):
+        with replace_ff_output(view, {view.n_layers: zero}):
+            pass

@@ -3,7 +3,8 @@
 An intervention rewrites m_i, the input of the FF layer's second matrix, with a
 pre-forward hook on that matrix, so FF(x) = Σ_i m'_i·v_i + b_V: exactly the memory
 view of SPEC section 1. Hooks exist only inside `intervene`; leaving the block restores
-the model exactly.
+the model exactly. `replace_ff_output` replaces a layer's whole FF output instead (a transcoder
+spliced in, mean ablation).
 """
 
 from __future__ import annotations
@@ -90,3 +91,32 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention]):
 
         rewrites[layer] = rewrite
     return rewrite_coefficients(view, rewrites)
+
+
+@contextmanager
+def replace_ff_output(view: MemoryView,
+                      replacements: Mapping[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> Iterator[None]:
+    """Within the block, layer l's FF output FF(x) is replaced by replacements[l](x, FF(x)) on its way into the
+    residual stream, x the FF input after the pre-FF norm (both as the model holds them: (batch, pos, d), or
+    flattened where the family flattens): a transcoder spliced in for the layer, or the layer's output set to
+    its mean (mean ablation). Leaving the block, also on an error, removes every hook."""
+    handles = []
+    try:
+        for layer, replace in replacements.items():
+            view._check_layer(layer)
+            block, seen = view.blocks[layer], {}
+
+            def remember(module, args, seen=seen):
+                seen["x"] = args[0]
+
+            def substitute(module, args, out, replace=replace, seen=seen):
+                ff_out = out[0] if isinstance(out, (tuple, list)) else out
+                new = replace(seen.pop("x"), ff_out).to(ff_out.dtype)
+                return (new, *out[1:]) if isinstance(out, (tuple, list)) else new
+
+            handles.append(view.arch.key_proj(block).register_forward_pre_hook(remember))
+            handles.append(view.arch.down_proj(block).register_forward_hook(substitute))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,449 @@
+"""`ffkv train-dictionary`: train a TopK transcoder (or a skip transcoder) per chosen FF layer on a corpus, write
+it in sparsify's layout, and measure how well it stands in for the layer.
+
+Training streams the corpus's train split once (memory does not grow with it): each step runs the model on
+`batch_size` consecutive examples, captures every chosen layer's FF input and output at the real, non-special
+tokens (`MemoryView.capture`) and takes one Adam step per layer (`ffkv.dictionaries.train`, sparsify's recipe).
+
+Resumable to the same bits: a checkpoint (weights, Adam's moments, the step, the examples and tokens read,
+the latents' firing record, the FF outputs' running sums) is written atomically every `checkpoint_seconds`
+and at Ctrl-C (at the end of a step); a run killed at any point (kill -9 included) and continued with
+``resume=True`` re-reads the examples after the last checkpointed one and ends with the weights an
+uninterrupted run ends with. On the CPU this holds bit for bit; on a GPU too where its kernels are
+deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
+
+Fidelity, per layer, over held-out tokens (the corpus's held-out split), the model in its own dtype:
+
+- ``fvu``: the fraction of variance of the FF output the transcoder leaves unexplained (0 is perfect);
+- ``dead_latents``: latents that never fired over those tokens (and the training tokens' count, from the
+  firing record kept while training);
+- the next-token loss of the model as it is (``loss_original``), with the layer's FF output replaced by the
+  transcoder's reconstruction (``loss_spliced``) and by the FF output's mean over the training tokens
+  (``loss_mean_ablated``); ``loss_recovered`` = (L_mean − L_spliced) / (L_mean − L_original): 1 when the
+  splice costs nothing, 0 when it is no better than the mean. Replacements apply at the tokens the
+  transcoder is trained on (real, non-special), one layer at a time.
+
+Outputs in `out`: one folder per layer named after its hookpoint (``layers.3.mlp``: ``cfg.json`` +
+``sae.safetensors``, `ffkv.dictionaries.sparsify_layout.save_sparsify`, which sparsify's
+``SparseCoder.load_many(out, local=True)`` reads), ``fidelity.parquet`` (one row per layer) and
+``training.json`` (options, corpus, model, tokens, steps, times, the fidelity rows, the command). The
+checkpoint is removed once these are written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import torch
+
+from ffkv.batching import Batch, collate, length_batches, windows
+from ffkv.dictionaries.dictionary import Dictionary
+from ffkv.dictionaries.hookpoints import ff_site
+from ffkv.dictionaries.sparsify_layout import read_sparsify, save_sparsify
+from ffkv.dictionaries.train import (FiringTally, TopKTranscoder, TranscoderShape, VarianceTally,
+                                     default_learning_rate, learning_rate, train_step)
+from ffkv.errors import FfkvError, Interrupted
+from ffkv.experiments.common import progress_bar
+from ffkv.indexing.interrupt import deferred_interrupt
+from ffkv.memories.interventions import replace_ff_output
+from ffkv.models.loading import LoadedModel
+from ffkv.models.safe_load import load_checkpoint
+from ffkv.store import atomic
+from ffkv.tools.attribute import Target, target_value
+
+CHECKPOINT = "checkpoint.pt"
+TRAINING = "training.json"
+FIDELITY = "fidelity.parquet"
+_FORMAT = "ffkv train-dictionary checkpoint 1"
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TrainDictionaryOptions:
+    """Every option that changes the trained weights (checked on resume) and the evaluation.
+
+    Attributes:
+        layers: the FF layers, 0-based.
+        expansion_factor, k, skip: the transcoder (`TranscoderShape`).
+        tokens: training tokens (per layer) to read; the last step may pass it.
+        batch_size: examples per step (sparsify's batch size, in sequences).
+        lr: Adam's peak step size (None: sparsify's, 2e-4 / √(n_latents / 2¹⁴)).
+        warmup: share of the tokens over which the step size warms up (then it decays linearly to zero).
+        seed: seeds the encoders' initialisation (layer l draws from seed + l).
+        eval_tokens: held-out tokens the fidelity is measured on (whole examples, up to this many).
+        save_dtype: the dtype the transcoders are written in (float32, float16, bfloat16); the fidelity is
+            measured on what is written.
+    """
+
+    layers: tuple[int, ...]
+    expansion_factor: int = 32
+    k: int = 32
+    skip: bool = False
+    tokens: int = 1_000_000
+    batch_size: int = 32
+    lr: float | None = None
+    warmup: float = 0.05
+    seed: int = 0
+    eval_tokens: int = 50_000
+    save_dtype: str = "float32"
+
+    @property
+    def shape(self) -> TranscoderShape:
+        return TranscoderShape(self.expansion_factor, self.k, self.skip)
+
+    def validate(self, n_layers: int, d_model: int) -> None:
+        if not self.layers:
+            raise FfkvError("name at least one layer to train a transcoder for")
+        for layer in self.layers:
+            if not 0 <= layer < n_layers:
+                raise FfkvError(f"layer {layer + 1} does not exist: this model has layers 1..{n_layers}")
+        self.shape.validate(d_model)
+        if self.tokens < 1 or self.batch_size < 1 or self.eval_tokens < 1:
+            raise FfkvError("tokens, batch size and evaluation tokens must be at least 1")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise FfkvError(f"the learning rate must be a positive number, got {self.lr}")
+        if self.save_dtype not in SAVE_DTYPES:
+            raise FfkvError(f"unknown save dtype {self.save_dtype!r}; choose from {', '.join(SAVE_DTYPES)}")
+        if not 0 <= self.warmup < 1:
+            raise FfkvError(f"the warm-up share must be in [0, 1), got {self.warmup}")
+
+    def peak_lr(self, d_model: int) -> float:
+        return self.lr if self.lr is not None else default_learning_rate(self.expansion_factor * d_model)
+
+
+@dataclass
+class _State:
+    """What a checkpoint holds besides the options: the whole state of a run between two steps."""
+
+    transcoders: dict[int, TopKTranscoder]
+    optimizers: dict[int, torch.optim.Optimizer]
+    fired: dict[int, torch.Tensor]           # latents that fired on the training tokens so far
+    ff_out_sum: dict[int, torch.Tensor]      # float64 sums of the FF output over the training tokens
+    step: int = 0
+    examples_done: int = 0
+    tokens_done: int = 0
+    elapsed: float = 0.0
+    last_fvu: dict[int, float] = field(default_factory=dict)
+    curve: list[list[float]] = field(default_factory=list)  # per step: tokens done, then each layer's batch FVU
+
+
+@dataclass
+class TrainDictionaryResult:
+    """What `train_dictionaries` wrote: the folder, one fidelity row per layer, and training.json's contents."""
+
+    out: Path
+    rows: list[dict[str, Any]]
+    record: dict[str, Any]
+
+    def to_text(self) -> str:
+        r = self.record
+        lines = [f"{r['options']['expansion_factor']}x TopK{' skip' if r['options']['skip'] else ''} transcoders, "
+                 f"k = {r['options']['k']}: {r['training']['tokens']:,} training tokens in {r['training']['steps']} "
+                 f"steps; fidelity on {r['evaluation']['tokens']:,} held-out tokens "
+                 f"({r['evaluation']['loss_tokens']:,} predicted)",
+                 f"{'layer':>5}  {'FVU':>7}  {'dead (held-out)':>16}  {'dead (training)':>16}  {'loss orig':>9}  "
+                 f"{'spliced':>8}  {'mean-abl':>8}  {'recovered':>9}"]
+        for row in self.rows:
+            lines.append(f"{row['layer'] + 1:>5}  {row['fvu']:>7.4f}  "
+                         f"{row['dead_latents']:>7} ({row['dead_share']:>6.1%})  "
+                         f"{row['dead_latents_training']:>7} ({row['dead_latents_training'] / row['n_latents']:>6.1%})  "
+                         f"{row['loss_original']:>9.4f}  {row['loss_spliced']:>8.4f}  {row['loss_mean_ablated']:>8.4f}  "
+                         f"{row['loss_recovered']:>9.3f}")
+        return "\n".join(lines)
+
+
+def hookpoint(loaded: LoadedModel, layer: int) -> str:
+    """sparsify's name for a layer's FF module: its path under the model's base (``layers.3.mlp``,
+    ``h.3.mlp``), where ffkv reads that name back as the same layer; ``layers.L.mlp`` otherwise."""
+    view = loaded.view
+    down = view.arch.down_proj(view.blocks[layer])
+    base = view.arch.base(loaded.model)
+    for name, module in base.named_modules():
+        if any(child is down for child in module.children()):
+            try:
+                if ff_site(name).layer == layer:
+                    return name
+            except FfkvError:
+                pass
+            break
+    return f"layers.{layer}.mlp"
+
+
+def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterable], eval_examples: Callable[[], Iterable],
+                       options: TrainDictionaryOptions, out: str | Path, *, resume: bool = False,
+                       checkpoint_seconds: float = 300.0, progress: bool = True, corpus: dict | None = None,
+                       command: str | None = None) -> TrainDictionaryResult:
+    """Train one transcoder per layer of `options.layers` on `train_examples()` (ffkv `Example`s), measure each on
+    `eval_examples()` and write them to `out` (the module's docstring says what and how)."""
+    view = loaded.view
+    options.validate(view.n_layers, view.d_model)
+    out = Path(out)
+    identity = {"format": _FORMAT, "options": _jsonable(asdict(options)), "corpus": corpus or {},
+                "model": loaded.model_id, "dtype": loaded.dtype}
+    if (out / TRAINING).is_file() and not (out / CHECKPOINT).is_file():
+        raise FfkvError(f"{str(out)!r} already holds trained transcoders ({TRAINING}); choose another --out")
+    if (out / CHECKPOINT).is_file() and not resume:
+        raise FfkvError(f"{str(out)!r} holds an unfinished training; continue it with --resume, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.clean_stale(out)
+    state = _fresh_state(loaded, options) if not (resume and (out / CHECKPOINT).is_file()) \
+        else _load_state(loaded, options, out / CHECKPOINT, identity)
+
+    _train(loaded, train_examples, options, state, out, identity, checkpoint_seconds, progress)
+
+    dictionaries = {}
+    for layer in options.layers:
+        folder = out / hookpoint(loaded, layer)
+        trained = state.transcoders[layer].to_dictionary(layer).to(dtype=SAVE_DTYPES[options.save_dtype])
+        save_sparsify(trained, folder, hookpoint(loaded, layer))
+        # Measured as written (values as stored, arithmetic in float32): read back as any user of the folder reads it.
+        dictionaries[layer] = read_sparsify(folder).to(view.device, torch.float32)
+    means = {layer: (state.ff_out_sum[layer] / max(1, state.tokens_done)).float().to(view.device)
+             for layer in options.layers}
+    evaluation, rows = measure_fidelity(loaded, eval_examples(), dictionaries, means, options.eval_tokens,
+                                        options.batch_size, progress)
+    for row in rows:
+        row["dead_latents_training"] = int((~state.fired[row["layer"]]).sum())
+        row["hookpoint"] = hookpoint(loaded, row["layer"])
+    atomic.write_parquet(out / FIDELITY, pa.Table.from_pylist(rows))
+    record = {**identity, "command": command,
+              "training": {"tokens": state.tokens_done, "steps": state.step, "examples": state.examples_done,
+                           "seconds": round(state.elapsed, 1), "peak_lr": options.peak_lr(view.d_model),
+                           "device": str(view.device),
+                           "recipe": "sparsify 1.3.3 transcoder (ffkv.dictionaries.train): Adam on the batch FVU, "
+                                     "zero-initialised decoder, first-batch biases, no AuxK"},
+              "evaluation": evaluation, "fidelity": rows,
+              "curve": {"columns": ["tokens", *(f"fvu_layer_{layer}" for layer in sorted(options.layers))],
+                        "rows": state.curve},
+              "layers": {str(layer): hookpoint(loaded, layer) for layer in options.layers}}
+    atomic.write_json(out / TRAINING, record)
+    (out / CHECKPOINT).unlink(missing_ok=True)
+    return TrainDictionaryResult(out, rows, record)
+
+
+# ------------------------------------------------------------------------------------------------ training
+def _fresh_state(loaded: LoadedModel, options: TrainDictionaryOptions) -> _State:
+    view = loaded.view
+    transcoders = {layer: TopKTranscoder(view.d_model, options.shape, seed=options.seed + layer, device=view.device)
+                   for layer in options.layers}
+    return _State(transcoders=transcoders,
+                  optimizers={layer: _adam(t, options.peak_lr(view.d_model))
+                              for layer, t in transcoders.items()},
+                  fired={layer: torch.zeros(t.n_latents, dtype=torch.bool) for layer, t in transcoders.items()},
+                  ff_out_sum={layer: torch.zeros(view.d_model, dtype=torch.float64) for layer in options.layers})
+
+
+def _adam(transcoder: TopKTranscoder, lr: float) -> torch.optim.Adam:
+    # The fused kernel: several times faster than the default loop on a CPU, and as deterministic.
+    return torch.optim.Adam(transcoder.parameters(), lr=lr, fused=True)
+
+
+def _save_state(state: _State, path: Path, identity: dict) -> None:
+    payload = {**identity, "step": state.step, "examples_done": state.examples_done,
+               "tokens_done": state.tokens_done, "elapsed": state.elapsed, "last_fvu": state.last_fvu, "curve": state.curve,
+               "transcoders": {layer: t.state_dict() for layer, t in state.transcoders.items()},
+               "optimizers": {layer: o.state_dict() for layer, o in state.optimizers.items()},
+               "fired": state.fired, "ff_out_sum": state.ff_out_sum}
+    atomic.write_with(path, lambda f: torch.save(payload, f))
+
+
+def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path, identity: dict) -> _State:
+    saved = load_checkpoint(path, map_location=loaded.view.device, what="train-dictionary checkpoint")
+    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
+        raise FfkvError(f"{str(path)!r} is not a checkpoint of `ffkv train-dictionary`; choose another --out")
+    differs = [key for key in ("options", "corpus", "model", "dtype") if saved.get(key) != identity[key]]
+    if differs:
+        raise FfkvError(f"the checkpoint in {str(path.parent)!r} was made with another {', '.join(differs)}; resume "
+                        "with the same ones, or choose another --out")
+    state = _fresh_state(loaded, options)
+    for layer in options.layers:
+        state.transcoders[layer].load_state_dict(saved["transcoders"][layer])
+        state.optimizers[layer].load_state_dict(saved["optimizers"][layer])
+        state.fired[layer] = saved["fired"][layer].cpu()
+        state.ff_out_sum[layer] = saved["ff_out_sum"][layer].cpu()
+    state.step, state.examples_done = saved["step"], saved["examples_done"]
+    state.tokens_done, state.elapsed, state.last_fvu = saved["tokens_done"], saved["elapsed"], saved["last_fvu"]
+    state.curve = saved["curve"]
+    return state
+
+
+def _train(loaded: LoadedModel, train_examples: Callable[[], Iterable], options: TrainDictionaryOptions,
+           state: _State, out: Path, identity: dict, checkpoint_seconds: float, progress: bool) -> None:
+    view = loaded.view
+    layers = sorted(options.layers)
+    peak = options.peak_lr(view.d_model)
+    stream = itertools.islice(iter(train_examples()), state.examples_done, None)
+    bar = progress_bar(progress, options.tokens, "train transcoders", "tok")
+    bar.update(min(state.tokens_done, options.tokens))
+    saved_at = time.monotonic()
+    try:
+        with deferred_interrupt() as interrupted:
+            while state.tokens_done < options.tokens:
+                group = list(itertools.islice(stream, options.batch_size))
+                if not group:
+                    break  # the corpus ran out first: training.json says how many tokens were read
+                started = time.perf_counter()
+                n = _train_batch(loaded, layers, group, options, state, peak)
+                state.step += 1
+                state.examples_done += len(group)
+                state.tokens_done += n
+                state.curve.append([state.tokens_done, *(state.last_fvu.get(layer, math.nan) for layer in layers)])
+                state.elapsed += time.perf_counter() - started
+                bar.update(min(n, max(0, options.tokens - bar.n)))
+                bar.set_postfix_str(" ".join(f"L{layer + 1} fvu {state.last_fvu.get(layer, float('nan')):.3f}"
+                                             for layer in layers), refresh=False)
+                if interrupted():
+                    _save_state(state, out / CHECKPOINT, identity)
+                    raise Interrupted(f"interrupted after step {state.step} ({state.tokens_done:,} of "
+                                      f"{options.tokens:,} tokens); saved in {out / CHECKPOINT}: continue with --resume")
+                if time.monotonic() - saved_at >= checkpoint_seconds:
+                    _save_state(state, out / CHECKPOINT, identity)
+                    saved_at = time.monotonic()
+    finally:
+        bar.close()
+    if state.tokens_done == 0:
+        raise FfkvError("the corpus's train split gave no token to train on")
+    _save_state(state, out / CHECKPOINT, identity)  # evaluation, if cut off, starts again from here
+
+
+def _positions(loaded: LoadedModel, group: Sequence) -> Batch:
+    return collate(group, loaded.tokenizer.pad_id, loaded.special_ids).to(loaded.view.device)
+
+
+def _at(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The rows of a captured (batch, pos, d) tensor, or one a family flattened to (batch·pos, d), at the kept
+    positions, in float32."""
+    return t.reshape(*keep.shape, t.shape[-1])[keep].float()
+
+
+def _train_batch(loaded: LoadedModel, layers: list[int], group: Sequence, options: TrainDictionaryOptions,
+                 state: _State, peak: float) -> int:
+    """One step: the model's FF inputs and outputs of the group's real, non-special tokens, and one Adam step per
+    layer. Returns the tokens it trained on (per layer)."""
+    view = loaded.view
+    batch = _positions(loaded, group)
+    with view.capture(("ff_in", "ff_out"), layers=layers, stop_early=True) as cap:
+        view.forward(batch.input_ids, batch.attention_mask)
+    keep = batch.competes
+    n = int(keep.sum())
+    if n == 0:
+        return 0
+    lr = learning_rate(peak, state.tokens_done, options.tokens, options.warmup)
+    for layer in layers:
+        x = _at(cap["ff_in"][layer], keep)
+        y = _at(cap["ff_out"][layer], keep)
+        transcoder = state.transcoders[layer]
+        if state.tokens_done == 0:
+            transcoder.initialise_biases(x, y)
+        with torch.enable_grad():
+            fvu, fired = train_step(transcoder, state.optimizers[layer], x, y, lr)
+        state.last_fvu[layer] = fvu
+        state.fired[layer] |= fired.cpu()
+        state.ff_out_sum[layer] += y.double().sum(0).cpu()
+    return n
+
+
+# ------------------------------------------------------------------------------------------------ fidelity
+def _eval_batches(loaded: LoadedModel, examples: Iterable, budget: int, batch_size: int) -> Iterator[Batch]:
+    """Padded batches (grouped by length) of the held-out examples, whole examples until `budget` real tokens."""
+    def taken() -> Iterator:
+        seen = 0
+        for e in examples:
+            if seen >= budget:
+                return
+            if len(e.token_ids) >= 2:
+                seen += len(e.token_ids)
+                yield e
+    for chunk in windows(taken(), 16 * batch_size):
+        for group in length_batches(chunk, batch_size):
+            yield _positions(loaded, group)
+
+
+def _loss(loaded: LoadedModel, batch: Batch) -> float:
+    out = loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return float(target_value(logits, batch.input_ids, batch.attention_mask, Target()))
+
+
+def _where(keep: torch.Tensor, new: Callable[[torch.Tensor], torch.Tensor]):
+    """A replacement of the FF output at the kept positions only (shapes as the model holds them)."""
+    def replace(x: torch.Tensor, ff_out: torch.Tensor) -> torch.Tensor:
+        mask = keep.reshape(ff_out.shape[:-1]).unsqueeze(-1)
+        return torch.where(mask, new(x).to(ff_out.dtype), ff_out)
+    return replace
+
+
+@torch.no_grad()
+def measure_fidelity(loaded: LoadedModel, examples: Iterable, dictionaries: dict[int, Dictionary],
+                     means: dict[int, torch.Tensor], eval_tokens: int, batch_size: int = 32, progress: bool = False
+                     ) -> tuple[dict, list[dict]]:
+    """Each transcoder's fidelity (module docstring) over `examples` (whole examples of two or more tokens, up to
+    `eval_tokens` real tokens): returns the evaluation's counts and one row per layer.
+
+    Args:
+        dictionaries: 0-based layer -> its transcoder, on the model's device.
+        means: 0-based layer -> the FF output's mean (d_model,) that mean ablation writes instead.
+    """
+    view = loaded.view
+    layers = sorted(dictionaries)
+    variance = {layer: VarianceTally(view.d_model) for layer in layers}
+    firing = {layer: FiringTally(dictionaries[layer].n_latents) for layer in layers}
+    original = 0.0
+    spliced = {layer: 0.0 for layer in layers}
+    ablated = {layer: 0.0 for layer in layers}
+    n_tokens = n_predicted = 0
+    bar = progress_bar(progress, eval_tokens, "fidelity", "tok")
+    try:
+        for batch in _eval_batches(loaded, examples, eval_tokens, batch_size):
+            keep = batch.competes
+            with view.capture(("ff_in", "ff_out"), layers=layers) as cap:
+                original += _loss(loaded, batch)
+            for layer in layers:
+                d = dictionaries[layer]
+                x = _at(cap["ff_in"][layer], keep)
+                values, indices = d.encode_sparse(x)
+                variance[layer].add(_at(cap["ff_out"][layer], keep), d.decode_sparse(values, indices, x))
+                firing[layer].add(values, indices)
+            del cap
+            for layer in layers:
+                with replace_ff_output(view, {layer: _where(keep, dictionaries[layer])}):
+                    spliced[layer] += _loss(loaded, batch)
+                mean = means[layer]
+                with replace_ff_output(view, {layer: _where(keep, lambda x, mean=mean: mean.expand_as(x))}):
+                    ablated[layer] += _loss(loaded, batch)
+            n_tokens += batch.n_tokens
+            real = batch.attention_mask.bool()
+            n_predicted += int((real[:, 1:] & real[:, :-1]).sum())
+            bar.update(batch.n_tokens)
+    finally:
+        bar.close()
+    if n_predicted == 0:
+        raise FfkvError("the corpus's held-out split gave no example of two or more tokens to measure on")
+    rows = []
+    for layer in layers:
+        orig, spl, abl = original / n_predicted, spliced[layer] / n_predicted, ablated[layer] / n_predicted
+        d = dictionaries[layer]
+        rows.append({"layer": layer, "n_latents": d.n_latents, "k": d.k, "skip": d.skip is not None,
+                     "fvu": variance[layer].fvu, "dead_latents": firing[layer].dead,
+                     "dead_share": firing[layer].dead_share, "loss_original": orig, "loss_spliced": spl,
+                     "loss_mean_ablated": abl, "loss_recovered": loss_recovered(orig, spl, abl),
+                     "eval_tokens": variance[layer].n})
+    return {"tokens": n_tokens, "loss_tokens": n_predicted, "split": "heldout"}, rows
+
+
+def loss_recovered(original: float, spliced: float, mean_ablated: float) -> float:
+    """(L_mean − L_spliced) / (L_mean − L_original): 1 when the splice loses nothing, 0 when it is no better than
+    mean ablation (NaN when mean ablation itself costs nothing)."""
+    gap = mean_ablated - original
+    return (mean_ablated - spliced) / gap if gap != 0 else float("nan")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
