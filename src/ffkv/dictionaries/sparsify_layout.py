@@ -21,7 +21,7 @@ from ffkv.dictionaries.files import (about, expect_shape, positive_int, provenan
                                      read_safetensors)
 from ffkv.dictionaries.hookpoints import ff_site, sites
 from ffkv.errors import FfkvError
-from ffkv.store.atomic import atomic_path, write_json
+from ffkv.store.atomic import atomic_path, make_readable, write_json
 
 CONFIG, WEIGHTS = "cfg.json", "sae.safetensors"
 #: sparsify's default `expansion_factor` (when `num_latents` is 0 or absent).
@@ -109,6 +109,7 @@ def save_sparsify(dictionary: Dictionary, folder: str | Path, hookpoint: str | N
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / WEIGHTS) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+        make_readable(tmp)  # safetensors writes the file anew, 0600
     write_json(folder / CONFIG, cfg)
     return folder
 

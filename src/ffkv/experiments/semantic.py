@@ -353,20 +353,27 @@ def score_sets(space: ContentSpace, null: NullMoments, sets: Sequence[tuple[Sequ
 def suffix_sampler(docs: Sequence[np.ndarray], space: ContentSpace, seed: int):
     """`suffix(tokens) -> body vectors` of up to `SUFFIX_POOL` random corpus prefixes ending with those tokens
     (None where the corpus sample has fewer than `MIN_PER_BIN`), bodies as `score_sets` cuts them."""
-    where: dict[int, list[tuple[int, int]]] = {}
-    for i, d in enumerate(docs):
-        for p in range(1, len(d)):
-            where.setdefault(int(d[p]), []).append((i, p))
+    # Every (document, position >= 1) in document order, then position order, grouped by the token there.
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs]) if len(docs) else np.zeros(0, np.int64)
+    doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
+    pos_of = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    at = np.flatnonzero(pos_of >= 1)
+    at = at[np.argsort(flat[at], kind="stable")]
+    tokens, starts = np.unique(flat[at], return_index=True)
+    where = dict(zip(tokens.tolist(), np.split(at, starts[1:]))) if len(at) else {}
 
     def bodies(suffix: tuple) -> np.ndarray | None:
         m = len(suffix)
-        hits = [(i, p) for i, p in where.get(int(suffix[-1]), ()) if p - m + 1 >= 1
-                and tuple(int(t) for t in docs[i][p - m + 1: p + 1]) == tuple(suffix)]
+        hits = where.get(int(suffix[-1]), np.zeros(0, np.int64))
+        hits = hits[pos_of[hits] >= m]  # the suffix's first token at a position >= 1
+        for back in range(1, m):
+            hits = hits[flat[hits - back] == int(suffix[m - 1 - back])]
         if len(hits) < MIN_PER_BIN:
             return None
         rng = np.random.default_rng([seed, 11, *[int(t) for t in suffix]])
         pick = rng.choice(len(hits), size=min(SUFFIX_POOL, len(hits)), replace=False)
-        prefixes = [docs[hits[j][0]][: hits[j][1] + 1] for j in pick]
+        prefixes = [docs[doc_of[hits[j]]][: pos_of[hits[j]] + 1] for j in pick]
         v, _, counts = space.bodies(prefixes, [m + CONTEXT] * len(prefixes))
         v = v[counts > 0]
         return v if len(v) >= MIN_PER_BIN else None
