@@ -148,3 +148,34 @@ def test_cohen_kappa_by_hand():
     human = np.array(["shallow"] * 4 + ["none"] * 6)
     auto = np.array(["shallow"] * 3 + ["none"] + ["shallow"] * 2 + ["none"] * 4)
     assert cohen_kappa(human, auto) == pytest.approx((0.7 - 0.5) / (1 - 0.5))
+
+
+def test_suffix_sampler_draws_from_exactly_the_corpus_prefixes_that_end_with_the_suffix():
+    """Brute force: every (document, position) whose last len(suffix) tokens are the suffix (its first token at
+    position 1 or later), in document then position order; the sampler's seeded draw picks from that list."""
+    from ffkv.experiments.semantic import CONTEXT, MIN_PER_BIN, SUFFIX_POOL, suffix_sampler
+
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 5, size=rng.integers(1, 30)) for _ in range(2000)]
+
+    class Recording:  # a content space whose body vector is the prefix itself, read back exactly
+        def bodies(self, prefixes, drops):
+            assert drops == [len(suffix) + CONTEXT] * len(prefixes)
+            drawn.append([tuple(int(t) for t in p) for p in prefixes])
+            return np.ones((len(prefixes), 1), np.float32), None, np.ones(len(prefixes), dtype=np.int64)
+
+    sample = suffix_sampler(docs, Recording(), seed=3)
+    checked = 0
+    for suffix in [(0,), (4,), (1, 2), (3, 3), (2, 0, 1), (4, 4, 4, 4)]:
+        drawn = []
+        hits = [(i, p) for i, d in enumerate(docs) for p in range(len(suffix), len(d))
+                if tuple(int(t) for t in d[p - len(suffix) + 1: p + 1]) == suffix]
+        got = sample(suffix)
+        if len(hits) < MIN_PER_BIN:
+            assert got is None and not drawn
+            continue
+        pick = np.random.default_rng([3, 11, *suffix]).choice(len(hits), size=min(SUFFIX_POOL, len(hits)),
+                                                              replace=False)
+        assert drawn == [[tuple(int(t) for t in docs[hits[j][0]][: hits[j][1] + 1]) for j in pick]]
+        checked += 1
+    assert checked >= 4
