@@ -24,9 +24,10 @@ def one_thread(device: torch.device) -> Iterator[None]:
 
     The reduction's selections, gathers, writes and merges are many operations on (keys, batch)
     tensors: each is split over torch's threads, and on a shared machine each split waits for its
-    other threads to be scheduled. One layer's selection and writes took 300-475 ms on 2 threads at
-    load average 10 and 20 ms on one (`benchmarks/README.md`, issue 44). The passes over a layer's
-    whole (B, T, d_m) coefficients stay parallel. Results do not depend on the number of threads.
+    other threads to be scheduled: one layer's selections and writes at SmolLM2's shape took 256 ms
+    on 2 threads at load average 5.5 and 7 ms on one (`benchmarks/reduction_threads.py`). The passes
+    over a layer's whole (B, T, d_m) coefficients stay parallel. Results do not depend on the number
+    of threads.
     """
     n = torch.get_num_threads()
     if device.type != "cpu" or n == 1:

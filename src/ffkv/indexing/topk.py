@@ -65,9 +65,10 @@ def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Ten
 
 
 #: Rows (keys) merged at once on a CPU. Smaller blocks (2,048 rows, in cache) cost the same CPU time on one
-#: quiet thread, but each block is a dozen parallel operations, and on a shared machine every one of them
-#: waits for its second thread to be scheduled: 45 blocks of SmolLM2's 30 x 3,072 rows took 11-26 s
-#: (load average 10, 2 threads) where blocks of 32,768 took 0.7-1.7 s.
+#: thread, but each block is a dozen operations, and where they run on several threads of a shared machine
+#: every one of them waits for its threads to be scheduled: one merge of SmolLM2's 30 x 3,072 rows took 9.4 s
+#: in blocks of 2,048 and 0.9 s in blocks of 32,768 (2 threads, load average 5.5; `benchmarks/reduction_threads.py`).
+#: The index merges on one thread (`ffkv.indexing.reducer.one_thread`): 0.3 s.
 _CPU_BLOCK_ROWS = 32768
 
 
