@@ -101,7 +101,8 @@ def main() -> None:
             return time.perf_counter() - t0, time.process_time() - c0
         return run
 
-    print(f"threads={args.threads} load average {os.getloadavg()[0]:.2f}; B={B} T={T} d_m={D_M}, {LAYERS} layers, k={K}")
+    print(f"threads={args.threads} load average {os.getloadavg()[0]:.2f}; "
+          f"B={B} T={T} d_m={D_M}, {LAYERS} layers, k={K}")
     print(f"positions, before (amax + first-position pass) {timed(positions_before, args.repeats)}")
     print(f"positions, now (amax + max with indices)       {timed(positions_now, args.repeats)}")
     print(f"select + gathers + write, default threads      {timed(select, args.repeats)}")
