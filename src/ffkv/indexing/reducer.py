@@ -7,6 +7,9 @@ layer's activations, whatever the corpus size.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 from ffkv.batching import Batch
@@ -15,32 +18,26 @@ from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
 MODES = ("example", "prefix")
 
 
-#: Elements of c compared at once by `first_position_of`: its temporaries then stay in cache.
-_CHUNK_ELEMENTS = 2**20
+@contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Run the enclosed CPU operations on one thread.
 
-
-def first_position_of(c: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
-    """The first position t at which c[b, t, j] equals best[b, j], as (B, d_m) int64.
-
-    Equals the indices of `c.max(dim=1)` when `best` is `c.amax(dim=1)`, and is 2 to 3 times
-    cheaper on a CPU (GPT-2-small shapes): the maximum of (c == best) weighted by T - t is
-    vectorised there, while max with indices over a middle dimension is not.
-    Examples are compared a few at a time, so that the temporaries stay in cache.
+    The reduction's selections, gathers, writes and merges are many operations on (keys, batch)
+    tensors: each is split over torch's threads, and on a shared machine each split waits for its
+    other threads to be scheduled: one layer's selections and writes at SmolLM2's shape took 256 ms
+    on 2 threads at load average 5.5 and 7 ms on one (`benchmarks/reduction_threads.py`). The passes
+    over a layer's whole (B, T, d_m) coefficients stay parallel. Results do not depend on the number
+    of threads.
     """
-    b, t, d_m = c.shape
-    # The narrowest type that holds T - t; below 256 positions a byte, where the product with the
-    # comparison's bytes (viewed as uint8) is a quarter cheaper than with int16.
-    small = t < 2**8
-    dtype = torch.uint8 if small else torch.int16 if t < 2**15 else torch.int32
-    reverse = torch.arange(t, 0, -1, dtype=dtype, device=c.device)[None, :, None]
-    rows = max(1, _CHUNK_ELEMENTS // (t * d_m))
-
-    def marks(i: int) -> torch.Tensor:  # T - t where c equals best, 0 elsewhere
-        equal = c[i: i + rows] == best[i: i + rows, None, :]
-        return (equal.view(torch.uint8) if small else equal) * reverse
-
-    last = torch.cat([marks(i).amax(dim=1) for i in range(0, b, rows)])
-    return (t - last.long()).clamp_(max=t - 1)  # NaN never equals: clamp keeps it in range
+    n = torch.get_num_threads()
+    if device.type != "cpu" or n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class CandidateBuffer:
@@ -83,8 +80,9 @@ class CandidateBuffer:
     def merge(self, one_per_example: bool) -> None:
         """Merge every accepted column into the state."""
         if self.filled:
-            self.state.merge_candidates(*(f[..., : self.filled] for f in self.fields),
-                                        one_per_example=one_per_example)
+            with one_thread(self.state.values.device):  # blocks of a few dozen small sorts and gathers
+                self.state.merge_candidates(*(f[..., : self.filled] for f in self.fields),
+                                            one_per_example=one_per_example)
         self.filled = 0
 
 
@@ -161,35 +159,39 @@ class TriggerReducer:
                              f"({'signed' if self.signed else 'positive'} index)")
         for block, direction in enumerate((1, -1)[: self._directions]):
             # Blocked positions must lose in this direction: +inf never wins a minimum.
-            c.index_put_(self.batch.blocked, self._losing[block].to(c.dtype))
+            with one_thread(c.device):
+                c.index_put_(self.batch.blocked, self._losing[block].to(c.dtype))
             if self.mode == "example":
                 best, pos = self._best_positions(layer, c, direction)          # (B, d_m)
-                values, position = best.T, pos.T                                # (d_m, B)
-                example_id = self._eid[None, :].expand(d_m, b)
-                next_token = self.batch.next_token.gather(1, pos).T
+                with one_thread(c.device):  # (d_m, B) selections: small operations
+                    self._keep(layer, block, best.T, self._eid[None, :].expand(d_m, b), pos.T,
+                               self.batch.next_token.gather(1, pos).T)
             else:
                 values = c.reshape(b * t, d_m).T.float()                        # (d_m, B*T), (eid, pos) order
-                values = values if direction == 1 else -values
-                position = self._pos[None, :].expand(d_m, -1)
-                example_id = self._eid[None, :].expand(d_m, -1)
-                next_token = self._next[None, :].expand(d_m, -1)
-            if self._n < values.shape[1]:
-                top = select_top(values, self._n)
-                values, example_id = values.gather(1, top), example_id.gather(1, top)
-                position, next_token = position.gather(1, top), next_token.gather(1, top)
-            self._buffer.write(layer, slice(block * d_m, (block + 1) * d_m),
-                               (values, example_id, position, next_token))
+                self._keep(layer, block, values if direction == 1 else -values, self._eid[None, :].expand(d_m, -1),
+                           self._pos[None, :].expand(d_m, -1), self._next[None, :].expand(d_m, -1))
         self._reduced.add(layer)
+
+    def _keep(self, layer: int, block: int, values: torch.Tensor, example_id: torch.Tensor, position: torch.Tensor,
+              next_token: torch.Tensor) -> None:
+        """Write the batch's best n candidates per key of one direction's (d_m, columns) candidates to the buffer."""
+        if self._n < values.shape[1]:
+            top = select_top(values, self._n)
+            values, example_id = values.gather(1, top), example_id.gather(1, top)
+            position, next_token = position.gather(1, top), next_token.gather(1, top)
+        d_m = values.shape[0]
+        self._buffer.write(layer, slice(block * d_m, (block + 1) * d_m), (values, example_id, position, next_token))
 
     def _best_positions(self, layer: int, c: torch.Tensor, direction: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per example and key, in `direction` (+1: the maximum over positions; -1: the minimum,
         returned negated as the state stores it) and its first position.
 
         torch's max, min, argmax and argmin return the first extreme index, so ties go to the
-        lower position. On a CPU, max with indices over the middle dimension is slow, so the
-        values come from amax (amin) and positions are looked up only where a candidate can
-        still enter the state (its value reaches the key's current k-th value); the
-        others are never kept, and their position is left at 0.
+        lower position. On a CPU, max with indices over the middle dimension costs three times
+        amax, so the values come from amax (amin) and positions are looked up only where a
+        candidate can still enter the state (its value reaches the key's current k-th value);
+        the others are never kept, and their position is left at 0. Early in a run, when most
+        candidates reach, one max (min) with indices over the whole layer gives them all.
         """
         d_m = c.shape[-1]
         if c.device.type != "cpu":
@@ -198,16 +200,18 @@ class TriggerReducer:
             worst, pos = c.min(dim=1)
             return -worst, pos
         extreme = c.amax(dim=1) if direction == 1 else c.amin(dim=1)
-        best = extreme if direction == 1 else -extreme
-        kth = self.state.values[layer, :d_m, -1] if direction == 1 else self.state.values[layer, d_m:, -1]
-        reach = best >= kth
-        rows, keys = reach.nonzero(as_tuple=True)
-        if len(rows) > reach.numel() // 8:  # early in a run most candidates reach: one pass is cheaper
-            return best, first_position_of(c, extreme)
-        pos = torch.zeros(best.shape, dtype=torch.long)
-        if len(rows):
-            sub = c[rows, :, keys]
-            pos[rows, keys] = sub.argmax(dim=1) if direction == 1 else sub.argmin(dim=1)
+        with one_thread(c.device):
+            best = extreme if direction == 1 else -extreme
+            kth = self.state.values[layer, :d_m, -1] if direction == 1 else self.state.values[layer, d_m:, -1]
+            reach = best >= kth
+            rows, keys = reach.nonzero(as_tuple=True)
+        if len(rows) > reach.numel() // 8:  # most candidates reach: one pass over the layer
+            return best, (c.max(dim=1) if direction == 1 else c.min(dim=1)).indices
+        with one_thread(c.device):
+            pos = torch.zeros(best.shape, dtype=torch.long)
+            if len(rows):
+                sub = c[rows, :, keys]
+                pos[rows, keys] = sub.argmax(dim=1) if direction == 1 else sub.argmin(dim=1)
         return best, pos
 
     def commit(self) -> None:

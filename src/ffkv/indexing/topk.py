@@ -64,8 +64,12 @@ def _lexsort(values: torch.Tensor, example_id: torch.Tensor, position: torch.Ten
     return perm.gather(-1, (-values).gather(-1, perm).argsort(dim=-1, stable=True))
 
 
-#: Rows (keys) merged at once on a CPU: a block's candidates fit in its cache.
-_CPU_BLOCK_ROWS = 2048
+#: Rows (keys) merged at once on a CPU. Smaller blocks (2,048 rows, in cache) cost the same CPU time on one
+#: thread, but each block is a dozen operations, and where they run on several threads of a shared machine
+#: every one of them waits for its threads to be scheduled: one merge of SmolLM2's 30 x 3,072 rows took 9.4 s
+#: in blocks of 2,048 and 0.9 s in blocks of 32,768 (2 threads, load average 5.5; `benchmarks/reduction_threads.py`).
+#: The index merges on one thread (`ffkv.indexing.reducer.one_thread`): 0.3 s.
+_CPU_BLOCK_ROWS = 32768
 
 
 def _merge_rows(state: list[torch.Tensor], new: list[torch.Tensor], rows: torch.Tensor | slice | None,
