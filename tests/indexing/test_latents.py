@@ -18,6 +18,7 @@ from ffkv.errors import FfkvError
 from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.indexing.latents import LatentKeys
 from ffkv.memories.projection import logits
+from ffkv.store.run import RunDir
 from indexing.test_exactness import assert_same, write_corpus
 from support.helpers import loaded_tiny
 
@@ -269,3 +270,40 @@ def test_a_dictionary_of_another_model_is_refused_in_one_line(tmp_path):
         message = str(caught.value)
         assert str(path) in message and "\n" not in message
         assert not (tmp_path / f"run-{name}").exists()
+
+
+def test_the_command_indexes_a_dictionary_folder_and_refuses_another_models(tmp_path, capsys, monkeypatch):
+    """`ffkv index --dictionary DIR` on a sparsify folder of one layer; a dictionary of another width stops with one
+    error line naming its file, before any run is written."""
+    from ffkv import cli
+    from ffkv.dictionaries import save_sparsify
+    from ffkv.models import loading
+    from support import tiny_cli
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    write_corpus(tmp_path / "corpus.txt", n=9)
+    view = loaded_tiny("gpt2").view
+    folder = save_sparsify(random_dictionary(view, 1, "transcoder", "topk"), tmp_path / "dicts" / "h.1.mlp")
+
+    def index(out, path):
+        code = cli.main(["index", "--model", "tiny-gpt2", "--corpus", str(tmp_path / "corpus.txt"), "--unit", "line",
+                         "--out", str(tmp_path / out), "--top-k", "3", "--control-keys", "4", "--no-progress",
+                         "--dictionary", str(path)])
+        return code, capsys.readouterr()
+
+    code, (out, err) = index("run", folder.parent)
+    assert code == 0, err
+    run = RunDir(tmp_path / "run")
+    assert set(_read(run, "latent_trigger_examples")["layer"]) == {1}
+    assert run.manifest().index["dictionary"]["1"]["path"] == str(folder)
+    wide = Dictionary(kind="transcoder", layer=1, encoder=torch.randn(8, view.d_model + 2),
+                      encoder_bias=torch.zeros(8), decoder=torch.randn(8, view.d_model + 2),
+                      decoder_bias=torch.zeros(view.d_model + 2), activation="relu")
+    save_npz(wide, tmp_path / "wide.npz")
+    code, (out, err) = index("refused", tmp_path / "wide.npz")
+    lines = [line for line in err.splitlines() if line.startswith("ffkv: error:")]
+    assert code == 2 and len(lines) == 1 and str(tmp_path / "wide.npz") in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "refused" / "manifest.json").exists()
+    with pytest.raises(SystemExit):
+        cli.main(["index", "--help"])
+    assert "--dictionary" in capsys.readouterr().out
