@@ -307,3 +307,24 @@ def test_the_command_indexes_a_dictionary_folder_and_refuses_another_models(tmp_
     with pytest.raises(SystemExit):
         cli.main(["index", "--help"])
     assert "--dictionary" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["example", "prefix"])
+def test_shards_merge_to_the_latent_tables_of_one_process(tmp_path, mode):
+    from ffkv.indexing.merge import merge_runs
+
+    lines = [f"{'ab cd ef'[: 1 + i % 8]} line {i % 13} {'xyz' * (i % 5)}" for i in range(50)]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+    loaded = loaded_tiny("gpt2")
+    dictionaries = {0: random_dictionary(loaded.view, 0, "transcoder", "topk"),
+                    2: random_dictionary(loaded.view, 2, "sae", "relu", n=10, seed=3)}
+    options, batching = IndexOptions(top_k=5, mode=mode, control_keys=6), BatchOptions(batch_size=4, window_batches=3)
+    single = build_index(loaded, _spec(tmp_path), tmp_path / "single", options, batching, progress=False,
+                         dictionary=dictionaries)
+    shards = [build_index(loaded, _spec(tmp_path), tmp_path / f"s{i}", options, batching, progress=False,
+                          shard=(i, 3), dictionary=dictionaries) for i in range(3)]
+    merged = merge_runs([s.path for s in reversed(shards)], tmp_path / "merged")
+    for name in ("trigger_examples", "latent_trigger_examples", "latent_control_trigger_examples",
+                 "latent_control_keys"):
+        assert single.table(name).read_bytes() == merged.table(name).read_bytes(), name
+    assert "latent_trigger_examples.parquet" in merged.manifest().tables

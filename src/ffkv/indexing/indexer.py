@@ -301,9 +301,6 @@ def build_index(
         raise FfkvError(f"--shard must be i/n with 0 <= i < n, got {shard_index}/{n_shards}")
     spec = fit_positions(loaded, spec)
     latents = _latents(loaded, dictionary, options) if dictionary is not None else None
-    if latents is not None and n_shards > 1:
-        raise FfkvError("--dictionary with --shard: `ffkv merge` does not merge latent tables yet; index the "
-                        "dictionary in one process")
     run = RunDir(out)
     check_output(run.path)
     if resume and not run.exists():
