@@ -13,6 +13,8 @@ lock and the manifest says `running` with its pid, host and heartbeat; it ends
 Peak memory: one layer's activations for one batch, the (L, d_m, k) state, the
 candidates not yet merged (on a CPU, 2·k plus one batch's, at most 3·k per key, so at
 most three times the state: `TriggerReducer`), and at most `part_rows` buffered examples.
+With a dictionary (`dictionary=`, `ffkv.indexing.latents`), the same for its latents in the same pass: one
+layer's dense activations (B, T, n_latents) for one batch, and a (1, n_latents, k) state per layer it covers.
 """
 
 from __future__ import annotations
@@ -310,8 +312,10 @@ def build_index(
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
                         "shorter than the minimum length); check --corpus, --format and --unit")
     identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress, latents)
+    latent_entries = 0 if latents is None else options.top_k * len(LATENT_DIRECTIONS) * sum(
+        d.n_latents + options.control_keys for d in latents.dictionaries.values())
     check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k * len(options.directions),
-                                                 options.control_keys))
+                                                 options.control_keys, latent_entries))
     with run.lock("index", create=True) as holder:
         previous = run.prepare(identity, resume)
         manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),

@@ -1,4 +1,5 @@
-"""The index's two public tables, written in one canonical layout.
+"""The index's public tables, written in one canonical layout: the examples, the trigger examples of the model's
+keys, of their random control, and of a dictionary's latents and control latents.
 
 `examples.parquet` is always sorted by example id and cut into row groups of
 `ROW_GROUP` rows, and `trigger_examples.parquet` is always sorted by (layer, key,
