@@ -339,6 +339,8 @@ def _latents(loaded: LoadedModel, dictionary: str | Path | Mapping[int, Dictiona
              options: IndexOptions) -> LatentKeys:
     """The dictionary's latents on the model's device, checked against the model (one line naming the file)."""
     dictionaries = open_dictionary(dictionary) if isinstance(dictionary, (str, Path)) else dict(dictionary)
+    if not dictionaries:
+        raise FfkvError("dictionary: no layer's dictionary given (expected FF layer -> Dictionary)")
     view = loaded.view
     check_against(dictionaries, view.n_layers, view.d_model)
     return LatentKeys(dictionaries, options.control_keys, options.control_seed, view.device)
