@@ -84,10 +84,11 @@ def random_dictionary(view, layer: int, kind: str, activation: str, n: int = 24,
                       input_bias=torch.randn(d, generator=g) if kind == "sae" else None)
 
 
-def brute_force_latents(loaded, lines, dictionaries, k):
+def brute_force_latents(loaded, lines, dictionaries, k, mode="example"):
     """Every prefix run alone; each dictionary's latents from the site its key reads by `Dictionary.encode`; per
-    latent the k examples with the largest activation at their strongest prefix (the first on a tie), ties by lower
-    example id; only entries where the latent fired (a > 0)."""
+    latent the k examples with the largest activation at their strongest prefix (the first on a tie; in mode
+    prefix, the k largest prefixes), ties by lower example id, then position; only entries where the latent fired
+    (a > 0)."""
     view, tok = loaded.view, loaded.tokenizer
     rows = []
     for eid, line in enumerate(lines):
@@ -103,9 +104,11 @@ def brute_force_latents(loaded, lines, dictionaries, k):
                 a = d.encode(cap[site][layer][0, -1])
                 rows += [(layer, key, float(a[key]), eid, j - 1, nxt) for key in range(d.n_latents)]
     every = pd.DataFrame(rows, columns=["layer", "key", "coefficient", "example_id", "position", "next_token_id"])
-    df = every.sort_values(["layer", "key", "example_id", "coefficient", "position"],
-                           ascending=[True, True, True, False, True])
-    df = df.groupby(["layer", "key", "example_id"], sort=False).head(1)
+    df = every
+    if mode == "example":
+        df = df.sort_values(["layer", "key", "example_id", "coefficient", "position"],
+                            ascending=[True, True, True, False, True])
+        df = df.groupby(["layer", "key", "example_id"], sort=False).head(1)
     df = df.sort_values(["layer", "key", "coefficient", "example_id", "position"],
                         ascending=[True, True, False, True, True])
     df = df.groupby(["layer", "key"], sort=False).head(k).copy()
@@ -165,21 +168,23 @@ def test_token_detectors_are_found_exactly(tmp_path, activation):
             "latent_control_keys.parquet"} <= set(manifest.tables)
 
 
-def test_dictionaries_of_some_layers_at_both_sites_equal_brute_force(tmp_path):
-    """An SAE (reads the FF output) on layer 0 and a TopK transcoder on layer 2 of an unmodified model: each latent's
-    triggers equal the brute force; no state for layer 1."""
+@pytest.mark.parametrize("family,mode", [("gpt2", "example"), ("gpt2", "prefix"), ("llama", "example")])
+def test_dictionaries_of_some_layers_at_both_sites_equal_brute_force(tmp_path, family, mode):
+    """An SAE (reads the FF output) on layer 0 and a TopK transcoder on layer 2 of an unmodified model (GELU, and
+    gated): each latent's triggers equal the brute force; no state for layer 1."""
     lines = write_corpus(tmp_path / "corpus.txt", n=15)
-    loaded = loaded_tiny("gpt2")
+    loaded = loaded_tiny(family)
     dictionaries = {0: random_dictionary(loaded.view, 0, "sae", "relu"),
                     2: random_dictionary(loaded.view, 2, "transcoder", "topk", seed=1)}
-    expected, every = brute_force_latents(loaded, lines, dictionaries, k=3)
+    expected, every = brute_force_latents(loaded, lines, dictionaries, k=3, mode=mode)
+    assert (expected["layer"] == 0).any() and (expected["layer"] == 2).any()
     for batch_size in (1, 4):
-        run = build_index(loaded, _spec(tmp_path), tmp_path / f"run-{batch_size}", IndexOptions(top_k=3),
+        run = build_index(loaded, _spec(tmp_path), tmp_path / f"run-{batch_size}", IndexOptions(top_k=3, mode=mode),
                           BatchOptions(batch_size=batch_size, window_batches=2), progress=False,
                           dictionary=dictionaries)
         result = _read(run, "latent_trigger_examples")
-        assert set(result["layer"]) == {0, 2}
-        assert_same(result, expected, every, "example")
+        assert set(result["layer"]) == {0, 2} and (result["direction"] == 1).all()
+        assert_same(result, expected, every, mode)
 
 
 def test_the_neurons_table_is_the_same_with_a_dictionary(tmp_path):
