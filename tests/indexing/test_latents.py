@@ -193,7 +193,8 @@ def test_the_neurons_table_is_the_same_with_a_dictionary(tmp_path):
     options, batching = IndexOptions(top_k=3, control_keys=4), BatchOptions(batch_size=4)
     plain = build_index(loaded, _spec(tmp_path), tmp_path / "plain", options, batching, progress=False)
     with_dict = build_index(loaded, _spec(tmp_path), tmp_path / "dict", options, batching, progress=False,
-                            dictionary={1: random_dictionary(loaded.view, 1, "transcoder", "topk")})
+                            dictionary={1: random_dictionary(loaded.view, 1, "transcoder", "topk"),
+                                        2: random_dictionary(loaded.view, 2, "sae", "relu")})  # the last FF output
     for name in ("trigger_examples", "control_trigger_examples", "control_keys", "examples"):
         assert plain.table(name).read_bytes() == with_dict.table(name).read_bytes(), name
     assert not plain.table("latent_trigger_examples").exists()
