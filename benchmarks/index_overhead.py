@@ -64,7 +64,7 @@ def main() -> None:
     from ffkv.batching import collate, length_batches, windows
     from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture, run_forward
     from ffkv.indexing.reducer import TriggerReducer
-    from ffkv.indexing.sinks import ControlledReducer
+    from ffkv.indexing.sinks import KeySink, model_keys, random_keys
     from ffkv.indexing.topk import TopKState
     from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 
@@ -106,7 +106,7 @@ def main() -> None:
             control_rows = n_control * (2 if signed else 1)
             control = TriggerReducer(TopKState.empty(view.n_layers, control_rows, args.top_k, view.device),
                                      args.mode, signed=signed)
-            reducer = ControlledReducer(reducer, control, RandomKeys(view, n_control))
+            reducer = KeySink(model_keys(reducer, view.n_layers) + random_keys(control, RandomKeys(view, n_control)))
         return reducer
 
     def passes():

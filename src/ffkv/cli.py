@@ -234,6 +234,11 @@ def _index_parser(sub) -> None:
                         "`ffkv analyze` is set beside them (0: none; default: 256)")
     p.add_argument("--control-seed", type=int, default=0, help="seed of the control's random key directions "
                                                                "(default: %(default)s)")
+    p.add_argument("--dictionary", default=None, metavar="PATH",
+                   help="a sparse dictionary (transcoder or SAE: a sparsify or SAELens folder, an .npz, or a folder "
+                        "of them, one per layer) whose latents are indexed in the same pass, one direction (their "
+                        "activations are never negative), with --control-keys random control latents per layer: "
+                        "latent_trigger_examples.parquet, latent_control_trigger_examples.parquet")
     p.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per forward pass; speed and memory only, never the result (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=_positive_int, default=16384,
@@ -944,14 +949,18 @@ def _index(args: argparse.Namespace) -> int:
     options.validate()
     batching.validate()
     check_output(Path(args.out))  # before the model loads: a run that cannot be written stops at once
+    dictionary = None
+    if args.dictionary is not None:  # a damaged file stops before the model loads too
+        from ffkv.dictionaries import open_dictionary
+        dictionary = open_dictionary(args.dictionary)
     loaded = load_model(args.model, dtype=args.dtype, device=local_device(args.device))
     spec = fit_positions(loaded, spec, strict=args.max_tokens is not None)
     if launched_by_torchrun():
         run = build_index_distributed(loaded, spec, args.out, options, batching, resume=args.resume,
-                                      progress=not args.no_progress)
+                                      progress=not args.no_progress, dictionary=dictionary)
     else:
         run = build_index(loaded, spec, args.out, options, batching, resume=args.resume,
-                          progress=not args.no_progress, shard=args.shard)
+                          progress=not args.no_progress, shard=args.shard, dictionary=dictionary)
     manifest = run.manifest()
     if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
         return 0

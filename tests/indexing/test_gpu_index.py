@@ -13,7 +13,7 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import CorpusReader, CorpusSpec
 from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index, index_batch, index_capture
 from ffkv.indexing.reducer import TriggerReducer
-from ffkv.indexing.sinks import ControlledReducer
+from ffkv.indexing.sinks import KeySink, model_keys, random_keys
 from ffkv.indexing.topk import TopKState
 from ffkv.memories.controls import RandomKeys
 from support.helpers import loaded_tiny, on_device
@@ -61,7 +61,8 @@ def test_index_loop_never_waits_for_the_gpu(corpus, controlled):
     reducer = TriggerReducer(state, "example", signed=True)
     if controlled:
         control = TopKState.empty(view.n_layers, 2 * 16, 5, "cuda")
-        reducer = ControlledReducer(reducer, TriggerReducer(control, "example", signed=True), RandomKeys(view, 16))
+        reducer = KeySink(model_keys(reducer, view.n_layers)
+                          + random_keys(TriggerReducer(control, "example", signed=True), RandomKeys(view, 16)))
     with index_capture(loaded, reducer):
         index_batch(loaded, reducer, batches[0])  # first use: allocations and kernel loading
         torch.cuda.synchronize()

@@ -43,11 +43,16 @@ class Checkpoint:
         n_cut: examples indexed so far that were cut to the maximum length (`ffkv.corpus.Example.cut`).
         cutting: the batching that cut windows and batches (`CUTTING`, device type included).
         control: the running top-k of the random control memories (`ffkv.memories.controls`), or None.
+        latents: per FF layer a dictionary covers, the running top-k of its latents (`ffkv.indexing.latents`),
+            or None (no dictionary).
+        latent_control: per such layer, the running top-k of its control latents, or None.
     """
 
     state: TopKState
     cutting: dict[str, Any]
     control: TopKState | None = None
+    latents: dict[int, TopKState] | None = None
+    latent_control: dict[int, TopKState] | None = None
     consumed: int = 0
     n_tokens: int = 0
     n_parts: int = 0
@@ -64,6 +69,10 @@ class Checkpoint:
                 "windows": self.windows, "elapsed": self.elapsed, "n_cut": self.n_cut}
         if self.control is not None:
             data["control"] = self.control.state_dict()
+        for name in ("latents", "latent_control"):
+            states = getattr(self, name)
+            if states is not None:
+                data[name] = {int(layer): state.state_dict() for layer, state in states.items()}
         atomic.write_with(path, lambda handle: torch.save(data, handle))
         self.saved = True
 
@@ -79,7 +88,11 @@ class Checkpoint:
                 raise FfkvError(f"the checkpoint {path} was written by an older ffkv and does not record the "
                                 "batching it was cut with, so it cannot be resumed exactly; choose a new --out")
             control = TopKState.from_state_dict(data["control"]) if data.get("control") is not None else None
+            by_layer = {name: None if data.get(name) is None else
+                        {int(layer): TopKState.from_state_dict(s) for layer, s in data[name].items()}
+                        for name in ("latents", "latent_control")}
             return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting), control=control,
+                       **by_layer,
                        consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
                        groups_done=int(data["groups_done"]), windows=int(data["windows"]),
                        elapsed=float(data["elapsed"]), n_cut=int(data.get("n_cut", 0)), saved=True)

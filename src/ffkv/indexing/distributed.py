@@ -25,13 +25,14 @@ def shard_dir(out: Path, rank: int) -> Path:
 
 
 def build_index_distributed(loaded: LoadedModel, spec, out: str | Path, options: IndexOptions,
-                            batching: BatchOptions, resume: bool = False, progress: bool = True) -> RunDir:
+                            batching: BatchOptions, resume: bool = False, progress: bool = True,
+                            dictionary=None) -> RunDir:
     """Index with every rank of the torchrun job; returns the merged run (on every rank)."""
     out = Path(out)
     with process_group(loaded.view.device) as (rank, world):
         mine = shard_dir(out, rank)
         build_index(loaded, spec, mine, options, batching, resume=resume and RunDir(mine).exists(),
-                    progress=progress and rank == 0, shard=(rank, world))
+                    progress=progress and rank == 0, shard=(rank, world), dictionary=dictionary)
         dist.barrier()
         if rank == 0:
             merge_runs([shard_dir(out, r) for r in range(world)], out)

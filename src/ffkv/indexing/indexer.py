@@ -13,6 +13,8 @@ lock and the manifest says `running` with its pid, host and heartbeat; it ends
 Peak memory: one layer's activations for one batch, the (L, d_m, k) state, the
 candidates not yet merged (on a CPU, 2·k plus one batch's, at most 3·k per key, so at
 most three times the state: `TriggerReducer`), and at most `part_rows` buffered examples.
+With a dictionary (`dictionary=`, `ffkv.indexing.latents`), the same for its latents in the same pass: one
+layer's dense activations (B, T, n_latents) for one batch, and a (1, n_latents, k) state per layer it covers.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Mapping
 
 import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
+from ffkv.dictionaries import Dictionary, check_against, open_dictionary
 from ffkv.errors import FfkvError, Interrupted, said, warn
 from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.indexing import excluded
@@ -36,12 +39,13 @@ from ffkv.indexing.reducer import MODES, TriggerReducer
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.indexing.prefetch import default_workers, prefetched_examples
 from ffkv.indexing.progress import IndexBar
-from ffkv.indexing.sinks import ControlledReducer
+from ffkv.indexing.latents import DIRECTIONS as LATENT_DIRECTIONS, LatentKeys
+from ffkv.indexing.sinks import Feed, KeySink, model_keys, random_keys
 from ffkv.indexing.topk import SIGNS, TopKState
 from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
 from ffkv.models.loading import LoadedModel
 from ffkv.indexing.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, examples_table, parquet_batches, write_control,
-                               write_examples, write_triggers)
+                               write_examples, write_latents, write_triggers)
 from ffkv.store import atomic
 from ffkv.store.manifest import Identity, Manifest, ModelInfo, library_versions
 from ffkv.store.run import RunDir
@@ -197,10 +201,12 @@ def cut_notice(n_cut: int, max_tokens: int) -> str:
 
 
 def _identity(loaded: LoadedModel, spec: CorpusSpec, options: IndexOptions, batching: BatchOptions,
-              shard: tuple[int, int], progress: bool) -> Identity:
+              shard: tuple[int, int], progress: bool, latents: LatentKeys | None = None) -> Identity:
+    index = asdict(options)
+    if latents is not None:  # the dictionary's content defines the latent tables: another one is another run
+        index["dictionary"] = latents.identity()
     identity = Identity(model_id=loaded.model_id, weights_sha256=loaded.weights_hash(), dtype=loaded.dtype,
-                        corpus=spec.to_dict(), corpus_fingerprint=fingerprint(spec, progress),
-                        index=asdict(options))
+                        corpus=spec.to_dict(), corpus_fingerprint=fingerprint(spec, progress), index=index)
     if shard[1] > 1:  # shards must cut the same batches to merge exactly
         cut = {name: getattr(batching, name) for name in CUTTING if name != "device"}
         identity = replace(identity, shard=shard, batching=cut)
@@ -231,14 +237,14 @@ def run_forward(loaded: LoadedModel, batch: Batch) -> None:
     loaded.view.forward(batch.input_ids, model_mask(loaded, batch))
 
 
-def index_capture(loaded: LoadedModel, reducer: TriggerReducer | ControlledReducer) -> ContextManager:
-    """The capture that the index's forward passes run in: every layer's coefficients (and, for a
-    control, its FF input) go to `reducer`, and each pass ends there (the last layer's down-projection is
-    never read)."""
+def index_capture(loaded: LoadedModel, reducer: TriggerReducer | KeySink) -> ContextManager:
+    """The capture that the index's forward passes run in: every layer's coefficients (and what the sink's other
+    key families read: the FF input, the FF output) go to `reducer`, and each pass ends there (the last layer's
+    down-projection runs only when its output is read)."""
     return loaded.view.capture(reducer.quantities, sink=reducer, stop_early=True)
 
 
-def index_batch(loaded: LoadedModel, reducer: TriggerReducer | ControlledReducer, batch: Batch) -> None:
+def index_batch(loaded: LoadedModel, reducer: TriggerReducer | KeySink, batch: Batch) -> None:
     """One batch of the index: the forward pass, reduced inside it by `reducer` (a capture
     sink that must be open on the model's coefficients), then committed (`reducer.flush`
     merges what the reducer still buffers into its state)."""
@@ -257,8 +263,10 @@ def build_index(
     progress: bool = True,
     after_window: Callable[[int], None] | None = None,
     shard: tuple[int, int] = (0, 1),
+    dictionary: str | Path | Mapping[int, Dictionary] | None = None,
 ) -> RunDir:
-    """Index a corpus: write RUN/{manifest.json, examples.parquet, trigger_examples.parquet}.
+    """Index a corpus: write RUN/{manifest.json, examples.parquet, trigger_examples.parquet}, the control's tables,
+    and with a dictionary its latents' (`ffkv.indexing.latents`).
 
     Args:
         loaded: the model (see `ffkv.models.loading.load_model`).
@@ -274,6 +282,10 @@ def build_index(
         after_window: called with the number of windows done (tests use it to interrupt).
         shard: (i, n): index only the batches that shard i of n owns; `merge_runs`
             joins the n shard runs into the run one process would have written, byte for byte.
+        dictionary: a sparse dictionary (a path `ffkv.dictionaries.open_dictionary` reads, or its result) whose
+            latents are indexed in the same pass, layer by layer where it has one: latent_trigger_examples.parquet,
+            and with a control (`options.control_keys`, also the number of control latents per layer)
+            latent_control_trigger_examples.parquet and latent_control_keys.parquet.
 
     Returns:
         The finished run directory.
@@ -290,6 +302,7 @@ def build_index(
     if not (isinstance(n_shards, int) and n_shards >= 1 and 0 <= shard_index < n_shards):
         raise FfkvError(f"--shard must be i/n with 0 <= i < n, got {shard_index}/{n_shards}")
     spec = fit_positions(loaded, spec)
+    latents = _latents(loaded, dictionary, options) if dictionary is not None else None
     run = RunDir(out)
     check_output(run.path)
     if resume and not run.exists():
@@ -298,15 +311,20 @@ def build_index(
     if next(iter(reader), None) is None:  # before anything is written, so a bad corpus leaves no run behind
         raise FfkvError(f"the corpus {spec.source} gave no examples (empty, blank, or every example "
                         "shorter than the minimum length); check --corpus, --format and --unit")
-    identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress)
+    identity = _identity(loaded, spec, options, batching, (shard_index, n_shards), progress, latents)
+    latent_entries = 0 if latents is None else options.top_k * len(LATENT_DIRECTIONS) * sum(
+        d.n_latents + options.control_keys for d in latents.dictionaries.values())
     check_free_space(run.path, estimate_bytes(loaded, spec, options.top_k * len(options.directions),
-                                                 options.control_keys))
+                                                 options.control_keys, latent_entries))
     with run.lock("index", create=True) as holder:
         previous = run.prepare(identity, resume)
         manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
                                         index={}, versions=library_versions())
         manifest.index = {**asdict(options), "batching": asdict(batching)}
-        job = _IndexJob(loaded, spec, run, options, batching, (shard_index, n_shards), progress, after_window)
+        if latents is not None:
+            manifest.index["dictionary"] = latents.described()
+        job = _IndexJob(loaded, spec, run, options, batching, (shard_index, n_shards), progress, after_window,
+                        latents)
         job.start(resume=previous is not None)
         try:
             with run.writing(manifest, holder, "rerun the same command with --resume"):
@@ -317,13 +335,25 @@ def build_index(
     return run
 
 
+def _latents(loaded: LoadedModel, dictionary: str | Path | Mapping[int, Dictionary],
+             options: IndexOptions) -> LatentKeys:
+    """The dictionary's latents on the model's device, checked against the model (one line naming the file)."""
+    dictionaries = open_dictionary(dictionary) if isinstance(dictionary, (str, Path)) else dict(dictionary)
+    if not dictionaries:
+        raise FfkvError("dictionary: no layer's dictionary given (expected FF layer -> Dictionary)")
+    view = loaded.view
+    check_against(dictionaries, view.n_layers, view.d_model)
+    return LatentKeys(dictionaries, options.control_keys, options.control_seed, view.device)
+
+
 class _IndexJob:
     """One pass of `build_index` over the corpus, from a checkpoint or the start."""
 
     def __init__(self, loaded: LoadedModel, spec: CorpusSpec, run: RunDir, options: IndexOptions,
                  batching: BatchOptions, shard: tuple[int, int], progress: bool,
-                 after_window: Callable[[int], None] | None) -> None:
+                 after_window: Callable[[int], None] | None, latents: LatentKeys | None = None) -> None:
         self.loaded, self.spec, self.run, self.options, self.batching = loaded, spec, run, options, batching
+        self.latents = latents
         self.shard, self.progress, self.after_window = shard, progress, after_window
         self.device = loaded.view.device
         self.checkpoint_path = run.partial / "checkpoint.pt"
@@ -333,25 +363,48 @@ class _IndexJob:
         """Load the checkpoint to continue from (refused if its batching differs), or start empty."""
         view, cutting = self.loaded.view, self.batching.cutting(self.device)
         n_control, directions = self.options.control_keys, len(self.options.directions)
+        latents = self.latents
         if resume and self.checkpoint_path.exists():
             self.at = Checkpoint.load(self.checkpoint_path, self.device)
             self.at.check_cutting(cutting)
             if (self.at.control is None) != (n_control == 0):
                 raise FfkvError(f"the checkpoint {self.checkpoint_path} does not hold the control this run asks for "
                                 "(--control-keys); choose a new --out")
+            held = sorted(self.at.latents or {})
+            if held != (latents.layers if latents else []):
+                raise FfkvError(f"the checkpoint {self.checkpoint_path} holds the latents of layers {held or 'none'}, "
+                                f"not of the dictionary this run asks for (--dictionary); choose a new --out")
         else:
-            empty = lambda rows: TopKState.empty(view.n_layers, rows, self.options.top_k, self.device)  # noqa: E731
+            k = self.options.top_k
+            empty = lambda rows: TopKState.empty(view.n_layers, rows, k, self.device)  # noqa: E731
             self.at = Checkpoint(empty(view.d_m * directions), cutting,
                                  control=empty(n_control * directions) if n_control else None)
+            if latents is not None:  # one state per layer the dictionary covers: widths may differ between layers
+                one = lambda rows: TopKState.empty(1, rows * len(LATENT_DIRECTIONS), k, self.device)  # noqa: E731
+                self.at.latents = {layer: one(d.n_latents) for layer, d in latents.dictionaries.items()}
+                self.at.latent_control = {layer: one(n_control) for layer in latents.layers} if n_control else None
         self.elapsed_before = self.at.elapsed
         signed = self.options.sign == "both"
-        self.reducer = TriggerReducer(self.at.state, self.options.mode, signed=signed)
-        if n_control:
-            self.reducer = ControlledReducer(self.reducer,
-                                             TriggerReducer(self.at.control, self.options.mode, signed=signed),
-                                             RandomKeys(view, n_control, self.options.control_seed))
+        mode = self.options.mode
+        feeds = model_keys(TriggerReducer(self.at.state, mode, signed=signed), view.n_layers)
+        self.control_keys = RandomKeys(view, n_control, self.options.control_seed) if n_control else None
+        if self.control_keys is not None:
+            feeds += random_keys(TriggerReducer(self.at.control, mode, signed=signed), self.control_keys)
+        if latents is not None:
+            feeds += self._latent_feeds(latents)
+        self.reducer = KeySink(feeds)
         self.run.partial.mkdir(parents=True, exist_ok=True)
         self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
+
+    def _latent_feeds(self, latents: LatentKeys) -> list[Feed]:
+        """Each dictionary layer's latents (and control latents) from the site its keys read, into one-layer states."""
+        feeds = []
+        for layer in latents.layers:
+            targets = [self.at.latents[layer]] + ([self.at.latent_control[layer]] if self.at.latent_control else [])
+            reducers = tuple((TriggerReducer(state, self.options.mode), 0) for state in targets)
+            feeds.append(Feed(latents.reads(layer), layer, reducers,
+                              lambda x, layer=layer: latents.coefficients(layer, x)))
+        return feeds
 
     def interrupted_message(self) -> str:
         if self.at.saved:
@@ -435,9 +488,11 @@ class _IndexJob:
         n_examples = self.parts.assemble(run.table("examples"))
         write_triggers(run.table("trigger_examples"), at.state, self.options.directions)
         if at.control is not None:
-            write_control(run, at.control, self.reducer.keys, self.options.directions)
+            write_control(run, at.control, self.control_keys, self.options.directions)
         control = (CONTROL_TRIGGERS, CONTROL_KEYS) if at.control is not None else ()
-        for table in ("examples", "trigger_examples", *control):
+        latent_tables = () if at.latents is None else write_latents(run, at.latents, at.latent_control, self.latents,
+                                                                       LATENT_DIRECTIONS)
+        for table in ("examples", "trigger_examples", *control, *latent_tables):
             run.record_table(manifest, run.table(table).name, "index")
         manifest.timings["index_seconds"] = round(at.elapsed, 3)
         left_out = excluded.count(run.table("examples"), self.loaded.special_ids)

@@ -12,12 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.indexing import excluded
-from ffkv.indexing.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, parquet_batches, state_from_table, write_examples,
-                               write_triggers)
+from ffkv.indexing.tables import (CONTROL_KEYS, CONTROL_TRIGGERS, LATENT_CONTROL_KEYS, LATENT_CONTROL_TRIGGERS,
+                               LATENT_TRIGGERS, latent_trigger_table, parquet_batches, state_from_table,
+                               write_examples, write_triggers)
 from ffkv.indexing.topk import SIGNS, TopKState
 from ffkv.store import atomic
 from ffkv.store.manifest import FORMAT_VERSION
@@ -65,6 +68,41 @@ def _merged_state(runs: list[RunDir], table: str, n_layers: int, rows: int, firs
     return state
 
 
+def _merged_latents(runs: list[RunDir], table: str, widths: dict[int, int], first) -> dict[int, TopKState]:
+    """The exact merge of one latent table of every shard, per dictionary layer (`ffkv.indexing.latents`). The
+    tables keep only positive entries; those outrank every entry left out, so the merge of what was kept is
+    what one process keeps."""
+    merged: dict[int, TopKState] = {}
+    for run in runs:
+        every = pq.read_table(run.table(table))
+        for layer, width in widths.items():
+            rows = every.filter(pc.equal(every["layer"], layer))
+            rows = rows.set_column(0, "layer", pa.array([0] * rows.num_rows, pa.int16()))
+            state = state_from_table(rows, 1, width, first.top_k)
+            if layer in merged:
+                merged[layer].merge(state, one_per_example=first.mode == "example")
+            else:
+                merged[layer] = state
+    return merged
+
+
+def _merge_latents(runs: list[RunDir], target: RunDir, first) -> list[str]:
+    """Merge the shards' latent tables; returns the names written (none for a run without a dictionary)."""
+    dictionary = first.identity.index.get("dictionary")
+    if not dictionary:
+        return []
+    widths = {int(layer): int(d["n_latents"]) for layer, d in dictionary.items()}
+    atomic.write_parquet(target.table(LATENT_TRIGGERS),
+                         latent_trigger_table(_merged_latents(runs, LATENT_TRIGGERS, widths, first)))
+    if not first.control_keys:
+        return [LATENT_TRIGGERS]
+    controls = {layer: first.control_keys for layer in widths}
+    atomic.write_parquet(target.table(LATENT_CONTROL_TRIGGERS),
+                         latent_trigger_table(_merged_latents(runs, LATENT_CONTROL_TRIGGERS, controls, first)))
+    atomic.write_parquet(target.table(LATENT_CONTROL_KEYS), pq.read_table(runs[0].table(LATENT_CONTROL_KEYS)))
+    return [LATENT_TRIGGERS, LATENT_CONTROL_TRIGGERS, LATENT_CONTROL_KEYS]
+
+
 def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest) -> None:
     first = manifests[0]
     directions = SIGNS[first.sign]
@@ -76,7 +114,8 @@ def _merge_tables(runs: list[RunDir], manifests: list, target: RunDir, manifest)
         write_triggers(target.table(CONTROL_TRIGGERS), control, directions)
         atomic.write_parquet(target.table(CONTROL_KEYS), pq.read_table(runs[0].table(CONTROL_KEYS)))
     control = (CONTROL_TRIGGERS, CONTROL_KEYS) if first.control_keys else ()
-    for table in ("examples", "trigger_examples", *control):
+    latents = _merge_latents(runs, target, first)
+    for table in ("examples", "trigger_examples", *control, *latents):
         target.record_table(manifest, target.table(table).name, "merge")
     manifest.counts = {"examples": n_examples, "tokens": sum(m.counts["tokens"] for m in manifests),
                        "examples_cut": sum(int(m.counts.get("examples_cut", 0)) for m in manifests)}

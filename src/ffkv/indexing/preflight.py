@@ -66,20 +66,24 @@ def check_output(path: Path) -> None:
                         f"({'read-only file system' if read_only else 'permission denied'}): choose another --out")
 
 
-def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int, control_keys: int = 0) -> int:
+def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int, control_keys: int = 0,
+                   latent_entries: int = 0) -> int:
     """A lower bound of the disk a run needs at its peak: the checkpoint, the trigger tables (the model's
     keys and their random control), and the examples twice (parts and the assembled table coexist for a moment).
 
     Args:
         per_key: trigger entries kept per key (top-k times the directions kept).
         control_keys: random control memories per layer.
+        latent_entries: trigger slots of a dictionary's latents and control latents (`ffkv.indexing.latents`),
+            counted in the checkpoint only: their tables keep only the entries where a latent fired.
     """
     view = loaded.view
     entries = view.n_layers * (view.d_m + control_keys) * per_key
     corpus = 0
     if not is_hf(spec) and spec.max_examples is None:  # a subset's share of the files is unknown
         corpus = sum(source.path.stat().st_size for source in source_files(spec))
-    return int(entries * (CHECKPOINT_ENTRY_BYTES + TABLE_ENTRY_BYTES) + 2 * EXAMPLE_BYTES_PER_CORPUS_BYTE * corpus)
+    return int(entries * (CHECKPOINT_ENTRY_BYTES + TABLE_ENTRY_BYTES) + latent_entries * CHECKPOINT_ENTRY_BYTES
+               + 2 * EXAMPLE_BYTES_PER_CORPUS_BYTE * corpus)
 
 
 def _size(n: float) -> str:

@@ -1,52 +1,90 @@
-"""The capture sink of the index's forward pass: the model's keys and their random-key control.
+"""The capture sink of the index's forward pass: every family of keys the index reduces, fed from one pass.
 
-`ControlledReducer` feeds each layer's coefficients to the trigger reducer of the model's keys and,
-from the same pass, the coefficients of the layer's random control memories
-(`ffkv.memories.controls.RandomKeys`, computed from the captured FF input) to a second, small trigger
-reducer of the same kind: the control costs one small product and one small reduction per layer, not
-another pass over the corpus. Both follow the reducer protocol the index drives (`start`, the sink
-call, `commit`, `flush`, `quantities`).
+The index reduces several families of keys at once, each into its own trigger reducer: the model's keys (their
+coefficients are captured as they are), the random control memories (`ffkv.memories.controls.RandomKeys`,
+computed from the captured FF input), and a sparse dictionary's latents with their random control latents
+(`ffkv.indexing.latents.LatentKeys`, computed from the FF input or output the dictionary reads). A `Feed` says
+what one captured tensor of one layer feeds; `KeySink` routes each capture to its feeds and drives the reducers
+through the protocol the index uses (`start`, the sink call, `commit`, `flush`, `quantities`). A family costs its
+own product and reduction per layer, never another pass over the corpus.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 
 from ffkv.batching import Batch
 from ffkv.indexing.reducer import TriggerReducer
-from ffkv.memories.controls import RandomKeys
 
 
-class ControlledReducer:
-    """Trigger reducers of the model's keys (`main`) and of its random control memories (`control`)."""
+@dataclass(frozen=True)
+class Feed:
+    """What one captured quantity of one layer feeds.
 
-    #: What the forward pass must capture for this sink: coefficients, and the FF input for the control.
-    quantities = ("coefficients", "ff_in")
+    Attributes:
+        quantity: the captured quantity (``coefficients``, ``ff_in``, ``ff_out``: `ffkv.memories.view.QUANTITIES`).
+        layer: the model's layer it is captured at.
+        targets: per output of `compute`, the reducer that reduces it and the layer's place in that reducer's state
+            (a family that covers only some layers keeps a state of those layers only).
+        compute: the captured tensor -> the coefficients of one or more key sets, as (B, T, n) tensors; None: the
+            captured tensor is itself the one output (and its reducer may overwrite it in place, so such a feed
+            runs after every other feed of the same capture).
+    """
 
-    def __init__(self, main: TriggerReducer, control: TriggerReducer, keys: RandomKeys) -> None:
-        self.main, self.control, self.keys = main, control, keys
+    quantity: str
+    layer: int
+    targets: tuple[tuple[TriggerReducer, int], ...]
+    compute: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
-    @property
-    def state(self):
-        return self.main.state
+
+class KeySink:
+    """The index's capture sink: routes each captured tensor to its feeds' reducers."""
+
+    def __init__(self, feeds: Iterable[Feed]) -> None:
+        feeds = list(feeds)
+        self.routes: dict[tuple[str, int], list[Feed]] = {}
+        for feed in sorted(feeds, key=lambda f: f.compute is None):  # the in-place readers of a tensor last
+            self.routes.setdefault((feed.quantity, feed.layer), []).append(feed)
+        unique: dict[int, TriggerReducer] = {}
+        for feed in feeds:
+            for reducer, _ in feed.targets:
+                unique.setdefault(id(reducer), reducer)
+        self.reducers = list(unique.values())
+        #: What the forward pass must capture for this sink.
+        self.quantities = tuple(sorted({feed.quantity for feed in feeds}))
 
     def start(self, batch: Batch) -> None:
-        self.main.start(batch)
-        self.control.start(batch)
+        for reducer in self.reducers:
+            reducer.start(batch)
 
     def __call__(self, quantity: str, layer: int, tensor: torch.Tensor) -> None:
-        if quantity == "coefficients":
-            self.main(quantity, layer, tensor)
-        else:  # ff_in: the control memories read the same input as the layer's keys
-            self.control("coefficients", layer, self.keys.coefficients(layer, tensor))
+        for feed in self.routes.get((quantity, layer), ()):
+            outputs = (tensor,) if feed.compute is None else feed.compute(tensor)
+            for (reducer, place), coefficients in zip(feed.targets, outputs, strict=True):
+                reducer("coefficients", place, coefficients)
 
     def commit(self) -> None:
-        self.main.commit()
-        self.control.commit()
+        for reducer in self.reducers:
+            reducer.commit()
 
     def flush(self) -> None:
-        self.main.flush()
-        self.control.flush()
+        for reducer in self.reducers:
+            reducer.flush()
 
 
-__all__ = ["ControlledReducer"]
+def model_keys(reducer: TriggerReducer, n_layers: int) -> list[Feed]:
+    """The feeds of the model's own keys: every layer's captured coefficients, as they are."""
+    return [Feed("coefficients", layer, ((reducer, layer),)) for layer in range(n_layers)]
+
+
+def random_keys(reducer: TriggerReducer, keys) -> list[Feed]:
+    """The feeds of the random control memories (`ffkv.memories.controls.RandomKeys`): they read the FF input, as
+    the layer's keys do."""
+    return [Feed("ff_in", layer, ((reducer, layer),), lambda x, layer=layer: (keys.coefficients(layer, x),))
+            for layer in range(keys.view.n_layers)]
+
+
+__all__ = ["Feed", "KeySink", "model_keys", "random_keys"]

@@ -1,4 +1,5 @@
-"""The index's two public tables, written in one canonical layout.
+"""The index's public tables, written in one canonical layout: the examples, the trigger examples of the model's
+keys, of their random control, and of a dictionary's latents and control latents.
 
 `examples.parquet` is always sorted by example id and cut into row groups of
 `ROW_GROUP` rows, and `trigger_examples.parquet` is always sorted by (layer, key,
@@ -12,6 +13,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -173,3 +175,40 @@ def write_control(run, state: TopKState, keys: RandomKeys, directions: tuple[int
     """Write the control's trigger examples (the layout of trigger_examples.parquet) and its keys."""
     write_triggers(run.table(CONTROL_TRIGGERS), state, directions)
     atomic.write_parquet(run.table(CONTROL_KEYS), control_keys_table(keys))
+
+
+#: A dictionary's tables in a run directory (`ffkv.indexing.latents`): its latents' trigger examples, its control
+#: latents' trigger examples (the layout of trigger_examples.parquet; layer: the model's, key: the latent), and
+#: the control latents' borrowed latents (the layout of control_keys.parquet).
+LATENT_TRIGGERS = "latent_trigger_examples"
+LATENT_CONTROL_TRIGGERS = "latent_control_trigger_examples"
+LATENT_CONTROL_KEYS = "latent_control_keys"
+
+
+def latent_trigger_table(states: dict[int, TopKState], directions: tuple[int, ...] = (1,)) -> pa.Table:
+    """Per-layer states (FF layer -> a one-layer state) as one trigger table, with only the entries where the latent
+    fired (coefficient > 0: a latent's trigger is an example where it is active; a dead latent has none)."""
+    tables = []
+    for layer, state in sorted(states.items()):
+        t = trigger_table(state, directions)
+        t = t.set_column(0, "layer", pa.array(np.full(t.num_rows, layer, dtype=np.int16)))
+        tables.append(t.filter(pc.greater(t["coefficient"], 0)))
+    return pa.concat_tables(tables) if tables else schemas.TRIGGER_EXAMPLES.empty_table()
+
+
+def write_latents(run, latents: dict[int, TopKState], control: dict[int, TopKState] | None, keys,
+                  directions: tuple[int, ...] = (1,)) -> list[str]:
+    """Write a dictionary's tables (`LatentKeys` `keys`); returns the names written."""
+    atomic.write_parquet(run.table(LATENT_TRIGGERS), latent_trigger_table(latents, directions))
+    if control is None:
+        return [LATENT_TRIGGERS]
+    atomic.write_parquet(run.table(LATENT_CONTROL_TRIGGERS), latent_trigger_table(control, directions))
+    layers = keys.layers
+    norms = [keys.controls[layer].encoder.float().norm(dim=1).cpu().numpy() for layer in layers]
+    atomic.write_parquet(run.table(LATENT_CONTROL_KEYS), pa.table({
+        "layer": pa.array(np.repeat(np.asarray(layers), keys.n_control).astype(np.int16)),
+        "key": pa.array(np.tile(np.arange(keys.n_control), len(layers)).astype(np.int32)),
+        "source_key": pa.array(np.concatenate([keys.source(layer).numpy() for layer in layers]).astype(np.int32)),
+        "key_norm": pa.array(np.concatenate(norms).astype(np.float32)),
+    }, schema=schemas.CONTROL_KEYS))
+    return [LATENT_TRIGGERS, LATENT_CONTROL_TRIGGERS, LATENT_CONTROL_KEYS]

@@ -47,6 +47,9 @@ INDEX_EXPECTED = {
     "trigger_examples.parquet": TRIGGER_EXAMPLES.remove(TRIGGER_EXAMPLES.get_field_index("direction")),
     "control_trigger_examples.parquet": TRIGGER_EXAMPLES,
     "control_keys.parquet": CONTROL_KEYS,
+    "latent_trigger_examples.parquet": TRIGGER_EXAMPLES,
+    "latent_control_trigger_examples.parquet": TRIGGER_EXAMPLES,
+    "latent_control_keys.parquet": CONTROL_KEYS,
 }
 
 class Direction(enum.IntEnum):
