@@ -63,7 +63,6 @@ from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_o
 from ffkv.experiments.heldout import active_scale, active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
-from ffkv.memories.active import active as active_memories
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
@@ -222,8 +221,9 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
 
 
 def _above(a: torch.Tensor, threshold: float) -> torch.Tensor:
-    """a > threshold, compared exactly as in float64 whatever a's float dtype (torch would round the threshold to
-    a's dtype first): for float32 a, a > t  <=>  a >= f when f, t rounded to float32, is above t, else a > f."""
+    """|m_i| > tau·s_l, the active rule of `ffkv.memories.active`, for a = |m|, compared exactly as in float64
+    whatever a's float dtype (torch would round the threshold to a's dtype first): for float32 a, a > t  <=>
+    a >= f when f, t rounded to float32, is above t, else a > f."""
     if a.dtype == torch.float64:
         return a > threshold
     f = float(torch.tensor(threshold, dtype=torch.float64).to(a.dtype))

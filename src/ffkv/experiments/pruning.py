@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Float
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.lookups import SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample, sample_batches
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
