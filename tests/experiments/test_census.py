@@ -319,3 +319,57 @@ def test_the_summary_keeps_every_frequent_rule():
             assert int(rule) in kept
         for rule, c in kept.items():
             assert truth[row, rule] - n / (k + 1) - 1e-9 <= c <= truth[row, rule] + 1e-9
+
+
+def test_float32_comparisons_are_the_float64_ones():
+    """The active and strong rules read float32 coefficients as float64 would: thresholds between two float32
+    values, on one, at 0, and coefficients just either side of each."""
+    rng = np.random.default_rng(0)
+    t64 = np.r_[0.0, 0.1, 1 / 3, 1.0, 0.5 * np.float32(0.7), rng.random(200)]
+    f32 = t64.astype(np.float32)
+    near = np.concatenate([f32, np.nextafter(f32, np.float32(np.inf)), np.nextafter(f32, np.float32(0)),
+                           rng.random(200).astype(np.float32), np.float32([0, np.inf])])
+    a = torch.as_tensor(near)[:, None].expand(-1, len(t64))
+    for j, t in enumerate(t64):
+        assert torch.equal(census._above(a[:, j], float(t)), a[:, j].double() > float(t))
+    h = torch.as_tensor(t64)
+    assert torch.equal(census._at_least(a, h), a.double() >= h)
+
+
+def _merge_reference(ids, counts, unique, batch, k):
+    """merge_summary as first written: the (d_m, k + U) id matrix built whole."""
+    batch = batch.double().clone()
+    where, there = census._lookup(unique, ids)
+    counts = counts + torch.where(there, batch.gather(1, where), torch.zeros_like(counts))
+    rows, slots = torch.nonzero(there, as_tuple=True)
+    batch[rows, where[rows, slots]] = 0
+    all_ids = torch.cat([ids, unique[None, :].expand(ids.shape[0], -1)], dim=1)
+    all_counts = torch.cat([counts, batch], dim=1)
+    all_counts = torch.where(all_ids >= 0, all_counts, torch.zeros_like(all_counts))
+    top, index = torch.topk(all_counts, k + 1, dim=1)
+    kept = top[:, :k] - top[:, k:k + 1]
+    new_ids = all_ids.gather(1, index[:, :k])
+    alive = kept > 0
+    return torch.where(alive, new_ids, torch.full_like(new_ids, -1)), torch.where(alive, kept, torch.zeros_like(kept))
+
+
+def test_the_summary_and_counts_are_those_of_the_dense_float64_sums():
+    """Rule counts from the strong entries alone equal the dense float64 sums, and the merge keeps the same ids in
+    the same slots as the whole-matrix merge, ties included (integer counts tie often)."""
+    rng = np.random.default_rng(1)
+    k, d_m = 4, 40
+    ids = torch.full((d_m, k), -1, dtype=torch.long)
+    counts = torch.zeros(d_m, k, dtype=torch.float64)
+    ref_ids, ref_counts = ids.clone(), counts.clone()
+    for _ in range(40):
+        rules = torch.as_tensor(rng.integers(-1, 12, size=60))
+        strong = torch.as_tensor(rng.random((60, d_m)) < 0.2)
+        unique, (hit,), support = census._batch_counts(rules, [strong])
+        valid = rules >= 0
+        dense = torch.zeros(d_m, len(unique), dtype=torch.float64)
+        dense.index_add_(1, torch.searchsorted(unique, rules[valid]), strong[valid].T.double())
+        assert torch.equal(hit.double(), dense) and torch.equal(unique, torch.unique(rules[valid]))
+        assert torch.equal(support, torch.bincount(torch.searchsorted(unique, rules[valid])).double())
+        ids, counts = census.merge_summary(ids, counts, unique, hit, k)
+        ref_ids, ref_counts = _merge_reference(ref_ids, ref_counts, unique, dense, k)
+        assert torch.equal(ids, ref_ids) and torch.equal(counts, ref_counts)

@@ -89,3 +89,24 @@ def test_replace_ff_output_splices_a_layer_and_leaves_no_hook(family):
     with pytest.raises(FfkvError, match="does not exist"):
         with replace_ff_output(view, {view.n_layers: zero}):
             pass
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("edits", [[Intervention(0, 3, "off"), Intervention(1, 2, "off"), Intervention(1, 6, "off")],
+                                   [Intervention(1, 3, "off"), Intervention(1, 5, "scale", 2.5),
+                                    Intervention(1, 7, "set", 4.0)]])
+def test_in_place_rewrites_the_same_bits(family, edits):
+    """in_place (the scoring pass's) writes the very values of the copy, signed zeros of m_i·0 included, and every
+    layer's output is bit for bit the same."""
+    view = loaded_tiny(family).view
+
+    def run(in_place):
+        with intervene(view, edits, in_place=in_place), view.capture(("coefficients", "ff_out")) as cap:
+            view.forward(PROMPT)
+        return cap
+
+    copy, inplace = run(False), run(True)
+    for name in ("coefficients", "ff_out"):
+        for layer in copy[name]:
+            a, b = copy[name][layer], inplace[name][layer]
+            assert torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))

@@ -63,7 +63,6 @@ from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_o
 from ffkv.experiments.heldout import active_scale, active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
-from ffkv.memories.active import active as active_memories
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
@@ -153,14 +152,31 @@ class LayerState:
 
 def _batch_counts(rules: torch.Tensor, weights: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """Distinct rule ids of a batch's positions (U,), per weight (P, d_m) the (d_m, U) sums over the positions
-    where each rule holds, and each rule's number of positions (U,)."""
+    where each rule holds, and each rule's number of positions (U,). Positions whose rule id is negative (no
+    rule) are left out. A boolean weight is counted from its true entries (`_rule_counts`), another summed in
+    float64."""
+    return _rule_counts(rules, [torch.nonzero(w, as_tuple=True) if w.dtype == torch.bool else w for w in weights],
+                        weights[0].shape[1] if weights else 0)
+
+
+def _rule_counts(rules: torch.Tensor, weights: list, d_m: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """`_batch_counts` with each boolean weight given as its true entries (positions, keys): strong entries are a
+    few percent of a batch's, so they are counted alone, as int64, found once for every n-gram length. A weight
+    given as a (P, d_m) tensor is summed in float64 row by row into (U, d_m). Each comes back as the transposed
+    (d_m, U) view."""
     unique, inverse = torch.unique(rules, return_inverse=True)
+    skip = int((unique < 0).sum())  # sorted: the negative ids come first
+    U = len(unique)
     out = []
     for w in weights:
-        counts = torch.zeros(w.shape[1], len(unique), dtype=torch.float64)
-        counts.index_add_(1, inverse, w.T.double())
-        out.append(counts)
-    return unique, out, torch.bincount(inverse, minlength=len(unique)).double()
+        if isinstance(w, tuple):
+            positions, keys = w
+            counts = torch.bincount(inverse[positions] * d_m + keys, minlength=U * d_m).view(U, d_m)
+        else:
+            counts = torch.zeros(U, d_m, dtype=torch.float64)
+            counts.index_add_(0, inverse, w.double())
+        out.append(counts[skip:].T)
+    return unique[skip:], out, torch.bincount(inverse, minlength=U)[skip:].double()
 
 
 def _lookup(unique: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,24 +192,52 @@ def merge_summary(ids: torch.Tensor, counts: torch.Tensor, unique: torch.Tensor,
     """Merge a batch's exact counts (d_m, U) of rules `unique` into each key's Misra-Gries summary of k counters
     (ids, counts: (d_m, k)): add the counts of rules already kept, then keep the k largest after subtracting the
     (k+1)-th largest. A rule's summary count is never above its true count and at most n/(k+1) below it
-    (n: the key's counted (strong) positions so far)."""
-    batch = batch.clone()
+    (n: the key's counted (strong) positions so far).
+
+    The k largest are taken by one `torch.topk` over [kept counts | batch counts] per key, in that order: which of
+    equal counts it keeps, and in which slot, follows that row, so the row is built whole (the ids are not)."""
+    batch = batch.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
     where, there = _lookup(unique, ids)
     counts = counts + torch.where(there, batch.gather(1, where), torch.zeros_like(counts))
     rows, slots = torch.nonzero(there, as_tuple=True)
     batch[rows, where[rows, slots]] = 0  # counted in the kept counter (a key's kept ids are distinct)
-    all_ids = torch.cat([ids, unique[None, :].expand(ids.shape[0], -1)], dim=1)
+    counts = torch.where(ids >= 0, counts, torch.zeros_like(counts))  # an empty counter counts nothing
+    if len(unique) and int(unique[0]) < 0:  # a rule id below 0 is none (sorted: they come first)
+        batch[:, unique < 0] = 0
     all_counts = torch.cat([counts, batch], dim=1)
-    all_counts = torch.where(all_ids >= 0, all_counts, torch.zeros_like(all_counts))
+    kept_slots = ids.shape[1]
     if all_counts.shape[1] <= k:
+        all_ids = torch.cat([ids, unique[None, :].expand(ids.shape[0], -1)], dim=1)
         pad = k - all_counts.shape[1]
         return (torch.cat([all_ids, torch.full((ids.shape[0], pad), -1, dtype=torch.long)], 1),
                 torch.cat([all_counts, torch.zeros(ids.shape[0], pad, dtype=all_counts.dtype)], 1))
     top, index = torch.topk(all_counts, k + 1, dim=1)
     kept = top[:, :k] - top[:, k:k + 1]
-    new_ids = all_ids.gather(1, index[:, :k])
+    index = index[:, :k]
+    new_ids = torch.where(index < kept_slots, ids.gather(1, index.clamp(max=kept_slots - 1)),
+                          unique[(index - kept_slots).clamp(min=0)])
     alive = kept > 0
     return torch.where(alive, new_ids, torch.full_like(new_ids, -1)), torch.where(alive, kept, torch.zeros_like(kept))
+
+
+def _above(a: torch.Tensor, threshold: float) -> torch.Tensor:
+    """|m_i| > tau·s_l, the active rule of `ffkv.memories.active`, for a = |m|, compared exactly as in float64
+    whatever a's float dtype (torch would round the threshold to a's dtype first): for float32 a, a > t  <=>
+    a >= f when f, t rounded to float32, is above t, else a > f."""
+    if a.dtype == torch.float64:
+        return a > threshold
+    f = float(torch.tensor(threshold, dtype=torch.float64).to(a.dtype))
+    return a >= f if f > threshold else a > f
+
+
+def _at_least(a: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """a >= threshold (float64, per column), compared exactly as in float64 whatever a's float dtype: against the
+    smallest value of a's dtype at or above each threshold (the threshold rounded to nearest when that is not
+    below it, else the next value up)."""
+    if a.dtype == torch.float64:
+        return a >= threshold
+    f = threshold.to(a.dtype)
+    return a >= torch.where(f.double() >= threshold, f, torch.nextafter(f, torch.full_like(f, math.inf)))
 
 
 class CensusAccumulator:
@@ -233,37 +277,47 @@ class CensusAccumulator:
         """One batch of one layer. rules: n -> (P,) n-gram id per position (-1: none); competes: (P,) bool,
         the positions that compete for trigger examples (None: every position)."""
         s = self.layers[layer]
-        m = m.detach().to("cpu", torch.float64)
+        m = m.detach().to("cpu")
+        if m.dtype not in (torch.float32, torch.float64):
+            m = m.float()  # exact: float16 and bfloat16 values are float32 values
         competes = torch.ones(len(m), dtype=torch.bool) if competes is None else competes.to("cpu")
         if step == "scale":
-            s.sum_m += m.sum(0)
-            s.sum_m2 += m.square().sum(0)
-            if bool(competes.any()):
-                torch.maximum(s.max_abs, m[competes].abs().amax(0), out=s.max_abs)
+            m64 = m.double()
+            s.sum_m += m64.sum(0)
+            s.sum_m2 += m64.square().sum(0)
+            if bool(competes.any()):  # a maximum is exact in m's own dtype
+                torch.maximum(s.max_abs, m[competes].abs().amax(0).double(), out=s.max_abs)
             group = positions.to("cpu").clamp(max=POSITION_GROUPS - 1)
-            s.group_sum.index_add_(0, group, m)
+            s.group_sum.index_add_(0, group, m64)
             s.positions += m.shape[0]
             s.group_count.index_add_(0, group, torch.ones(len(group), dtype=torch.float64))
             return
-        active = active_memories(m, self.threshold(layer))
-        strong = active & competes[:, None] & (m.abs() >= self.strong_threshold(layer))
+        # The rules of `ffkv.memories.active` and of strong, compared as in float64 (`_above`, `_at_least`).
+        magnitude = m.abs()
+        active = _above(magnitude, self.threshold(layer))
+        strong = active & _at_least(magnitude, self.strong_threshold(layer))
+        if not bool(competes.all()):
+            strong &= competes[:, None]
+        del magnitude
+        positive = m > 0
+        pairs = torch.nonzero(strong, as_tuple=True)  # (positions, keys) of the strong activations
         if step == "summarise":
-            s.n_positive += (active & (m > 0)).sum(0)
+            s.n_positive += (active & positive).sum(0)
             s.n_negative += (active & (m < 0)).sum(0)
             s.n_strong += strong.sum(0)
-        strong_positive = strong & (m > 0)
-        for n, ids in rules.items():
-            ids = ids.to("cpu")
-            valid = ids >= 0
-            unique, (hit, hit_pos), support = _batch_counts(ids[valid], [strong[valid], strong_positive[valid]])
-            if step == "summarise":
+            for n, ids in rules.items():
+                unique, (hit,), _ = _rule_counts(ids.to("cpu"), [pairs], self.d_m)
                 s.ids[n], s.counts[n] = merge_summary(s.ids[n], s.counts[n], unique, hit)
-            else:
-                where, there = _lookup(unique, s.ids[n])
-                zero = torch.zeros_like(s.hits[n])
-                s.hits[n] += torch.where(there, hit.gather(1, where), zero)
-                s.hits_positive[n] += torch.where(there, hit_pos.gather(1, where), zero)
-                s.support[n] += torch.where(there, support[where], zero)
+            return
+        up = positive[pairs]
+        pairs_positive = (pairs[0][up], pairs[1][up])
+        for n, ids in rules.items():
+            unique, (hit, hit_pos), support = _rule_counts(ids.to("cpu"), [pairs, pairs_positive], self.d_m)
+            where, there = _lookup(unique, s.ids[n])
+            zero = torch.zeros_like(s.hits[n])
+            s.hits[n] += torch.where(there, hit.gather(1, where), zero)
+            s.hits_positive[n] += torch.where(there, hit_pos.gather(1, where), zero)
+            s.support[n] += torch.where(there, support[where], zero)
 
     def key_table(self, layer: int, dead: np.ndarray | None = None) -> pd.DataFrame:
         """Per key of the layer: frequencies, dead, the best rule, eta² (the value columns come later).

@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Float
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar
+from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.lookups import (SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample,
                                      sample_batches, sample_statistics)
@@ -172,25 +172,29 @@ def redundancy_order(values: Float[torch.Tensor, "d_m d"]) -> np.ndarray:
     sim = _symmetrized(unit @ unit.T)
     del unit
     sim.fill_diagonal_(-math.inf)
-    best, nearest = sim.max(dim=1)
-    kept = torch.ones(n, dtype=torch.bool)
+    # The greedy loop runs n steps of a few small operations: in numpy (the same float64 numbers, and its argmax,
+    # as torch's max, gives the first of equal values), whose per-call cost is a fraction of torch's.
+    sim = sim.numpy()
+    norms = norms.numpy()
+    nearest = sim.argmax(axis=1)
+    best = sim[np.arange(n), nearest]
+    kept = np.ones(n, dtype=bool)
     order = []
-    index = torch.arange(n)
     for _ in range(n - 1):
         top = best.max()
-        tied = torch.nonzero(kept & (best == top))[:, 0]
+        tied = np.flatnonzero(kept & (best == top))
         if len(tied) > 1:  # smaller norm first, then lower index
-            tied = tied[np.lexsort((as_numpy(tied), as_numpy(norms[tied])))]
+            tied = tied[np.lexsort((tied, norms[tied]))]
         i = int(tied[0])
         order.append(i)
         kept[i] = False
         best[i] = -math.inf
         sim[:, i] = -math.inf
-        stale = kept & (nearest == i)
-        if stale.any():
-            rows = index[stale]
-            best[rows], nearest[rows] = sim[rows].max(dim=1)
-    order.extend(int(i) for i in torch.nonzero(kept)[:, 0])
+        rows = np.flatnonzero(kept & (nearest == i))
+        if len(rows):
+            nearest[rows] = sim[rows].argmax(axis=1)
+            best[rows] = sim[rows, nearest[rows]]
+    order.extend(int(i) for i in np.flatnonzero(kept))
     return np.asarray(order, dtype=np.int64)
 
 

@@ -100,10 +100,13 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     special = loaded.special_ids
     mine = row_batches([(i, np.asarray(t, dtype=np.int64)) for i, t in enumerate(token_lists)],
                        loaded.tokenizer.pad_id, special, view.device)
-    quantities = ("coefficients", "head_in", "resid_post") if coefficients else ("head_in", "resid_post")
+    # The final residual is read from the last layer alone (head_in where the model has a head module): the sums
+    # resid_mid + ff_out of the other layers would be made and dropped on every pass.
     bar = progress_bar(progress, len(mine.rows), desc, "ex")
     try:
-        with intervene(view, interventions), view.capture(quantities, sink=sink):
+        with intervene(view, interventions, in_place=True), \
+                view.capture(("coefficients",) if coefficients else (), sink=sink), \
+                view.capture(("head_in", "resid_post"), layers=[L - 1], sink=sink):
             for idx, batch in mine:
                 state.clear()
                 state["competes"] = batch.competes.float()

@@ -74,8 +74,15 @@ def rewrite_coefficients(view: MemoryView, rewrites: Mapping[int, Callable[[torc
             h.remove()
 
 
-def intervene(view: MemoryView, interventions: Iterable[Intervention]):
-    """Within the block (a context manager), each listed memory's coefficient is rewritten at every position."""
+def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place: bool = False):
+    """Within the block (a context manager), each listed memory's coefficient is rewritten at every position.
+
+    Args:
+        in_place: rewrite the listed columns of m in the tensor the layer made, not in a copy of it: the same
+            values (each column is computed as in the copy), without copying m at every call. Only for a caller
+            whose hooks are the first on the model (entered before any `capture`), so that no other hook has kept
+            m unchanged (`ffkv.experiments.scoring`).
+    """
     rewrites = {}
     for layer, edits in _per_layer(view, interventions).items():
         keys = torch.tensor(sorted(edits), dtype=torch.long, device=view.device)
@@ -83,10 +90,14 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention]):
         factor = torch.tensor([e.factor if e.factor is not None else 1.0 for e in ordered], device=view.device)
         is_set = torch.tensor([e.op == "set" for e in ordered], device=view.device)
         setting = torch.tensor([e.value for e in ordered], device=view.device)
+        any_set = bool(is_set.any())
 
-        def rewrite(m, keys=keys, factor=factor, is_set=is_set, setting=setting):
-            m = m.clone()
-            m[..., keys] = torch.where(is_set, setting.to(m.dtype), m[..., keys] * factor.to(m.dtype))
+        def rewrite(m, keys=keys, factor=factor, is_set=is_set, setting=setting, any_set=any_set):
+            if not in_place:
+                m = m.clone()
+            scaled = m[..., keys] * factor.to(m.dtype)
+            # where(False, ., x) is x: without a set edit, the scaled columns are written as they are.
+            m[..., keys] = torch.where(is_set, setting.to(m.dtype), scaled) if any_set else scaled
             return m
 
         rewrites[layer] = rewrite
