@@ -86,6 +86,13 @@ def is_writer() -> bool:
     return current_shard()[0] == 0
 
 
+def wait_for_writer() -> None:
+    """Under torchrun, hold every rank here until all arrive (rank 0 has written what it writes before it comes):
+    a step that reads an earlier step's table from disk then finds it on every rank. One process: nothing."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def owned(items: Sequence[T], shard: Shard | None = None) -> list[T]:
     """The items (batches of rows, or layers) this rank runs: items rank, rank + world, ...
 

@@ -27,7 +27,7 @@ from ffkv.experiments.common import Projections, RunContext, check_only, eval_sp
 from ffkv.experiments.encoders import applicability_table, skipped_reason
 from ffkv.experiments.fidelity import write_fidelity
 from ffkv.errors import DamagedRun, FfkvError, one_line
-from ffkv.parallel import is_writer, local_device, process_group
+from ffkv.parallel import is_writer, local_device, process_group, wait_for_writer
 from ffkv.store import integrity
 from ffkv.store.run import RunDir
 
@@ -143,6 +143,7 @@ def run_step(ctx: RunContext, experiment: registry.Experiment) -> registry.Resul
             ctx.write_table(table, df, **result.meta.get(table, {}))
         figures = save_figures(ctx.run, experiment, result) if is_writer() else []
         ctx.record(experiment.name, **{"tables": list(result.tables), "figures": figures, **result.record})
+        wait_for_writer()  # a later step that reads these tables from disk (pruning the census) finds them on every rank
     finally:
         ctx.step = None
     return result
