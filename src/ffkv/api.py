@@ -9,6 +9,8 @@
     run.memory(2, 17)                         # renders inline as the explorer's memory page
     run.trace("And God said", off=[(5, 3)])   # renders inline: the trace, with memory 5:3 switched off
     run.concepts([5])                         # (concepts, members): values grouped by shared top tokens
+    run.triggers(3, 42, of="latents")         # a run indexed with --dictionary: latent 42 of layer 3's dictionary
+    run.layout.parse("t4:42")                 # an address as readers write it -> LatentRef(layer=3, latent=42, ...)
     ffkv.intervene(run, set={(5, 55): 5.0}, tokens=" three, five")  # change in perplexity and p(S) over held-out text
 
 In code, layers are 0-based, as in the run's Parquet tables (docs/run-directory.md); what the
@@ -18,13 +20,17 @@ views render counts layers from 1, as the paper, the report and the explorer do.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.store.run import RunDir
 from ffkv.store.schemas import Direction
+
+if TYPE_CHECKING:
+    from ffkv.memories.address import MemoryLayout
+    from ffkv.memories.sets import MemorySet
 
 __all__ = ["Run", "open_run", "index", "analyze", "intervene", "embedded_corpus"]
 
@@ -43,13 +49,17 @@ class Run:
     Args:
         path: the run directory.
         loaded: the run's model, if already loaded (else loaded by the manifest's model id when needed).
+        dictionary: where the sparse dictionary the run was indexed with (``--dictionary``) lies now, if it
+            moved (else read from the path the manifest records); its files must be the ones indexed.
     """
 
-    def __init__(self, path: str | Path, loaded: Any = None) -> None:
+    def __init__(self, path: str | Path, loaded: Any = None, dictionary: str | Path | None = None) -> None:
         self.dir = RunDir(path)
         self.manifest = self.dir.require_complete()
         self._loaded = loaded
         self._data = None
+        self._dictionary_at = dictionary
+        self._latents = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -73,6 +83,35 @@ class Run:
             self._loaded = load_run_model(self.path)
         return self._loaded
 
+    @property
+    def layout(self) -> MemoryLayout:
+        """The memories this run can name: the model's neurons, and the latents of the dictionary it was indexed
+        with (`MemoryLayout.parse` reads ``3:17``, ``t4:42``); read from the manifest, no model loaded."""
+        from ffkv.memories.address import MemoryLayout
+
+        recorded = self.manifest.index.get("dictionary") or {}
+        return MemoryLayout(self.n_layers, self.d_m,
+                            {int(layer): (str(d["kind"]), int(d["n_latents"])) for layer, d in recorded.items()})
+
+    def memories(self, of: str = "neurons") -> MemorySet:
+        """The run's memories of one source (`ffkv.memories.sets`): ``neurons``, the model's own, or ``latents``,
+        the dictionary the run was indexed with, read again from its files and checked to be the same ones."""
+        from ffkv.memories.sets import Latents, Neurons
+
+        if of == "neurons":
+            return Neurons(self.model.view)
+        if of != "latents":
+            raise FfkvError(f"of= must be 'neurons' or 'latents', got {str(of)[:40]!r}")
+        if self._latents is None:
+            from ffkv.dictionaries import reopen
+
+            recorded = self.manifest.index.get("dictionary")
+            if not recorded:
+                raise FfkvError(f"{self.path} was indexed without a dictionary: it has no latents (index with "
+                                "--dictionary PATH)")
+            self._latents = Latents(self.model.view, reopen(recorded, self._dictionary_at))
+        return self._latents
+
     def __repr__(self) -> str:
         return repr(self.dir).replace("RunDir(", "Run(", 1)
 
@@ -87,9 +126,17 @@ class Run:
                 f'<dl class="run">{rows}<dt>metrics</dt><dd>{html.escape(metrics)}</dd></dl>'
                 f'<p class="note">{html.escape(NUMBERING)}</p></div>')
 
-    def _check(self, layer: int, key: int) -> tuple[int, int]:
+    def _check(self, layer: int, key: int, of: str = "neurons") -> tuple[int, int]:
+        for name, value in (("layer", layer), ("key", key)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise FfkvError(f"{name} must be an integer (0-based in code, as in the run's tables), got {value!r}")
+        if of == "latents":
+            self.layout.check_latent(layer, key)
+            return layer, key
+        if of != "neurons":
+            raise FfkvError(f"of= must be 'neurons' or 'latents', got {str(of)[:40]!r}")
         for name, value, high in (("layer", layer, self.n_layers - 1), ("key", key, self.d_m - 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            if not 0 <= value <= high:
                 raise FfkvError(f"{name} {value!r} does not exist: this run has {name}s 0 to {high} "
                                 "(0-based in code, as in its tables)")
         return layer, key
@@ -128,7 +175,8 @@ class Run:
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.metric(name)
 
-    def triggers(self, layer: int, key: int, direction: "Direction | str | int" = "positive") -> pd.DataFrame:
+    def triggers(self, layer: int, key: int, direction: "Direction | str | int" = "positive", of: str = "neurons"
+                 ) -> pd.DataFrame:
         """The trigger examples of key `key` of layer `layer` (0-based), strongest first: the columns of
         trigger_examples.parquet, then ``trigger_token``, ``next_token``, ``prefix`` (the text up to and
         including the trigger position) and ``text`` (the whole example).
@@ -138,12 +186,14 @@ class Run:
                 (the largest coefficients, the paper's trigger examples), ``negative`` / -1 (the most negative
                 coefficients: runs indexed with ``--sign both``, the default for gated and GELU models), or
                 ``both`` (positive rows first, then negative).
+            of: ``neurons`` (the model's keys) or ``latents`` (`key` is then latent `key` of the dictionary of
+                `layer` the run was indexed with: latent_trigger_examples.parquet, positive only).
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        layer, key = self._check(layer, key)
-        te = self.dir.read_triggers(direction, filters=[("layer", "=", layer), ("key", "=", key)])
+        layer, key = self._check(layer, key, of)
+        te = self.dir.read_triggers(direction, filters=[("layer", "=", layer), ("key", "=", key)], source=of)
         te = te.sort_values(["direction", "rank"], ascending=[False, True], kind="stable").reset_index(drop=True)
         ids = pa.array(sorted(set(int(i) for i in te["example_id"])), pa.int64())
         examples = pq.read_table(self.dir.table("examples"), filters=[("example_id", "in", ids)]).to_pandas() \
@@ -156,17 +206,17 @@ class Run:
         te["text"] = [examples.at[int(e), "text"] for e in te["example_id"]]
         return te
 
-    def values(self, layer: int, key: int, projection: str = "identity", k: int = 10, shown: str = "p"
-               ) -> pd.DataFrame:
+    def values(self, layer: int, key: int, projection: str = "identity", k: int = 10, shown: str = "p",
+               of: str = "neurons") -> pd.DataFrame:
         """The k top and k bottom tokens of value v_i (layer 0-based) under `projection`: ``identity``
         (softmax(v·Eᵀ), the paper's) or ``final-norm`` (softmax(N(v)·Eᵀ)), read as probabilities (`shown`
-        ``p``) or as the raw logits (``logit``). Columns: end (top / bottom), rank (1 = most extreme), token_id,
-        token, and p or logit."""
+        ``p``) or as the raw logits (``logit``); `of` ``latents``: the value is the dictionary's decoder row `key`.
+        Columns: end (top / bottom), rank (1 = most extreme), token_id, token, and p or logit."""
         from ffkv.explorer import live
 
-        layer, key = self._check(layer, key)
+        layer, key = self._check(layer, key, of)
         live.check_reading(projection, shown)
-        out = live.value_tokens(self.model, layer, key, projection, k, shown=shown)
+        out = live.value_tokens(self.model, layer, key, projection, k, shown=shown, memories=self.memories(of))
         tok = self.model.tokenizer
         rows = [{"end": end, "rank": r + 1, "token_id": t, "token": tok.token_strings([t])[0], out["shown"]: v}
                 for end in ("top", "bottom") for r, (t, v) in enumerate(out[end])]
@@ -252,15 +302,16 @@ def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | N
     return result
 
 
-def open_run(path: str | Path, loaded: Any = None) -> Run:
+def open_run(path: str | Path, loaded: Any = None, dictionary: str | Path | None = None) -> Run:
     """A complete run directory, opened for reading (`Run`); the model loads when a view needs it."""
-    return Run(path, loaded)
+    return Run(path, loaded, dictionary)
 
 
 def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k: int = 50, mode: str = "example",
           sign: str | None = None, unit: str = "sentence", max_examples: int | None = None, seed: int | None = None, max_tokens: int = 512,
           split: str = "all", dtype: str = "float32", device: str = "cpu", batch_size: int = 32,
-          control_keys: int | None = None, resume: bool = False, progress: bool = True, **corpus_options: Any) -> Run:
+          control_keys: int | None = None, dictionary: str | Path | None = None, resume: bool = False,
+          progress: bool = True, **corpus_options: Any) -> Run:
     """`ffkv index` as a function: the top-k trigger examples of every key of every layer (SPEC section 3).
 
     Args:
@@ -272,6 +323,8 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
         sign: ``positive`` or ``both`` trigger directions; None: ``both`` when the model's coefficients can
             be negative (gated, GELU, SiLU), else ``positive`` (`ffkv.indexing.indexer.IndexOptions`).
         control_keys: random control memories per layer (`ffkv.memories.controls`); None: the default.
+        dictionary: a sparse dictionary (transcoder or SAE, `ffkv.dictionaries.open_dictionary`) whose latents are
+            indexed in the same pass (as `ffkv index --dictionary`); `Run.triggers(..., of="latents")` reads them.
     """
     from ffkv.corpus import CorpusSpec
     from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
@@ -283,7 +336,7 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
         split=split, **corpus_options)
     controls = {} if control_keys is None else {"control_keys": control_keys}
     build_index(loaded, spec, out, IndexOptions(top_k=top_k, mode=mode, sign=sign, **controls),
-                BatchOptions(batch_size=batch_size), resume=resume, progress=progress)
+                BatchOptions(batch_size=batch_size), resume=resume, progress=progress, dictionary=dictionary)
     return Run(out, loaded)
 
 

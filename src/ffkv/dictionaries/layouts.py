@@ -7,7 +7,9 @@ files are dictionaries). The result is a plain ``dict[int, Dictionary]``: FF lay
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ffkv.dictionaries import npz_layout, saelens_layout, sparsify_layout
 from ffkv.dictionaries.dictionary import Dictionary
@@ -82,3 +84,42 @@ def open_dictionary(path: str | Path, *, kind: str | None = None, layer: int | N
         raise FfkvError(f"{path}: holds no dictionary ffkv reads (sparsify hookpoint folders with "
                         f"{sparsify_layout.WEIGHTS}, SAELens folders with {saelens_layout.WEIGHTS}, or .npz files)")
     return dict(sorted(found.items()))
+
+
+def reopen(recorded: Mapping[str, Mapping[str, Any]], where: str | Path | None = None) -> dict[int, Dictionary]:
+    """The dictionaries a run was indexed with, read again from their files and checked to be the same files.
+
+    Args:
+        recorded: what the run's manifest records of them (``index.dictionary``): FF layer -> the dictionary's
+            `source` (path, layout, sha256 of each file, hookpoint, ...) with its kind.
+        where: where they lie now, if they moved (any path `open_dictionary` reads); default: the recorded paths.
+
+    Raises:
+        FfkvError: in one line naming the file: a dictionary gone or unreadable, a layer `where` lacks, or a
+            file whose sha256 is not the one recorded (another dictionary: the run's latent tables are not its).
+    """
+    found = open_dictionary(where) if where is not None else None
+    out: dict[int, Dictionary] = {}
+    for key, record in sorted(recorded.items(), key=lambda item: int(item[0])):
+        layer, path = int(key), record.get("path")
+        if found is not None:
+            if layer not in found:
+                raise FfkvError(f"{where}: holds no dictionary for FF layer {layer + 1} (counted from 1), which the "
+                                f"run was indexed with")
+            one = found[layer]
+        elif path is None:
+            raise FfkvError(f"the run's dictionary of FF layer {layer + 1} was built in memory, not read from files: "
+                            f"name the files it was saved to (--dictionary PATH)")
+        elif not Path(path).exists():
+            raise FfkvError(f"{path}: the dictionary this run was indexed with is gone; name where it lies now "
+                            f"(--dictionary PATH)")
+        else:
+            npz = record.get("layout") == "npz"
+            one = read_one(Path(path), hookpoint=record.get("hookpoint"), kind=record.get("kind") if npz else None,
+                           layer=layer if npz else None)
+        if dict(one.source.get("sha256", {})) != dict(record.get("sha256", {})):
+            raise FfkvError(f"{one.source.get('path')}: not the dictionary this run was indexed with (its files' "
+                            f"sha256 differ from those the manifest records): its latent tables are not this "
+                            f"dictionary's")
+        out[layer] = one
+    return out

@@ -15,6 +15,7 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.memories.projection import PROJECTIONS, logits
+from ffkv.memories.sets import MemorySet, Neurons
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.activations import token_coefficients
 
@@ -34,9 +35,10 @@ def check_reading(projection: str, shown: str) -> None:
 
 @torch.no_grad()
 def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int, target: int | None = None,
-                 shown: str = "p") -> dict:
+                 shown: str = "p", memories: MemorySet | None = None) -> dict:
     """The n top and n bottom tokens of value v_i of a layer under `projection` (`PROJECTIONS`), read as `shown`
-    (`SHOWN`: p or the logit).
+    (`SHOWN`: p or the logit); the value is memory `key` of `memories` (default: the model's neurons; a
+    dictionary's `Latents`: its decoder row).
 
     Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)], "top_value": the
     top token's p or logit, "target_rank": `target`'s rank, 1 for the top token, as every rank of a token in a
@@ -44,7 +46,8 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
     bottom listed from the least likely up.
     """
     check_reading(projection, shown)
-    z = logits(loaded.view, loaded.view.values(layer)[key], projection)
+    memories = memories or Neurons(loaded.view)
+    z = logits(loaded.view, memories.values(layer)[key], projection)
     values = z.softmax(-1) if shown == "p" else z
     n = min(n, z.numel())
     top = torch.topk(z, n)

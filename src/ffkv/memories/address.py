@@ -13,11 +13,18 @@ URLs and forms, and the library:
 
 `ffkv intervene RUN --off 3:17 --scale 2:5=2 --set 1:0=4` and the explorer's
 ``/trace?prompt=...&off=3:17&scale=2:5=2&set=1:0=4`` mean the same edits; `edit_text` prints them back.
+
+A latent of a sparse dictionary (`ffkv.dictionaries`) is a memory of its own, written with its kind's prefix:
+``tLAYER:LATENT`` for a transcoder's latent, ``sLAYER:LATENT`` for an SAE's (layer from 1, latent from 0), e.g.
+``t4:1234``. `LatentRef` writes one; `MemoryLayout.parse` reads either kind against the memories a model and
+its dictionaries have.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Sequence
 
 from ffkv.errors import FfkvError
@@ -55,6 +62,71 @@ class MemoryRef(NamedTuple):
         if not 0 <= key < d_m:
             raise FfkvError(f"key {key} does not exist: each layer has keys 0..{d_m - 1}")
         return cls(int(layer), int(key))
+
+
+#: The prefix of a latent's address, by the kind of its dictionary (`ffkv.dictionaries.KINDS`).
+LATENT_PREFIX = {"transcoder": "t", "sae": "s"}
+
+
+class LatentRef(NamedTuple):
+    """One latent of a sparse dictionary: layer (from 0, as in code), latent, and its dictionary's kind."""
+
+    layer: int
+    latent: int
+    kind: str
+
+    def __str__(self) -> str:
+        """``tLAYER:LATENT`` (transcoder) or ``sLAYER:LATENT`` (SAE), the layer counted from 1."""
+        return f"{LATENT_PREFIX[self.kind]}{self.layer + 1}:{self.latent}"
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """The memories one can name in a model: its neurons, and the latents of the dictionaries attached to it.
+
+    Attributes:
+        n_layers: the model's FF layers.
+        d_m: neurons (keys) per layer.
+        latents: FF layer (from 0) -> (kind, number of latents) of its dictionary; empty without one.
+    """
+
+    n_layers: int
+    d_m: int
+    latents: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+
+    def parse(self, text: str) -> "MemoryRef | LatentRef":
+        """``LAYER:KEY`` (a neuron, `MemoryRef.parse`) or ``tLAYER:LATENT`` / ``sLAYER:LATENT`` (a latent); a
+        memory this model and its dictionaries do not have is refused, in one line."""
+        text = str(text).strip()
+        kind = next((k for k, prefix in LATENT_PREFIX.items() if text[:1].lower() == prefix), None)
+        if kind is None:
+            return MemoryRef.parse(text, self.n_layers, self.d_m)
+        parts = text[1:].split(":")
+        if len(parts) != 2:
+            raise FfkvError(f"a latent is written {LATENT_PREFIX[kind]}LAYER:LATENT (layers from 1, latents from 0), "
+                            f"e.g. {LATENT_PREFIX[kind]}3:17; got {text!r}")
+        try:
+            layer, latent = int(parts[0]) - 1, int(parts[1])
+        except ValueError:
+            raise FfkvError(f"LAYER and LATENT of a latent must be integers, got {text!r}") from None
+        return self.check_latent(layer, latent, kind)
+
+    def check_latent(self, layer: int, latent: int, kind: str | None = None) -> LatentRef:
+        """(layer from 0, latent) of a dictionary this model has (of `kind`, if given), or a refusal that counts
+        layers as readers do and says which layers have one."""
+        if not self.latents:
+            raise FfkvError("no sparse dictionary is attached: a latent exists only in a run indexed with "
+                            "--dictionary")
+        have = ", ".join(f"{LATENT_PREFIX[k]}{lay + 1}" for lay, (k, _) in sorted(self.latents.items()))
+        if layer not in self.latents:
+            raise FfkvError(f"layer {layer + 1} has no dictionary: latents exist at {have} (layers from 1)")
+        own, n = self.latents[layer]
+        if kind is not None and kind != own:
+            raise FfkvError(f"layer {layer + 1}'s dictionary is a {own}, not a {kind}: write its latents "
+                            f"{LATENT_PREFIX[own]}{layer + 1}:LATENT")
+        if not 0 <= latent < n:
+            raise FfkvError(f"latent {latent} does not exist: {LATENT_PREFIX[own]}{layer + 1} has latents 0..{n - 1}")
+        return LatentRef(int(layer), int(latent), own)
 
 
 def parse_edit(op: str, text: str, n_layers: int, d_m: int) -> Intervention:

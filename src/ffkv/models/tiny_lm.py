@@ -402,6 +402,14 @@ def tiny_path() -> Path:
     return Path(str(files("ffkv") / "assets" / TINY_NAME))
 
 
+def tiny_transcoders_path() -> Path:
+    """Directory of the transcoders shipped for ``ffkv-tiny`` (sparsify's layout, one folder per layer;
+    written by ``ffkv train-dictionary``: see its README there)."""
+    from importlib.resources import files
+
+    return Path(str(files("ffkv") / "assets" / f"{TINY_NAME}-transcoders"))
+
+
 def is_ffkv_lm_dir(path: Path) -> bool:
     config = path / "config.json"
     if not config.is_file():

@@ -40,6 +40,8 @@ LOCK_NAME = ".lock"
 
 #: Key of a metrics table's schema metadata that holds how it was computed (JSON).
 DESCRIPTION_KEY = integrity.DESCRIPTION_KEY
+#: Where a run's memories come from: the model's own keys, or a sparse dictionary's latents (`read_triggers`).
+SOURCES = ("neurons", "latents")
 
 
 class RunDir:
@@ -306,7 +308,7 @@ class RunDir:
 
     # ---------------------------------------------------------- trigger table
     def read_triggers(self, direction: "schemas.Direction | str | int" = "positive", filters: list | None = None,
-                      control: bool = False) -> pd.DataFrame:
+                      control: bool = False, source: str = "neurons") -> pd.DataFrame:
         """Rows of trigger_examples.parquet of one direction, in file order (layer, key, direction, rank).
 
         Args:
@@ -317,6 +319,10 @@ class RunDir:
             control: read the random control memories' trigger examples instead
                 (control_trigger_examples.parquet, `ffkv.memories.controls`); an error for a run indexed
                 without a control.
+            source: ``neurons`` (the model's keys) or ``latents`` (a sparse dictionary's, indexed with
+                ``--dictionary``: latent_trigger_examples.parquet, or latent_control_trigger_examples.parquet
+                with `control`); a latent's ``key`` column is its latent index. Latents have one direction
+                (their activations are never negative): ``negative`` is refused for them.
 
         Returns:
             The table's columns, `direction` included (+1 for every row of a run of format 1 or 2,
@@ -327,7 +333,20 @@ class RunDir:
         """
         if direction != "both":
             direction = schemas.Direction.parse(direction)
-        path = self.table("control_trigger_examples" if control else "trigger_examples")
+        if source not in SOURCES:
+            raise FfkvError(f"unknown source of memories {source!r}; choose from {', '.join(SOURCES)}")
+        table = ("control_" if control else "") + "trigger_examples"
+        if source == "latents":
+            if not self.table("latent_trigger_examples").is_file():
+                raise FfkvError(f"{self.path} holds no latents: index with --dictionary PATH to index a sparse "
+                                "dictionary's latents beside the model's keys")
+            if direction == schemas.Direction.NEGATIVE:
+                raise FfkvError("a latent's activation is never negative: latents have positive trigger examples "
+                                "only")
+            table = "latent_" + table
+        path = self.table(table)
+        if source == "latents" and not control:
+            self.require_table(path.name)
         if control and not path.is_file():
             raise FfkvError(f"{self.path} holds no random-key control (indexed before ffkv indexed one, or with "
                             "--control-keys 0); index again to get it")
