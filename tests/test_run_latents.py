@@ -91,3 +91,30 @@ def test_a_run_without_a_dictionary_has_no_latents(tmp_path):
         run.dir.read_triggers(source="latents")
     with pytest.raises(FfkvError, match="indexed without a dictionary"):
         run.memories("latents")
+
+
+def test_run_edits_latents_by_their_address(indexed):
+    """`Run.trace`/`intervene` take a latent's address; switching a detector off changes the run's logits exactly
+    where its token is, and the command line prints the edit as it was written."""
+    from ffkv.api import intervene
+    from ffkv.memories.interventions import Intervention, intervene as edit_model
+
+    tmp, loaded, lines, folder = indexed
+    run = Run(tmp / "run", loaded=loaded)
+    address = f"t{DETECTOR_LAYER + 1}:0"
+    edits = run._edits([address], {f"{DETECTOR_LAYER + 1}:3": 2.0}, None)
+    assert edits == [Intervention(DETECTOR_LAYER, 0, "off", kind="transcoder"),
+                     Intervention(DETECTOR_LAYER, 3, "scale", 2.0)]
+    tok = loaded.tokenizer
+    ids = torch.tensor([tok.encode("a " + PLANTED[0] + " b")])
+    planted = tok.encode(PLANTED[0])[0]
+    with torch.no_grad():
+        clean = loaded.model(input_ids=ids).logits
+        with edit_model(loaded.view, edits[:1]):
+            edited = loaded.model(input_ids=ids).logits
+    # token_local: a position's residual depends on its token alone, so the logits change where the token is.
+    changed = (edited - clean).abs().amax(dim=-1)[0] > 0
+    assert changed.tolist() == [i == planted for i in ids[0].tolist()] and changed.any()
+    result = intervene(run, off=[address], n_eval=5, eval_corpus=str(tmp / "corpus.txt"))
+    assert f"{address} off" in result.to_text()
+    assert result.description()["interventions"][0]["memory"] == address

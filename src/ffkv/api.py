@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Run", "open_run", "index", "analyze", "intervene", "embedded_corpus"]
 
+#: A memory as the library names one: a neuron (layer, key) with the layer from 0, or an address as readers
+#: write it, layers from 1 (``"4:17"``, ``"t4:42"``: `ffkv.memories.address`).
+Memory = tuple[int, int] | str
+
 
 def embedded_corpus(split: str = "all") -> Path:
     """The corpus ffkv-tiny was trained on, offline: King James Bible verses, one per line
@@ -95,7 +99,8 @@ class Run:
 
     def memories(self, of: str = "neurons") -> MemorySet:
         """The run's memories of one source (`ffkv.memories.sets`): ``neurons``, the model's own, or ``latents``,
-        the dictionary the run was indexed with, read again from its files and checked to be the same ones."""
+        the dictionary the run was indexed with, read again from its files and checked to be the same ones, and
+        attached to the model (`Latents.attach`) so that edits may name its latents."""
         from ffkv.memories.sets import Latents, Neurons
 
         if of == "neurons":
@@ -109,7 +114,7 @@ class Run:
             if not recorded:
                 raise FfkvError(f"{self.path} was indexed without a dictionary: it has no latents (index with "
                                 "--dictionary PATH)")
-            self._latents = Latents(self.model.view, reopen(recorded, self._dictionary_at))
+            self._latents = Latents(self.model.view, reopen(recorded, self._dictionary_at)).attach()
         return self._latents
 
     def __repr__(self) -> str:
@@ -232,15 +237,16 @@ class Run:
         return Memory(self._explorer(), layer, key, projection=projection, shown=shown)
 
     def trace(self, prompt: str, position: int = -1, target: str | int | None = None,
-              off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
-              set: Mapping[tuple[int, int], float] | None = None, generate: int = 0, lens: str = "final-norm"):
+              off: Iterable[Memory] = (), scale: Mapping[Memory, float] | None = None,
+              set: Mapping[Memory, float] | None = None, generate: int = 0, lens: str = "final-norm"):
         """Trace a prompt at a position: per layer, predictions and the memories that push the target token most.
 
         Args:
             position: which token to read (negative: from the end).
             target: the token whose contributions rank the memories (default: the model's prediction).
-            off, scale, set: edits applied at every position, as `intervene` takes them: memories (layer, key),
-                0-based layers, switched off; {(layer, key): factor} scaled; {(layer, key): value} set.
+            off, scale, set: edits applied at every position, as `intervene` takes them: memories switched off;
+                {memory: factor} scaled; {memory: value} set. A memory is (layer, key), 0-based, or an address
+                (``"4:17"``, ``"t4:42"`` for a latent of the run's transcoder; layers from 1).
             generate: also continue the prompt greedily by this many tokens, with and without the edits.
             lens: how the residual is read per layer: "final-norm" (the logit lens) or "translator" (the run's
                 fitted translators, `ffkv analyze RUN --only translators`: the tuned lens).
@@ -250,15 +256,28 @@ class Run:
         return run_trace(self._explorer(), prompt, position, target, self._edits(off, scale, set), generate,
                          lens=lens)
 
-    def _edits(self, off: Iterable[tuple[int, int]], scale: Mapping[tuple[int, int], float] | None,
-               set: Mapping[tuple[int, int], float] | None) -> list:
-        """The library's edits (0-based layers) as `Intervention`s, one per memory (`ffkv.memories.address`)."""
+    def _edits(self, off: Iterable[Memory], scale: Mapping[Memory, float] | None,
+               set: Mapping[Memory, float] | None) -> list:
+        """The library's edits as `Intervention`s, one per memory (`ffkv.memories.address`): a memory is a
+        neuron (layer, key), 0-based, or an address as readers write it (``"4:17"``, ``"t4:42"``: layers from 1).
+        An edit of a latent attaches the run's dictionary to its model (`memories`)."""
         from ffkv.memories import Intervention
-        from ffkv.memories.address import one_per_memory
+        from ffkv.memories.address import LatentRef, one_per_memory
 
-        edits = [Intervention(*self._check(int(lay), int(k)), "off") for lay, k in off]
-        edits += [Intervention.scaled(*self._check(int(lay), int(k)), float(f)) for (lay, k), f in dict(scale or {}).items()]
-        edits += [Intervention(*self._check(int(lay), int(k)), "set", float(v)) for (lay, k), v in dict(set or {}).items()]
+        def memory(named: Memory) -> tuple[int, int, str]:
+            if isinstance(named, str):
+                ref = self.layout.parse(named)
+                return (ref.layer, ref.latent, ref.kind) if isinstance(ref, LatentRef) else (*ref, "neuron")
+            layer, key = named
+            return (*self._check(int(layer), int(key)), "neuron")
+
+        edits = [Intervention(layer, key, "off", kind=kind) for layer, key, kind in map(memory, off)]
+        edits += [Intervention.scaled(layer, key, float(f), kind)
+                  for (layer, key, kind), f in ((memory(m), f) for m, f in dict(scale or {}).items())]
+        edits += [Intervention(layer, key, "set", float(v), kind)
+                  for (layer, key, kind), v in ((memory(m), v) for m, v in dict(set or {}).items())]
+        if any(e.kind != "neuron" for e in edits):
+            self.memories("latents")
         return one_per_memory(edits)
 
     def concepts(self, layers: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -269,8 +288,8 @@ class Run:
         return concepts(self.model, layers)
 
 
-def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | None = None,
-              off: Iterable[tuple[int, int]] = (), scale: Mapping[tuple[int, int], float] | None = None,
+def intervene(run: Run | str | Path, *, set: Mapping[Memory, float] | None = None,
+              off: Iterable[Memory] = (), scale: Mapping[Memory, float] | None = None,
               eval_corpus: Any = None, eval_split: str | None = None, n_eval: int = 1000,
               tokens: str | Sequence[str | int] | None = None, seed: int = 0, out: str | Path | None = None,
               progress: bool = False):
@@ -279,8 +298,9 @@ def intervene(run: Run | str | Path, *, set: Mapping[tuple[int, int], float] | N
     (`ffkv.tools.intervene`).
 
     Args:
-        set, off, scale: {(layer, key): value}, [(layer, key)], {(layer, key): factor}; layers 0-based, as in
-            code and the run's tables (the command line counts them from 1).
+        set, off, scale: {memory: value}, [memory], {memory: factor}; a memory is (layer, key), layers 0-based
+            as in code and the run's tables, or an address as the command line writes it (``"4:17"``, a latent
+            ``"t4:42"``: layers from 1).
         eval_corpus, eval_split, n_eval, seed: the evaluation examples, as `analyze` reads them (default: the
             run's own corpus, held-out split; a seeded subset of n_eval).
         tokens: the token set S (strings that are single tokens, or ids); None: the memories' own top tokens.

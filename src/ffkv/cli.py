@@ -323,7 +323,10 @@ def _intervene_parser(sub) -> None:
                                    "examples, the change in perplexity and in the probability mass of a token set, "
                                    "with n and 95% intervals (paired per-example differences, mean ± 1.96·s/√n). "
                                    "Memories are LAYER:KEY with LAYER counted from 1, as the explorer and the report "
-                                   "show them, and KEY the 0-based memory index (the explorer's /memory/LAYER/KEY).")
+                                   "show them, and KEY the 0-based memory index (the explorer's /memory/LAYER/KEY); "
+                                   "in a run indexed with --dictionary, a latent is tLAYER:LATENT (a transcoder's) or "
+                                   "sLAYER:LATENT (an SAE's): the layer's output becomes the dictionary's "
+                                   "reconstruction from the edited latents plus its error term.")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--set", dest="set_", action="append", default=[], metavar="L:K=VALUE",
                    help="set memory K of layer L (from 1) to the coefficient VALUE at every position (repeatable)")
@@ -702,19 +705,20 @@ def _compare(args: argparse.Namespace) -> int:
 @command("intervene")
 def _intervene(args: argparse.Namespace) -> int:
     from ffkv.api import Run, intervene
-    from ffkv.memories.address import parse_edits
+    from ffkv.memories.address import edit_ref, parse_edits
 
     run = Run(args.run)
-    edits = parse_edits(args.off, args.scale, args.set_, n_layers=run.n_layers, d_m=run.d_m)
+    edits = parse_edits(args.off, args.scale, args.set_, n_layers=run.n_layers, d_m=run.d_m,
+                        latents=run.layout.latents)
     if not edits:
         raise FfkvError("no intervention given: use --off L:K, --scale L:K=FACTOR or --set L:K=VALUE")
     if args.device != "cpu":
         from ffkv.models import load_model
 
         run = Run(args.run, load_model(run.manifest.model.id, dtype=run.manifest.model.dtype, device=args.device))
-    result = intervene(run, set={(e.layer, e.key): e.value for e in edits if e.op == "set"},
-                       off=[(e.layer, e.key) for e in edits if e.op == "off"],
-                       scale={(e.layer, e.key): e.value for e in edits if e.op == "scale"},
+    result = intervene(run, set={str(edit_ref(e)): e.value for e in edits if e.op == "set"},
+                       off=[str(edit_ref(e)) for e in edits if e.op == "off"],
+                       scale={str(edit_ref(e)): e.value for e in edits if e.op == "scale"},
                        eval_corpus=args.eval_corpus, eval_split=args.eval_split, n_eval=args.n_eval,
                        tokens=args.tokens, seed=args.seed, out=args.out, progress=not args.no_progress)
     print(result.to_text())

@@ -129,31 +129,46 @@ class MemoryLayout:
         return LatentRef(int(layer), int(latent), own)
 
 
-def parse_edit(op: str, text: str, n_layers: int, d_m: int) -> Intervention:
-    """One edit as written: ``off`` ``L:K``, ``scale`` ``L:K=F`` or ``set`` ``L:K=V`` (layers from 1)."""
+def parse_edit(op: str, text: str, n_layers: int, d_m: int,
+               latents: Mapping[int, tuple[str, int]] | None = None) -> Intervention:
+    """One edit as written: ``off`` ``L:K``, ``scale`` ``L:K=F`` or ``set`` ``L:K=V`` (layers from 1); with the
+    `latents` of an attached dictionary (`MemoryLayout.latents`), also of a latent: ``off`` ``t4:42``."""
     if op not in OPERATIONS:
         raise FfkvError(f"unknown edit {op!r}; choose from {', '.join(OPERATIONS)}")
+    layout = MemoryLayout(n_layers, d_m, latents or {})
     if op == "off":
         if "=" in text:
             raise FfkvError(f"off: a memory is switched off as LAYER:KEY, without a value; got {text!r}")
-        return Intervention(*MemoryRef.parse(text, n_layers, d_m), "off")
+        return _edit(layout.parse(text), "off", 0.0)
     head, eq, value = str(text).partition("=")
     if not eq:
         raise FfkvError(f"{op}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=2; got {text!r}")
-    memory = MemoryRef.parse(head, n_layers, d_m)
+    memory = layout.parse(head)
     try:
         number = float(value)
     except ValueError:
         raise FfkvError(f"{op}: VALUE must be a number, got {value!r} in {text!r}") from None
     if not math.isfinite(number):
         raise FfkvError(f"{op}: VALUE must be finite, got {value!r}")
-    return Intervention.scaled(*memory, number) if op == "scale" else Intervention(*memory, "set", number)
+    return _edit(memory, op, number)
+
+
+def _edit(memory: "MemoryRef | LatentRef", op: str, value: float) -> Intervention:
+    kind = memory.kind if isinstance(memory, LatentRef) else "neuron"
+    if op == "scale":
+        return Intervention.scaled(memory[0], memory[1], value, kind)
+    return Intervention(memory[0], memory[1], op, value if op == "set" else 0.0, kind)
+
+
+def edit_ref(edit: Intervention) -> "MemoryRef | LatentRef":
+    """The memory an edit rewrites, as its address."""
+    return MemoryRef(edit.layer, edit.key) if edit.kind == "neuron" else LatentRef(edit.layer, edit.key, edit.kind)
 
 
 def parse_edits(off: Sequence[str] = (), scale: Sequence[str] = (), set_: Sequence[str] = (), *,
-                n_layers: int, d_m: int) -> list[Intervention]:
+                n_layers: int, d_m: int, latents: Mapping[int, tuple[str, int]] | None = None) -> list[Intervention]:
     """The edits as written (`parse_edit`), one per memory: a memory named twice is refused."""
-    edits = [parse_edit(op, text, n_layers, d_m)
+    edits = [parse_edit(op, text, n_layers, d_m, latents)
              for op, texts in (("off", off), ("scale", scale), ("set", set_)) for text in texts]
     return one_per_memory(edits)
 
@@ -162,7 +177,7 @@ def one_per_memory(edits: Iterable[Intervention]) -> list[Intervention]:
     """`edits` unchanged, or a refusal naming the first memory given two edits."""
     out, seen = [], set()
     for edit in edits:
-        memory = MemoryRef(edit.layer, edit.key)
+        memory = edit_ref(edit)
         if memory in seen:
             raise FfkvError(f"memory {memory} is named twice; give one edit per memory")
         seen.add(memory)
@@ -171,8 +186,9 @@ def one_per_memory(edits: Iterable[Intervention]) -> list[Intervention]:
 
 
 def edit_text(edit: Intervention) -> tuple[str, str]:
-    """(operation, text) of an edit as `parse_edit` reads it: ("off", "3:17"), ("scale", "3:17=2")."""
-    memory = str(MemoryRef(edit.layer, edit.key))
+    """(operation, text) of an edit as `parse_edit` reads it: ("off", "3:17"), ("scale", "3:17=2"),
+    ("off", "t4:42")."""
+    memory = str(edit_ref(edit))
     return (edit.op, memory) if edit.op == "off" else (edit.op, f"{memory}={_number(edit.value)}")
 
 

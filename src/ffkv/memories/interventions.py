@@ -5,6 +5,13 @@ pre-forward hook on that matrix, so FF(x) = Σ_i m'_i·v_i + b_V: exactly the me
 view of SPEC section 1. Hooks exist only inside `intervene`; leaving the block restores
 the model exactly. `replace_ff_output` replaces a layer's whole FF output instead (a transcoder
 spliced in, mean ablation).
+
+A latent of a sparse dictionary attached to the view (``view.latents``, `ffkv.memories.sets.Latents`) is edited
+the same way (an `Intervention` of its dictionary's `kind`): the layer's output becomes the dictionary's
+reconstruction from the edited activations plus the dictionary's error term (the layer's own output minus the
+reconstruction from the unedited ones), that is FF(x) + Σ_j (a'_j − a_j)·dec_j over the edited latents j. An
+edit that changes nothing gives the layer's own output; switching latent j off removes exactly a_j·dec_j. An
+SAE's latents read the layer's output after any edit of the layer's neurons.
 """
 
 from __future__ import annotations
@@ -21,23 +28,37 @@ from ffkv.memories.view import MemoryView
 OPERATIONS = ("off", "scale", "set")
 
 
+#: What an edit's memory is: a neuron of the model, or a latent of a dictionary of that kind (`ffkv.dictionaries`).
+EDIT_KINDS = ("neuron", "transcoder", "sae")
+
+
 @dataclass(frozen=True)
 class Intervention:
-    """One memory's coefficient rewritten: off (m' = 0), scale (m' = value·m) or set (m' = value)."""
+    """One memory's coefficient rewritten: off (m' = 0), scale (m' = value·m) or set (m' = value). `kind` says
+    whether `key` is a neuron of the layer or a latent of the dictionary attached there ("transcoder", "sae")."""
 
     layer: int
     key: int
     op: Literal["off", "scale", "set"] = "off"
     value: float = 0.0
+    kind: str = "neuron"
 
     def __post_init__(self) -> None:
         if self.op not in OPERATIONS:
             raise FfkvError(f"unknown intervention {self.op!r}; choose from {', '.join(OPERATIONS)}")
+        if self.kind not in EDIT_KINDS:
+            raise FfkvError(f"unknown kind of memory {self.kind!r}; choose from {', '.join(EDIT_KINDS)}")
 
     @classmethod
-    def scaled(cls, layer: int, key: int, factor: float) -> "Intervention":
+    def scaled(cls, layer: int, key: int, factor: float, kind: str = "neuron") -> "Intervention":
         """A scale, written as off when the factor is 0."""
-        return cls(layer, key, "off") if factor == 0 else cls(layer, key, "scale", float(factor))
+        return cls(layer, key, "off", kind=kind) if factor == 0 else cls(layer, key, "scale", float(factor), kind)
+
+    def rewrite(self, a: torch.Tensor) -> torch.Tensor:
+        """The edited coefficient(s) for coefficient(s) `a`."""
+        if self.op == "set":
+            return torch.full_like(a, self.value)
+        return a * self.value if self.op == "scale" else torch.zeros_like(a)
 
     @property
     def factor(self) -> float | None:
@@ -48,6 +69,8 @@ class Intervention:
 def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:
     out: dict[int, dict[int, Intervention]] = {}
     for edit in interventions:
+        if edit.kind != "neuron":
+            raise FfkvError(f"latent {edit.layer}:{edit.key} is not a neuron")  # `intervene` routes latents apart
         if not 0 <= edit.layer < view.n_layers or not 0 <= edit.key < view.d_m:
             raise FfkvError(f"memory {edit.layer}:{edit.key} does not exist: this model has layers "
                             f"0..{view.n_layers - 1} and keys 0..{view.d_m - 1}")
@@ -83,8 +106,10 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place:
             whose hooks are the first on the model (entered before any `capture`), so that no other hook has kept
             m unchanged (`ffkv.experiments.scoring`).
     """
+    interventions = list(interventions)
+    latent_edits = [e for e in interventions if e.kind != "neuron"]
     rewrites = {}
-    for layer, edits in _per_layer(view, interventions).items():
+    for layer, edits in _per_layer(view, [e for e in interventions if e.kind == "neuron"]).items():
         keys = torch.tensor(sorted(edits), dtype=torch.long, device=view.device)
         ordered = [edits[k] for k in sorted(edits)]
         factor = torch.tensor([e.factor if e.factor is not None else 1.0 for e in ordered], device=view.device)
@@ -101,7 +126,42 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place:
             return m
 
         rewrites[layer] = rewrite
-    return rewrite_coefficients(view, rewrites)
+    if not latent_edits:
+        return rewrite_coefficients(view, rewrites)
+    return _both(rewrite_coefficients(view, rewrites), replace_ff_output(view, _latent_edits(view, latent_edits)))
+
+
+@contextmanager
+def _both(first, second) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+def _latent_edits(view: MemoryView, edits: list[Intervention]
+                  ) -> dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Per layer, the FF output with its latents edited (the module docstring): FF(x) + Σ_j (a'_j − a_j)·dec_j."""
+    latents = getattr(view, "latents", None)
+    if latents is None:
+        raise FfkvError("an edit of a latent needs its dictionary attached to the model (open the run's latents: "
+                        "Run.memories('latents'), or a run indexed with --dictionary)")
+    per: dict[int, dict[int, Intervention]] = {}
+    for edit in edits:
+        ref = latents.layout.check_latent(edit.layer, edit.key, edit.kind)
+        per.setdefault(ref.layer, {})[ref.latent] = edit
+    out = {}
+    for layer, chosen in per.items():
+        d, reads = latents.dictionaries[layer], latents.reads(layer)
+        keys = torch.tensor(sorted(chosen), dtype=torch.long, device=d.device)
+        ordered = [chosen[k] for k in sorted(chosen)]
+        decoder = d.decoder[keys]
+
+        def edited(x, ff_out, d=d, reads=reads, keys=keys, ordered=ordered, decoder=decoder):
+            a = d.encode(x if reads == "ff_in" else ff_out)[..., keys]
+            new = torch.stack([e.rewrite(a[..., i]) for i, e in enumerate(ordered)], dim=-1)
+            return ff_out + ((new - a) @ decoder).to(ff_out.dtype)
+
+        out[layer] = edited
+    return out
 
 
 @contextmanager

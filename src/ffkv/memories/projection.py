@@ -20,12 +20,17 @@ and |V| are. For the paper's model (16 x 4,096 memories, |V| = 267,744, d = 1,02
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from jaxtyping import Float, Int
 
 from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
+
+if TYPE_CHECKING:
+    from ffkv.memories.sets import MemorySet
 
 PROJECTIONS = ("identity", "final-norm")
 #: The fitted per-layer projection (needs `MemoryView.translators`); not one of the residual choices above.
@@ -105,18 +110,20 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def top_tokens(view: MemoryView, layer: int, keys: Int[np.ndarray, "n"] | None, n: int,
-               projection: str = DEFAULT_FOR_VALUES, sign: int = 1,
-               chunk: int | None = None) -> tuple[Int[np.ndarray, "n top"], Float[np.ndarray, "n top"]]:
+               projection: str = DEFAULT_FOR_VALUES, sign: int = 1, chunk: int | None = None,
+               memories: "MemorySet | None" = None) -> tuple[Int[np.ndarray, "n top"], Float[np.ndarray, "n top"]]:
     """The n tokens each value v_i of `keys` (None: every key of the layer) puts highest, best first: the one
     owner of "a value's top tokens" (concepts, the explorer's memory page, the interventions' own token set).
 
     Args:
         sign: -1 reads -v_i: what a memory with a negative coefficient writes (its bottom tokens).
+        memories: whose values (`ffkv.memories.sets`): default the model's neurons; a dictionary's `Latents`
+            reads its decoder rows.
 
     Returns:
         (len(keys), n) token ids and their logits N(±v_i)·Eᵀ (float32), `chunk` values at a time.
     """
-    values = view.values(layer)
+    values = (memories or view).values(layer)
     if keys is not None:
         values = values[torch.as_tensor(np.asarray(keys), dtype=torch.long, device=values.device)]
     chunk = chunk or chunk_size(view.vocab_size)

@@ -161,10 +161,27 @@ class Latents(MemorySet):
     def ref(self, layer: int, index: int) -> LatentRef:
         return self.layout.check_latent(layer, index)
 
+    def attach(self) -> "Latents":
+        """Attach these latents to their model's view (``view.latents``), so that edits of latents
+        (`ffkv.memories.interventions.intervene`, ``t4:42`` on the command line) apply to them. Returns self."""
+        self.view.latents = self
+        return self
+
     @property
     def layout(self) -> MemoryLayout:
         return MemoryLayout(self.view.n_layers, self.view.d_m,
                             {layer: (d.kind, d.n_latents) for layer, d in self.dictionaries.items()})
 
 
-__all__ = ["READS", "MemorySet", "Neurons", "Latents"]
+def memories_of(view: MemoryView, kind: str) -> MemorySet:
+    """The memories an edit of `kind` (`ffkv.memories.interventions.EDIT_KINDS`) names: the view's neurons, or
+    the latents attached to it (refused in one line where none are)."""
+    if kind == "neuron":
+        return Neurons(view)
+    if view.latents is None:
+        raise FfkvError(f"a {kind}'s latent is named, but no dictionary is attached to the model (a run indexed "
+                        "with --dictionary attaches its own)")
+    return view.latents
+
+
+__all__ = ["READS", "MemorySet", "Neurons", "Latents", "memories_of"]

@@ -68,6 +68,9 @@ class MemoryView:
         #: Fitted per-layer translators (`ffkv.memories.translators.Translators`) read by the "translator"
         #: projection; None until fitted or loaded from a run (the translators experiment sets them).
         self.translators = None
+        #: The sparse dictionary attached to the model (`ffkv.memories.sets.Latents`), whose latents edits of
+        #: `ffkv.memories.interventions.intervene` may name; None until attached (`Latents.attach`).
+        self.latents = None
 
     # ------------------------------------------------------------------ shape
     @property

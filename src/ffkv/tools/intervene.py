@@ -36,7 +36,9 @@ from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import text_measured
 from ffkv.experiments.scoring import Scores, perplexity, score_examples
+from ffkv.memories.address import edit_ref
 from ffkv.memories.interventions import Intervention
+from ffkv.memories.sets import memories_of
 from ffkv.memories.projection import top_tokens
 from ffkv.models.loading import LoadedModel
 from ffkv.presentation.intervals import paired_mean_interval
@@ -54,7 +56,9 @@ def own_top_tokens(loaded: LoadedModel, interventions: Sequence[Intervention], n
     tokens: set[int] = set()
     for edit in interventions:
         sign = -1 if edit.op == "set" and edit.value < 0 else 1
-        tokens.update(int(i) for i in top_tokens(loaded.view, edit.layer, [edit.key], n, "identity", sign)[0][0])
+        own = top_tokens(loaded.view, edit.layer, [edit.key], n, "identity", sign,
+                         memories=memories_of(loaded.view, edit.kind))
+        tokens.update(int(i) for i in own[0][0])
     return sorted(tokens)
 
 
@@ -107,7 +111,8 @@ class InterventionResult:
     def description(self) -> dict:
         """The JSON description written beside the result (and in the Parquet metadata)."""
         return {"interventions": [{"layer": e.layer, "layer_number": e.layer + 1, "key": e.key, "op": e.op,
-                                   "value": e.value} for e in self.interventions],
+                                   "value": e.value, "kind": e.kind, "memory": str(edit_ref(e))}
+                                  for e in self.interventions],
                 "token_set": self.token_set, "token_strings": self.token_strings,
                 "token_set_origin": self.token_set_origin, "interval": INTERVAL,
                 "n_examples": int(len(self.examples)), "corpus": self.corpus,
@@ -130,7 +135,7 @@ class InterventionResult:
 
     def to_text(self) -> str:
         """The summary as a readable table."""
-        edits = ", ".join(f"{e.layer + 1}:{e.key} {e.op}{'' if e.op == 'off' else ' ' + format(e.value, 'g')}"
+        edits = ", ".join(f"{edit_ref(e)} {e.op}{'' if e.op == 'off' else ' ' + format(e.value, 'g')}"
                           for e in self.interventions)
         shown = ", ".join(repr(s) for s in self.token_strings[:20]) + (" ..." if len(self.token_strings) > 20 else "")
         lines = [f"interventions (layers from 1): {edits}",
