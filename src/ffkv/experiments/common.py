@@ -278,19 +278,57 @@ class RunContext:
                 if differ else None)
 
     # ----------------------------------------------------------- run tables
-    def triggers(self, direction: "Direction | int" = Direction.POSITIVE, control: bool = False) -> pd.DataFrame:
+    def triggers(self, direction: "Direction | int" = Direction.POSITIVE, control: bool = False,
+                 source: str = "neurons") -> pd.DataFrame:
         """The trigger examples of one direction (`RunDir.read_triggers`), sorted by (layer, key, rank): +1
         (the largest coefficients, the paper's) by default, -1 for the most negative ones; -1 is empty for a
         run indexed with one direction. A study that reads triggers sees one direction at a time, never the
-        two mixed. `control`: those of the random control memories (`has_control`) instead."""
+        two mixed. `control`: those of the random control memories (`has_control`) instead. `source`
+        ``latents``: those of the dictionary's latents (`has_latents`; positive only)."""
         direction = Direction.parse(direction)
 
         def read() -> pd.DataFrame:
-            if direction == Direction.NEGATIVE and self.manifest.sign != "both":
-                return self.run.read_triggers(Direction.POSITIVE, control=control).iloc[0:0].reset_index(drop=True)
-            df = self.run.read_triggers(direction, control=control)
+            one_sign = self.manifest.sign != "both" or source == "latents"
+            if direction == Direction.NEGATIVE and one_sign:
+                return self.run.read_triggers(Direction.POSITIVE, control=control,
+                                              source=source).iloc[0:0].reset_index(drop=True)
+            df = self.run.read_triggers(direction, control=control, source=source)
             return df.sort_values(["layer", "key", "rank"], kind="stable").reset_index(drop=True)
-        return self.once(("triggers", int(direction), control), read)
+        return self.once(("triggers", int(direction), control, source), read)
+
+    @property
+    def has_latents(self) -> bool:
+        """Whether the run indexed a sparse dictionary's latents (`ffkv index --dictionary`)."""
+        return bool(self.manifest.index.get("dictionary")) and self.run.table("latent_trigger_examples").is_file()
+
+    def memories(self, source: str = "neurons"):
+        """The run's memories of one source (`ffkv.memories.sets`): the model's ``neurons``, or the ``latents`` of
+        the dictionary the run was indexed with, read again from its files (`ffkv.dictionaries.reopen`: refused,
+        naming the file, where they are gone or changed)."""
+        from ffkv.memories.sets import Latents, Neurons
+
+        if source == "neurons":
+            return Neurons(self.view)
+        from ffkv.dictionaries import reopen
+
+        return self.once(("memories", source),
+                         lambda: Latents(self.view, reopen(self.manifest.index["dictionary"])))
+
+    def latent_control_sources(self) -> dict[int, np.ndarray]:
+        """Dictionary layer -> (n,) the real latent whose encoder norm, bias and value each control latent of that
+        layer borrows (latent_control_keys.parquet)."""
+        def read() -> dict[int, np.ndarray]:
+            name = self.run.table("latent_control_keys").name
+            self.run.require_table(name)
+            table = pd.read_parquet(self.run.table("latent_control_keys")).sort_values(["layer", "key"])
+            return {int(layer): g["source_key"].to_numpy(np.int64) for layer, g in table.groupby("layer")}
+        return self.once("latent_control_sources", read)
+
+    @property
+    def has_latent_control(self) -> bool:
+        """Whether the run holds control latents beside its latents."""
+        return self.has_latents and self.run.table("latent_control_trigger_examples").is_file() \
+            and self.manifest.control_keys > 0
 
     @property
     def has_control(self) -> bool:
@@ -313,6 +351,9 @@ class RunContext:
             ids = self.run.read_triggers("both")["example_id"].to_numpy()
             if self.has_control:
                 ids = np.concatenate([ids, self.run.read_triggers("both", control=True)["example_id"].to_numpy()])
+            if self.has_latents:
+                ids = np.concatenate([ids, *(self.run.read_triggers(control=c, source="latents")["example_id"]
+                                             .to_numpy() for c in (False, True)[:1 + self.has_latent_control])])
             wanted = pa.array(np.unique(ids), pa.int64())
             table = pq.read_table(self.run.table("examples"), filters=[("example_id", "in", wanted)]) \
                 if len(wanted) else pq.read_table(self.run.table("examples")).slice(0, 0)
@@ -326,16 +367,16 @@ class RunContext:
         """Token ids x_1..x_{position+1} of a stored example."""
         return self.examples()[int(example_id)][0][: int(position) + 1]
 
-    def trigger_targets(self, direction: int = 1, control: bool = False) -> pd.DataFrame:
+    def trigger_targets(self, direction: int = 1, control: bool = False, source: str = "neurons") -> pd.DataFrame:
         """The trigger examples of one direction with a ``target`` column: the token the key's value should
         predict (`ffkv.memories.targets`: the next token, or the token at the position for an encoder)."""
         def compute() -> pd.DataFrame:
-            trig = self.triggers(direction, control)
+            trig = self.triggers(direction, control, source)
             at_position = [int(self.prefix(e, p)[-1]) for e, p in zip(trig["example_id"], trig["position"])] \
                 if self.view.encoder else trig["next_token_id"].to_numpy()
             return trig.assign(target=trigger_targets(trig["next_token_id"].to_numpy(), np.asarray(at_position),
                                                       self.view.encoder))
-        return self.once(("trigger_targets", direction, control), compute)
+        return self.once(("trigger_targets", direction, control, source), compute)
 
     def token(self, token_id: int) -> str:
         """Readable string of one token id; the end marker for -1."""

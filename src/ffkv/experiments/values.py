@@ -16,13 +16,14 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from ffkv.errors import FfkvError, warn
 from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
-from ffkv.parallel import gather_rows, owned
+from ffkv.parallel import gather_rows, is_writer, owned
 from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
                                         verdict_rows)
 
@@ -69,17 +70,7 @@ def figure_tables(ctx: RunContext, direction: int = 1, projection: str | None = 
         if direction == 1 and projection == ctx.projections.values:
             ctx.once(("value_tokens", layer), lambda: (s["top_token_id"].astype(np.int64),
                                                        s["bottom_token_id"].astype(np.int64)))
-        keys.append(pd.DataFrame({
-            "layer": np.full(d_m, layer, np.int16), "key": np.arange(d_m, dtype=np.int32),
-            "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),
-            "entropy": s["entropy"].astype(np.float32),
-            "trigger_target_id": targets[layer].astype(np.int32),
-            "agrees": (targets[layer] >= 0) & (s["top_token_id"] == targets[layer]),
-            "target_rank": s["target_rank"].astype(np.int64),
-            "target_prob": s["target_prob"].astype(np.float32),
-            "top_token_ids": list(s["top_token_ids"].astype(np.int32)),
-            "top_probs": list(s["top_probs"].astype(np.float32)),
-        }))
+        keys.append(_keys_frame(layer, s, targets[layer]))
     keys = pd.concat(keys, ignore_index=True)
     keys["top_token"] = ctx.tokens(keys["top_token_id"])
     control = control_keys(ctx, direction, projection) if ctx.has_control else None
@@ -91,25 +82,95 @@ def figure_tables(ctx: RunContext, direction: int = 1, projection: str | None = 
     return result
 
 
+def _keys_frame(layer: int, s: Mapping[str, np.ndarray], targets: np.ndarray) -> pd.DataFrame:
+    """One layer's rows of NAME_keys from its `scan_values` statistics and each memory's trigger target."""
+    n = len(targets)
+    return pd.DataFrame({
+        "layer": np.full(n, layer, np.int16), "key": np.arange(n, dtype=np.int32),
+        "top_token_id": s["top_token_id"].astype(np.int32), "top_prob": s["top_prob"].astype(np.float32),
+        "entropy": s["entropy"].astype(np.float32),
+        "trigger_target_id": targets.astype(np.int32),
+        "agrees": (targets >= 0) & (s["top_token_id"] == targets),
+        "target_rank": s["target_rank"].astype(np.int64),
+        "target_prob": s["target_prob"].astype(np.float32),
+        "top_token_ids": list(s["top_token_ids"].astype(np.int32)),
+        "top_probs": list(s["top_probs"].astype(np.float32)),
+    })
+
+
+def _control_frame(layer: int, s: Mapping[str, np.ndarray], targets: np.ndarray, sources: np.ndarray
+                   ) -> pd.DataFrame:
+    """One layer's rows of the control's table: each control memory's borrowed value against its own target."""
+    n = len(targets)
+    return pd.DataFrame({
+        "layer": np.full(n, layer, np.int16), "key": np.arange(n, dtype=np.int32),
+        "source_key": sources.astype(np.int32), "top_token_id": s["top_token_id"].astype(np.int32),
+        "trigger_target_id": targets.astype(np.int32),
+        "agrees": (targets >= 0) & (s["top_token_id"] == targets),
+        "target_rank": s["target_rank"].astype(np.int64)})
+
+
+def _first_targets(trig: pd.DataFrame, layer: int, n: int) -> np.ndarray:
+    """(n,) the target of each memory's top trigger example in `layer` (-1 where it has none)."""
+    first = trig[(trig["rank"] == 0) & (trig["layer"] == layer)]
+    targets = np.full(n, -1, dtype=np.int64)
+    targets[first["key"].to_numpy(int)] = first["target"].to_numpy()
+    return targets
+
+
+def latent_tables(ctx: RunContext, projection: str | None = None) -> dict[str, pd.DataFrame]:
+    """Figures 4-5 for the latents of the dictionary the run was indexed with (`ffkv.memories.sets.Latents`), as
+    for the neurons: each latent's value (decoder row) under the values projection against the target of its
+    top trigger example, with chance (1/|V|, the layer's pairing shuffled) and the control latents (each with a
+    real latent's encoder norm, bias and value: their borrowed value against their own top trigger); per layer
+    the neurons' agreement of that layer beside it, with the difference's 95% interval (Newcombe)."""
+    view, latents = ctx.view, ctx.memories("latents")
+    projection = projection or ctx.projections.values
+    trig = ctx.trigger_targets(1, source="latents")
+    sources = ctx.latent_control_sources() if ctx.has_latent_control else None
+    control_trig = ctx.trigger_targets(1, control=True, source="latents") if sources is not None else None
+    keys, control = [], []
+    for layer in latents.layers:
+        targets = _first_targets(trig, layer, latents.size(layer))
+        keys.append(_keys_frame(layer, scan_values(view, layer, projection, targets, memories=latents), targets))
+        if sources is not None and layer in sources:
+            own = _first_targets(control_trig, layer, len(sources[layer]))
+            s = scan_values(view, layer, projection, own, top=1, keys=sources[layer], memories=latents)
+            control.append(_control_frame(layer, s, own, sources[layer]))
+    keys = pd.concat(keys, ignore_index=True)
+    keys["top_token"] = ctx.tokens(keys["top_token_id"])
+    control_df = pd.concat(control, ignore_index=True) if control else None
+    table = per_layer(keys, view.vocab_size, control_df)
+    return {"keys": keys, "per_layer": table, **({"control": control_df} if control_df is not None else {})}
+
+
+def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuron_keys: pd.DataFrame
+                   ) -> pd.DataFrame:
+    """`latent_layers` with, per layer, the neurons' agreement there (agreement_rate_neurons and its interval) and
+    the latents' minus the neurons' (agreement_rate_minus_neurons: Newcombe's 95% interval), over the memories
+    of each kind whose top trigger has a target."""
+    rows = []
+    for layer in latent_layers["layer"]:
+        mine = latent_keys[(latent_keys["layer"] == layer) & (latent_keys["trigger_target_id"] >= 0)]
+        theirs = neuron_keys[(neuron_keys["layer"] == layer) & (neuron_keys["trigger_target_id"] >= 0)]
+        got = control_with_interval(mine["agrees"].to_numpy(bool), theirs["agrees"].to_numpy(bool), "agreement_rate")
+        rows.append({"layer": int(layer), **{k.replace("_control", "_neurons"): v for k, v in got.items()},
+                     "n_neurons_with_target": int(len(theirs))})
+    return latent_layers.merge(pd.DataFrame(rows), on="layer", how="left")
+
+
 def control_keys(ctx: RunContext, direction: int, projection: str) -> pd.DataFrame:
     """Figures 4-5 for the random control memories (`ffkv.memories.controls`): each one's borrowed value (the value
     of its source key) against the target of its own top trigger example."""
     view = ctx.view
     trig = ctx.trigger_targets(direction, control=True)
-    first = trig[trig["rank"] == 0]
     n = ctx.manifest.control_keys
-    targets = np.full((view.n_layers, n), -1, dtype=np.int64)
-    targets[first["layer"].to_numpy(int), first["key"].to_numpy(int)] = first["target"].to_numpy()
     sources = ctx.control_sources()
     rows = []
     for layer in range(view.n_layers):
-        s = scan_values(view, layer, projection, targets[layer], top=1, sign=direction, keys=sources[layer])
-        rows.append(pd.DataFrame({
-            "layer": np.full(n, layer, np.int16), "key": np.arange(n, dtype=np.int32),
-            "source_key": sources[layer].astype(np.int32), "top_token_id": s["top_token_id"].astype(np.int32),
-            "trigger_target_id": targets[layer].astype(np.int32),
-            "agrees": (targets[layer] >= 0) & (s["top_token_id"] == targets[layer]),
-            "target_rank": s["target_rank"].astype(np.int64)}))
+        targets = _first_targets(trig, layer, n)
+        s = scan_values(view, layer, projection, targets, top=1, sign=direction, keys=sources[layer])
+        rows.append(_control_frame(layer, s, targets, sources[layer]))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -185,7 +246,35 @@ def draw(result: Result) -> Figures:
         if name in result.tables:
             figures.update(draw_direction(result.tables[name], result.tables[f"{name}_keys"], result.n_layers,
                                           result.meta[name]["projection"], name))
+    if f"{NAME}_latents" in result.tables:
+        figures[f"{NAME}_latents"] = draw_beside(result.tables[f"{NAME}_latents"], result.tables[NAME],
+                                                 result.meta[NAME]["projection"])
     return figures
+
+
+def draw_beside(latents: pd.DataFrame, neurons: pd.DataFrame, projection: str):
+    """Figure 4 for the neurons and the latents of each layer the dictionary covers, on one axis: each kind's
+    agreement with its 95% interval, and each kind's own nulls beside it (its random-direction control, the
+    layer's pairing shuffled)."""
+    fig, ax = new_figure()
+    x = np.arange(len(latents))
+    mine = neurons.set_index("layer").loc[latents["layer"]].reset_index()
+    for shift, table, label, color in ((-0.2, mine, "neurons", "#4C72B0"), (0.2, latents, "latents", "#DD8452")):
+        ax.bar(x + shift, 100 * table["agreement_rate"], width=0.4, label=f"{label}: agreement", color=color)
+        interval_bars(ax, x + shift, table, "agreement_rate")
+        ax.plot(x + shift, 100 * table["chance_rate_shuffled"], ls="none", marker="_", ms=14, mew=2,
+                color=COLORS["chance"], label="chance (shuffled pairs)" if shift < 0 else None)
+        if "agreement_rate_control" in table:
+            ax.plot(x + shift, 100 * table["agreement_rate_control"], ls="none", marker="x", ms=7, color="black",
+                    label="random directions (own control)" if shift < 0 else None)
+    ax.set_xticks(x)
+    ax.set_xlim(-1, len(latents))
+    ax.set_xticklabels([str(int(layer) + 1) for layer in latents["layer"]])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("% memories: top token =\ntrigger's next token")
+    ax.set_title(f"Neurons vs. the dictionary's latents (Fig. 4; {projection} projection)")
+    legend_outside(ax)
+    return fig
 
 
 def draw_direction(per_layer_df: pd.DataFrame, keys: pd.DataFrame, L: int, projection: str, name: str) -> Figures:
@@ -241,6 +330,29 @@ def compute(ctx: RunContext, options=None) -> Result:
     result.add(NAME, found["per_layer"], **meta)
     result.add(f"{NAME}_keys", found["keys"], **meta)
     result.add(f"{NAME}_confident", found["confident"], **meta)
+    latent = None
+    if ctx.has_latents:  # the dictionary's latents as memories of their own, beside the neurons of their layer
+        try:
+            latent = latent_tables(ctx)
+        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
+            line = f"{NAME}_latents not computed: {error}"
+            if is_writer():
+                warn(line)
+            meta["warnings"] = [*meta["warnings"], line]
+            result.meta[NAME] = meta
+    if latent is not None:
+        lat = f"{NAME}_latents"
+        n_lat = int(latent["per_layer"]["n_keys_with_target"].min()) if len(latent["per_layer"]) else 0
+        meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, "
+                    "value: decoder row; `ffkv.memories.sets.Latents`), only the layers it covers",
+                    "warnings": sample_size_warnings(lat, n_lat, "latents with a trigger target"),
+                    "control": (f"{ctx.manifest.control_keys} control latents per layer, each with a real latent's "
+                                "encoder norm, bias and value (ffkv.indexing.latents)" if ctx.has_latent_control
+                                else "none: the run holds no control latents"),
+                    "neurons": "agreement_rate_neurons: the same layer's neurons (metrics/values); "
+                               "*_minus_neurons: latents minus neurons, Newcombe's 95% interval"}
+        result.add(lat, beside_neurons(latent["per_layer"], latent["keys"], found["keys"]), **meta_lat)
+        result.add(f"{lat}_keys", latent["keys"], **meta_lat)
     if len(ctx.triggers(-1)):  # a run indexed with both signs: Figures 4-5 for the most negative triggers too
         negative = figure_tables(ctx, -1)
         neg = f"{NAME}_negative"
@@ -272,8 +384,12 @@ FINDINGS: dict[str, Finding] = {
         "Of the 100 most confident values (highest max p), almost half have a top trigger example whose next "
         "token is the value's top token.")),
 }
+FINDINGS["values_latents"] = Finding("Beyond the paper, beside Figure 4", (
+    "The same agreement for the latents of a sparse dictionary of the layer (a transcoder's or an SAE's decoder "
+    "rows against the next token of each latent's top trigger example), beside the neurons of that layer: are "
+    "the latents better key-value memories than the neurons?"))
 # The other tables and figures of the study stand beside the finding they belong to.
-FINDINGS.update({"values_negative_keys": FINDINGS["values_negative"]})
+FINDINGS.update({"values_negative_keys": FINDINGS["values_negative"], "values_latents_keys": FINDINGS["values_latents"]})
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -289,7 +405,23 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                 f"in {n_first} to {share_ci(last.agreement_rate, last[n] if n else None)} in {n_last} "
                 f"(n: keys whose top trigger has a next token); chance is {pct(first.chance_rate)} (1/|V|), "
                 f"{pct(t['chance_rate_shuffled'].mean())} for shuffled pairs{control}.")
+    if name == "values_latents" and "agreement_rate_neurons" in t:
+        return " ".join(_beside_text(row) for row in t.itertuples(index=False))
     return None
+
+
+def _beside_text(row) -> str:
+    """One layer of values_latents in words: each kind's agreement with its n and interval, each beside its own
+    nulls, and which kind agrees more where the difference's 95% interval excludes 0."""
+    control = (f", their control latents {pct(row.agreement_rate_control)}"
+               if "agreement_rate_control" in row._fields else "")
+    low, high = row.agreement_rate_minus_neurons_ci_low, row.agreement_rate_minus_neurons_ci_high
+    verdict = ("the latents agree more" if low > 0 else "the neurons agree more" if high < 0
+               else "the data cannot say which kind agrees more")
+    return (f"Layer {int(row.layer) + 1}: latents {share_ci(row.agreement_rate, row.n_keys_with_target)} "
+            f"(shuffled pairs {pct(row.chance_rate_shuffled)}{control}); neurons "
+            f"{share_ci(row.agreement_rate_neurons, row.n_neurons_with_target)}; difference "
+            f"{100 * row.agreement_rate_minus_neurons:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]: {verdict}.")
 
 
 def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:

@@ -142,7 +142,8 @@ def top_tokens(view: MemoryView, layer: int, keys: Int[np.ndarray, "n"] | None, 
 @torch.no_grad()
 def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.ndarray, "n"],
                 chunk: int | None = None, top: int = TOP_TOKENS, sign: int = 1,
-                keys: Int[np.ndarray, "n"] | None = None) -> dict[str, np.ndarray]:
+                keys: Int[np.ndarray, "n"] | None = None, memories: "MemorySet | None" = None
+                ) -> dict[str, np.ndarray]:
     """Per-key statistics of p_i = softmax(N(v_i)·Eᵀ) for one layer, `chunk` keys at a time.
 
     Args:
@@ -150,13 +151,15 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
         sign: -1 projects -v_i instead: what a memory with a negative coefficient writes (SPEC section 7).
         keys: the values to read, as key indices (repeats allowed: the control memories borrow values,
             `ffkv.memories.controls`); None: every key of the layer, in order.
+        memories: whose values (`ffkv.memories.sets`): default the model's neurons; a dictionary's `Latents`
+            reads its decoder rows.
 
     Returns arrays of length d_m (or len(keys)): top_token_id, bottom_token_id (argmin: what a negative
     coefficient promotes, SPEC section 7), top_prob, entropy, logsumexp, target_rank
     (1 = the value's top token; ties count in the target's favour), target_prob, and
     (d_m, top) top_token_ids / top_probs.
     """
-    values = view.values(layer)
+    values = (memories or view).values(layer)
     if keys is not None:
         values = values[torch.as_tensor(np.asarray(keys), dtype=torch.long, device=values.device)]
     d_m = values.shape[0]

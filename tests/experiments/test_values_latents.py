@@ -1,0 +1,107 @@
+"""Figures 4-5 for a dictionary's latents beside the neurons (`ffkv.experiments.values.latent_tables`): on a
+transcoder of token detectors whose values write the next token of each detector's top trigger, every latent with
+a target agrees; the table equals a brute force over the latent table and the decoder rows; a transcoder of random
+values does not agree more than its chance."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ffkv.dictionaries import save_sparsify
+from ffkv.experiments import analyze
+from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.memories.projection import logits
+from indexing.test_exactness import write_corpus
+from indexing.test_latents import DETECTOR_LAYER, _spec, brute_force_latents, detector_transcoder, token_local
+from support.helpers import loaded_tiny
+
+
+def _analysed(tmp_path, loaded, d):
+    folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
+    build_index(loaded, _spec(tmp_path), tmp_path / "run", IndexOptions(top_k=3, control_keys=16),
+                BatchOptions(batch_size=4), progress=False, dictionary=folder)
+    analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False)
+    read = lambda name: pd.read_parquet(tmp_path / "run" / "metrics" / f"{name}.parquet")  # noqa: E731
+    return read("values_latents"), read("values_latents_keys"), read("values_keys")
+
+
+def _brute_agreement(view, d, table):
+    """Per latent: the target of its top trigger (the table's rank 0 next token) and its decoder row's top token."""
+    first = table[table["rank"] == 0].set_index("key")["next_token_id"]
+    top = logits(view, d.decoder, "identity").argmax(dim=-1).numpy()
+    targets = np.array([int(first.get(i, -1)) for i in range(d.n_latents)])
+    return targets, top
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("values_latents")
+    return tmp, write_corpus(tmp / "corpus.txt", n=40)
+
+
+def test_detectors_that_write_their_triggers_next_token_all_agree(corpus, tmp_path):
+    src, lines = corpus
+    (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
+    loaded = token_local(loaded_tiny("gpt2"))
+    view = loaded.view
+    d = detector_transcoder(loaded, "topk")
+    expected, _ = brute_force_latents(loaded, lines, {DETECTOR_LAYER: d}, k=3)
+    first = expected[expected["rank"] == 0].set_index("key")["next_token_id"]
+    embedding = view.unembedding.detach()
+    rows = [embedding[int(first[i])] * 4 if i in first.index and first[i] >= 0 else d.decoder[i]
+            for i in range(d.n_latents)]
+    d = replace(d, decoder=torch.stack(rows))
+    per_layer, keys, neuron_keys = _analysed(tmp_path, loaded, d)
+    targets, top = _brute_agreement(view, d, expected)
+    with_target = targets >= 0
+    assert with_target.sum() >= 3  # the planted detectors that fired, with a next token
+    assert (top[with_target] == targets[with_target]).all()  # the construction: every one agrees
+    row = per_layer.iloc[0]
+    assert int(row["layer"]) == DETECTOR_LAYER and int(row["n_keys_with_target"]) == int(with_target.sum())
+    assert row["agreement_rate"] == 1.0
+    np.testing.assert_array_equal(keys["trigger_target_id"].to_numpy(), targets)
+    np.testing.assert_array_equal(keys["top_token_id"].to_numpy(), top)
+    # The neurons of the layer beside them: their own table's agreement there.
+    mine = neuron_keys[(neuron_keys["layer"] == DETECTOR_LAYER) & (neuron_keys["trigger_target_id"] >= 0)]
+    assert row["agreement_rate_neurons"] == pytest.approx(mine["agrees"].mean())
+    assert row["agreement_rate_minus_neurons"] == pytest.approx(1.0 - mine["agrees"].mean())
+
+
+def test_random_values_agree_as_a_brute_force_says_and_no_better_than_detectors(corpus, tmp_path):
+    src, lines = corpus
+    (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
+    loaded = token_local(loaded_tiny("gpt2"))
+    view = loaded.view
+    d = detector_transcoder(loaded, "topk")
+    g = torch.Generator().manual_seed(3)
+    d = replace(d, decoder=torch.randn(d.decoder.shape, generator=g))
+    expected, _ = brute_force_latents(loaded, lines, {DETECTOR_LAYER: d}, k=3)
+    per_layer, keys, _ = _analysed(tmp_path, loaded, d)
+    targets, top = _brute_agreement(view, d, expected)
+    with_target = targets >= 0
+    assert per_layer.iloc[0]["agreement_rate"] == pytest.approx((top[with_target] == targets[with_target]).mean())
+    assert per_layer.iloc[0]["agreement_rate"] < 1.0
+
+
+def test_a_run_whose_dictionary_is_gone_keeps_its_neuron_tables_and_says_why(corpus, tmp_path):
+    import shutil
+
+    from ffkv.store.run import RunDir
+
+    src, _ = corpus
+    (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
+    loaded = token_local(loaded_tiny("gpt2"))
+    d = detector_transcoder(loaded, "topk")
+    folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
+    build_index(loaded, _spec(tmp_path), tmp_path / "run", IndexOptions(top_k=3, control_keys=4),
+                BatchOptions(batch_size=4), progress=False, dictionary=folder)
+    shutil.rmtree(tmp_path / "dicts")
+    with pytest.warns(Warning, match="values_latents not computed.*is gone"):
+        analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False)
+    run = RunDir(tmp_path / "run")
+    assert run.has_metric("values") and not run.has_metric("values_latents")
