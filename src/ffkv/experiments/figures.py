@@ -131,3 +131,34 @@ def share_curves(layers, curves, title: str, null: str | None = None):
     ax.set_title(title, fontsize=9)
     legend_outside(ax)
     return fig
+
+
+#: The colours of the two kinds of memories wherever they stand side by side.
+KIND_COLORS = {"neurons": "#4C72B0", "latents": "#DD8452"}
+
+
+def kinds_beside(table, kinds, ylabel: str, title: str):
+    """Neurons and a dictionary's latents on one axis, per layer of `table` (its ``layer`` column, from 0): for
+    each kind (name, column, control column, chance column or None), a bar of the share in % with its 95%
+    interval (COLUMN_ci_low, COLUMN_ci_high), its random-direction control as a cross and its chance level as a
+    dash, each beside its own kind. Returns the figure (not saved)."""
+    fig, ax = new_figure()
+    x = np.arange(len(table))
+    shifts = np.linspace(-0.2, 0.2, len(kinds))
+    for shift, (name, column, control, chance) in zip(shifts, kinds):
+        ax.bar(x + shift, 100 * table[column], width=0.4, label=name, color=KIND_COLORS.get(name, COLORS["none"]))
+        interval_bars(ax, x + shift, table, column)
+        if control in table:
+            ax.plot(x + shift, 100 * table[control], ls="none", marker="x", ms=7, color="black",
+                    label="its random directions" if shift == shifts[0] else None)
+        if chance is not None and chance in table:
+            ax.plot(x + shift, 100 * table[chance], ls="none", marker="_", ms=14, mew=2, color=COLORS["chance"],
+                    label="its chance level" if shift == shifts[0] else None)
+    ax.set_xticks(x)
+    ax.set_xlim(-1, len(table))
+    ax.set_xticklabels([str(int(layer) + 1) for layer in table["layer"]])
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    legend_outside(ax)
+    return fig

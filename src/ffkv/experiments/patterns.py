@@ -35,15 +35,17 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, warn
 from ffkv.experiments import semantic
-from ffkv.experiments.common import RunContext, as_numpy, control_with_interval, progress_bar
+from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, progress_bar,
+                                     share_with_interval)
 from ffkv.experiments.dead import dead_keys, largest_coefficients
-from ffkv.experiments.figures import COLORS, layer_axis, legend_outside
+from ffkv.experiments.figures import COLORS, kinds_beside, layer_axis, legend_outside
 from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.models.token_display import sequence_strings
+from ffkv.parallel import is_writer
 from ffkv.presentation.findings import (MIN_SEMANTIC_RECALL, diff, layer_ends, n_of, pct, rule_frame, share_ci,
                                         verdict_row, verdict_rows, wilson_interval)
 from ffkv.store.annotations import LABELS, consensus, read_labels
@@ -62,10 +64,10 @@ TOPIC_WORDS = 3
 
 
 # ------------------------------------------------------------------ shallow
-def suffix_table(ctx: RunContext, control: bool = False) -> pd.DataFrame:
-    """One row per trigger entry (of the model's keys, or of the random control memories) with its last
-    MAX_SUFFIX tokens (t1 = last; -1 where absent)."""
-    trig = ctx.triggers(1, control)[["layer", "key", "rank", "example_id", "position", "coefficient"]].copy()
+def suffix_table(ctx: RunContext, control: bool = False, source: str = "neurons") -> pd.DataFrame:
+    """One row per trigger entry (of the model's keys, or of the random control memories; `source` ``latents``:
+    of the dictionary's latents) with its last MAX_SUFFIX tokens (t1 = last; -1 where absent)."""
+    trig = ctx.triggers(1, control, source)[["layer", "key", "rank", "example_id", "position", "coefficient"]].copy()
     lasts = np.full((len(trig), MAX_SUFFIX), -1, dtype=np.int64)
     for row, (e, p) in enumerate(zip(trig["example_id"].to_numpy(), trig["position"].to_numpy())):
         prefix = ctx.prefix(e, p)
@@ -450,6 +452,89 @@ def pattern_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
     return result
 
 
+#: The labels that name a pattern: the measure on which the latents are set beside the neurons.
+PATTERN_LABELS = ("shallow", "semantic", "both")
+
+
+def latent_pattern_tables(ctx: RunContext, neuron_keys: pd.DataFrame, neuron_control: pd.DataFrame | None
+                          ) -> dict[str, pd.DataFrame]:
+    """Figure 2 for the latents of the dictionary the run was indexed with, labelled by the neurons' rules from
+    their own trigger prefixes; the semantic cut-off of a layer is its control latents' (as random key directions
+    are the neurons'). A latent that never fired has no trigger and is labelled dead. Per layer the latents'
+    shares beside their control's, and the measure set beside the neurons of the same layer: the share with a
+    pattern (shallow, semantic or both) of each kind, each minus its own random-direction control, and the
+    latents' excess minus the neurons' (95% interval: the MOVER combination of the two Newcombe intervals)."""
+    latents = ctx.memories("latents")
+    L = ctx.view.n_layers
+
+    def scored(control: bool) -> pd.DataFrame:
+        entries = suffix_table(ctx, control, "latents").sort_values(["layer", "key", "rank"]).reset_index(drop=True)
+        per_key = shallow_scores(entries)
+        label = "semantic scores, control latents" if control else "semantic scores, latents"
+        if len(entries):  # none fired at all (every one dead): nothing to score
+            per_key = per_key.join(semantic_scores(ctx, entries, per_key, label)[0])
+        else:
+            per_key = per_key.assign(semantic_z=np.nan)
+        fired = per_key.index
+        sizes = ({layer: len(src) for layer, src in ctx.latent_control_sources().items()} if control
+                 else {layer: latents.size(layer) for layer in latents.layers})
+        every = pd.MultiIndex.from_tuples([(layer, key) for layer, n in sizes.items() for key in range(n)],
+                                          names=["layer", "key"])
+        per_key = per_key.reindex(every)
+        per_key["dead"] = ~every.isin(fired)
+        per_key["n_triggers"] = per_key["n_triggers"].fillna(0).astype(int)
+        per_key["is_shallow"] = per_key["is_shallow"].fillna(False).astype(bool)
+        return per_key
+
+    keys = scored(False)
+    control = scored(True) if ctx.has_latent_control else None
+    cutoff = control_cutoffs(None if control is None else control.reset_index(), L)
+    keys = label_keys(keys, cutoff).reset_index()
+    columns = ["layer", "key", "label", "shallow_score", "semantic_z", "semantic_cutoff", "is_shallow", "is_semantic",
+               "dead", "n_triggers"]
+    keys = keys[columns].astype({"layer": np.int16, "key": np.int32})
+    per_layer = shares(keys, None, L)
+    if control is not None:
+        control = label_keys(control, cutoff).reset_index()[columns].astype({"layer": np.int16, "key": np.int32})
+        per_layer = per_layer.merge(control_shares(keys, control, L), on="layer")
+    per_layer = per_layer[per_layer["layer"].isin(latents.layers)].reset_index(drop=True)
+    per_layer["semantic_cutoff"] = cutoff[per_layer["layer"].to_numpy(int)]
+    rows = [_pattern_beside(layer, keys, control, neuron_keys, neuron_control) for layer in per_layer["layer"]]
+    return {"per_layer": per_layer.merge(pd.DataFrame(rows), on="layer"), "keys": keys}
+
+
+def _pattern_beside(layer: int, keys: pd.DataFrame, control: pd.DataFrame | None, neuron_keys: pd.DataFrame,
+                    neuron_control: pd.DataFrame | None) -> dict:
+    """One layer: the share of live memories with a pattern for latents and neurons, each minus its own control,
+    and the latents' excess minus the neurons' (MOVER: the two differences' intervals combined as Newcombe's are)."""
+    def live(t: pd.DataFrame | None) -> np.ndarray:
+        if t is None:
+            return np.zeros(0, dtype=bool)
+        g = t[(t["layer"] == layer) & ~t["dead"].astype(bool)]
+        return np.isin(g["label"].to_numpy(), PATTERN_LABELS)
+
+    row: dict = {"layer": int(layer)}
+    for kind, mine, theirs in (("latents", live(keys), live(control)),
+                               ("neurons", live(neuron_keys), live(neuron_control))):
+        row.update(share_with_interval(mine, f"any_pattern_{kind}"))
+        row[f"n_live_{kind}"] = int(len(mine))
+        got = control_with_interval(mine, theirs, f"any_pattern_{kind}") if len(theirs) else {}
+        row.update({f"any_pattern_{kind}_control": got.get(f"any_pattern_{kind}_control", np.nan),
+                    f"any_pattern_{kind}_minus_control": got.get(f"any_pattern_{kind}_minus_control", np.nan),
+                    f"any_pattern_{kind}_minus_control_ci_low": got.get(f"any_pattern_{kind}_minus_control_ci_low",
+                                                                        np.nan),
+                    f"any_pattern_{kind}_minus_control_ci_high": got.get(
+                        f"any_pattern_{kind}_minus_control_ci_high", np.nan),
+                    f"n_control_{kind}": int(len(theirs))})
+    d1, l1, u1 = (row[f"any_pattern_latents_minus_control{s}"] for s in ("", "_ci_low", "_ci_high"))
+    d2, l2, u2 = (row[f"any_pattern_neurons_minus_control{s}"] for s in ("", "_ci_low", "_ci_high"))
+    d = d1 - d2
+    row.update({"excess_latents_minus_neurons": d,
+                "excess_latents_minus_neurons_ci_low": d - float(np.sqrt((d1 - l1) ** 2 + (u2 - d2) ** 2)),
+                "excess_latents_minus_neurons_ci_high": d + float(np.sqrt((u1 - d1) ** 2 + (d2 - l2) ** 2))})
+    return row
+
+
 def control_shares(keys: pd.DataFrame, control: pd.DataFrame, n_layers: int) -> pd.DataFrame:
     """Per layer and label, the share of the random control memories with it beside the keys' share
     (`control_with_interval`: Newcombe's interval of the difference), live keys and memories only."""
@@ -500,6 +585,13 @@ def draw(result: Result) -> Figures:
     figures = {NAME: draw_labels(result.tables[NAME], result.n_layers)}
     if f"{NAME}_human" in result.tables:
         figures[f"{NAME}_human"] = draw_labels(result.tables[f"{NAME}_human"], result.n_layers, "human labels")
+    if f"{NAME}_latents" in result.tables:
+        figures[f"{NAME}_latents"] = kinds_beside(
+            result.tables[f"{NAME}_latents"],
+            (("neurons", "any_pattern_neurons", "any_pattern_neurons_control", None),
+             ("latents", "any_pattern_latents", "any_pattern_latents_control", None)),
+            "% live memories with a pattern\n(shallow, semantic or both)",
+            "Neurons vs. the dictionary's latents (Fig. 2's labels), each beside its random directions")
     return figures
 
 
@@ -600,6 +692,26 @@ def compute(ctx: RunContext, options=None) -> Result:
     human = human_agreement(ctx, found["keys"])
     if human is not None:
         result.add(f"{NAME}_human", human, **meta)
+    if ctx.has_latents:  # the dictionary's latents labelled by the same rules, beside the neurons of their layer
+        try:
+            latent = latent_pattern_tables(ctx, found["keys"], found.get("control"))
+        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
+            line = f"{NAME}_latents not computed: {error}"
+            if is_writer():
+                warn(line)
+            result.meta[NAME] = {**meta, "warnings": [line]}
+        else:
+            meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
+                        "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired",
+                        "control": ("the control latents of each layer (ffkv.indexing.latents), labelled by the "
+                                    "same rule; their z sets the layer's semantic cut-off" if ctx.has_latent_control
+                                    else "none: the run holds no control latents"),
+                        "beside_neurons": "any_pattern_*: share of live memories labelled shallow, semantic or "
+                                          "both; *_minus_control: Newcombe's 95% interval; excess_latents_minus_"
+                                          "neurons: the latents' excess over their control minus the neurons' "
+                                          "(MOVER 95% interval)"}
+            result.add(f"{NAME}_latents", latent["per_layer"], **meta_lat)
+            result.add(f"{NAME}_latents_keys", latent["keys"], **meta_lat)
     return result
 
 
@@ -619,6 +731,11 @@ FINDINGS.update({
     "patterns_prefixes": FINDINGS["patterns"],
     "patterns_control": FINDINGS["patterns"],
 })
+FINDINGS["patterns_latents"] = Finding("Beyond the paper, beside Figure 2", (
+    "The same labels for the latents of a sparse dictionary of the layer, each kind against its own random "
+    "directions: do the latents' trigger examples share a pattern beyond their control more often than the "
+    "neurons' do?"))
+FINDINGS["patterns_latents_keys"] = FINDINGS["patterns_latents"]
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -642,7 +759,27 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         if "n_dead" in t and int(t["n_dead"].sum()):
             out += f"; {int(t['n_dead'].sum()):,} dead keys are left out"
         return out + "."
+    if name == "patterns_latents" and "excess_latents_minus_neurons" in t:
+        return " ".join(_latents_text(row) for row in t.itertuples(index=False))
     return None
+
+
+def _latents_text(row) -> str:
+    """One layer of patterns_latents in words: each kind's share with a pattern, beside its own random directions,
+    and which kind exceeds its control more, where the interval of the difference excludes 0."""
+    def kind(name: str) -> str:
+        share = share_ci(getattr(row, f"any_pattern_{name}"), getattr(row, f"n_live_{name}"))
+        control = getattr(row, f"any_pattern_{name}_control")
+        return f"{name} {share}" + (f" against {pct(control)} of their random directions"
+                                    if np.isfinite(control) else " (no control)")
+    low, high = row.excess_latents_minus_neurons_ci_low, row.excess_latents_minus_neurons_ci_high
+    verdict = ("the latents exceed their control by more" if low > 0 else "the neurons exceed their control by more"
+               if high < 0 else "the data cannot say which kind exceeds its control by more")
+    excess = (f"; excess over control, latents minus neurons {100 * row.excess_latents_minus_neurons:+.1f} points "
+              f"[{100 * low:+.1f}, {100 * high:+.1f}]: {verdict}" if np.isfinite(row.excess_latents_minus_neurons)
+              else "")
+    return (f"Layer {int(row.layer) + 1}, memories with a pattern: {kind('latents')}; {kind('neurons')}"
+            f"{excess}; {int(row.n_dead):,} latents never fired.")
 
 
 def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:

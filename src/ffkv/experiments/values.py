@@ -19,7 +19,7 @@ import pandas as pd
 from ffkv.errors import FfkvError, warn
 from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
-from ffkv.experiments.figures import COLORS, legend_outside, interval_bars, layer_axis, new_figure
+from ffkv.experiments.figures import COLORS, interval_bars, kinds_beside, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
@@ -144,18 +144,23 @@ def latent_tables(ctx: RunContext, projection: str | None = None) -> dict[str, p
     return {"keys": keys, "per_layer": table, **({"control": control_df} if control_df is not None else {})}
 
 
-def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuron_keys: pd.DataFrame
-                   ) -> pd.DataFrame:
-    """`latent_layers` with, per layer, the neurons' agreement there (agreement_rate_neurons and its interval) and
-    the latents' minus the neurons' (agreement_rate_minus_neurons: Newcombe's 95% interval), over the memories
-    of each kind whose top trigger has a target."""
+def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuron_keys: pd.DataFrame,
+                   neuron_layers: pd.DataFrame) -> pd.DataFrame:
+    """`latent_layers` with, per layer, the neurons' agreement there (agreement_rate_neurons and its interval, with
+    their own nulls: chance_rate_shuffled_neurons, agreement_rate_neurons_control) and the latents' minus the
+    neurons' (agreement_rate_minus_neurons: Newcombe's 95% interval), over the memories of each kind whose top
+    trigger has a target."""
+    nulls = neuron_layers.set_index("layer")
     rows = []
     for layer in latent_layers["layer"]:
         mine = latent_keys[(latent_keys["layer"] == layer) & (latent_keys["trigger_target_id"] >= 0)]
         theirs = neuron_keys[(neuron_keys["layer"] == layer) & (neuron_keys["trigger_target_id"] >= 0)]
         got = control_with_interval(mine["agrees"].to_numpy(bool), theirs["agrees"].to_numpy(bool), "agreement_rate")
         rows.append({"layer": int(layer), **{k.replace("_control", "_neurons"): v for k, v in got.items()},
-                     "n_neurons_with_target": int(len(theirs))})
+                     "n_neurons_with_target": int(len(theirs)),
+                     "chance_rate_shuffled_neurons": float(nulls.at[layer, "chance_rate_shuffled"]),
+                     "agreement_rate_neurons_control": float(nulls.at[layer, "agreement_rate_control"])
+                     if "agreement_rate_control" in nulls else float("nan")})
     return latent_layers.merge(pd.DataFrame(rows), on="layer", how="left")
 
 
@@ -247,34 +252,18 @@ def draw(result: Result) -> Figures:
             figures.update(draw_direction(result.tables[name], result.tables[f"{name}_keys"], result.n_layers,
                                           result.meta[name]["projection"], name))
     if f"{NAME}_latents" in result.tables:
-        figures[f"{NAME}_latents"] = draw_beside(result.tables[f"{NAME}_latents"], result.tables[NAME],
-                                                 result.meta[NAME]["projection"])
+        figures[f"{NAME}_latents"] = draw_beside(result.tables[f"{NAME}_latents"], result.meta[NAME]["projection"])
     return figures
 
 
-def draw_beside(latents: pd.DataFrame, neurons: pd.DataFrame, projection: str):
-    """Figure 4 for the neurons and the latents of each layer the dictionary covers, on one axis: each kind's
-    agreement with its 95% interval, and each kind's own nulls beside it (its random-direction control, the
-    layer's pairing shuffled)."""
-    fig, ax = new_figure()
-    x = np.arange(len(latents))
-    mine = neurons.set_index("layer").loc[latents["layer"]].reset_index()
-    for shift, table, label, color in ((-0.2, mine, "neurons", "#4C72B0"), (0.2, latents, "latents", "#DD8452")):
-        ax.bar(x + shift, 100 * table["agreement_rate"], width=0.4, label=f"{label}: agreement", color=color)
-        interval_bars(ax, x + shift, table, "agreement_rate")
-        ax.plot(x + shift, 100 * table["chance_rate_shuffled"], ls="none", marker="_", ms=14, mew=2,
-                color=COLORS["chance"], label="chance (shuffled pairs)" if shift < 0 else None)
-        if "agreement_rate_control" in table:
-            ax.plot(x + shift, 100 * table["agreement_rate_control"], ls="none", marker="x", ms=7, color="black",
-                    label="random directions (own control)" if shift < 0 else None)
-    ax.set_xticks(x)
-    ax.set_xlim(-1, len(latents))
-    ax.set_xticklabels([str(int(layer) + 1) for layer in latents["layer"]])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("% memories: top token =\ntrigger's next token")
-    ax.set_title(f"Neurons vs. the dictionary's latents (Fig. 4; {projection} projection)")
-    legend_outside(ax)
-    return fig
+def draw_beside(latents: pd.DataFrame, projection: str):
+    """Figure 4 for the neurons and the latents of each layer the dictionary covers, on one axis, each kind beside
+    its own random directions and its own shuffled pairs (`ffkv.experiments.figures.kinds_beside`)."""
+    return kinds_beside(latents, (("neurons", "agreement_rate_neurons", "agreement_rate_neurons_control",
+                                   "chance_rate_shuffled_neurons"),
+                                  ("latents", "agreement_rate", "agreement_rate_control", "chance_rate_shuffled")),
+                        "% memories: top token =\ntrigger's next token",
+                        f"Neurons vs. the dictionary's latents (Fig. 4; {projection} projection)")
 
 
 def draw_direction(per_layer_df: pd.DataFrame, keys: pd.DataFrame, L: int, projection: str, name: str) -> Figures:
@@ -351,7 +340,8 @@ def compute(ctx: RunContext, options=None) -> Result:
                                 else "none: the run holds no control latents"),
                     "neurons": "agreement_rate_neurons: the same layer's neurons (metrics/values); "
                                "*_minus_neurons: latents minus neurons, Newcombe's 95% interval"}
-        result.add(lat, beside_neurons(latent["per_layer"], latent["keys"], found["keys"]), **meta_lat)
+        result.add(lat, beside_neurons(latent["per_layer"], latent["keys"], found["keys"], found["per_layer"]),
+                   **meta_lat)
         result.add(f"{lat}_keys", latent["keys"], **meta_lat)
     if len(ctx.triggers(-1)):  # a run indexed with both signs: Figures 4-5 for the most negative triggers too
         negative = figure_tables(ctx, -1)

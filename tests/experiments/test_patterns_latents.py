@@ -1,0 +1,57 @@
+"""Figure 2's labels for a dictionary's latents beside the neurons (`ffkv.experiments.patterns.latent_pattern_tables`),
+on ffkv-tiny with its shipped transcoder: each latent's shallow score recounted from the latent trigger table and
+the examples, dead latents exactly those that never fired, the shares and the excess over control recomputed from
+the per-memory labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from ffkv.corpus import CorpusSpec
+from ffkv.experiments import analyze
+from ffkv.experiments.patterns import PATTERN_LABELS, SHALLOW_SHARE
+from ffkv.indexing.indexer import IndexOptions, build_index
+from ffkv.models import load_model
+from ffkv.models.default_corpus import default_corpus_path
+from ffkv.models.tiny_lm import tiny_transcoders_path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("patterns_latents") / "run"
+    loaded = load_model("ffkv-tiny")
+    spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=300, shuffle_seed=0)
+    build_index(loaded, spec, out, IndexOptions(top_k=8, control_keys=64), progress=False,
+                dictionary=tiny_transcoders_path())
+    analyze(out, only=["patterns"], loaded=loaded, progress=False)
+    return out
+
+
+def test_latent_labels_and_shares_recount_from_the_tables(run):
+    read = lambda name: pd.read_parquet(run / "metrics" / f"{name}.parquet")  # noqa: E731
+    layers, keys, neuron_keys = read("patterns_latents"), read("patterns_latents_keys"), read("patterns_keys")
+    trig = pd.read_parquet(run / "latent_trigger_examples.parquet")
+    examples = pq.read_table(run / "examples.parquet").to_pandas().set_index("example_id")["token_ids"]
+    assert list(layers["layer"]) == [3] and len(keys) == 512
+    # Dead: exactly the latents without a trigger.
+    fired = set(trig["key"])
+    assert set(keys.loc[keys["dead"], "key"]) == set(range(512)) - fired and int(layers["n_dead"].iloc[0]) == 512 - len(fired)
+    # Shallow score: the share of a latent's trigger prefixes ending in its most common last token.
+    last = [int(examples[e][p]) for e, p in zip(trig["example_id"], trig["position"])]
+    share = trig.assign(last=last).groupby("key")["last"].agg(lambda v: v.value_counts().iloc[0] / len(v))
+    live = keys[~keys["dead"]].set_index("key")
+    np.testing.assert_allclose(live["shallow_score"].to_numpy(), share.reindex(live.index).to_numpy())
+    assert (live["is_shallow"] == (share.reindex(live.index) >= SHALLOW_SHARE)).all()
+    # The measure beside the neurons, recomputed from the labels.
+    row = layers.iloc[0]
+    assert row["any_pattern_latents"] == pytest.approx(np.isin(live["label"], PATTERN_LABELS).mean())
+    mine = neuron_keys[(neuron_keys["layer"] == 3) & ~neuron_keys["dead"]]
+    assert row["any_pattern_neurons"] == pytest.approx(np.isin(mine["label"], PATTERN_LABELS).mean())
+    excess = (row["any_pattern_latents"] - row["any_pattern_latents_control"]) \
+        - (row["any_pattern_neurons"] - row["any_pattern_neurons_control"])
+    assert row["excess_latents_minus_neurons"] == pytest.approx(excess)
+    assert row["excess_latents_minus_neurons_ci_low"] < excess < row["excess_latents_minus_neurons_ci_high"]
+    assert (run / "figures" / "patterns_latents.png").is_file()
