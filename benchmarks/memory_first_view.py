@@ -103,7 +103,11 @@ def main() -> None:
         every = [t for seconds in timings.values() for t in seconds]
         print(f"first view, forward pass (any layer): {summary(forward)}; forward pass / stored, medians: "
               f"{statistics.median(forward) / statistics.median(every):.1f}x")
-    print(f"stored coefficients: {built.get('cells', 0):,} ({built.get('dtype')}), {built.get('bytes', 0) / 2**20:.1f} MiB; "
+    window = built.get("window")
+    kept = "whole examples" if window is None else \
+        f"a window of {window[0]} tokens before each trigger and {window[1]} after"
+    print(f"stored coefficients: {kept}, at most {built.get('max_cells', 0):,} values; "
+          f"{built.get('cells', 0):,} ({built.get('dtype')}), {built.get('bytes', 0) / 2**20:.1f} MiB; "
           f"built in {built.get('seconds', float('nan')):.1f} s of the tables' {info.get('seconds', float('nan')):.1f} s; "
           f"the index took {manifest.get('timings', {}).get('index_seconds', float('nan')):.1f} s")
 

@@ -52,12 +52,34 @@ def heat_style(shade: float) -> str:
     return f"background: rgba({rgb},{alpha:.2f})"
 
 
+#: The title of a run of tokens whose coefficients the build did not store (outside the window around the trigger).
+OUTSIDE_TITLE = "no coefficient stored for these tokens: outside the window kept around the trigger"
+
+
 def strip_html(tokens: list[dict]) -> Markup:
     """A trigger example's tokens (`ExplorerData.memory`'s ``tokens``) as spans shaded by the key's coefficient:
-    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Built here
-    rather than in a template: a memory page holds thousands of them."""
+    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Tokens whose
+    coefficient was not stored (``outside`` the stored window) are shown as text, each run of them in one span
+    marked ``nm`` (hatched: no coefficient, not m = 0). Built here rather than in a template: a memory page holds
+    thousands of them."""
     out = ['<span class="tokens">']
+    outside: list[str] = []  # the current run of tokens outside the stored window
+    after = False
+
+    def close_outside() -> None:
+        if outside:
+            out.append(f'<span class="nm{" after" if after else ""}" title="{OUTSIDE_TITLE}">'
+                       f'{escape("".join(outside))}</span>')
+            outside.clear()
+
     for t in tokens:
+        if t.get("outside"):
+            if outside and t["after"] != after:
+                close_outside()
+            after = t["after"]
+            outside.append(visible(t["text"]))
+            continue
+        close_outside()
         if t.get("gap"):
             out.append(f'<span class="gap" title="{t["omitted"]:,} tokens not shown">…</span>')
             continue
@@ -73,6 +95,7 @@ def strip_html(tokens: list[dict]) -> Markup:
             out.append(f'<span class="t" style="{style}">{escape(text[:len(text) - len(body)])}</span>')
             text = body
         out.append(f'<span class="{cls}" style="{style}"{title}>{escape(text)}</span>')
+    close_outside()
     out.append("</span>")
     return Markup("".join(out))
 
@@ -452,11 +475,15 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "explanations": m["explanations"],
         "statistics": {k: _plain(v) for k, v in m["stats"].items() if k != "activation_histogram"},
         "activation_histogram": m["histogram"],
+        # [before, after]: where the run stored coefficients only for a window of tokens around each trigger
+        # (a real model's index), those it stored; a trigger example's coefficients are null outside it
+        "stored_window": m["window"],
         "trigger_examples": [
             {"direction": e["direction"], "rank": e["rank"], "coefficient": e["coefficient"],
              "example_id": e["example_id"], "position": e["position"], "next_token_id": e["next_token_id"],
              "text": e["text"], "first_position": e["first"],  # tokens[0]'s position (a long example is cut)
              "tokens": [t["text"] for t in e["tokens"] if not t.get("gap")],
+             # null outside the stored window (``stored_window``)
              "coefficients": [t["m"] for t in e["tokens"] if not t.get("gap")]}
             for g in m["triggers"] for e in g["examples"]],
     }

@@ -68,6 +68,8 @@ dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
 .tokens .t.after { color: #5d6670; }
 .tokens .t.part { display: inline-block; min-width: .3em; }
 .tokens .gap { color: var(--muted); padding: 0 .2em; }
+.tokens .nm { background: repeating-linear-gradient(135deg, transparent 0 3px, rgba(102,112,124,.22) 3px 4px); }
+.tokens .nm.after { color: #5d6670; }
 .strip { display: flex; flex-wrap: wrap; gap: .2rem; margin: .4rem 0; }
 .strip button { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; white-space: pre;
                 background: var(--soft); color: var(--fg); border: 1px solid var(--line); padding: .1rem .3rem; }
