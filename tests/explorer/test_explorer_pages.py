@@ -324,7 +324,7 @@ def test_a_boxed_tokens_leading_space_stays_outside_its_box():
         return {"text": text, "m": 1.0, "shade": 0.5, "trigger": False, "next": False, "after": False, **marks}
 
     html = str(strip_html([token("The"), token(" word", trigger=True), token(" next", next=True), token(" rest")]))
-    assert '<span class="t trig" style="background: rgba(46,120,214,0.38)" title="m = 1">word</span>' in html
+    assert '<span class="t trig" style="--a:0.38" title="m = 1">word</span>' in html
     assert "> next</span>" not in html and ">next</span>" in html
     assert "> rest</span>" in html  # unmarked tokens keep their space
     assert html.count("<span class=\"t\"") == 4  # "The", the two split spaces, " rest"
@@ -335,7 +335,7 @@ def test_tokens_outside_the_stored_window_are_text_in_one_marked_span():
     each run of them is one hatched span of plain text (not spans shaded as m = 0), before and after the trigger."""
     from ffkv.explorer.pages import OUTSIDE_TITLE, strip_html
 
-    def token(text, m=0.5, **marks):
+    def token(text, m=1.0, **marks):
         return {"text": text, "m": m, "shade": 0.0 if m is None else m, "trigger": False, "next": False,
                 "after": False, "outside": False, **marks}
 
@@ -345,4 +345,4 @@ def test_tokens_outside_the_stored_window_are_text_in_one_marked_span():
     assert html.count('class="nm') == 2
     assert f'<span class="nm" title="{OUTSIDE_TITLE}">A &lt;b&gt;</span>' in html
     assert f'<span class="nm after" title="{OUTSIDE_TITLE}"> f↵</span>' in html
-    assert html.count('title="m = 0.5"') == 3  # the stored ones keep their value on hover
+    assert html.count('title="m = 1"') == 3  # the stored ones keep their value on hover

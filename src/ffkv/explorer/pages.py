@@ -44,12 +44,18 @@ SEARCH_LIMIT = 50
 
 
 def heat_style(shade: float) -> str:
-    """Background of a token shaded by a signed coefficient (shade = m / the key's largest |m|)."""
+    """The inline style of a token shaded by a signed coefficient (shade = m / the key's largest |m|): the shade's
+    opacity as the custom property ``--a``, which the page's CSS (`ffkv.presentation.style.CSS`, ``.tokens .t``)
+    makes a blue background, red on a token of class ``neg`` (`heat_class`); "" for none. A memory page holds
+    thousands of tokens: 16 bytes each, where a whole ``background: rgba(...)`` took 42."""
     if not shade or not math.isfinite(shade):
         return ""
-    alpha = min(1.0, abs(shade)) * 0.75
-    rgb = "46,120,214" if shade > 0 else "214,64,69"
-    return f"background: rgba({rgb},{alpha:.2f})"
+    return f"--a:{min(1.0, abs(shade)) * 0.75:.2f}"
+
+
+def heat_class(shade: float) -> str:
+    """" neg" for a token shaded red (a negative coefficient, `heat_style`), else ""."""
+    return " neg" if shade and math.isfinite(shade) and shade < 0 else ""
 
 
 #: The title of a run of tokens whose coefficients the build did not store (outside the window around the trigger).
@@ -83,18 +89,20 @@ def strip_html(tokens: list[dict]) -> Markup:
         if t.get("gap"):
             out.append(f'<span class="gap" title="{t["omitted"]:,} tokens not shown">…</span>')
             continue
-        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "") \
-            + ("" if t["text"] else " part")
+        heat = heat_class(t["shade"])
+        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") \
+            + (" after" if t["after"] else "") + ("" if t["text"] else " part") + heat
         title = "" if t["m"] is None else \
             f' title="m = {number(t["m"], 3)}{"" if t["text"] else " (first bytes of the character that follows)"}"'
         text, style = visible(t["text"]), heat_style(t["shade"])
+        style = f' style="{style}"' if style else ""
         body = text.lstrip()
         if body and body != text and (t["trigger"] or t["next"]):
             # A boxed or underlined token's leading space stays outside its mark: where the line wraps at that
             # space, the mark would otherwise leave an empty box at the end of the line.
-            out.append(f'<span class="t" style="{style}">{escape(text[:len(text) - len(body)])}</span>')
+            out.append(f'<span class="t{heat}"{style}>{escape(text[:len(text) - len(body)])}</span>')
             text = body
-        out.append(f'<span class="{cls}" style="{style}"{title}>{escape(text)}</span>')
+        out.append(f'<span class="{cls}"{style}{title}>{escape(text)}</span>')
     close_outside()
     out.append("</span>")
     return Markup("".join(out))
