@@ -57,7 +57,9 @@ def main() -> None:
     started = time.perf_counter()
     loaded = load_run_model(run)
     print(f"model loaded in {time.perf_counter() - started:.1f} s")
-    data = ExplorerData(run, loaded)
+    begun = time.perf_counter()
+    data = ExplorerData(run, loaded)  # reads the tables, and checks the stored coefficients' SHA-256
+    opened = time.perf_counter() - begun
     if data.coefficients is None:
         raise SystemExit(f"{run} has no stored trigger coefficients: `ffkv analyze {run} --only lookups` builds them")
     stored = data.coefficients
@@ -95,6 +97,7 @@ def main() -> None:
     manifest = json.loads((run / "manifest.json").read_text())
     print(f"run {run}: {data.n_layers} layers x {data.d_m:,} keys, model {manifest['model']['id']}; "
           f"load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(f"the explorer's tables opened (the stored coefficients' file checked) in {opened:.3f} s")
     print(f"the process's first memory page (vocabulary strings, templates): {first_page:.3f} s")
     for band, seconds in timings.items():
         print(f"first view, stored, {band}: {summary(seconds)}; page {statistics.median(sizes[band]) / 1000:.0f} kB "
@@ -103,7 +106,11 @@ def main() -> None:
         every = [t for seconds in timings.values() for t in seconds]
         print(f"first view, forward pass (any layer): {summary(forward)}; forward pass / stored, medians: "
               f"{statistics.median(forward) / statistics.median(every):.1f}x")
-    print(f"stored coefficients: {built.get('cells', 0):,} ({built.get('dtype')}), {built.get('bytes', 0) / 2**20:.1f} MiB; "
+    window = built.get("window")
+    kept = "whole examples" if window is None else \
+        f"a window of {window[0]} tokens before each trigger and {window[1]} after"
+    print(f"stored coefficients: {kept}, at most {built.get('max_cells', 0):,} values; "
+          f"{built.get('cells', 0):,} ({built.get('dtype')}), {built.get('bytes', 0) / 2**20:.1f} MiB; "
           f"built in {built.get('seconds', float('nan')):.1f} s of the tables' {info.get('seconds', float('nan')):.1f} s; "
           f"the index took {manifest.get('timings', {}).get('index_seconds', float('nan')):.1f} s")
 

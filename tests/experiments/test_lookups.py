@@ -122,3 +122,24 @@ def test_the_most_common_last_token_is_the_same_on_every_build(tmp_path):
     assert got[0][["layer", "key", "common_last_token_id"]].values.tolist() == [[0, 0, 3], [0, 1, 5], [1, 0, 1]]
     np.testing.assert_allclose(got[0]["shallow_share"], [1 / 3, 2 / 3, 0.5], rtol=1e-6)
     assert all(g.equals(got[0]) for g in got)
+
+
+def test_the_stored_window_never_exceeds_max_cells():
+    """`trigger_contexts.window_for`: WINDOW while the rows' windows fit MAX_CELLS, else the widest window that
+    does (at least MIN_BEFORE tokens before the trigger and the one after it), none beyond MAX_ROWS; the stored
+    cells, at most rows x its width, never exceed MAX_CELLS (the disk bound: MAX_CELLS x 2 bytes in float16)."""
+    from ffkv.experiments import trigger_contexts as tc
+
+    before, after = tc.WINDOW
+    assert tc.window_for(0) == tc.WINDOW
+    assert tc.window_for(tc.MAX_CELLS // (before + after + 1)) == tc.WINDOW
+    assert tc.MAX_ROWS * (tc.MIN_BEFORE + 2) <= tc.MAX_CELLS
+    widths = []
+    for rows in [1_000_000, 1_840_000, 2_300_000, 4_608_000, 5_000_000, tc.MAX_ROWS]:
+        b, a = tc.window_for(rows)
+        assert rows * (b + a + 1) <= tc.MAX_CELLS, rows
+        assert tc.MIN_BEFORE <= b <= before and 1 <= a <= after, (rows, b, a)
+        widths.append(b + a + 1)
+    assert widths == sorted(widths, reverse=True)  # more rows, a narrower window
+    assert tc.window_for(4_608_000) == (10, 2)  # SmolLM2 on 300 WikiText lines at the default top-50: 13 tokens
+    assert tc.window_for(tc.MAX_ROWS + 1) is None

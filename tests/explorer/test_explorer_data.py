@@ -231,22 +231,30 @@ def test_the_explorer_says_why_it_builds_its_lookup_tables(tmp_path, capsys):
     assert "ffkv serve: its lookup tables are missing or out of date" in capsys.readouterr().out
 
 
-def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, monkeypatch):
+@pytest.mark.parametrize("case", ["whole examples do not fit", "the windows do not fit either"])
+def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, monkeypatch, case):
     """Issue 44: on SmolLM2 the index's whole trigger examples held more than MAX_CELLS coefficients, so none were
     stored and each first view of a memory page ran the model (median 28 s). Now the build stores a window around
-    each trigger: within it the page's coefficients equal a brute-force forward pass (to float16's precision) and
-    no model runs; outside it no token is shaded."""
+    each trigger, narrowed where the rows' windows would not fit either (SmolLM2 at the default top-50): within it
+    the page's coefficients equal a brute-force forward pass (to float16's precision), the file holds at most
+    MAX_CELLS values, and no model runs; outside it no token is shaded, and the page marks those tokens and says
+    why."""
     from ffkv.experiments import trigger_contexts
-    from ffkv.explorer import live
+    from ffkv.explorer import live, pages
     from ffkv.store import lookups
 
     run, loaded = fresh_run
     te = pd.read_parquet(run / "trigger_examples.parquet")
     ex = pd.read_parquet(run / "examples.parquet").set_index("example_id")
     whole = sum(len(ex.at[e, "token_ids"]) for e in te.example_id)
-    before, after = 2, 1
-    monkeypatch.setattr(trigger_contexts, "WINDOW", (before, after))
-    monkeypatch.setattr(trigger_contexts, "MAX_CELLS", whole - 1)  # the whole examples no longer fit
+    if case == "whole examples do not fit":
+        window, max_cells, (before, after) = (2, 1), whole - 1, (2, 1)
+    else:  # room for 6 tokens a row, not WINDOW's 10: cut in its proportions, the token after the trigger kept
+        window, max_cells, (before, after) = (6, 3), 6 * len(te), (4, 1)
+    assert max_cells < whole
+    monkeypatch.setattr(trigger_contexts, "WINDOW", window)
+    monkeypatch.setattr(trigger_contexts, "MAX_CELLS", max_cells)
+    assert trigger_contexts.window_for(len(te)) == (before, after)
     (run / "explorer" / lookups.INFO).unlink()  # rebuilt
     calls = []
     monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
@@ -256,9 +264,12 @@ def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, mon
         expected = sum(min(p + after + 1, len(ex.at[e, "token_ids"])) - max(p - before, 0)
                        for e, p in zip(te.example_id, te.position))
         assert info["file"] == lookups.COEFFICIENTS and info["window"] == [before, after]
-        assert info["cells"] == expected < whole
+        assert info["cells"] == expected <= max_cells and info["max_cells"] == max_cells
+        outside = 0
         for layer, key in [(0, 3), (2, 11)]:
-            for group in d.memory(layer, key)["triggers"]:
+            m = d.memory(layer, key)
+            assert m["window"] == [before, after]
+            for group in m["triggers"]:
                 for e in group["examples"]:
                     token_ids = list(ex.at[e["example_id"], "token_ids"])
                     with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
@@ -269,11 +280,72 @@ def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, mon
                         at = first + j
                         if p - before <= at <= p + after:
                             assert t["m"] == pytest.approx(float(truth[at]), rel=2e-3, abs=1e-4), (layer, key, at)
+                            assert not t["outside"]
                         else:
-                            assert t["m"] is None
+                            assert t["m"] is None and t["outside"]
+                            outside += 1
+            html = pages.memory_page(d, layer + 1, key)
+            assert f"this run stores m for {before} tokens before each trigger and {after} after it" in html
+            assert html.count('<span class="nm') >= 1
+        assert outside > 0
         assert calls == []  # no forward pass for a page
     finally:
         d.close()
+
+
+def test_a_run_that_stores_whole_examples_marks_no_token(data):
+    """Where the build stored whole examples (the demo, this run), every shown token has its coefficient: no token
+    is marked as outside a window, and the page says nothing of one."""
+    from ffkv.explorer import pages
+
+    m = data.memory(1, 3)
+    assert m["window"] is None
+    assert not any(t.get("outside") for g in m["triggers"] for e in g["examples"] for t in e["tokens"])
+    html = pages.memory_page(data, 2, 3)
+    assert "window-note" not in html and '<span class="nm' not in html
+
+
+def _damaged_copy(analyzed, tmp_path):
+    import shutil
+
+    from ffkv.store import lookups
+
+    run, loaded = analyzed
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)  # copy2 keeps mtimes: the tables stay current
+    return copy, loaded, copy / "explorer" / lookups.COEFFICIENTS
+
+
+def test_damaged_stored_coefficients_are_refused_by_name(analyzed, tmp_path):
+    """A coefficient file of the recorded size whose bytes were changed in place is refused, naming the file and
+    the command that rewrites it; a page never shades tokens by coefficients other than those written."""
+    from ffkv.errors import DamagedRun
+
+    copy, loaded, path = _damaged_copy(analyzed, tmp_path)
+    raw = bytearray(path.read_bytes())
+    raw[-8:] = bytes(8 * [0x3C])  # four float16 values become 1.0586: the same size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedRun) as caught:
+        ExplorerData(copy, loaded)
+    message = str(caught.value)
+    assert str(path) in message and "SHA-256" in message and f"ffkv analyze {copy} --only lookups" in message
+
+
+def test_a_coefficient_file_that_is_not_the_described_array_is_refused(analyzed, tmp_path):
+    """A coefficient file whose recorded size and hash agree (another build's, or info.json rewritten) but which
+    is not the array info.json describes (its dtype and length) is refused, naming it."""
+    from ffkv.errors import DamagedRun
+    from ffkv.store import atomic, integrity, lookups
+
+    copy, loaded, path = _damaged_copy(analyzed, tmp_path)
+    np.save(path, np.load(path).astype(np.float32), allow_pickle=False)  # the same values, another dtype
+    info = lookups.read_info(copy / "explorer")
+    info["files"][lookups.COEFFICIENTS] = integrity.describe_file(path, "lookups")
+    atomic.write_json(copy / "explorer" / lookups.INFO, info)
+    with pytest.raises(DamagedRun) as caught:
+        ExplorerData(copy, loaded)
+    message = str(caught.value)
+    assert str(path) in message and "dtype float32" in message and "float16 values" in message
 
 
 def test_a_long_example_is_shown_around_its_trigger(data, monkeypatch):

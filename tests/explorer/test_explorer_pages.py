@@ -324,7 +324,25 @@ def test_a_boxed_tokens_leading_space_stays_outside_its_box():
         return {"text": text, "m": 1.0, "shade": 0.5, "trigger": False, "next": False, "after": False, **marks}
 
     html = str(strip_html([token("The"), token(" word", trigger=True), token(" next", next=True), token(" rest")]))
-    assert '<span class="t trig" style="background: rgba(46,120,214,0.38)" title="m = 1">word</span>' in html
+    assert '<span class="t trig" style="--a:0.38" title="m = 1">word</span>' in html
     assert "> next</span>" not in html and ">next</span>" in html
     assert "> rest</span>" in html  # unmarked tokens keep their space
     assert html.count("<span class=\"t\"") == 4  # "The", the two split spaces, " rest"
+
+
+def test_tokens_outside_the_stored_window_are_text_in_one_marked_span():
+    """Where the run stored a window of coefficients around each trigger, the tokens beyond it have no coefficient:
+    each run of them is one hatched span of plain text (not spans shaded as m = 0), before and after the trigger."""
+    from ffkv.explorer.pages import OUTSIDE_TITLE, strip_html
+
+    def token(text, m=1.0, **marks):
+        return {"text": text, "m": m, "shade": 0.0 if m is None else m, "trigger": False, "next": False,
+                "after": False, "outside": False, **marks}
+
+    html = str(strip_html([token("A", None, outside=True), token(" <b>", None, outside=True), token(" c"),
+                           token(" d", trigger=True), token(" e", next=True, after=True),
+                           token(" f", None, outside=True, after=True), token("\n", None, outside=True, after=True)]))
+    assert html.count('class="nm') == 2
+    assert f'<span class="nm" title="{OUTSIDE_TITLE}">A &lt;b&gt;</span>' in html
+    assert f'<span class="nm after" title="{OUTSIDE_TITLE}"> f↵</span>' in html
+    assert html.count('title="m = 1"') == 3  # the stored ones keep their value on hover

@@ -14,8 +14,9 @@ the contract in docs/run-directory.md). Per key of every layer:
   passes over the sample, so memory never holds more than one batch of coefficients);
 - explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
   examples they use, indexed for point queries;
-- trigger_coefficients.npy: the key's coefficient at every token of each trigger example
-  (`ffkv.experiments.trigger_contexts`), so that a memory page runs no model to shade them.
+- trigger_coefficients.npy: the key's coefficient at every token of each trigger example, or at a window of tokens
+  around its trigger where the whole examples would not fit (`ffkv.experiments.trigger_contexts`: at most
+  `MAX_CELLS` values), so that a memory page runs no model to shade them.
 
 Only the writing rank builds them (they are small next to the experiments' passes).
 """
@@ -129,15 +130,18 @@ def build_database(run: RunDir, path: Path) -> list[int] | None:
 def _located(con, triggers: str, located: bool) -> tuple[str, str, list[int] | None]:
     """SQL for where each trigger row's stored coefficients start in its example and how many there are, and the
     window that decides them: the whole example (window None) while every row's whole example fits
-    `trigger_contexts.MAX_CELLS`, else `trigger_contexts.WINDOW` around the trigger position (the tokens a page
-    shows shaded); NULL beyond `trigger_contexts.MAX_ROWS` rows."""
+    `trigger_contexts.MAX_CELLS`, else `trigger_contexts.window_for` the rows around the trigger (the tokens a page
+    shows shaded); NULL beyond `trigger_contexts.MAX_ROWS` rows (or where no window fits)."""
     if not located:
         return "NULL", "NULL", None
-    whole = con.execute(f"SELECT coalesce(sum(len(x.token_ids)), 0) FROM read_parquet('{triggers}') t "
-                        "JOIN texts x USING (example_id)").fetchone()[0]
+    rows, whole = con.execute(f"SELECT count(*), coalesce(sum(len(x.token_ids)), 0) FROM read_parquet('{triggers}') t "
+                              "JOIN texts x USING (example_id)").fetchone()
     if whole <= trigger_contexts.MAX_CELLS:
         return "0", "len(x.token_ids)", None
-    before, after = trigger_contexts.WINDOW
+    window = trigger_contexts.window_for(int(rows))
+    if window is None:
+        return "NULL", "NULL", None
+    before, after = window
     start = f"greatest(t.position - {before}, 0)"
     return start, f"least(t.position + {after + 1}, len(x.token_ids)) - {start}", [before, after]
 
@@ -327,15 +331,15 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
     top_table, stats = value_tables(loaded, top1, bar=bar)
     act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
-    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_CELLS:,} token coefficients"
-                                                        if rows is not None else
-                                                        f"more than {trigger_contexts.MAX_ROWS:,} trigger rows"}
+    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_ROWS:,} trigger rows, or "
+                                                        f"more than {trigger_contexts.MAX_CELLS:,} token coefficients "
+                                                        "in the narrowest window"}
     if store_contexts:
         begun = time.perf_counter()
         flat = trigger_contexts.compute(loaded, rows, texts, bar=bar)
         dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
         contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
-                    "window": window,
+                    "window": window, "max_cells": trigger_contexts.MAX_CELLS,
                     "bytes": (folder / trigger_contexts.FILE).stat().st_size,
                     "seconds": round(time.perf_counter() - begun, 3)}
         del flat, texts

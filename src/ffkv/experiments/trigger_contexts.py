@@ -6,15 +6,16 @@ index reads it). Computing them when the page is first asked for costs a forward
 key's examples (1-4 s on a CPU); here one pass over every example the trigger rows use, capturing
 every layer, computes them for all keys at once, and the page reads a slice of a file.
 
-Stored in RUN/explorer/ as `FILE` (read by `ffkv.store.lookups.read_coefficients`): one flat
-float16 array (float32 when some |m| exceeds float16's range), the rows of the ``triggers`` table
-of explorer.duckdb one after another in its order, each as long as its example, or, where every
-row's whole example would exceed `MAX_CELLS`, as long as the `WINDOW` around its trigger (a real
-model's index: the page shades those tokens); the row's ``m_offset``, ``m_start`` and ``m_length``
-point into it. float16 keeps three
-significant digits (the page shows three; the trigger position's own coefficient is the index's,
-exact). Skipped (the explorer then computes a page's coefficients when it is asked for) when even
-the windows hold more than `MAX_CELLS` tokens in all, or the index more than `MAX_ROWS` rows.
+Stored in RUN/explorer/ as `FILE` (read by `ffkv.store.lookups.read_coefficients`, which checks it against
+info.json's record and names it when it differs): one flat float16 array (float32 when some |m| exceeds float16's
+range), the rows of the ``triggers`` table of explorer.duckdb one after another in its order, each as long as its
+example, or, where every row's whole example would exceed `MAX_CELLS`, as long as a window around its trigger
+(`window_for`: `WINDOW`, narrowed where the rows' windows would exceed `MAX_CELLS`; the tokens a page shades); the
+row's ``m_offset``, ``m_start`` and ``m_length`` point into it. The file therefore holds at most
+min(Σ whole examples, rows × window width) ≤ `MAX_CELLS` values: 120 MB in float16 (240 MB in the float32 case).
+float16 keeps three significant digits (the page shows three; the trigger position's own coefficient is the
+index's, exact). Skipped (the explorer then computes a page's coefficients when it is asked for) only for an index
+of more than `MAX_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -40,16 +41,41 @@ MAX_CELLS = 60_000_000
 MAX_ROWS = 6_000_000
 #: Tokens before and after the trigger position whose coefficients are stored, where every row's whole example
 #: would exceed `MAX_CELLS` (SmolLM2-135M, 30 layers x 1,536 keys x 2 directions x top-20 over WikiText lines: 1.8M
-#: rows, their whole examples about 200M cells; their windows 50M, 100 MB in float16).
+#: rows, their whole examples about 200M cells; their windows 47M, 93 MB in float16). Narrowed by `window_for` where
+#: the rows' windows would exceed `MAX_CELLS` (the same model at the index's default top-50: 4.6M rows).
 WINDOW = (20, 6)
+#: The narrowest window `window_for` gives: the trigger, the token after it (the page underlines it) and this many
+#: before. `MAX_ROWS` x (`MIN_BEFORE` + 2) must not exceed `MAX_CELLS`.
+MIN_BEFORE = 2
 #: Examples per forward pass, and padded tokens per batch.
 BATCH_SIZE = 16
 MAX_BATCH_TOKENS = 8192
 
 
+def window_for(rows: int) -> tuple[int, int] | None:
+    """The tokens before and after each trigger position whose coefficients are stored for an index of `rows`
+    trigger rows whose whole examples do not fit `MAX_CELLS`: `WINDOW` while rows x its width fits `MAX_CELLS`, else
+    the widest window that does, cut from both sides in `WINDOW`'s proportions (at least the token after the
+    trigger, and `MIN_BEFORE` before it); None (nothing stored) beyond `MAX_ROWS` rows, or where even that narrowest
+    window would exceed `MAX_CELLS`.
+
+    So the stored cells never exceed rows x (before + 1 + after) <= `MAX_CELLS` (a row near its example's start or
+    end holds fewer)."""
+    if rows > MAX_ROWS or rows * (MIN_BEFORE + 2) > MAX_CELLS:
+        return None
+    before, after = WINDOW
+    width = before + 1 + after
+    if rows * width <= MAX_CELLS:
+        return before, after
+    width = MAX_CELLS // rows
+    after = max(1, min(after, (width - 1) * after // (before + after)))
+    return width - 1 - after, after
+
+
 def plan(db_path: Path) -> dict[str, np.ndarray] | None:
     """The rows of explorer.duckdb's triggers table in the order of their coefficients: layer, key, example_id,
-    m_offset, m_start, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows)."""
+    m_offset, m_start, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows, or no
+    window fits: `window_for`)."""
     con = open_database(db_path, tables={"triggers": ("layer", "key", "example_id", "m_offset", "m_start",
                                                       "m_length")})
     try:

@@ -85,8 +85,10 @@ class ExplorerData:
         k = int(top["rank"].max()) + 1 if len(top) else 0
         self.top_ids = top["token_id"].to_numpy().reshape(self.n_layers, self.d_m, k)
         self.top_probs = top["prob"].to_numpy().reshape(self.n_layers, self.d_m, k)
-        # Per-token coefficients of every trigger example, stored by the build (None: computed when asked for).
-        self.coefficients = lookups.read_coefficients(self.folder, self.lookup_info)
+        # Per-token coefficients of the trigger examples, stored by the build (None: computed when asked for); a file
+        # that is not the one info.json records is refused here, naming it.
+        fix = rewrite_command(self.run.path, f"explorer/{lookups.COEFFICIENTS}", "lookups")
+        self.coefficients = lookups.read_coefficients(self.folder, self.lookup_info, fix)
         self.annotations = Annotations(self.run.path)
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
@@ -337,8 +339,8 @@ class ExplorerData:
 
     def _stored_context(self, trig: pd.DataFrame) -> list | None:
         """The per-token coefficients of a key's trigger examples as the build stored them, each as long as its
-        example (NaN outside the stored window: `ffkv.experiments.trigger_contexts.WINDOW`), or None when it stored
-        none for these rows."""
+        example (NaN outside the stored window: `ffkv.experiments.trigger_contexts.window_for`), or None when it
+        stored none for these rows."""
         if self.coefficients is None or trig["m_offset"].isna().any():
             return None
         out = []
@@ -406,9 +408,10 @@ class ExplorerData:
             for j in range(first, last):
                 # The trigger position's coefficient is the index's own (stored coefficients are float16).
                 m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
-                m = None if m is not None and math.isnan(m) else m  # outside the stored window
+                outside = m is not None and math.isnan(m)  # outside the stored window: no coefficient, marked so
+                m = None if outside else m
                 tokens.append({"text": texts[j], "m": m, "shade": 0.0 if m is None else m / scale,
-                               "trigger": j == pos, "next": j == pos + 1, "after": j > pos})
+                               "trigger": j == pos, "next": j == pos + 1, "after": j > pos, "outside": outside})
             if first > 0:
                 tokens.insert(0, {**GAP, "omitted": first})
             if last < len(ids):
@@ -443,6 +446,9 @@ class ExplorerData:
             "next_tokens": [{"token_id": t, "token": self.token(t), "count": c} for t, c in next_counts.most_common(10)],
             "surface": {"token": common_last, "share": n_last / len(positive) if positive else 0.0},
             "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
+            # [before, after]: the tokens around each trigger whose coefficients the build stored, where it stored a
+            # window rather than whole examples (`ffkv.experiments.trigger_contexts.window_for`); None otherwise.
+            "window": (self.lookup_info.get("trigger_coefficients") or {}).get("window") if stored else None,
             "census": self.census_of(layer, key),
             "explanations": self.explanations_of(layer, key),
             # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.

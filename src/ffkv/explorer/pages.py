@@ -44,35 +44,66 @@ SEARCH_LIMIT = 50
 
 
 def heat_style(shade: float) -> str:
-    """Background of a token shaded by a signed coefficient (shade = m / the key's largest |m|)."""
+    """The inline style of a token shaded by a signed coefficient (shade = m / the key's largest |m|): the shade's
+    opacity as the custom property ``--a``, which the page's CSS (`ffkv.presentation.style.CSS`, ``.tokens .t``)
+    makes a blue background, red on a token of class ``neg`` (`heat_class`); "" for none. A memory page holds
+    thousands of tokens: 16 bytes each, where a whole ``background: rgba(...)`` took 42."""
     if not shade or not math.isfinite(shade):
         return ""
-    alpha = min(1.0, abs(shade)) * 0.75
-    rgb = "46,120,214" if shade > 0 else "214,64,69"
-    return f"background: rgba({rgb},{alpha:.2f})"
+    return f"--a:{min(1.0, abs(shade)) * 0.75:.2f}"
+
+
+def heat_class(shade: float) -> str:
+    """" neg" for a token shaded red (a negative coefficient, `heat_style`), else ""."""
+    return " neg" if shade and math.isfinite(shade) and shade < 0 else ""
+
+
+#: The title of a run of tokens whose coefficients the build did not store (outside the window around the trigger).
+OUTSIDE_TITLE = "no coefficient stored for these tokens: outside the window kept around the trigger"
 
 
 def strip_html(tokens: list[dict]) -> Markup:
     """A trigger example's tokens (`ExplorerData.memory`'s ``tokens``) as spans shaded by the key's coefficient:
-    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Built here
-    rather than in a template: a memory page holds thousands of them."""
+    the trigger boxed, the next token underlined, the leading bytes of a split character narrow. Tokens whose
+    coefficient was not stored (``outside`` the stored window) are shown as text, each run of them in one span
+    marked ``nm`` (hatched: no coefficient, not m = 0). Built here rather than in a template: a memory page holds
+    thousands of them."""
     out = ['<span class="tokens">']
+    outside: list[str] = []  # the current run of tokens outside the stored window
+    after = False
+
+    def close_outside() -> None:
+        if outside:
+            out.append(f'<span class="nm{" after" if after else ""}" title="{OUTSIDE_TITLE}">'
+                       f'{escape("".join(outside))}</span>')
+            outside.clear()
+
     for t in tokens:
+        if t.get("outside"):
+            if outside and t["after"] != after:
+                close_outside()
+            after = t["after"]
+            outside.append(visible(t["text"]))
+            continue
+        close_outside()
         if t.get("gap"):
             out.append(f'<span class="gap" title="{t["omitted"]:,} tokens not shown">…</span>')
             continue
-        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") + (" after" if t["after"] else "") \
-            + ("" if t["text"] else " part")
+        heat = heat_class(t["shade"])
+        cls = "t" + (" trig" if t["trigger"] else "") + (" nx" if t["next"] else "") \
+            + (" after" if t["after"] else "") + ("" if t["text"] else " part") + heat
         title = "" if t["m"] is None else \
             f' title="m = {number(t["m"], 3)}{"" if t["text"] else " (first bytes of the character that follows)"}"'
         text, style = visible(t["text"]), heat_style(t["shade"])
+        style = f' style="{style}"' if style else ""
         body = text.lstrip()
         if body and body != text and (t["trigger"] or t["next"]):
             # A boxed or underlined token's leading space stays outside its mark: where the line wraps at that
             # space, the mark would otherwise leave an empty box at the end of the line.
-            out.append(f'<span class="t" style="{style}">{escape(text[:len(text) - len(body)])}</span>')
+            out.append(f'<span class="t{heat}"{style}>{escape(text[:len(text) - len(body)])}</span>')
             text = body
-        out.append(f'<span class="{cls}" style="{style}"{title}>{escape(text)}</span>')
+        out.append(f'<span class="{cls}"{style}{title}>{escape(text)}</span>')
+    close_outside()
     out.append("</span>")
     return Markup("".join(out))
 
@@ -452,11 +483,15 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "explanations": m["explanations"],
         "statistics": {k: _plain(v) for k, v in m["stats"].items() if k != "activation_histogram"},
         "activation_histogram": m["histogram"],
+        # [before, after]: where the run stored coefficients only for a window of tokens around each trigger
+        # (a real model's index), those it stored; a trigger example's coefficients are null outside it
+        "stored_window": m["window"],
         "trigger_examples": [
             {"direction": e["direction"], "rank": e["rank"], "coefficient": e["coefficient"],
              "example_id": e["example_id"], "position": e["position"], "next_token_id": e["next_token_id"],
              "text": e["text"], "first_position": e["first"],  # tokens[0]'s position (a long example is cut)
              "tokens": [t["text"] for t in e["tokens"] if not t.get("gap")],
+             # null outside the stored window (``stored_window``)
              "coefficients": [t["m"] for t in e["tokens"] if not t.get("gap")]}
             for g in m["triggers"] for e in g["examples"]],
     }

@@ -107,7 +107,8 @@ bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReL
 It is left out of the pattern shares (Figure 2).</p>{% endif %}
 {% for group in m.triggers %}<h2>{% if m.dead %}None active, {{ group.title }}{% else %}Trigger examples: {{ group.title }}{% endif %}</h2>
 <p class="note">{% if group.direction < 0 %}Here m &lt; 0: the memory promotes its value's bottom tokens. {% endif %}Each token shaded by this key's coefficient m at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; blue positive, red negative; hover for the value).
-The trigger position is boxed, the next token underlined.</p>
+The trigger position is boxed, the next token underlined.{% if m.window %}
+<span id="window-note">A hatched token has no coefficient here (it is not m = 0): this run stores m for {{ m.window[0] }} tokens before each trigger and {{ m.window[1] }} after it, a window that bounds the stored coefficients' size; the tokens beyond it are shown for reading.</span>{% endif %}</p>
 <table id="{{ 'triggers' if group.direction == 1 else 'triggers-negative' }}" class="triggers"><tr><th class="num">rank</th><th class="barcell">coefficient</th><th>example</th></tr>
 {% for e in group.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar{% if e.coefficient < 0 %} neg{% endif %}" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
 <td class="example">{{ strip(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}

@@ -62,12 +62,15 @@ dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
 .switch .on { background: var(--accent); color: white; border-color: var(--accent); }
 .tokens { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; line-height: 1.9;
           white-space: pre-wrap; word-break: break-word; }
-.tokens .t { border-radius: 2px; padding: 1px 0; }
+.tokens .t { border-radius: 2px; padding: 1px 0; background: rgba(46,120,214,var(--a,0)); }
+.tokens .t.neg { background: rgba(214,64,69,var(--a,0)); }
 .tokens .t.trig { outline: 2px solid var(--fg); outline-offset: 0; font-weight: 700; }
 .tokens .t.nx { text-decoration: underline 2px var(--accent); text-underline-offset: 3px; }
 .tokens .t.after { color: #5d6670; }
 .tokens .t.part { display: inline-block; min-width: .3em; }
 .tokens .gap { color: var(--muted); padding: 0 .2em; }
+.tokens .nm { background: repeating-linear-gradient(135deg, transparent 0 3px, rgba(102,112,124,.22) 3px 4px); }
+.tokens .nm.after { color: #5d6670; }
 .strip { display: flex; flex-wrap: wrap; gap: .2rem; margin: .4rem 0; }
 .strip button { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .85rem; white-space: pre;
                 background: var(--soft); color: var(--fg); border: 1px solid var(--line); padding: .1rem .3rem; }

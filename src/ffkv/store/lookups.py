@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ffkv.errors import DamagedRun
 from ffkv.store import atomic, integrity
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
@@ -37,12 +38,15 @@ from ffkv.store.run import RunDir
 #: trigger coefficients stored, activation statistics on the robust scale that leaves massive activations out;
 #: 6: activation_frequency with the run's s_l, of the held-out examples, not the sample's; common_last_token_id's
 #: ties to the lowest id; 7: explorer.duckdb's m_start: a real model's index stores the
-#: coefficients of a window around each trigger when its whole examples would not fit).
-VERSION = 7
+#: coefficients of a window around each trigger when its whole examples would not fit; 8: that window narrowed to
+#: fit rather than none stored, `trigger_contexts.window_for`).
+VERSION = 8
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
 INFO = "info.json"
+#: The command that writes the tables again, for a refusal that cannot name the run.
+REBUILD = "rebuild it with `ffkv analyze RUN --only lookups`"
 
 
 def fingerprint(run: RunDir, manifest: Manifest) -> dict[str, Any]:
@@ -126,22 +130,46 @@ def find(run: RunDir, manifest: Manifest) -> Path | None:
     return folder if folder.is_dir() and os.access(folder, os.R_OK) and is_current(run, manifest, folder) else None
 
 
-def read_coefficients(folder: Path, info: dict[str, Any]) -> Any:
+def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) -> Any:
     """The trigger examples' per-token coefficients (a memory-mapped 1-D float16 or float32 numpy array), or None
-    when the build stored none or the file is not the one info.json describes (then pages compute them)."""
+    when the build stored none (info.json's ``trigger_coefficients.file`` is null).
+
+    The file must be the one info.json records: its size and SHA-256 (`integrity.file_problem`, about 0.2 s for
+    100 MB), and a 1-D array of the recorded ``dtype`` and ``cells``; a page never reads coefficients that differ
+    from those written.
+
+    Args:
+        fix: the command that writes the file again, for the refusal's line.
+
+    Raises:
+        DamagedRun: naming the file and `fix`: missing, another size or other bytes, not a .npy array, or not the
+            array info.json describes.
+    """
     import numpy as np
 
     described = info.get("trigger_coefficients") or {}
+    if described.get("file") is None:
+        return None
+    path = folder / COEFFICIENTS
     if described.get("file") != COEFFICIENTS:
-        return None
+        raise DamagedRun(f"{folder / INFO} is damaged (it names the coefficient file {str(described['file'])[:60]!r}, "
+                         f"not {COEFFICIENTS}): {fix}")
+    record = _records(info).get(COEFFICIENTS)
+    if record is None or not record.get("sha256"):
+        raise DamagedRun(f"{path} is damaged (info.json records no size and SHA-256 for it): {fix}")
+    found = integrity.file_problem(folder, COEFFICIENTS, record, fix, verify=True)
+    if found is not None:
+        raise DamagedRun(found.line(folder))
     try:
-        data = np.load(folder / COEFFICIENTS, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        return None
+        data = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DamagedRun(f"{path} is damaged (not a NumPy .npy array: {str(error)[:80]}): {fix}") from None
+    expected = f"{described.get('cells')} {described.get('dtype')} values"
     if data.ndim != 1 or data.dtype.name != described.get("dtype") or len(data) != described.get("cells"):
-        return None
+        raise DamagedRun(f"{path} is damaged (an array of shape {data.shape} and dtype {data.dtype.name}; info.json "
+                         f"records {expected}): {fix}")
     return data
 
 
-__all__ = ["VERSION", "FILES", "COEFFICIENTS", "read_coefficients", "fingerprint", "is_current", "read_info", "verify",
-           "write_info", "writable_folder", "find"]
+__all__ = ["VERSION", "FILES", "COEFFICIENTS", "REBUILD", "read_coefficients", "fingerprint", "is_current", "read_info",
+           "verify", "write_info", "writable_folder", "find"]
