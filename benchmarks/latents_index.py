@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -76,6 +77,13 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def cpu_seconds() -> float:
+    """CPU time (user and system, every thread) of this process so far: on a shared machine it drifts far less
+    than wall time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def load(args: argparse.Namespace):
     """The model, its dictionaries (FF layer -> Dictionary) and the corpus spec."""
     from ffkv.corpus import CorpusSpec
@@ -115,12 +123,14 @@ def index_once(args, loaded, dictionaries, spec, variant: str) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     load_before = os.getloadavg()[0]
+    cpu_before = cpu_seconds()
     seconds = timed(lambda: build_index(loaded, spec, out, options, BatchOptions(batch_size=args.batch_size),
                                         progress=False,
                                         dictionary=dictionaries if variant == "latents" else None))
+    cpu = cpu_seconds() - cpu_before
     manifest = json.loads((out / "manifest.json").read_text())
     shutil.rmtree(out.parent)
-    return {"variant": variant, "seconds": seconds, "pass": manifest["timings"]["index_seconds"],
+    return {"variant": variant, "seconds": seconds, "cpu": cpu, "pass": manifest["timings"]["index_seconds"],
             "tokens": manifest["counts"]["tokens"], "load": load_before,
             "gpu_peak": torch.cuda.max_memory_allocated() if cuda else None}
 
@@ -155,7 +165,6 @@ def main() -> None:
           f"{args.dtype}; top-k {args.top_k}, sign {args.sign}, mode {args.mode}, control {args.control_keys}",
           flush=True)
     # Warm-up: the weights hash (paid once per loaded model) and a few examples through both variants.
-    from dataclasses import replace
     loaded.weights_hash()
     for variant in VARIANTS:
         index_once(args, loaded, dictionaries, replace(spec, max_examples=min(spec.max_examples, 8)), variant)
@@ -166,15 +175,18 @@ def main() -> None:
             runs[variant].append(result)
             gpu = f", peak GPU {result['gpu_peak'] / 2**30:.2f} GiB" if cuda else ""
             print(f"repeat {r}: {variant:8s} {result['seconds']:7.2f} s (pass {result['pass']:.2f} s, "
-                  f"{result['tokens'] / result['pass']:,.0f} tok/s), load {result['load']:.2f}{gpu}", flush=True)
-    wall = [b["seconds"] / a["seconds"] for a, b in zip(runs["neurons"], runs["latents"])]
-    passes = [b["pass"] / a["pass"] for a, b in zip(runs["neurons"], runs["latents"])]
-    for name, ratios in (("whole build_index", wall), ("pass over the corpus", passes)):
+                  f"{result['tokens'] / result['pass']:,.0f} tok/s; CPU {result['cpu']:.2f} s), "
+                  f"load {result['load']:.2f}{gpu}", flush=True)
+    for name, field in (("whole build_index", "seconds"), ("pass over the corpus", "pass"),
+                        ("CPU time of build_index", "cpu")):
+        ratios = [b[field] / a[field] for a, b in zip(runs["neurons"], runs["latents"])]
         print(f"latents / neurons, {name}: median {statistics.median(ratios):.3f}, "
               f"range {min(ratios):.3f}-{max(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})")
     for variant in VARIANTS:
-        best = min(r["pass"] for r in runs[variant])
-        print(f"{variant}: best pass {best:.2f} s, median wall {statistics.median(r['seconds'] for r in runs[variant]):.2f} s")
+        mine = runs[variant]
+        print(f"{variant}: best pass {min(r['pass'] for r in mine):.2f} s, median wall "
+              f"{statistics.median(r['seconds'] for r in mine):.2f} s, median CPU "
+              f"{statistics.median(r['cpu'] for r in mine):.2f} s")
     if args.rss if args.rss is not None else not cuda:
         del loaded, dictionaries
         for variant in VARIANTS:
@@ -185,6 +197,7 @@ def main() -> None:
             print(f"own process, {variant}: peak RSS {result['peak_rss'] / 2**20:,.0f} MiB, after loading "
                   f"{result['loaded_rss'] / 2**20:,.0f} MiB (the index's own: "
                   f"{(result['peak_rss'] - result['loaded_rss']) / 2**20:,.0f} MiB); {result['seconds']:.2f} s, "
+                  f"CPU {result['cpu']:.2f} s, "
                   f"load {result['load']:.2f}", flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
