@@ -67,19 +67,17 @@ def top_prefixes(c: SparseCoefficients, competes: Bool[torch.Tensor, "batch pos"
     b, t, k = c.values.shape
     values, keys = c.values.float().reshape(-1), c.indices.reshape(-1)
     columns = torch.arange(b * t, device=values.device).repeat_interleave(k)
-    fired = (values > 0) & competes.reshape(-1).repeat_interleave(k)
-    values, keys, columns = values[fired], keys[fired], columns[fired]
+    # Entries that did not fire stay, at -inf, so that no shape depends on the data (no device sync).
+    values = torch.where((values > 0) & competes.reshape(-1).repeat_interleave(k), values, float("-inf"))
     order = column_ranking(values, columns, b * t).argsort(descending=True)
     order = order[keys[order].argsort(stable=True)]                  # by key, each key's entries best first
     values, keys, columns = values[order], keys[order], columns[order]
-    counts = torch.bincount(keys, minlength=c.n_keys)
-    rank = torch.arange(len(keys), device=values.device) - (counts.cumsum(0) - counts)[keys]
-    kept = rank < n
-    top = torch.full((c.n_keys, n), float("-inf"), device=values.device)
-    where = torch.full((c.n_keys, n), -1, dtype=torch.int64, device=values.device)
-    top[keys[kept], rank[kept]] = values[kept]
-    where[keys[kept], rank[kept]] = columns[kept]
-    return top, where
+    rank = (torch.arange(len(keys), device=values.device) - torch.searchsorted(keys, keys)).clamp_(max=n)
+    top = torch.full((c.n_keys, n + 1), float("-inf"), device=values.device)  # column n: the ranks past n
+    where = torch.full((c.n_keys, n + 1), -1, dtype=torch.int64, device=values.device)
+    top.index_put_((keys, rank), values)
+    where.index_put_((keys, rank), torch.where(values > 0, columns, -1))
+    return top[:, :n], where[:, :n]
 
 
 __all__ = ["SparseCoefficients", "best_per_example", "top_prefixes"]
