@@ -17,6 +17,7 @@ from ffkv.dictionaries import Dictionary, save_npz
 from ffkv.errors import FfkvError
 from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
 from ffkv.indexing.latents import LatentKeys
+from ffkv.indexing.sparse import SparseCoefficients
 from ffkv.memories.projection import logits
 from ffkv.store.run import RunDir
 from indexing.test_exactness import assert_same, write_corpus
@@ -187,6 +188,36 @@ def test_dictionaries_of_some_layers_at_both_sites_equal_brute_force(tmp_path, f
         assert_same(result, expected, every, mode)
 
 
+@pytest.mark.parametrize("mode", ["example", "prefix"])
+def test_a_topk_dictionary_reduced_sparse_writes_the_dense_reductions_tables(tmp_path, monkeypatch, mode):
+    """The TopK detectors (entries that tie across examples and positions, a dead latent) with a random TopK
+    transcoder beside them: the latent tables of the sparse reduction equal, byte for byte, those of the dense
+    (B, T, n_latents) activations reduced as the neurons are."""
+    lines = write_corpus(tmp_path / "corpus.txt", n=17)
+    loaded = token_local(loaded_tiny("gpt2"))
+    dictionaries = {DETECTOR_LAYER: detector_transcoder(loaded, "topk"),
+                    2: random_dictionary(loaded.view, 2, "transcoder", "topk", seed=4)}
+    options, batching = IndexOptions(top_k=4, mode=mode, control_keys=5), BatchOptions(batch_size=3, window_batches=2)
+    sparse = build_index(loaded, _spec(tmp_path), tmp_path / "sparse", options, batching, progress=False,
+                         dictionary=dictionaries)
+    coefficients = LatentKeys.coefficients
+
+    def dense(self, layer, x):
+        return tuple(c.dense() if isinstance(c, SparseCoefficients) else c for c in coefficients(self, layer, x))
+
+    monkeypatch.setattr(LatentKeys, "coefficients", dense)
+    dense_run = build_index(loaded, _spec(tmp_path), tmp_path / "dense", options, batching, progress=False,
+                            dictionary=dictionaries)
+    table = _read(sparse, "latent_trigger_examples")
+    detectors = table[table["layer"] == DETECTOR_LAYER]
+    assert set(detectors["key"]) == set(range(len(PLANTED))) and len(lines) > 4
+    assert detectors.duplicated(["key", "coefficient"]).any()  # ties, broken by example id and position
+    assert (table["layer"] == 2).any()
+    for name in ("latent_trigger_examples", "latent_control_trigger_examples", "latent_control_keys",
+                 "trigger_examples"):
+        assert sparse.table(name).read_bytes() == dense_run.table(name).read_bytes(), name
+
+
 def test_the_neurons_table_is_the_same_with_a_dictionary(tmp_path):
     write_corpus(tmp_path / "corpus.txt", n=13)
     loaded = loaded_tiny("gpt2")
@@ -213,6 +244,9 @@ def test_control_latents_follow_the_stated_rule(tmp_path):
         torch.testing.assert_close(c.encoder_bias, d.encoder_bias[c.source])
         x = torch.randn(2, 7, view.d_model)
         latents, control = keys.coefficients(1, x)
+        if activation == "topk":  # its k active latents per position, as they are
+            assert isinstance(latents, SparseCoefficients) and latents.indices.shape == (2, 7, d.k)
+            latents = latents.dense()
         torch.testing.assert_close(latents, d.encode(x), rtol=0, atol=0)
         pre = x @ c.encoder.T + c.encoder_bias
         expected = torch.relu(pre)

@@ -14,7 +14,8 @@ Peak memory: one layer's activations for one batch, the (L, d_m, k) state, the
 candidates not yet merged (on a CPU, 2·k plus one batch's, at most 3·k per key, so at
 most three times the state: `TriggerReducer`), and at most `part_rows` buffered examples.
 With a dictionary (`dictionary=`, `ffkv.indexing.latents`), the same for its latents in the same pass: one
-layer's dense activations (B, T, n_latents) for one batch, and a (1, n_latents, k) state per layer it covers.
+layer's pre-activations (B, T, n_latents) for one batch (a TopK dictionary's activations are then reduced from
+its (B, T, k) active entries, `ffkv.indexing.sparse`), and a (1, n_latents, k) state per layer it covers.
 """
 
 from __future__ import annotations

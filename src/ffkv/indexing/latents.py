@@ -2,7 +2,9 @@
 
 `ffkv index --dictionary PATH` reduces, in the pass that reduces the model's keys, every latent of every layer
 the dictionary covers: latent j's coefficient is its activation a_j (`ffkv.dictionaries.Dictionary`), computed
-from the site its key reads (a transcoder's: the FF input after its norm; an SAE's: the FF output).
+from the site its key reads (a transcoder's: the FF input after its norm; an SAE's: the FF output). A TopK
+dictionary's k active latents per position are reduced as they are (`ffkv.indexing.sparse`), never as a dense
+(B, T, n_latents) tensor; ReLU and JumpReLU activations are dense.
 
 Every activation ffkv reads (TopK, ReLU, JumpReLU) is a ReLU of the pre-activation, never negative, so latents
 keep one direction (`DIRECTIONS`); and a latent's trigger is an example where it fires (a_j > 0), so the
@@ -29,6 +31,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ffkv.dictionaries import Dictionary
+from ffkv.indexing.sparse import SparseCoefficients
 from ffkv.memories.controls import layer_generator
 
 #: The trigger directions a latent keeps: +1 only, every activation ffkv reads being a ReLU at heart.
@@ -92,13 +95,16 @@ class LatentKeys:
                               encoder_bias=d.encoder_bias[on_device].clone(), threshold=threshold)
 
     @torch.no_grad()
-    def coefficients(self, layer: int, x: Float[torch.Tensor, "*batch d_model"]) -> tuple[torch.Tensor, ...]:
-        """The latents' activations at x (exactly `Dictionary.encode`), and the control latents' (if drawn)."""
+    def coefficients(self, layer: int, x: Float[torch.Tensor, "*batch d_model"]
+                     ) -> tuple[torch.Tensor | SparseCoefficients, ...]:
+        """The latents' activations at x (exactly `Dictionary.encode`; a TopK dictionary's as `SparseCoefficients`,
+        its k active latents per position), and the control latents' (if drawn), dense."""
         d = self.dictionaries[layer]
         pre = d.pre_activations(x)
-        if d.activation == "topk":
+        latents: torch.Tensor | SparseCoefficients
+        if d.activation == "topk":  # only k latents per position can be non-zero: kept sparse
             values, indices = pre.topk(int(d.k), dim=-1, sorted=False)
-            latents = torch.zeros_like(pre).scatter_(-1, indices, torch.relu(values))
+            latents = SparseCoefficients(torch.relu(values), indices, d.n_latents)
             kth = values.amin(dim=-1, keepdim=True)  # the k-th largest real pre-activation
         else:
             latents = torch.relu(pre)

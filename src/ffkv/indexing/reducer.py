@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 
 from ffkv.batching import Batch
+from ffkv.indexing.sparse import SparseCoefficients, best_per_example, top_prefixes
 from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
 
 MODES = ("example", "prefix")
@@ -99,6 +100,10 @@ class TriggerReducer:
     With `signed`, the state has 2·d_m rows per layer (`ffkv.indexing.topk`): each layer's
     coefficients are reduced in both directions, the most negative ones as -m, into the
     two row blocks of the layer, so that one selection and one merge serve both.
+
+    A capture may also be `SparseCoefficients` (a TopK dictionary's latents, `ffkv.indexing.sparse`): they reduce
+    from their active entries alone, to the candidates the dense tensor gives where a key fired (the state then
+    differs only in zeros, which no latent table keeps); positive index only.
     """
 
     #: What the forward pass must capture for this sink.
@@ -147,9 +152,12 @@ class TriggerReducer:
         self._buffer.reserve(self._n, self._fast)
         self._reduced.clear()
 
-    def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor) -> None:
-        """Capture sink: reduce (B, T, d_m) coefficients of `layer` to at most k candidates per key
-        and direction."""
+    def __call__(self, quantity: str, layer: int, coefficients: torch.Tensor | SparseCoefficients) -> None:
+        """Capture sink: reduce (B, T, d_m) coefficients of `layer` (or sparse ones) to at most k candidates per
+        key and direction."""
+        if isinstance(coefficients, SparseCoefficients):
+            self._reduce_sparse(layer, coefficients)
+            return
         # In place, in the model's dtype: the model is done with this tensor, and max is exact in any dtype.
         # Only the few blocked positions are written (padding and special tokens), not a full masked copy.
         c = coefficients
@@ -170,6 +178,26 @@ class TriggerReducer:
                 values = c.reshape(b * t, d_m).T.float()                        # (d_m, B*T), (eid, pos) order
                 self._keep(layer, block, values if direction == 1 else -values, self._eid[None, :].expand(d_m, -1),
                            self._pos[None, :].expand(d_m, -1), self._next[None, :].expand(d_m, -1))
+        self._reduced.add(layer)
+
+    def _reduce_sparse(self, layer: int, c: SparseCoefficients) -> None:
+        """Reduce sparse coefficients of `layer`: the candidates of the dense reduction where a key fired (one per
+        example at its first best position, or the best prefixes), the zeros elsewhere left out."""
+        if self.signed:
+            raise ValueError("sparse coefficients are never negative: reduce them into a positive (unsigned) state")
+        if c.n_keys != self.state.values.shape[1]:
+            raise ValueError(f"sparse coefficients of {c.n_keys} keys do not match a state of "
+                             f"{self.state.values.shape[1]} rows")
+        with one_thread(c.values.device):  # O(B·T·k) scatters and sorts: small operations
+            if self.mode == "example":
+                best, pos = best_per_example(c, self.batch.competes)                # (B, n_keys)
+                self._keep(layer, 0, best.T, self._eid[None, :].expand(c.n_keys, -1), pos.T,
+                           self.batch.next_token.gather(1, pos).T)
+            else:
+                values, columns = top_prefixes(c, self.batch.competes, self._n)     # (n_keys, n)
+                filled, at = columns >= 0, columns.clamp(min=0)
+                self._keep(layer, 0, values, torch.where(filled, self._eid[at], EMPTY), self._pos[at],
+                           torch.where(filled, self._next[at], -1))
         self._reduced.add(layer)
 
     def _keep(self, layer: int, block: int, values: torch.Tensor, example_id: torch.Tensor, position: torch.Tensor,

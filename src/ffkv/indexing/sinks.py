@@ -18,6 +18,7 @@ import torch
 
 from ffkv.batching import Batch
 from ffkv.indexing.reducer import TriggerReducer
+from ffkv.indexing.sparse import SparseCoefficients
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class Feed:
         layer: the model's layer it is captured at.
         targets: per output of `compute`, the reducer that reduces it and the layer's place in that reducer's state
             (a family that covers only some layers keeps a state of those layers only).
-        compute: the captured tensor -> the coefficients of one or more key sets, as (B, T, n) tensors; None: the
+        compute: the captured tensor -> the coefficients of one or more key sets, as (B, T, n) tensors or
+            `ffkv.indexing.sparse.SparseCoefficients` (a TopK dictionary's latents); None: the
             captured tensor is itself the one output (and its reducer may overwrite it in place, so such a feed
             runs after every other feed of the same capture).
     """
@@ -37,7 +39,7 @@ class Feed:
     quantity: str
     layer: int
     targets: tuple[tuple[TriggerReducer, int], ...]
-    compute: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+    compute: Callable[[torch.Tensor], tuple[torch.Tensor | SparseCoefficients, ...]] | None = None
 
 
 class KeySink:

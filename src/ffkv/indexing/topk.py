@@ -41,11 +41,21 @@ def select_top(values: torch.Tensor, k: int) -> torch.Tensor:
         (rows, k) int64 column indices, best first.
     """
     n = values.shape[-1]
+    columns = torch.arange(n, device=values.device, dtype=torch.int64)
+    return column_ranking(values, columns, n).topk(k, dim=-1, sorted=True).indices
+
+
+def column_ranking(values: torch.Tensor, columns: torch.Tensor, n: int) -> torch.Tensor:
+    """int64 keys in the order `select_top` ranks candidates: the higher value first, ties to the lower column.
+
+    Args:
+        values: float scores.
+        columns: int64 columns of the same shape, each below n.
+        n: the number of columns (below 2**32, the tie-break field).
+    """
     if n >= 2**32:
         raise ValueError("too many candidates in one batch for the 32-bit tie-break field")
-    order = torch.arange(n - 1, -1, -1, device=values.device, dtype=torch.int64)
-    key = (_ordered_bits(values) << 32) | order
-    return key.topk(k, dim=-1, sorted=True).indices
+    return (_ordered_bits(values) << 32) | (n - 1 - columns)
 
 
 #: Example ids below this fit the 32-bit tie-break field of the one-sort merge.
