@@ -33,13 +33,12 @@ from jaxtyping import Float, Int
 from ffkv.dictionaries import Dictionary
 from ffkv.indexing.sparse import SparseCoefficients
 from ffkv.memories.controls import layer_generator
+from ffkv.memories.sets import READS
 
 #: The trigger directions a latent keeps: +1 only, every activation ffkv reads being a ReLU at heart.
 DIRECTIONS = (1,)
 #: What the latent control's draws add to a seed (`layer_generator`), apart from the control keys' 17.
 LATENT_SALT = 29
-#: The captured quantity a dictionary's keys read, by its kind.
-READS = {"transcoder": "ff_in", "sae": "ff_out"}
 
 
 @dataclass
