@@ -44,12 +44,17 @@ def corpus(tmp_path_factory):
     return tmp, write_corpus(tmp / "corpus.txt", n=40)
 
 
-def test_detectors_that_write_their_triggers_next_token_all_agree(corpus, tmp_path):
+def _detectors(corpus, tmp_path):
+    """The token-local tiny model, the corpus's lines in `tmp_path`, and the detector transcoder of test_latents."""
     src, lines = corpus
     (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
     loaded = token_local(loaded_tiny("gpt2"))
+    return loaded, lines, detector_transcoder(loaded, "topk")
+
+
+def test_detectors_that_write_their_triggers_next_token_all_agree(corpus, tmp_path):
+    loaded, lines, d = _detectors(corpus, tmp_path)
     view = loaded.view
-    d = detector_transcoder(loaded, "topk")
     expected, _ = brute_force_latents(loaded, lines, {DETECTOR_LAYER: d}, k=3)
     first = expected[expected["rank"] == 0].set_index("key")["next_token_id"]
     embedding = view.unembedding.detach()
@@ -73,11 +78,8 @@ def test_detectors_that_write_their_triggers_next_token_all_agree(corpus, tmp_pa
 
 
 def test_random_values_agree_as_a_brute_force_says_and_no_better_than_detectors(corpus, tmp_path):
-    src, lines = corpus
-    (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
-    loaded = token_local(loaded_tiny("gpt2"))
+    loaded, lines, d = _detectors(corpus, tmp_path)
     view = loaded.view
-    d = detector_transcoder(loaded, "topk")
     g = torch.Generator().manual_seed(3)
     d = replace(d, decoder=torch.randn(d.decoder.shape, generator=g))
     expected, _ = brute_force_latents(loaded, lines, {DETECTOR_LAYER: d}, k=3)
@@ -93,10 +95,7 @@ def test_a_run_whose_dictionary_is_gone_keeps_its_neuron_tables_and_says_why(cor
 
     from ffkv.store.run import RunDir
 
-    src, _ = corpus
-    (tmp_path / "corpus.txt").write_text((src / "corpus.txt").read_text())
-    loaded = token_local(loaded_tiny("gpt2"))
-    d = detector_transcoder(loaded, "topk")
+    loaded, _, d = _detectors(corpus, tmp_path)
     folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
     build_index(loaded, _spec(tmp_path), tmp_path / "run", IndexOptions(top_k=3, control_keys=4),
                 BatchOptions(batch_size=4), progress=False, dictionary=folder)
