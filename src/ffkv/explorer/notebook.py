@@ -10,7 +10,7 @@ from typing import Iterable
 
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
-from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, trace
+from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, refuse_latent_edits, trace
 from ffkv.memories.interventions import Intervention
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, TRANSLATOR
 from ffkv.memories.translators import Translators
@@ -89,6 +89,8 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         raise validation.BadRequest(f"position {position} is outside the prompt's {len(token_ids)} tokens", 422)
     if isinstance(target, str):
         target = data.token_ids_for(target)[0]
+    edits = list(edits)
+    refuse_latent_edits(edits)
     edits = {(e.layer, e.key): e for e in edits if not (e.op == "scale" and e.value == 1.0)}
     for layer, key in edits:
         validation.integer(layer, "layer index", 0, data.n_layers - 1, 422)

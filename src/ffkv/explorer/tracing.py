@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from ffkv.explorer.validation import MAX_NEW_TOKENS
+from ffkv.errors import FfkvError
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
@@ -93,6 +94,17 @@ def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits,
 
 
 @torch.no_grad()
+def refuse_latent_edits(edits: Iterable[Intervention]) -> None:
+    """The trace lists and labels neurons only: an edit of a latent is refused here, in one line, rather than drawn
+    as if it were the neuron with the same numbers."""
+    latent = next((e for e in edits if e.kind != "neuron"), None)
+    if latent is not None:
+        from ffkv.memories.address import edit_ref
+
+        raise FfkvError(f"the trace shows neurons only: an edit of latent {edit_ref(latent)} is not drawn there yet; "
+                        "measure it with `ffkv intervene` or ffkv.intervene")
+
+
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Intervention] = (), position: int = -1,
           target: int | None = None, top_memories: int = 8, suppressing: int = 3,
           show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS) -> TraceResult:
@@ -107,6 +119,8 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
         lens: how resid_mid and resid_post are read (`LENSES`); "translator" needs the view's translators.
     """
     view = loaded.view
+    edits = list(edits)
+    refuse_latent_edits(edits)
     edits = {(e.layer, e.key): e for e in edits}
     listed = set(edits) | set(show)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
