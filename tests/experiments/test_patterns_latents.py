@@ -42,11 +42,17 @@ def test_latent_labels_and_shares_recount_from_the_tables(run):
     # Shallow score: the share of a latent's trigger prefixes ending in its most common last token.
     last = [int(examples[e][p]) for e, p in zip(trig["example_id"], trig["position"])]
     share = trig.assign(last=last).groupby("key")["last"].agg(lambda v: v.value_counts().iloc[0] / len(v))
-    live = keys[~keys["dead"]].set_index("key")
-    np.testing.assert_allclose(live["shallow_score"].to_numpy(), share.reindex(live.index).to_numpy())
+    fired_keys = keys[~keys["dead"]].set_index("key")
+    np.testing.assert_allclose(fired_keys["shallow_score"].to_numpy(), share.reindex(fired_keys.index).to_numpy())
+    # Rare: fired in fewer than min(5, top-k) examples; labelled rare and left out, as the dead are.
+    counts = trig.groupby("key").size()
+    assert (fired_keys["rare"] == (counts.reindex(fired_keys.index) < 5)).all()
+    assert (fired_keys.loc[fired_keys["rare"], "label"] == "rare").all()
+    row = layers.iloc[0]
+    assert int(row["n_rare"]) == int(fired_keys["rare"].sum()) and int(row["n_keys"]) == int((~fired_keys["rare"]).sum())
+    live = fired_keys[~fired_keys["rare"]]
     assert (live["is_shallow"] == (share.reindex(live.index) >= SHALLOW_SHARE)).all()
     # The measure beside the neurons, recomputed from the labels.
-    row = layers.iloc[0]
     assert row["any_pattern_latents"] == pytest.approx(np.isin(live["label"], PATTERN_LABELS).mean())
     mine = neuron_keys[(neuron_keys["layer"] == 3) & ~neuron_keys["dead"]]
     assert row["any_pattern_neurons"] == pytest.approx(np.isin(mine["label"], PATTERN_LABELS).mean())

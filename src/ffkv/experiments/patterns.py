@@ -344,6 +344,8 @@ def _topic_words(ctx, prefixes, masked, special, doc_freq, n_docs) -> list[str]:
 # ------------------------------------------------------------------ compute
 #: The label of a key that no position of the indexed corpus activates (`ffkv.experiments.dead`).
 DEAD = "dead"
+#: A latent that fired in too few examples for a label (`latent_pattern_tables`).
+RARE = "rare"
 
 
 def label_of(shallow: bool, semantic: bool) -> str:
@@ -460,7 +462,9 @@ def latent_pattern_tables(ctx: RunContext, neuron_keys: pd.DataFrame, neuron_con
                           ) -> dict[str, pd.DataFrame]:
     """Figure 2 for the latents of the dictionary the run was indexed with, labelled by the neurons' rules from
     their own trigger prefixes; the semantic cut-off of a layer is its control latents' (as random key directions
-    are the neurons'). A latent that never fired has no trigger and is labelled dead. Per layer the latents'
+    are the neurons'). A latent that never fired has no trigger and is labelled dead; one that fired in fewer than
+    min(`semantic.MIN_PREFIXES`, top-k) examples is labelled rare (too few prefixes for a shallow or semantic score:
+    one prefix always "shares" its last token), and both are left out of the shares. Per layer the latents'
     shares beside their control's, and the measure set beside the neurons of the same layer: the share with a
     pattern (shallow, semantic or both) of each kind, each minus its own random-direction control, and the
     latents' excess minus the neurons' (95% interval: the MOVER combination of the two Newcombe intervals)."""
@@ -486,20 +490,35 @@ def latent_pattern_tables(ctx: RunContext, neuron_keys: pd.DataFrame, neuron_con
         per_key["is_shallow"] = per_key["is_shallow"].fillna(False).astype(bool)
         return per_key
 
+    minimum = min(semantic.MIN_PREFIXES, ctx.top_k)
+    columns = ["layer", "key", "label", "shallow_score", "semantic_z", "semantic_cutoff", "is_shallow", "is_semantic",
+               "dead", "rare", "n_triggers"]
+
+    def labelled(per_key: pd.DataFrame, cutoff: np.ndarray) -> pd.DataFrame:
+        # A latent that fired in fewer than `minimum` examples has too few prefixes for a label (one prefix always
+        # "shares" its last token): labelled rare and left out of the shares, as a dead one is.
+        rare = (~per_key["dead"] & (per_key["n_triggers"] < minimum)).to_numpy()
+        out = label_keys(per_key.assign(dead=per_key["dead"] | rare), cutoff).assign(dead=per_key["dead"], rare=rare)
+        out.loc[rare, "label"] = RARE
+        return out.reset_index()[columns].astype({"layer": np.int16, "key": np.int32})
+
     keys = scored(False)
     control = scored(True) if ctx.has_latent_control else None
-    cutoff = control_cutoffs(None if control is None else control.reset_index(), L)
-    keys = label_keys(keys, cutoff).reset_index()
-    columns = ["layer", "key", "label", "shallow_score", "semantic_z", "semantic_cutoff", "is_shallow", "is_semantic",
-               "dead", "n_triggers"]
-    keys = keys[columns].astype({"layer": np.int16, "key": np.int32})
-    per_layer = shares(keys, None, L)
+    cutoff = control_cutoffs(None if control is None else control.reset_index().assign(
+        dead=lambda t: t["dead"] | (t["n_triggers"] < minimum)), L)
+    keys = labelled(keys, cutoff)
+    judged = keys[~keys["rare"]]
+    per_layer = shares(judged, None, L)
+    per_layer["n_rare"] = keys.groupby("layer")["rare"].sum().reindex(per_layer["layer"]).fillna(0).astype(int).to_numpy()
     if control is not None:
-        control = label_keys(control, cutoff).reset_index()[columns].astype({"layer": np.int16, "key": np.int32})
-        per_layer = per_layer.merge(control_shares(keys, control, L), on="layer")
+        control = labelled(control, cutoff)
+        control_judged = control[~control["rare"]]
+        per_layer = per_layer.merge(control_shares(judged, control_judged, L), on="layer")
+    else:
+        control_judged = None
     per_layer = per_layer[per_layer["layer"].isin(latents.layers)].reset_index(drop=True)
     per_layer["semantic_cutoff"] = cutoff[per_layer["layer"].to_numpy(int)]
-    rows = [_pattern_beside(layer, keys, control, neuron_keys, neuron_control) for layer in per_layer["layer"]]
+    rows = [_pattern_beside(layer, judged, control_judged, neuron_keys, neuron_control) for layer in per_layer["layer"]]
     return {"per_layer": per_layer.merge(pd.DataFrame(rows), on="layer"), "keys": keys}
 
 
@@ -779,7 +798,8 @@ def _latents_text(row) -> str:
               f"[{100 * low:+.1f}, {100 * high:+.1f}]: {verdict}" if np.isfinite(row.excess_latents_minus_neurons)
               else "")
     return (f"Layer {int(row.layer) + 1}, memories with a pattern: {kind('latents')}; {kind('neurons')}"
-            f"{excess}; {int(row.n_dead):,} latents never fired.")
+            f"{excess}; {int(row.n_dead):,} latents never fired and {int(row.n_rare):,} fired too rarely for a "
+            "label.")
 
 
 def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
