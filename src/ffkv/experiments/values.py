@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ffkv.errors import FfkvError, warn
-from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
+from ffkv.experiments.common import (MIN_N, RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import COLORS, interval_bars, kinds_beside, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
@@ -406,7 +406,9 @@ def _beside_text(row) -> str:
     control = (f", their control latents {pct(row.agreement_rate_control)}"
                if "agreement_rate_control" in row._fields else "")
     low, high = row.agreement_rate_minus_neurons_ci_low, row.agreement_rate_minus_neurons_ci_high
-    verdict = ("the latents agree more" if low > 0 else "the neurons agree more" if high < 0
+    fewest = min(row.n_keys_with_target, row.n_neurons_with_target)
+    verdict = (f"no verdict: {int(fewest)} memories of one kind have a target, fewer than {MIN_N}" if fewest < MIN_N
+               else "the latents agree more" if low > 0 else "the neurons agree more" if high < 0
                else "the data cannot say which kind agrees more")
     return (f"Layer {int(row.layer) + 1}: latents {share_ci(row.agreement_rate, row.n_keys_with_target)} "
             f"(shuffled pairs {pct(row.chance_rate_shuffled)}{control}); neurons "
