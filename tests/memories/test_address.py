@@ -95,3 +95,9 @@ def test_every_latent_address_reads_back_as_itself(layer, latent):
     layout = MemoryLayout(6, 50, LAYOUT_LATENTS)
     ref = layout.check_latent(layer, latent)
     assert layout.parse(str(ref)) == ref and ref.kind == LAYOUT_LATENTS[layer][0]
+
+
+def test_the_explorer_refuses_a_latent_edit_and_says_where_to_measure_it():
+    for params in ({"off": ["t4:12"]}, {"scale": ["s2:3=2"]}, {"set:t1:0": ["1"]}):
+        with pytest.raises(validation.BadRequest, match="the trace shows neurons only.*ffkv intervene"):
+            validation.edits(params, **SHAPE)

@@ -63,7 +63,7 @@ def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
     One edit per memory: a form's field is overridden by a parameter, and "off" (the form's checkbox) wins over
     both. A scale of 1 is no change and is dropped. Returns {(layer from 0, key): edit}.
     """
-    from ffkv.memories.address import parse_edit
+    from ffkv.memories.address import LATENT_PREFIX, parse_edit
 
     given: list[tuple[str, str]] = []
     for name, values in params.items():
@@ -73,6 +73,9 @@ def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
     given += [(op, text) for op in ("scale", "set", "off") for text in params.get(op, [])]
     out: Edits = {}
     for op, text in given:
+        if text.strip()[:1].lower() in LATENT_PREFIX.values():
+            raise BadRequest(f"the trace shows neurons only: an edit of latent {text.partition('=')[0].strip()} is "
+                             "not drawn there yet; measure it with `ffkv intervene RUN --off LATENT`", 422)
         try:
             edit = parse_edit(op, text, n_layers, d_m)
         except FfkvError as exc:
