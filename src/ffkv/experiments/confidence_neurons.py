@@ -259,7 +259,7 @@ def confidence_classes(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.nd
         values = view.values(layer)
         is_candidate = candidates(own)
         cos_f = _cos(values, frequency)
-        controls = vc.random_directions(view, layer, n_control, seed)
+        controls = vc.random_directions(view.values(layer), layer, n_control, seed)
         control_cos_f = _cos(controls, frequency)
         f_cut = float(np.quantile(np.abs(control_cos_f), FREQUENCY_QUANTILE))
         control_candidate = ((controls.norm(dim=1).numpy() > np.quantile(own["value_norm"], NORM_QUANTILE))

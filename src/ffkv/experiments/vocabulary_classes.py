@@ -31,11 +31,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import share_curves
+from ffkv.errors import FfkvError, warn
+from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
+                                     share_with_interval)
+from ffkv.experiments.figures import kinds_beside, share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, KeyColumn, Result
 from ffkv.memories.controls import layer_generator
+from ffkv.memories.sets import MemorySet, Neurons
 from ffkv.memories.view import MemoryView
+from ffkv.parallel import is_writer
 from ffkv.presentation.findings import layer_ends, pct, share_ci
 
 NAME = "vocabulary_classes"
@@ -115,12 +119,12 @@ def classify(stats: np.ndarray, partition_variance: float) -> np.ndarray:
                       var > partition_variance], list(CLASSES[:3]), default="none")
 
 
-def random_directions(view: MemoryView, layer: int, n: int, seed: int) -> torch.Tensor:
+def random_directions(values: torch.Tensor, layer: int, n: int, seed: int) -> torch.Tensor:
     """n seeded random mixtures of the layer's values, Σ_i a_i v_i with a_i ~ N(0, 1): directions with the second
     moment of the layer's values (the same anisotropy in the residual space, none of one value's own structure),
     each scaled to the norm of a random value of the layer."""
     gen = layer_generator(seed, layer, salt=29)
-    values = view.values(layer).detach().double().cpu()
+    values = values.detach().double().cpu()
     norms = values.norm(dim=1)[torch.randint(0, values.shape[0], (n,), generator=gen)]
     mixed = torch.randn(n, values.shape[0], generator=gen, dtype=torch.float64) @ values
     return mixed / mixed.norm(dim=1, keepdim=True).clamp_min(1e-300) * norms[:, None]
@@ -131,21 +135,23 @@ def _cos_rows(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     return (torch.nn.functional.cosine_similarity(a, b, dim=1)).numpy()
 
 
-def value_classes(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progress: bool = False
-                  ) -> dict[str, pd.DataFrame]:
-    """The per-key table (``keys``) and the per-layer table (``layers``) of the module docstring."""
+def value_classes(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, progress: bool = False,
+                  memories: MemorySet | None = None) -> dict[str, pd.DataFrame]:
+    """The per-key table (``keys``) and the per-layer table (``layers``) of the module docstring, for `memories`
+    (default the model's neurons; a dictionary's `Latents`: its decoder rows and encoder rows, on its layers)."""
+    memories = memories or Neurons(view)
     units = prepared_unembedding(view)
     basis = null_space(units)
     per_key, per_layer = [], []
-    bar = progress_bar(progress, view.n_layers, NAME, "layer")
-    for layer in range(view.n_layers):
-        values, keys = view.values(layer), view.keys(layer)
+    bar = progress_bar(progress, len(memories.layers), NAME, "layer")
+    for layer in memories.layers:
+        values, keys = memories.values(layer), memories.keys(layer)
         stats = moments(values, units)
-        control_dirs = random_directions(view, layer, n_control, seed)
+        control_dirs = random_directions(values, layer, n_control, seed)
         control = moments(control_dirs, units)
         cut = float(np.quantile(control[:, 1], PARTITION_QUANTILE))
         kinds, control_kinds = classify(stats, cut), classify(control, cut)
-        up = view.up(layer)
+        up = view.up(layer) if isinstance(memories, Neurons) else None
         table = pd.DataFrame({
             "layer": layer, "key": np.arange(len(stats)), "class": kinds,
             "vocab_mean": stats[:, 0], "vocab_var": stats[:, 1], "vocab_skew": stats[:, 2],
@@ -169,11 +175,22 @@ def value_classes(view: MemoryView, seed: int = 0, n_control: int = N_CONTROL, p
 
 
 def draw(result: Result) -> Figures:
-    """Each class's share per layer with its 95% interval, the null's share dashed beside it."""
-    return {NAME: share_curves(result.tables[NAME], [(f"{kind}_share", kind, color) for kind, color in
-                                                     zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
-                               "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)",
-                               null="random mixtures of values")}
+    """Each class's share per layer with its 95% interval, the null's share dashed beside it; with latents, their
+    prediction share beside the neurons', each with its own null."""
+    figures = {NAME: share_curves(result.tables[NAME], [(f"{kind}_share", kind, color) for kind, color in
+                                                        zip(CLASSES[:3], ("tab:blue", "tab:red", "tab:green"))],
+                                  "Vocabulary classes of the values (kurtosis > 10: prediction, suppression)",
+                                  null="random mixtures of values")}
+    if f"{NAME}_latents" in result.tables:
+        table = result.tables[f"{NAME}_latents"].merge(
+            result.tables[NAME][["layer", "prediction_share_control"]].rename(
+                columns={"prediction_share_control": "prediction_share_neurons_control"}), on="layer")
+        figures[f"{NAME}_latents"] = kinds_beside(
+            table, (("neurons", "prediction_share_neurons", "prediction_share_neurons_control", None),
+                    ("latents", "prediction_share", "prediction_share_control", None)),
+            "% prediction memories\n(kurtosis > 10, skew > 0)",
+            "Prediction values: neurons vs. the dictionary's latents, each beside random mixtures of its values")
+    return figures
 
 
 def compute(ctx: RunContext, options=None) -> Result:
@@ -191,14 +208,51 @@ def compute(ctx: RunContext, options=None) -> Result:
     result = Result(ctx.view.n_layers, record=dict(meta))
     result.add(NAME, found["layers"], **meta)
     result.add(f"{NAME}_keys", found["keys"], **meta)
+    if ctx.has_latents:  # the dictionary's decoder rows by the same rule, beside the neurons of their layer
+        try:
+            latents = value_classes(ctx.view, ctx.seed, memories=ctx.memories("latents"))
+        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
+            line = f"{NAME}_latents not computed: {error}"
+            if is_writer():
+                warn(line)
+            result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], line]}
+        else:
+            meta_lat = {**meta, "memories": "the decoder rows (values) and encoder rows (keys) of the dictionary the "
+                        "run was indexed with, only the layers it covers; the null: random mixtures of its decoder "
+                        "rows", "neurons": "*_neurons: the same layer's neurons (metrics/vocabulary_classes); "
+                        "*_minus_neurons: latents minus neurons, Newcombe's 95% interval",
+                        "warnings": []}
+            result.add(f"{NAME}_latents", beside_neurons(latents["layers"], latents["keys"], found["keys"]),
+                       **meta_lat)
+            result.add(f"{NAME}_latents_keys", latents["keys"], **meta_lat)
     return result
+
+
+def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuron_keys: pd.DataFrame
+                   ) -> pd.DataFrame:
+    """`latent_layers` with, per layer and class, the share among the same layer's neurons (CLASS_share_neurons)
+    and the latents' minus the neurons' (CLASS_share_minus_neurons: Newcombe's 95% interval)."""
+    rows = []
+    for layer in latent_layers["layer"]:
+        mine = latent_keys.loc[latent_keys["layer"] == layer, "class"].to_numpy()
+        theirs = neuron_keys.loc[neuron_keys["layer"] == layer, "class"].to_numpy()
+        row = {"layer": int(layer)}
+        for kind in CLASSES[:3]:
+            got = control_with_interval(mine == kind, theirs == kind, f"{kind}_share")
+            row.update({k.replace("_control", "_neurons"): v for k, v in got.items()})
+        rows.append(row)
+    return latent_layers.merge(pd.DataFrame(rows), on="layer")
 
 
 FINDING = Finding("Beyond the paper", (
     "Gurnee et al. 2024 (GPT-2): prediction neurons (raw kurtosis of the value's cosines "
     "with the vocabulary above 10, positive skew) become common in the later half of the layers, and "
     "suppression neurons (negative skew) in the last layers, after the prediction neurons."))
-FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING}
+FINDING_LATENTS = Finding("Beyond the paper", (
+    "The same classes for the decoder rows of a sparse dictionary of the layer, beside the neurons of that layer: "
+    "do the latents' values predict (or suppress) a few tokens more often than the neurons' do?"))
+FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING, f"{NAME}_latents": FINDING_LATENTS,
+            f"{NAME}_latents_keys": FINDING_LATENTS}
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
