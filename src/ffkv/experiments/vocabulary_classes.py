@@ -258,6 +258,16 @@ FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING, f"{NAME}_latents": FINDING_L
 def reading(name: str, table: pd.DataFrame) -> str | None:
     """The classes on this model: the prediction and suppression shares in the first and last layers against
     the null's. Layers count from 1."""
+    if name == f"{NAME}_latents" and "prediction_share_neurons" in table:
+        return " ".join(
+            f"Layer {int(row.layer) + 1}: " + "; ".join(
+                f"{kind} {share_ci(getattr(row, f'{kind}_share'), row.n_keys)} of latents (random mixtures of their "
+                f"values {pct(getattr(row, f'{kind}_share_control'))}) against "
+                f"{pct(getattr(row, f'{kind}_share_neurons'))} of neurons, difference "
+                f"[{100 * getattr(row, f'{kind}_share_minus_neurons_ci_low'):+.1f}, "
+                f"{100 * getattr(row, f'{kind}_share_minus_neurons_ci_high'):+.1f}] points"
+                for kind in CLASSES[:3]) + "."
+            for row in table.itertuples(index=False))
     if name != NAME or "prediction_share" not in table:
         return None
     t, first, last, n_first, n_last = layer_ends(table)
