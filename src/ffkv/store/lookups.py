@@ -135,8 +135,8 @@ def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) ->
     when the build stored none (info.json's ``trigger_coefficients.file`` is null).
 
     The file must be the one info.json records: its size and SHA-256 (`integrity.file_problem`, about 0.2 s for
-    100 MB), and a 1-D array of the recorded ``dtype`` and ``cells``; a page never reads coefficients that differ
-    from those written.
+    100 MB; a build from before info.json recorded hashes, by its shape alone), and a 1-D array of the recorded
+    ``dtype`` and ``cells``; a page never reads coefficients that differ from those written.
 
     Args:
         fix: the command that writes the file again, for the refusal's line.
@@ -154,12 +154,15 @@ def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) ->
     if described.get("file") != COEFFICIENTS:
         raise DamagedRun(f"{folder / INFO} is damaged (it names the coefficient file {str(described['file'])[:60]!r}, "
                          f"not {COEFFICIENTS}): {fix}")
-    record = _records(info).get(COEFFICIENTS)
-    if record is None or not record.get("sha256"):
-        raise DamagedRun(f"{path} is damaged (info.json records no size and SHA-256 for it): {fix}")
-    found = integrity.file_problem(folder, COEFFICIENTS, record, fix, verify=True)
-    if found is not None:
-        raise DamagedRun(found.line(folder))
+    if isinstance(info.get("files"), dict):  # a build that records hashes; an older one's is checked by its shape
+        record = _records(info).get(COEFFICIENTS)
+        if record is None or not record.get("sha256"):
+            raise DamagedRun(f"{path} is damaged (info.json records no size and SHA-256 for it): {fix}")
+        found = integrity.file_problem(folder, COEFFICIENTS, record, fix, verify=True)
+        if found is not None:
+            raise DamagedRun(found.line(folder))
+    elif not path.is_file():
+        raise DamagedRun(f"{path} is missing: {fix}")
     try:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
