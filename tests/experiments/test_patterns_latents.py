@@ -61,3 +61,21 @@ def test_latent_labels_and_shares_recount_from_the_tables(run):
     assert row["excess_latents_minus_neurons"] == pytest.approx(excess)
     assert row["excess_latents_minus_neurons_ci_low"] < excess < row["excess_latents_minus_neurons_ci_high"]
     assert (run / "figures" / "patterns_latents.png").is_file()
+
+
+def test_every_study_says_what_it_reads_on_latents(run):
+    """The latent_applicability table a run with a dictionary gets: one row per registered study, the ones that
+    read latents naming their tables (which the run holds once they ran), the others saying why not."""
+    from ffkv.experiments import registry
+    from ffkv.experiments.latent_kinds import NOT_YET
+
+    table = pd.read_parquet(run / "metrics" / "latent_applicability.parquet")
+    assert list(table["experiment"]) == list(registry.experiments())
+    said = table.set_index("experiment")
+    assert said.at["patterns", "applies"] and said.at["patterns", "statement"].startswith("patterns_latents")
+    assert (run / "metrics" / "patterns_latents.parquet").is_file()
+    assert not said.at["translators", "applies"] and said.at["translators", "statement"].startswith("not applicable")
+    assert said.at["census", "statement"] == NOT_YET and not said.at["census", "applies"]
+    assert set(said.loc[said["applies"], "statement"].str.split(":").str[0].str.split(", ").sum()) <= {
+        "values_latents", "values_latents_keys", "patterns_latents", "patterns_latents_keys",
+        "vocabulary_classes_latents", "vocabulary_classes_latents_keys"}

@@ -22,7 +22,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ffkv.experiments import registry
+from ffkv.experiments import latent_kinds, registry
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run, text_measured
 from ffkv.experiments.encoders import applicability_table, skipped_reason
 from ffkv.experiments.fidelity import write_fidelity
@@ -112,6 +112,10 @@ def analyze(
             ctx.write_table("encoder_applicability", applicability_table(),
                             note="which of the paper's figures apply to a masked-LM encoder, and why "
                                  "(ffkv.experiments.encoders)")
+        if ctx.has_latents:
+            ctx.write_table("latent_applicability", latent_kinds.applicability_table(),
+                            note="which studies read the dictionary's latents beside the neurons, and why the "
+                                 "others do not (ffkv.experiments.latent_kinds)")
         if spec is not None:
             held = ctx.held_out()
             indexed = manifest.identity.corpus

@@ -851,4 +851,6 @@ EXPERIMENT = Experiment(
     held_out=True,  # for the active rule's scale, which decides its dead keys (`ffkv.experiments.dead`)
     encoder=Encoder(True, "Figure 2", "computed on the trigger's left context x_1..x_j (shallow suffix, semantic "
                     "score); the encoder also reads the tokens after j, which these scores do not describe"),
+    latents=("patterns_latents, patterns_latents_keys: Figure 2's labels for the latents' trigger prefixes, the "
+             "share with a pattern of each kind minus its own random directions, and the difference"),
     findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading, module=__name__)

@@ -142,6 +142,9 @@ class Experiment:
             (empty: it runs none, or only the shared ones).
         optional: runs only when named in ``--only`` (it fits parameters: minutes on a GPU).
         encoder: whether it applies to a masked-LM encoder (None: it does, with no row in the applicability table).
+        latents: what it computes for a sparse dictionary's latents, beside the neurons (the tables it writes), or,
+            starting "not", why it computes nothing for them: the ``latent_applicability`` table's row for a run
+            indexed with ``--dictionary`` (empty: "not computed for latents yet").
         options: a dataclass of its own options (`analyze(options={name: {...}})`), or None.
         skip_reason: ``skip_reason(ctx) -> str | None``, why it cannot run on this run (None: it can).
         findings: table or figure name -> the paper's finding beside it (exact names only).
@@ -168,6 +171,7 @@ class Experiment:
     own_pass: str = ""
     optional: bool = False
     encoder: Encoder | None = None
+    latents: str = ""
     options: type | None = None
     skip_reason: Callable[["RunContext"], str | None] | None = None
     findings: Mapping[str, Finding] = field(default_factory=dict)

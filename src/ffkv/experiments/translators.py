@@ -282,4 +282,6 @@ EXPERIMENT = Experiment(
     optional=True,  # fits parameters: minutes on a GPU at the paper's shape
     encoder=Encoder(True, "KL-to-final, Figures 4, 9-11 side by side", "translators fitted at every (unmasked) "
                     "position of the training examples against the MLM head's output there"),
+    latents=("not applicable: the translators map the residual stream of each layer to the last layer's; they "
+             "read no memory, neuron or latent"),
     reading_rows={NAME: 3 * 64, f"{NAME}_findings": 16}, module=__name__)

@@ -464,5 +464,7 @@ EXPERIMENT = Experiment(
     encoder=Encoder(True, "Figures 4-5, Table 2", "the trigger target is the token at the trigger position; values "
                     "are projected with the MLM head's decoder weights (its transform only under --projection "
                     "final-norm)"),
+    latents=("values_latents, values_latents_keys: Figures 4-5 for the decoder rows against each latent's top "
+             "trigger, with chance and the control latents, beside the layer's neurons"),
     findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_confident"), fidelity=fidelity_rows, reading=reading,
     reading_rows={f"{NAME}_confident": 10}, module=__name__)

@@ -283,6 +283,8 @@ EXPERIMENT = Experiment(
     section="beyond the paper: Gurnee et al. 2024, Stolfo et al. 2024", order=6.5, compute=compute, draw=draw,
     encoder=Encoder(False, "vocabulary classes (beyond the paper)", "not computed: an encoder's values reach the vocabulary "
                     "through the MLM head's dense transform, which the cosines with its decoder rows leave out"),
+    latents=("vocabulary_classes_latents, vocabulary_classes_latents_keys: the decoder rows' classes, with random "
+             "mixtures of the dictionary's own rows as the null, beside the layer's neurons"),
     findings=FINDINGS, reading=reading, how=("rule", "control"),
     key_columns=(KeyColumn(f"{NAME}_keys", "class", "vocab class", "vocab class"),),
     module=__name__)

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ffkv.experiments import encoders, registry
+from ffkv.experiments import encoders, latent_kinds, registry
 from ffkv.presentation.tables import TableView, table_view
 from ffkv.store.integrity import Problem
 from ffkv.store.run import RunDir
@@ -42,15 +42,15 @@ HIDDEN = ("example_id", "position", "removed_index", "trigger_example_ids", "tri
 
 def titles() -> dict[str, str]:
     """Section name -> title, in the paper's order: the registered experiments (`ffkv.experiments.registry`),
-    then the encoder applicability table `ffkv analyze` writes for a masked-LM encoder."""
+    then the applicability tables `ffkv analyze` writes for a masked-LM encoder and for a run with latents."""
     return {**{name: e.title for name, e in registry.experiments().items()},
-            "encoder_applicability": encoders.TITLE}
+            "encoder_applicability": encoders.TITLE, "latent_applicability": latent_kinds.TITLE}
 
 
 def reading_rows() -> dict[str, int]:
     """Tables meant to be read row by row -> rows shown in the report (each experiment's `reading_rows`)."""
     rows = {name: n for e in registry.experiments().values() for name, n in e.reading_rows.items()}
-    return {**rows, "encoder_applicability": encoders.READING_ROWS}
+    return {**rows, "encoder_applicability": encoders.READING_ROWS, "latent_applicability": latent_kinds.READING_ROWS}
 
 
 def order_key(name: str, order: Sequence[str] | None = None) -> tuple[int, str]:

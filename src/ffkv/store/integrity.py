@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 #: The index's tables (relative paths): they cannot be rewritten in place.
 INDEX_TABLES = ("examples.parquet", "trigger_examples.parquet")
 #: Metrics tables written by `ffkv analyze` itself at the end of every call, not by one experiment.
-EVERY_ANALYZE = ("fidelity", "encoder_applicability")
+EVERY_ANALYZE = ("fidelity", "encoder_applicability", "latent_applicability")
 #: Key of a metrics table's schema metadata that holds how it was computed (JSON, with its ``name``).
 DESCRIPTION_KEY = b"ffkv"
 _CHUNK = 1 << 20
