@@ -79,3 +79,12 @@ def test_every_study_says_what_it_reads_on_latents(run):
     assert set(said.loc[said["applies"], "statement"].str.split(":").str[0].str.split(", ").sum()) <= {
         "values_latents", "values_latents_keys", "patterns_latents", "patterns_latents_keys",
         "vocabulary_classes_latents", "vocabulary_classes_latents_keys"}
+
+
+def test_the_run_summary_names_the_dictionary_in_words(run):
+    from ffkv.presentation.summary import manifest_summary
+    from ffkv.store.run import RunDir
+
+    rows = dict(manifest_summary(RunDir(run).manifest()))
+    assert rows["dictionary"].startswith("transcoder at layer 4: 512 latents, topk k=16 (")
+    assert "sha256" not in rows["index"] and "dictionary" not in rows["index"]

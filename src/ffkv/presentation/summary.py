@@ -24,13 +24,25 @@ def manifest_summary(manifest: Manifest) -> list[tuple[str, str]]:
                       f"vocabulary {model.vocab_size:,}"),
             ("residual", model.resid_mid),
             ("corpus", ", ".join(f"{k}={v}" for k, v in manifest.corpus.items() if v is not None)),
-            ("index", ", ".join(f"{k}={v}" for k, v in manifest.index.items() if k != "batching")),
+            ("index", ", ".join(f"{k}={v}" for k, v in manifest.index.items() if k not in ("batching", "dictionary"))),
+            *([("dictionary", dictionary_summary(manifest.index["dictionary"]))]
+              if manifest.index.get("dictionary") else []),
             ("counts", ", ".join(f"{k}: {v:,}" if isinstance(v, int) else f"{k}: {v}"
                                  for k, v in manifest.counts.items())),
             ("timings", ", ".join(f"{k}: {v:.1f} s" if isinstance(v, (int, float)) else f"{k}: {v}"
                                   for k, v in manifest.timings.items())),
             ("status", f"{manifest.status} (updated {manifest.updated or '?'})")]
     return rows
+
+
+def dictionary_summary(recorded: Mapping[str, Mapping]) -> str:
+    """The sparse dictionary a run was indexed with, one clause per layer, layers from 1 as readers count them:
+    "transcoder at layer 4: 512 latents, topk k=16 (PATH)"."""
+    def clause(layer: str, d: Mapping) -> str:
+        k = f" k={d['k']}" if d.get("k") else ""
+        return (f"{d.get('kind', '?')} at layer {int(layer) + 1}: {int(d.get('n_latents', 0)):,} latents, "
+                f"{d.get('activation', '?')}{k} ({d.get('path', 'built in memory')})")
+    return "; ".join(clause(layer, d) for layer, d in sorted(recorded.items(), key=lambda item: int(item[0])))
 
 
 #: Columns of a fidelity row that come from the table it reads: not shown when that table cannot be read.
