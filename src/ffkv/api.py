@@ -108,13 +108,8 @@ class Run:
         if of != "latents":
             raise FfkvError(f"of= must be 'neurons' or 'latents', got {str(of)[:40]!r}")
         if self._latents is None:
-            from ffkv.dictionaries import reopen
-
-            recorded = self.manifest.index.get("dictionary")
-            if not recorded:
-                raise FfkvError(f"{self.path} was indexed without a dictionary: it has no latents (index with "
-                                "--dictionary PATH)")
-            self._latents = Latents(self.model.view, reopen(recorded, self._dictionary_at)).attach()
+            self._latents = Latents.of_run(self.model.view, self.manifest.index.get("dictionary"),
+                                           self._dictionary_at, self.path).attach()
         return self._latents
 
     def __repr__(self) -> str:

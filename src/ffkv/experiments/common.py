@@ -138,6 +138,13 @@ def control_with_interval(observed: np.ndarray, control: np.ndarray, name: str) 
             f"{name}_minus_control_ci_high": high}
 
 
+def beside_neurons(latents: np.ndarray, neurons: np.ndarray, name: str) -> dict[str, float]:
+    """A share of a layer's latents beside the same share of its neurons (independent samples): `control_with_interval`
+    with the neurons in the control's place, {name_neurons, _ci_low, _ci_high} (Wilson) and {name_minus_neurons,
+    _ci_low, _ci_high} (Newcombe's interval of latents minus neurons)."""
+    return {k.replace("_control", "_neurons"): v for k, v in control_with_interval(latents, neurons, name).items()}
+
+
 def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> list[str]:
     """A one-line warning (also raised as an `FfkvWarning`, printed by the CLI) when n < `MIN_N`; [] otherwise.
 
@@ -309,10 +316,22 @@ class RunContext:
 
         if source == "neurons":
             return Neurons(self.view)
-        from ffkv.dictionaries import reopen
-
         return self.once(("memories", source),
-                         lambda: Latents(self.view, reopen(self.manifest.index["dictionary"])))
+                         lambda: Latents.of_run(self.view, self.manifest.index.get("dictionary"), run=self.run.path))
+
+    def latents_for(self, table: str):
+        """The run's latents (`memories`) for a study's latent `table`, as (latents, []); (None, []) for a run
+        without them; and (None, [line]) where the dictionary's files are gone or changed: the study's neuron
+        tables stand, and `line` (also raised as an `FfkvWarning`) says why `table` was not computed."""
+        if not self.has_latents:
+            return None, []
+        try:
+            return self.memories("latents"), []
+        except FfkvError as error:
+            line = f"{table} not computed: {error}"
+            if is_writer():
+                warn(line)
+            return None, [line]
 
     def latent_control_sources(self) -> dict[int, np.ndarray]:
         """Dictionary layer -> (n,) the real latent whose encoder norm, bias and value each control latent of that

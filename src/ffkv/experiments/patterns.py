@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ffkv.errors import FfkvError, warn
+from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
 from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, control_with_interval, progress_bar,
                                      share_with_interval)
@@ -45,7 +45,6 @@ from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.semantic import CONTEXT, masked_length
 from ffkv.models.token_display import sequence_strings
-from ffkv.parallel import is_writer
 from ffkv.presentation.findings import (MIN_SEMANTIC_RECALL, diff, layer_ends, n_of, pct, rule_frame, share_ci,
                                         verdict_row, verdict_rows, wilson_interval)
 from ffkv.store.annotations import LABELS, consensus, read_labels
@@ -711,26 +710,22 @@ def compute(ctx: RunContext, options=None) -> Result:
     human = human_agreement(ctx, found["keys"])
     if human is not None:
         result.add(f"{NAME}_human", human, **meta)
-    if ctx.has_latents:  # the dictionary's latents labelled by the same rules, beside the neurons of their layer
-        try:
-            latent = latent_pattern_tables(ctx, found["keys"], found.get("control"))
-        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
-            line = f"{NAME}_latents not computed: {error}"
-            if is_writer():
-                warn(line)
-            result.meta[NAME] = {**meta, "warnings": [line]}
-        else:
-            meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
-                        "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired",
-                        "control": ("the control latents of each layer (ffkv.indexing.latents), labelled by the "
-                                    "same rule; their z sets the layer's semantic cut-off" if ctx.has_latent_control
-                                    else "none: the run holds no control latents"),
-                        "beside_neurons": "any_pattern_*: share of live memories labelled shallow, semantic or "
-                                          "both; *_minus_control: Newcombe's 95% interval; excess_latents_minus_"
-                                          "neurons: the latents' excess over their control minus the neurons' "
-                                          "(MOVER 95% interval)"}
-            result.add(f"{NAME}_latents", latent["per_layer"], **meta_lat)
-            result.add(f"{NAME}_latents_keys", latent["keys"], **meta_lat)
+    latents, unread = ctx.latents_for(f"{NAME}_latents")  # labelled by the same rules, beside the layer's neurons
+    if unread:
+        result.meta[NAME] = {**meta, "warnings": [*meta.get("warnings", []), *unread]}
+    if latents is not None:
+        latent = latent_pattern_tables(ctx, found["keys"], found.get("control"))
+        meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
+                    "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired",
+                    "control": ("the control latents of each layer (ffkv.indexing.latents), labelled by the "
+                                "same rule; their z sets the layer's semantic cut-off" if ctx.has_latent_control
+                                else "none: the run holds no control latents"),
+                    "beside_neurons": "any_pattern_*: share of live memories labelled shallow, semantic or "
+                                      "both; *_minus_control: Newcombe's 95% interval; excess_latents_minus_"
+                                      "neurons: the latents' excess over their control minus the neurons' "
+                                      "(MOVER 95% interval)"}
+        result.add(f"{NAME}_latents", latent["per_layer"], **meta_lat)
+        result.add(f"{NAME}_latents_keys", latent["keys"], **meta_lat)
     return result
 
 

@@ -16,14 +16,14 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from ffkv.errors import FfkvError, warn
+from ffkv.experiments import common
 from ffkv.experiments.common import (MIN_N, RunContext, control_with_interval, progress_bar, sample_size_warnings,
                                      share_with_interval)
 from ffkv.experiments.figures import COLORS, interval_bars, kinds_beside, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.memories.projection import chunk_size, scan_values
 from ffkv.memories.targets import TARGET_DESCRIPTION
-from ffkv.parallel import gather_rows, is_writer, owned
+from ffkv.parallel import gather_rows, owned
 from ffkv.presentation.findings import (diff, first_last, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row,
                                         verdict_rows)
 
@@ -155,8 +155,8 @@ def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuro
     for layer in latent_layers["layer"]:
         mine = latent_keys[(latent_keys["layer"] == layer) & (latent_keys["trigger_target_id"] >= 0)]
         theirs = neuron_keys[(neuron_keys["layer"] == layer) & (neuron_keys["trigger_target_id"] >= 0)]
-        got = control_with_interval(mine["agrees"].to_numpy(bool), theirs["agrees"].to_numpy(bool), "agreement_rate")
-        rows.append({"layer": int(layer), **{k.replace("_control", "_neurons"): v for k, v in got.items()},
+        got = common.beside_neurons(mine["agrees"].to_numpy(bool), theirs["agrees"].to_numpy(bool), "agreement_rate")
+        rows.append({"layer": int(layer), **got,
                      "n_neurons_with_target": int(len(theirs)),
                      "chance_rate_shuffled_neurons": float(nulls.at[layer, "chance_rate_shuffled"]),
                      "agreement_rate_neurons_control": float(nulls.at[layer, "agreement_rate_control"])
@@ -319,18 +319,12 @@ def compute(ctx: RunContext, options=None) -> Result:
     result.add(NAME, found["per_layer"], **meta)
     result.add(f"{NAME}_keys", found["keys"], **meta)
     result.add(f"{NAME}_confident", found["confident"], **meta)
-    latent = None
-    if ctx.has_latents:  # the dictionary's latents as memories of their own, beside the neurons of their layer
-        try:
-            latent = latent_tables(ctx)
-        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
-            line = f"{NAME}_latents not computed: {error}"
-            if is_writer():
-                warn(line)
-            meta["warnings"] = [*meta["warnings"], line]
-            result.meta[NAME] = meta
-    if latent is not None:
-        lat = f"{NAME}_latents"
+    lat = f"{NAME}_latents"
+    latents, unread = ctx.latents_for(lat)  # the dictionary's latents, beside the neurons of their layer
+    if unread:
+        result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
+    if latents is not None:
+        latent = latent_tables(ctx)
         n_lat = int(latent["per_layer"]["n_keys_with_target"].min()) if len(latent["per_layer"]) else 0
         meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, "
                     "value: decoder row; `ffkv.memories.sets.Latents`), only the layers it covers",

@@ -31,15 +31,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ffkv.errors import FfkvError, warn
-from ffkv.experiments.common import (RunContext, control_with_interval, progress_bar, sample_size_warnings,
-                                     share_with_interval)
+from ffkv.experiments import common
+from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import kinds_beside, share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, KeyColumn, Result
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.sets import MemorySet, Neurons
 from ffkv.memories.view import MemoryView
-from ffkv.parallel import is_writer
 from ffkv.presentation.findings import layer_ends, pct, share_ci
 
 NAME = "vocabulary_classes"
@@ -208,23 +206,19 @@ def compute(ctx: RunContext, options=None) -> Result:
     result = Result(ctx.view.n_layers, record=dict(meta))
     result.add(NAME, found["layers"], **meta)
     result.add(f"{NAME}_keys", found["keys"], **meta)
-    if ctx.has_latents:  # the dictionary's decoder rows by the same rule, beside the neurons of their layer
-        try:
-            latents = value_classes(ctx.view, ctx.seed, memories=ctx.memories("latents"))
-        except FfkvError as error:  # its files gone or changed: the neurons' tables stand, the latents' are named
-            line = f"{NAME}_latents not computed: {error}"
-            if is_writer():
-                warn(line)
-            result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], line]}
-        else:
-            meta_lat = {**meta, "memories": "the decoder rows (values) and encoder rows (keys) of the dictionary the "
-                        "run was indexed with, only the layers it covers; the null: random mixtures of its decoder "
-                        "rows", "neurons": "*_neurons: the same layer's neurons (metrics/vocabulary_classes); "
-                        "*_minus_neurons: latents minus neurons, Newcombe's 95% interval",
-                        "warnings": []}
-            result.add(f"{NAME}_latents", beside_neurons(latents["layers"], latents["keys"], found["keys"]),
-                       **meta_lat)
-            result.add(f"{NAME}_latents_keys", latents["keys"], **meta_lat)
+    latents, unread = ctx.latents_for(f"{NAME}_latents")  # the decoder rows by the same rule, beside the neurons
+    if unread:
+        result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
+    if latents is not None:
+        found_latents = value_classes(ctx.view, ctx.seed, memories=latents)
+        meta_lat = {**meta, "memories": "the decoder rows (values) and encoder rows (keys) of the dictionary the "
+                    "run was indexed with, only the layers it covers; the null: random mixtures of its decoder "
+                    "rows", "neurons": "*_neurons: the same layer's neurons (metrics/vocabulary_classes); "
+                    "*_minus_neurons: latents minus neurons, Newcombe's 95% interval",
+                    "warnings": []}
+        result.add(f"{NAME}_latents", beside_neurons(found_latents["layers"], found_latents["keys"], found["keys"]),
+                   **meta_lat)
+        result.add(f"{NAME}_latents_keys", found_latents["keys"], **meta_lat)
     return result
 
 
@@ -238,8 +232,7 @@ def beside_neurons(latent_layers: pd.DataFrame, latent_keys: pd.DataFrame, neuro
         theirs = neuron_keys.loc[neuron_keys["layer"] == layer, "class"].to_numpy()
         row = {"layer": int(layer)}
         for kind in CLASSES[:3]:
-            got = control_with_interval(mine == kind, theirs == kind, f"{kind}_share")
-            row.update({k.replace("_control", "_neurons"): v for k, v in got.items()})
+            row.update(common.beside_neurons(mine == kind, theirs == kind, f"{kind}_share"))
         rows.append(row)
     return latent_layers.merge(pd.DataFrame(rows), on="layer")
 

@@ -19,7 +19,7 @@ from typing import Iterable
 
 import torch
 
-from ffkv.explorer.validation import MAX_NEW_TOKENS
+from ffkv.explorer.validation import LATENT_EDIT, MAX_NEW_TOKENS
 from ffkv.errors import FfkvError
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
@@ -101,8 +101,7 @@ def refuse_latent_edits(edits: Iterable[Intervention]) -> None:
     if latent is not None:
         from ffkv.memories.address import edit_ref
 
-        raise FfkvError(f"the trace shows neurons only: an edit of latent {edit_ref(latent)} is not drawn there yet; "
-                        "measure it with `ffkv intervene` or ffkv.intervene")
+        raise FfkvError(LATENT_EDIT.format(edit_ref(latent)))
 
 
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Intervention] = (), position: int = -1,

@@ -55,6 +55,11 @@ def prompt(text: str | None) -> str:
     return text
 
 
+#: The trace's refusal of an edit of a latent: it lists and labels neurons only (`ffkv.explorer.tracing`).
+LATENT_EDIT = ("the trace shows neurons only: an edit of latent {} is not drawn there yet; measure it with "
+               "`ffkv intervene RUN --off LATENT` or ffkv.intervene")
+
+
 def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
     """The edits a request asks for, written as everywhere (`ffkv.memories.address`, layers from 1): URL
     parameters ``off=L:K``, ``scale=L:K=F``, ``set=L:K=V``, and the trace form's per-memory fields
@@ -74,8 +79,7 @@ def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
     out: Edits = {}
     for op, text in given:
         if text.strip()[:1].lower() in LATENT_PREFIX.values():
-            raise BadRequest(f"the trace shows neurons only: an edit of latent {text.partition('=')[0].strip()} is "
-                             "not drawn there yet; measure it with `ffkv intervene RUN --off LATENT`", 422)
+            raise BadRequest(LATENT_EDIT.format(text.partition("=")[0].strip()), 422)
         try:
             edit = parse_edit(op, text, n_layers, d_m)
         except FfkvError as exc:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from jaxtyping import Float
 
-from ffkv.dictionaries import Dictionary, check_against
+from ffkv.dictionaries import Dictionary, check_against, reopen
 from ffkv.errors import FfkvError
 from ffkv.memories.address import LatentRef, MemoryLayout, MemoryRef
 from ffkv.memories.view import MemoryView
@@ -160,6 +161,16 @@ class Latents(MemorySet):
 
     def ref(self, layer: int, index: int) -> LatentRef:
         return self.layout.check_latent(layer, index)
+
+    @classmethod
+    def of_run(cls, view: MemoryView, recorded: Mapping[str, Mapping] | None, where: str | Path | None = None,
+               run: str | Path = "the run") -> "Latents":
+        """The latents of the dictionary a run was indexed with: `recorded` is its manifest's ``index.dictionary``,
+        read again from its files (or from `where`, if they moved) and checked to be the same ones
+        (`ffkv.dictionaries.reopen`); a run indexed without one is refused in one line naming `run`."""
+        if not recorded:
+            raise FfkvError(f"{run} was indexed without a dictionary: it has no latents (index with --dictionary PATH)")
+        return cls(view, reopen(recorded, where))
 
     def attach(self) -> "Latents":
         """Attach these latents to their model's view (``view.latents``), so that edits of latents
