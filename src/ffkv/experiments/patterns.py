@@ -716,7 +716,8 @@ def compute(ctx: RunContext, options=None) -> Result:
     if latents is not None:
         latent = latent_pattern_tables(ctx, found["keys"], found.get("control"))
         meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
-                    "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired",
+                    "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired; rare: fired in "
+                    f"fewer than min({semantic.MIN_PREFIXES}, top-k) examples, too few to label",
                     "control": ("the control latents of each layer (ffkv.indexing.latents), labelled by the "
                                 "same rule; their z sets the layer's semantic cut-off" if ctx.has_latent_control
                                 else "none: the run holds no control latents"),
