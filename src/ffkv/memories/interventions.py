@@ -54,11 +54,6 @@ class Intervention:
         """A scale, written as off when the factor is 0."""
         return cls(layer, key, "off", kind=kind) if factor == 0 else cls(layer, key, "scale", float(factor), kind)
 
-    def rewrite(self, a: torch.Tensor) -> torch.Tensor:
-        """The edited coefficient(s) for coefficient(s) `a`."""
-        if self.op == "set":
-            return torch.full_like(a, self.value)
-        return a * self.value if self.op == "scale" else torch.zeros_like(a)
 
     @property
     def factor(self) -> float | None:
@@ -110,25 +105,37 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place:
     latent_edits = [e for e in interventions if e.kind != "neuron"]
     rewrites = {}
     for layer, edits in _per_layer(view, [e for e in interventions if e.kind == "neuron"]).items():
-        keys = torch.tensor(sorted(edits), dtype=torch.long, device=view.device)
-        ordered = [edits[k] for k in sorted(edits)]
-        factor = torch.tensor([e.factor if e.factor is not None else 1.0 for e in ordered], device=view.device)
-        is_set = torch.tensor([e.op == "set" for e in ordered], device=view.device)
-        setting = torch.tensor([e.value for e in ordered], device=view.device)
-        any_set = bool(is_set.any())
+        columns = _Columns(edits, view.device)
 
-        def rewrite(m, keys=keys, factor=factor, is_set=is_set, setting=setting, any_set=any_set):
+        def rewrite(m, columns=columns):
             if not in_place:
                 m = m.clone()
-            scaled = m[..., keys] * factor.to(m.dtype)
-            # where(False, ., x) is x: without a set edit, the scaled columns are written as they are.
-            m[..., keys] = torch.where(is_set, setting.to(m.dtype), scaled) if any_set else scaled
+            m[..., columns.keys] = columns.edited(m[..., columns.keys])
             return m
 
         rewrites[layer] = rewrite
     if not latent_edits:
         return rewrite_coefficients(view, rewrites)
     return _both(rewrite_coefficients(view, rewrites), replace_ff_output(view, _latent_edits(view, latent_edits)))
+
+
+class _Columns:
+    """One layer's edits (index -> `Intervention`) as tensors on `device`: the edited columns, in index order, and
+    how each is rewritten."""
+
+    def __init__(self, edits: Mapping[int, Intervention], device: torch.device | str) -> None:
+        ordered = [edits[k] for k in sorted(edits)]
+        self.keys = torch.tensor(sorted(edits), dtype=torch.long, device=device)
+        self.factor = torch.tensor([e.factor if e.factor is not None else 1.0 for e in ordered], device=device)
+        self.is_set = torch.tensor([e.op == "set" for e in ordered], device=device)
+        self.setting = torch.tensor([e.value for e in ordered], device=device)
+        self.any_set = bool(self.is_set.any())
+
+    def edited(self, a: torch.Tensor) -> torch.Tensor:
+        """The edited values of the columns `a` (..., len(keys)): off 0, scale factor·a, set the value."""
+        scaled = a * self.factor.to(a.dtype)
+        # where(False, ., x) is x: without a set edit, the scaled columns are written as they are.
+        return torch.where(self.is_set, self.setting.to(a.dtype), scaled) if self.any_set else scaled
 
 
 @contextmanager
@@ -151,14 +158,12 @@ def _latent_edits(view: MemoryView, edits: list[Intervention]
     out = {}
     for layer, chosen in per.items():
         d, reads = latents.dictionaries[layer], latents.reads(layer)
-        keys = torch.tensor(sorted(chosen), dtype=torch.long, device=d.device)
-        ordered = [chosen[k] for k in sorted(chosen)]
-        decoder = d.decoder[keys]
+        columns = _Columns(chosen, d.device)
+        decoder = d.decoder[columns.keys]
 
-        def edited(x, ff_out, d=d, reads=reads, keys=keys, ordered=ordered, decoder=decoder):
-            a = d.encode(x if reads == "ff_in" else ff_out)[..., keys]
-            new = torch.stack([e.rewrite(a[..., i]) for i, e in enumerate(ordered)], dim=-1)
-            return ff_out + ((new - a) @ decoder).to(ff_out.dtype)
+        def edited(x, ff_out, d=d, reads=reads, columns=columns, decoder=decoder):
+            a = d.encode(x if reads == "ff_in" else ff_out)[..., columns.keys]
+            return ff_out + ((columns.edited(a) - a) @ decoder).to(ff_out.dtype)
 
         out[layer] = edited
     return out
