@@ -45,12 +45,20 @@ def test_the_library_section_runs_offline(tmp_path, monkeypatch):
     assert tuple(m.shape[::2]) == (1, namespace["view"].d_m)
 
 
-def test_the_demos_step_line_names_every_step_analyze_runs():
-    """Issue 43: the demo's step line named 9 analyses, then analyze ran 12."""
-    from ffkv.demo import analyze_steps
+def test_the_demos_step_line_names_every_step_it_runs_and_what_it_leaves_out():
+    """Issue 43: the demo's step line named 9 analyses, then analyze ran 12. Issue 44: the demo leaves some
+    default steps out to end within 2 minutes, and says which and how to add them."""
+    from ffkv.demo import LEFT_OUT, analyze_steps, demo_steps, left_out_line
     from ffkv.experiments.registry import default_names, experiments
 
-    line, names = analyze_steps(), default_names()
-    named = [n for n in experiments() if re.search(rf"\b{n}\b", line)]
-    assert set(named) <= set(names) and f"({len(names)} steps)" in line
-    assert all(n in named or experiments()[n].section == "the explorer" for n in names)
+    assert set(LEFT_OUT) <= set(default_names())
+    for every_step in (False, True):
+        line, names = analyze_steps(every_step), demo_steps(every_step)
+        named = [n for n in experiments() if re.search(rf"\b{n}\b", line)]
+        assert set(named) <= set(names) and f"({len(names)} steps)" in line
+        assert all(n in named or experiments()[n].section == "the explorer" for n in names)
+    assert demo_steps(True) == default_names()
+    assert demo_steps(False) == [n for n in default_names() if n not in LEFT_OUT]
+    said = left_out_line("runs/demo")
+    assert all(n in said for n in LEFT_OUT) and f"ffkv analyze runs/demo --only {','.join(LEFT_OUT)}" in said
+    assert left_out_line("runs/demo", every_step=True) is None

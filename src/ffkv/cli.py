@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from ffkv import __version__
 from ffkv.allocator import keep_freed_memory
-from ffkv.demo import DEMO_N_EVAL
+from ffkv.demo import DEMO_N_EVAL, LEFT_OUT
 from ffkv.errors import (EXIT_CODES, DamagedRun, FfkvError, FfkvWarning, Interrupted, StorageError, command_line,
                          one_line)
 
@@ -465,8 +465,11 @@ def _train_dictionary_parser(sub) -> None:
 def _demo_parser(sub) -> None:
     """`ffkv demo`'s arguments."""
     p = sub.add_parser("demo", help="the whole job on the embedded model ffkv-tiny and its corpus",
-                       description="Index the embedded corpus with ffkv-tiny, run every analysis, write the report.")
+                       description="Index the embedded corpus with ffkv-tiny, run every analysis but those it leaves "
+                                   "out to end within 2 minutes (it names them; --all runs them too), write the report.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
+    p.add_argument("--all", action="store_true", dest="every_step",
+                   help=f"also run the analyses the demo leaves out ({', '.join(LEFT_OUT)})")
     p.add_argument("--n-eval", type=_positive_int, default=DEMO_N_EVAL,
                    help="held-out verses for the analyses of the paper's Section 5 (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
@@ -607,8 +610,13 @@ def _attribute_parser(sub) -> None:
                    help="memories switched off exactly for the rank correlation; 0: none (default: %(default)s)")
     p.add_argument("--batch-size", type=_positive_int, default=8, help="examples per pass (default: %(default)s)")
     p.add_argument("--top", type=_positive_int, default=10, help="memories printed (default: %(default)s)")
+    p.add_argument("--dictionary", default=None,
+                   help="also attribute to the latents of this sparse dictionary (any path `ffkv index --dictionary` "
+                        "reads); a --run indexed with one attributes to its latents by itself (PATH: where its files "
+                        "lie now, if they moved)")
     p.add_argument("--out", required=True, help="folder for attribute_memories.parquet, attribute_lens.parquet "
-                                                "and attribute.json")
+                                                "(with latents also attribute_latents.parquet and "
+                                                "attribute_latent_lens.parquet) and attribute.json")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -622,6 +630,25 @@ def _tool_model(args: argparse.Namespace):
 
     manifest = RunDir(args.run).require_complete()
     return load_model(manifest.model.id, dtype=manifest.model.dtype, device=args.device)
+
+
+def _tool_latents(args: argparse.Namespace, loaded):
+    """The latents a tool reads beside the neurons: those of the dictionary --run was indexed with (from
+    --dictionary, if its files moved), else of --dictionary; None without either."""
+    from ffkv.memories.sets import Latents
+
+    recorded = None
+    if args.run is not None:
+        from ffkv.store.run import RunDir
+
+        recorded = RunDir(args.run).manifest().index.get("dictionary")
+    if recorded:
+        return Latents.of_run(loaded.view, recorded, args.dictionary, args.run)
+    if args.dictionary is None:
+        return None
+    from ffkv.dictionaries import open_dictionary
+
+    return Latents(loaded.view, open_dictionary(args.dictionary))
 
 
 @command("locate")
@@ -660,7 +687,8 @@ def _attribute(args: argparse.Namespace) -> int:
     options = AttributeOptions(steps=args.steps, check=args.check, batch_size=args.batch_size)
     spec = _corpus_spec(args, args.corpus)
     result = attribute(loaded, lambda: iter_examples(spec, loaded.tokenizer), target, options,
-                       progress=not args.no_progress, total=args.max_examples, corpus=spec.to_dict())
+                       progress=not args.no_progress, total=args.max_examples, corpus=spec.to_dict(),
+                       latents=_tool_latents(args, loaded))
     print(result.to_text(args.top))
     result.write(args.out)
     print(f"tables written to {args.out}")
@@ -809,7 +837,7 @@ def _train_dictionary(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from ffkv.demo import run_demo
 
-    run_demo(args.out, n_eval=args.n_eval, progress=not args.no_progress)
+    run_demo(args.out, n_eval=args.n_eval, progress=not args.no_progress, every_step=args.every_step)
     return 0
 
 

@@ -19,14 +19,25 @@ DEMO_SEED = 0
 DEMO_N_EVAL = 1000
 #: Trigger examples per key (the paper's t: its experts read the top 25 of 50).
 DEMO_TOP_K = 50
+#: Default analyses the demo leaves out so that it ends within 2 minutes on an idle 2-core machine, each with
+#: why; it names them and the command that adds them (`ffkv demo --all` runs them too).
+LEFT_OUT = {"pruning": "55 passes of the masked model over held-out text, about a fifth of the demo's time"}
 
 
-def analyze_steps() -> str:
-    """What `analyze` runs by default, as the demo's step line names it: read from the experiments' registry."""
-    from ffkv.experiments.registry import default_names, experiments
+def demo_steps(every_step: bool = False) -> list[str]:
+    """The analyses the demo runs: `analyze`'s defaults, in their order, but those `LEFT_OUT` (all with
+    `every_step`)."""
+    from ffkv.experiments.registry import default_names
+
+    return [n for n in default_names() if every_step or n not in LEFT_OUT]
+
+
+def analyze_steps(every_step: bool = False) -> str:
+    """The demo's analyses (`demo_steps`) as its step line names them: read from the experiments' registry."""
+    from ffkv.experiments.registry import experiments
 
     every = experiments()
-    names = default_names()
+    names = demo_steps(every_step)
     paper = [n for n in names if every[n].section.startswith("paper")]
     beyond = [n for n in names if every[n].section.startswith("beyond")]
     rest = [every[n].title[0].lower() + every[n].title[1:] for n in names if n not in paper + beyond]
@@ -34,8 +45,20 @@ def analyze_steps() -> str:
                                        *rest) if part) + f" ({len(names)} steps)"
 
 
-def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress: bool = True):
-    """Index, analyze and report on ffkv-tiny; a finished index in `out` is reused. Returns the `RunDir`."""
+def left_out_line(out: str | Path, every_step: bool = False) -> str | None:
+    """What the demo leaves out and the command that adds it (None when it leaves out nothing)."""
+    if every_step or not LEFT_OUT:
+        return None
+    names = ",".join(LEFT_OUT)
+    why = "; ".join(f"{name}: {reason}" for name, reason in LEFT_OUT.items())
+    return (f"left out to end within 2 minutes ({why}); add with `ffkv analyze {out} --only {names}`, "
+            "or run `ffkv demo --all`")
+
+
+def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress: bool = True,
+             every_step: bool = False):
+    """Index, analyze and report on ffkv-tiny; a finished index in `out` is reused. Every default analysis runs
+    but those `LEFT_OUT` (all of them with `every_step`). Returns the `RunDir`."""
     from ffkv.corpus import CorpusSpec
     from ffkv.experiments import analyze
     from ffkv.indexing.indexer import IndexOptions, build_index
@@ -57,9 +80,12 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
                           shuffle_seed=DEMO_SEED)
         build_index(loaded, spec, out, IndexOptions(top_k=DEMO_TOP_K), resume=run.exists(), progress=progress,
                     dictionary=tiny_transcoders_path())
-    print(f"[2/3] analyze: {analyze_steps()}", flush=True)
+    print(f"[2/3] analyze: {analyze_steps(every_step)}", flush=True)
+    left_out = left_out_line(out, every_step)
+    if left_out:
+        print(f"      {left_out}", flush=True)
     heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
-    analyze(out, eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
+    analyze(out, only=demo_steps(every_step), eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
             options={"membership": {"n": n_eval}})  # ffkv-tiny's own split: n_eval training + n_eval held-out verses
     print("[3/3] report", flush=True)
     report = write_report(out)
@@ -69,5 +95,6 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
           f"  the explorer (memories, search, trace, intervene):    ffkv serve {run.path}\n"
           f"  the index itself (docs/run-directory.md):             {run.path}/trigger_examples.parquet\n"
           f"  the transcoder's latents, beside the neurons:         {run.path}/latent_trigger_examples.parquet "
-          "(ffkv.open_run(RUN).triggers(3, LATENT, of=\"latents\"))")
+          "(ffkv.open_run(RUN).triggers(3, LATENT, of=\"latents\"))"
+          + (f"\n  {left_out}" if left_out else ""))
     return run

@@ -177,3 +177,21 @@ def test_no_bare_table_and_no_self_contradicting_heading(tmp_path, analyzed):
     block = relu_page.split("metrics/composition_tau.parquet</h4>", 1)[1].split("<h4", 1)[0]
     assert "not applicable to this model: its coefficients are never negative (ReLU)" in block
     assert "Beyond the paper, beside Figure 7:" in block
+
+
+def test_the_report_names_the_default_studies_a_run_has_not_run(analyzed):
+    """A study left out (`ffkv demo` leaves pruning out; `analyze --only`) is named with the command that runs it,
+    never silently absent."""
+    run, _ = analyzed
+    manifest = RunDir(run).manifest()
+    missing = [n for n in registry.default_names() if n not in manifest.analyses]
+    page = write_report(run).read_text()
+    if missing:
+        assert f"<dt>not run</dt><dd>{', '.join(missing)}: `ffkv analyze {run} --only {','.join(missing)}`" in page
+    else:
+        assert "<dt>not run</dt>" not in page
+    from ffkv.report.html import not_run_row
+
+    manifest.analyses.pop("values")
+    row = not_run_row(RunDir(run), manifest)
+    assert row[0] == "not run" and "values" in row[1] and "--only" in row[1]

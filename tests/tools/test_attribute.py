@@ -11,9 +11,11 @@ import pytest
 import torch
 import transformers as tf
 
+from ffkv.dictionaries import Dictionary
 from ffkv.errors import FfkvError
 from ffkv.experiments.scoring import score_examples
-from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.interventions import Intervention, intervene, replace_ff_output
+from ffkv.memories.sets import Latents
 from ffkv.memories.view import MemoryView
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.attribute import (
@@ -177,3 +179,94 @@ def test_spearman():
     assert spearman(np.array([1.0, 2, 3, 4]), np.array([10.0, 20, 25, 100])) == pytest.approx(1.0)
     assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1.0)
     assert np.isnan(spearman(np.array([1.0]), np.array([2.0])))
+
+
+# ---------------------------------------------------------------------------- latents
+def _dictionary(view, layer, kind, n=10, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    d = view.d_model
+    return Dictionary(kind=kind, layer=layer, encoder=torch.randn(n, d, generator=g),
+                      encoder_bias=torch.randn(n, generator=g), decoder=torch.randn(n, d, generator=g) / 4,
+                      decoder_bias=torch.randn(d, generator=g), activation="topk", k=4,
+                      input_bias=torch.randn(d, generator=g) if kind == "sae" else None).to(dtype=dtype)
+
+
+def test_on_a_linear_toy_a_latents_attribution_is_its_switch_off_effect_exactly():
+    """T (a logit, no final norm, one layer) is linear in the FF output, and switching latent j off subtracts
+    a_j·dec_j from it: gradient × activation is then the exact effect, latent by latent."""
+    loaded, examples = linear_toy(), corpus()
+    latents = Latents(loaded.view, {0: _dictionary(loaded.view, 0, "transcoder")})
+    result = attribute(loaded, lambda: iter(examples), Target(token=11, measure="logit"),
+                       AttributeOptions(steps=0, check=10, batch_size=2), latents=latents)
+    table = result.latents
+    assert list(table.address) == [str(latents.ref(0, j)) for j in range(10)]
+    assert table.exact_off_effect.notna().all() and (table.grad_x_act.abs() > 1e-3).sum() >= 5
+    np.testing.assert_allclose(table.grad_x_act, table.exact_off_effect, rtol=1e-4, atol=1e-5)
+    assert result.summary["latents"]["spearman_grad_x_act"] == pytest.approx(1.0)
+    assert loaded.view.latents is None  # attached for the check only
+    for j in (0, 4):  # the exact effect is the intervene path's, recomputed here
+        want = _total(loaded, examples, Target(token=11, measure="logit"))
+        latents.attach()
+        try:
+            want -= _total(loaded, examples, Target(token=11, measure="logit"),
+                           [Intervention(0, j, "off", kind="transcoder")])
+        finally:
+            loaded.view.latents = None
+        assert table.exact_off_effect[j] == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("layer,kind", [(1, "transcoder"), (2, "sae")])
+def test_grad_x_act_is_the_derivative_of_scaling_each_latent(layer, kind):
+    """Σ_p a_j·(dec_j · ∂T/∂FF(x)) = d/dε T(a_j·(1+ε)) at 0, by central differences through `intervene` (float64
+    model and dictionary), for a transcoder reading the FF input and an SAE reading the FF output."""
+    loaded = loaded_tiny("gpt2")
+    loaded.model.double()
+    examples = corpus(3)
+    latents = Latents(loaded.view, {layer: _dictionary(loaded.view, layer, kind, seed=layer, dtype=torch.float64)})
+    sums = attribution_pass(loaded, iter(examples), Target(), AttributeOptions(steps=0, batch_size=3), latents=latents)
+    eps = 2.0 ** -14
+    latents.attach()
+    try:
+        for j in (0, 3, 7):
+            up = _total(loaded, examples, Target(), [Intervention(layer, j, "scale", 1 + eps, kind)])
+            down = _total(loaded, examples, Target(), [Intervention(layer, j, "scale", 1 - eps, kind)])
+            assert sums.latent_grad_x_act[layer][j] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+    finally:
+        loaded.view.latents = None
+
+
+def test_decoder_gradients_are_autograds():
+    """∂T/∂dec from Σ_p a ⊗ ∂T/∂FF(x) equals autograd's gradient of a decoder spliced in as FF(x) + a·(D − D₀)."""
+    loaded, examples = loaded_tiny("gpt2"), corpus(4)
+    view, layer = loaded.view, 1
+    d = _dictionary(view, layer, "transcoder")
+    latents = Latents(view, {layer: d})
+    sums = attribution_pass(loaded, iter(examples), Target(), AttributeOptions(steps=0, batch_size=2), latents=latents)
+    decoder = d.decoder.clone().requires_grad_(True)
+    with torch.enable_grad(), replace_ff_output(view, {layer: lambda x, out: out + d.encode(x) @ (decoder - d.decoder)}):
+        for e in examples:  # one example at a time: no padding
+            ids = torch.tensor(e.token_ids)[None]
+            target_value(loaded.model(input_ids=ids).logits, ids, torch.ones_like(ids), Target()).backward()
+    got = sums.latent_value_grads[layer]
+    assert float((got - decoder.grad).norm() / decoder.grad.norm()) < 1e-5
+
+
+def test_latent_tables_written_and_read_aloud(tmp_path):
+    loaded = loaded_tiny("gpt2")
+    latents = Latents(loaded.view, {1: _dictionary(loaded.view, 1, "transcoder"),
+                                    2: _dictionary(loaded.view, 2, "sae", seed=2)})
+    result = attribute(loaded, lambda: iter(corpus(3)), Target(), AttributeOptions(steps=0, check=4, lens_top=3),
+                       latents=latents)
+    names = sorted(p.name for p in result.write(tmp_path / "out"))
+    assert names == ["attribute.json", "attribute_latent_lens.parquet", "attribute_latents.parquet",
+                     "attribute_lens.parquet", "attribute_memories.parquet"]
+    table = pd.read_parquet(tmp_path / "out" / "attribute_latents.parquet")
+    assert len(table) == 20 and table.exact_off_effect.notna().sum() == 4
+    assert set(table.address) == {str(latents.ref(l, j)) for l in (1, 2) for j in range(10)}
+    lens = pd.read_parquet(tmp_path / "out" / "attribute_latent_lens.parquet")
+    assert len(lens) == 3 and all(len(t) == 10 for t in lens.tokens)
+    text = result.to_text()
+    assert "top latents" in text and str(latents.ref(int(lens.layer[0]), int(lens.latent[0]))) in text
+    other = loaded_tiny("gpt2")
+    with pytest.raises(FfkvError, match="another model"):
+        attribute(other, lambda: iter(corpus(2)), Target(), latents=latents)

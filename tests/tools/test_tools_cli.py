@@ -62,3 +62,23 @@ def test_attribute_refuses_a_target_that_is_not_one_token(tmp_path, capsys):
     code = main(["attribute", "--corpus", str(embedded_corpus("heldout")), "--unit", "line", "--max-examples", "2",
                  "--target", "not one token at all", "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2 and "not one token" in capsys.readouterr().err
+
+
+def test_attribute_to_the_latents_of_ffkv_tinys_transcoder(tmp_path, capsys):
+    """--dictionary: the shipped transcoder's latents are attributed in the same pass, checked by switching them
+    off, and written beside the neurons' table; a dictionary that is not one is refused naming the path."""
+    from ffkv.models.tiny_lm import tiny_transcoders_path
+
+    out = tmp_path / "out"
+    code = main(["attribute", "--corpus", str(embedded_corpus("heldout")), "--unit", "line", "--max-examples", "3",
+                 "--max-tokens", "24", "--steps", "0", "--check", "4", "--dictionary", str(tiny_transcoders_path()),
+                 "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "over 4 latents" in printed and "top latents" in printed
+    latents = pd.read_parquet(out / "attribute_latents.parquet")
+    assert len(latents) == 512 and set(latents.layer) == {3} and latents.exact_off_effect.notna().sum() == 4
+    assert latents.address.str.startswith("t4:").all()  # the command line counts layers from 1
+    code = main(["attribute", "--corpus", str(embedded_corpus("heldout")), "--unit", "line", "--max-examples", "2",
+                 "--dictionary", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2 and str(tmp_path) in capsys.readouterr().err

@@ -129,10 +129,23 @@ def _annotations(run: RunDir) -> Markup | None:
     return table_html(table_view(counts))
 
 
-def _run_rows(manifest: Manifest) -> list[tuple[str, str]]:
+def _run_rows(run: RunDir, manifest: Manifest) -> list[tuple[str, str]]:
     rows = manifest_summary(manifest)
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in manifest.versions.items())))
-    return rows
+    not_run = not_run_row(run, manifest)
+    return rows + [not_run] if not_run else rows
+
+
+def not_run_row(run: RunDir, manifest: Manifest) -> tuple[str, str] | None:
+    """("not run", which default studies the run has no record of, and the command that computes them): a study
+    left out (by `ffkv demo`, or `analyze --only`) is named, not silently absent. None when every one ran."""
+    from ffkv.experiments.registry import default_names
+
+    missing = [name for name in default_names() if name not in manifest.analyses]
+    if not missing or not manifest.analyses:  # a run with no analysis at all opens with a notice that says so
+        return None
+    return ("not run", f"{', '.join(missing)}: `ffkv analyze {run.path} --only {','.join(missing)}` computes "
+                       f"{'it' if len(missing) == 1 else 'them'}")
 
 
 def check_run(run: RunDir, manifest: Manifest) -> tuple[list[Problem], list[str]]:
@@ -176,7 +189,7 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     annotations = _annotations(run)
     page = _ENV.from_string(TEMPLATE).render(
         css=CSS, run_name=run.path.name, run_path=str(run.path), version=ffkv.__version__,
-        generated=time.strftime("%Y-%m-%d %H:%M"), run_rows=_run_rows(manifest), numbering=NUMBERING,
+        generated=time.strftime("%Y-%m-%d %H:%M"), run_rows=_run_rows(run, manifest), numbering=NUMBERING,
         explorer=explorer_url.rstrip("/"), layers=[layer_number(i) for i in range(manifest.model.n_layers)],
         top_k=manifest.top_k, has_stats="agreement_rate" in summary.columns,
         layer_table=table_html(table_view(summary, titles=LAYER_TITLES), id="layers"),

@@ -24,14 +24,21 @@ product per position, d_m × d), accumulated over the corpus; row i, the gradien
 vocabulary (identity projection, as values are read): the tokens a gradient step on v_i would write more of
 (ascent for a token target, descent for the loss).
 
+**Latents** (with a sparse dictionary, `ffkv.memories.sets.Latents`): a layer's output with latent j's activation
+scaled by g_j is FF(x) + (g_j − 1)·a_j·dec_j (the edit `ffkv.memories.intervene` makes: the reconstruction from
+the edited latents plus the error term), so its gradient × activation is A_j = Σ_p a_j(p)·(dec_j · ∂T/∂FF(x)(p)),
+read from the same backward pass as the neurons' (no pass of its own); the exact effect of switching latents off
+and the Backward Lens of the decoder rows (∂T/∂dec_j = Σ_p a_j(p)·∂T/∂FF(x)(p)) as for neurons. Integrated
+gradients are the neurons' only (a path over the latents' scale would cost `steps` passes per dictionary layer).
+
 Memory does not grow with the corpus: one batch at a time, running sums of size L × d_m (and the values'
-gradients, the size of the FF values).
+gradients, the size of the FF values; with latents, the same per dictionary layer).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -45,6 +52,7 @@ from ffkv.errors import FfkvError
 from ffkv.experiments.common import progress_bar
 from ffkv.memories.gates import gate_coefficients
 from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.sets import Latents
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic
 
@@ -139,23 +147,41 @@ class Sums:
     layer_off: np.ndarray | None = None   # (L,) Σ T(layer l's coefficients all 0)
     n_examples: int = 0
     n_positions: int = 0
+    latent_grad_x_act: dict[int, np.ndarray] = field(default_factory=dict)        # layer -> (n_latents,)
+    latent_value_grads: dict[int, torch.Tensor] = field(default_factory=dict)     # layer -> (n_latents, d)
+
+
+def latent_terms(latents: Latents, layer: int, captured: torch.Tensor, ff_out_grad: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch's gradient × activation of each latent of `layer` (n_latents,) and the gradient of its decoder
+    rows (n_latents, d), from what the latents read at each position and the FF output's gradient there."""
+    d = latents.dictionaries[layer]
+    a = d.encode(captured.detach()).reshape(-1, d.n_latents)                  # (positions, n_latents)
+    g = ff_out_grad.reshape(-1, ff_out_grad.shape[-1]).to(a.dtype)           # (positions, d)
+    return (a * (g @ d.decoder.T)).sum(0), a.T @ g
 
 
 def attribution_pass(loaded: LoadedModel, examples: Iterable, target: Target, options: AttributeOptions,
-                     progress: bool = False, total: int | None = None) -> Sums:
+                     progress: bool = False, total: int | None = None, latents: Latents | None = None) -> Sums:
     """One streaming pass: gradient × coefficient, integrated gradients, T, T with each layer off, and the
-    values' gradients by the outer-product identity."""
+    values' gradients by the outer-product identity; with `latents`, each latent's gradient × activation and
+    its decoder row's gradient from the same backward pass (`latent_terms`)."""
     view = loaded.view
     L, d_m = view.n_layers, view.d_m
     sums = Sums(np.zeros((L, d_m)), np.zeros((L, d_m)),
                 [torch.zeros(d_m, view.d_model, device=view.device) for _ in range(L)], layer_off=np.zeros(L))
+    dictionary_layers = latents.layers if latents is not None else []
+    for layer in dictionary_layers:
+        d = latents.dictionaries[layer]
+        sums.latent_grad_x_act[layer] = np.zeros(d.n_latents)
+        sums.latent_value_grads[layer] = torch.zeros(d.n_latents, view.d_model, dtype=d.dtype, device=view.device)
+    quantities = tuple(dict.fromkeys(("coefficients", "ff_out", *(latents.reads(l) for l in dictionary_layers))))
     ones = torch.ones(d_m, device=view.device)
     bar = progress_bar(progress, total, "attribute", "ex")
     try:
         for n, ids, mask in _batches(loaded, examples, options.batch_size):
             gates = {layer: ones.clone().requires_grad_(True) for layer in range(L)}
-            with torch.enable_grad(), gate_coefficients(view, gates), \
-                    view.capture(("coefficients", "ff_out")) as cap:
+            with torch.enable_grad(), gate_coefficients(view, gates), view.capture(quantities) as cap:
                 value = target_value(_logits(loaded, ids, mask), ids, mask, target)
                 for t in cap["ff_out"].values():
                     t.retain_grad()
@@ -165,6 +191,12 @@ def attribution_pass(loaded: LoadedModel, examples: Iterable, target: Target, op
                 sums.grad_x_coef[layer] += gates[layer].grad.double().cpu().numpy()
                 sums.value_grads[layer] += value_gradient(cap["coefficients"][layer].detach(),
                                                           cap["ff_out"][layer].grad)
+            for layer in dictionary_layers:
+                with torch.no_grad():
+                    gxa, decoder_grad = latent_terms(latents, layer, cap[latents.reads(layer)][layer],
+                                                     cap["ff_out"][layer].grad)
+                sums.latent_grad_x_act[layer] += gxa.double().cpu().numpy()
+                sums.latent_value_grads[layer] += decoder_grad
             del cap
             for layer in range(L):
                 with torch.no_grad(), gate_coefficients(view, {layer: ones * 0}):
@@ -200,16 +232,17 @@ def value_gradient(m: torch.Tensor, ff_out_grad: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def exact_effects(loaded: LoadedModel, examples: Iterable, target: Target, memories: Sequence[tuple[int, int]],
+def exact_effects(loaded: LoadedModel, examples: Iterable, target: Target, memories: Sequence[Intervention],
                   options: AttributeOptions, progress: bool = False, total: int | None = None) -> np.ndarray:
-    """T − T(m_i = 0 at every position), summed over the corpus, for each (layer, key): the intervene path."""
+    """T − T(the memory switched off at every position), summed over the corpus, for each switch-off (a neuron's,
+    or a latent's of the dictionary attached to the model): the intervene path."""
     effects = np.zeros(len(memories))
     bar = progress_bar(progress, total, "switch-off check", "ex")
     try:
         for n, ids, mask in _batches(loaded, examples, options.batch_size):
             full = float(target_value(_logits(loaded, ids, mask), ids, mask, target))
-            for j, (layer, key) in enumerate(memories):
-                with intervene(loaded.view, [Intervention(layer, key, "off")]):
+            for j, edit in enumerate(memories):
+                with intervene(loaded.view, [edit]):
                     effects[j] += full - float(target_value(_logits(loaded, ids, mask), ids, mask, target))
             bar.update(n)
     finally:
@@ -241,17 +274,25 @@ def checked_memories(scores: np.ndarray, n: int, seed: int) -> list[tuple[int, i
 class Attribution:
     """The result: `memories` one row per memory (layer, key, grad_x_coef, integrated_gradients, exact_off_effect
     where checked); `lens` the top memories' value-gradient tokens; `summary` the target, counts, completeness and
-    the rank correlations."""
+    the rank correlations. With a dictionary, `latents` one row per latent (layer, latent, address, grad_x_act,
+    exact_off_effect where checked) and `latent_lens` the top latents' decoder-gradient tokens."""
 
     memories: pd.DataFrame
     lens: pd.DataFrame
     summary: dict
+    latents: pd.DataFrame | None = None
+    latent_lens: pd.DataFrame | None = None
 
     def write(self, out: str | Path) -> list[Path]:
-        """OUT/attribute_memories.parquet, OUT/attribute_lens.parquet and OUT/attribute.json, atomically."""
+        """OUT/attribute_memories.parquet, OUT/attribute_lens.parquet (with latents also
+        attribute_latents.parquet and attribute_latent_lens.parquet) and OUT/attribute.json, atomically."""
         out = Path(out)
         paths = []
-        for name, table in (("memories", self.memories), ("lens", self.lens)):
+        tables = {"memories": self.memories, "lens": self.lens, "latents": self.latents,
+                  "latent_lens": self.latent_lens}
+        for name, table in tables.items():
+            if table is None:
+                continue
             arrow = pa.Table.from_pandas(table, preserve_index=False)
             meta = {**(arrow.schema.metadata or {}), b"ffkv": json.dumps(self.summary, default=str).encode()}
             path = out / f"attribute_{name}.parquet"
@@ -265,9 +306,10 @@ class Attribution:
         lines = [f"target: {s['target_name']} over {s['n_examples']:,} examples ({s['n_positions']:,} positions); "
                  f"T = {s['target_value']:.4f}"]
         if s.get("spearman_grad_x_coef") is not None:
+            integrated = s.get("spearman_integrated_gradients")
             lines.append(f"rank correlation with the exact switch-off effect over {s['n_checked']} memories: "
-                         f"gradient x coefficient {s['spearman_grad_x_coef']:.3f}, integrated gradients "
-                         f"{s['spearman_integrated_gradients']:.3f}")
+                         f"gradient x coefficient {s['spearman_grad_x_coef']:.3f}"
+                         + (f", integrated gradients {integrated:.3f}" if integrated is not None else ""))
         if s.get("completeness_max_relative_error") is not None:
             lines.append(f"integrated gradients ({s['steps']} steps): per layer, sum vs T - T(layer off): largest "
                          f"relative gap {s['completeness_max_relative_error']:.2e}")
@@ -279,33 +321,67 @@ class Attribution:
             tokens = lens.get((r.layer, r.key))
             lines.append(f"  {r.layer + 1}:{r.key:<6} grad x coef {r.grad_x_coef:+.4f}, IG {r.integrated_gradients:+.4f}"
                          f"{exact}" + (f"; value gradient writes {', '.join(repr(t) for t in tokens[:5])}" if tokens else ""))
+        if self.latents is not None:
+            about = s["latents"]
+            if about.get("spearman_grad_x_act") is not None:
+                lines.append(f"latents: rank correlation of gradient x activation with the exact switch-off effect "
+                             f"over {about['n_checked']} latents: {about['spearman_grad_x_act']:.3f}")
+            lines.append("top latents, by |gradient x activation|:")
+            order = self.latents.reindex(self.latents.grad_x_act.abs().sort_values(ascending=False).index).head(top)
+            lens = {(r.layer, r.latent): r.tokens for r in self.latent_lens.itertuples()}
+            for r in order.itertuples():
+                exact = "" if np.isnan(r.exact_off_effect) else f", off exactly {r.exact_off_effect:+.4f}"
+                tokens = lens.get((r.layer, r.latent))
+                lines.append(f"  {r.address:<10} grad x act {r.grad_x_act:+.4f}{exact}"
+                             + (f"; decoder gradient writes {', '.join(repr(t) for t in tokens[:5])}" if tokens else ""))
         return "\n".join(lines)
 
 
 @torch.no_grad()
-def _lens(loaded: LoadedModel, sums: Sums, target: Target, options: AttributeOptions) -> pd.DataFrame:
+def _lens_rows(loaded: LoadedModel, chosen: Sequence[tuple[int, int, torch.Tensor]], target: Target,
+               options: AttributeOptions, index: str) -> pd.DataFrame:
+    """The vocabulary projection (identity, as values are read) of each chosen (layer, index, gradient of its value):
+    the tokens a gradient step on the value would write more of (ascent for a token target, descent for the loss)."""
     view = loaded.view
-    order = np.argsort(-np.abs(sums.grad_x_coef).reshape(-1), kind="stable")[: options.lens_top]
-    sign = -1.0 if target.token is None else 1.0   # descent on the loss, ascent on a token's score
+    sign = -1.0 if target.token is None else 1.0
     rows = []
-    for i in order:
-        layer, key = int(i) // view.d_m, int(i) % view.d_m
-        grad = sums.value_grads[layer][key]
-        z = sign * (view.unembedding.float() @ grad)
+    for layer, i, grad in chosen:
+        z = sign * (view.unembedding.float() @ grad.float())
         top = torch.topk(z, min(options.lens_tokens, z.numel())).indices.tolist()
-        rows.append({"layer": layer, "key": key, "value_grad_norm": float(grad.norm()),
+        rows.append({"layer": layer, index: i, "value_grad_norm": float(grad.norm()),
                      "token_ids": top, "tokens": list(loaded.tokenizer.token_strings(top))})
-    return pd.DataFrame(rows, columns=["layer", "key", "value_grad_norm", "token_ids", "tokens"])
+    return pd.DataFrame(rows, columns=["layer", index, "value_grad_norm", "token_ids", "tokens"])
+
+
+def _lens(loaded: LoadedModel, sums: Sums, target: Target, options: AttributeOptions) -> pd.DataFrame:
+    d_m = loaded.view.d_m
+    order = np.argsort(-np.abs(sums.grad_x_coef).reshape(-1), kind="stable")[: options.lens_top]
+    chosen = [(int(i) // d_m, int(i) % d_m, sums.value_grads[int(i) // d_m][int(i) % d_m]) for i in order]
+    return _lens_rows(loaded, chosen, target, options, "key")
+
+
+def _latent_table(latents: Latents, sums: Sums) -> pd.DataFrame:
+    """One row per latent of every dictionary layer: layer, latent, address, grad_x_act, exact_off_effect (NaN)."""
+    parts = []
+    for layer in latents.layers:
+        n = latents.size(layer)
+        parts.append(pd.DataFrame({"layer": layer, "latent": np.arange(n),
+                                   "address": [str(latents.ref(layer, j)) for j in range(n)],
+                                   "grad_x_act": sums.latent_grad_x_act[layer], "exact_off_effect": np.nan}))
+    return pd.concat(parts, ignore_index=True)
 
 
 def attribute(loaded: LoadedModel, examples_factory, target: Target, options: AttributeOptions = AttributeOptions(),
-              progress: bool = False, total: int | None = None, corpus: dict | None = None) -> Attribution:
-    """Attribute `target` to every memory over a corpus.
+              progress: bool = False, total: int | None = None, corpus: dict | None = None,
+              latents: Latents | None = None) -> Attribution:
+    """Attribute `target` to every memory over a corpus, and with `latents` (a dictionary's, of this model) to
+    every latent too, in the same pass.
 
     Args:
         examples_factory: called once per pass, returns the corpus's examples (objects with ``token_ids``); the
             switch-off check reads the corpus a second time.
         total: the number of examples, for the progress bars (None: unknown).
+        latents: attached to the model for the switch-off check of latents, and detached again after.
     """
     view = loaded.view
     if view.encoder:
@@ -313,7 +389,9 @@ def attribute(loaded: LoadedModel, examples_factory, target: Target, options: At
     options.validate()
     if target.token is not None and not 0 <= target.token < view.vocab_size:
         raise FfkvError(f"token id {target.token} does not exist: ids are 0..{view.vocab_size - 1}")
-    sums = attribution_pass(loaded, examples_factory(), target, options, progress, total)
+    if latents is not None and latents.view is not view:
+        raise FfkvError("the latents given belong to another model's view: open them on this model")
+    sums = attribution_pass(loaded, examples_factory(), target, options, progress, total, latents)
     L, d_m = view.n_layers, view.d_m
     table = pd.DataFrame({"layer": np.repeat(np.arange(L), d_m), "key": np.tile(np.arange(d_m), L),
                           "grad_x_coef": sums.grad_x_coef.reshape(-1),
@@ -329,13 +407,47 @@ def attribute(loaded: LoadedModel, examples_factory, target: Target, options: At
         summary["completeness"] = [{"layer": int(i), "sum_integrated": float(sums.integrated[i].sum()),
                                     "layer_off_effect": float(whole[i])} for i in range(L)]
         summary["completeness_max_relative_error"] = float(gap.max())
+    latent_table = _latent_table(latents, sums) if latents is not None else None
+    checks: list[Intervention] = []
     if options.check:
         memories = checked_memories(sums.grad_x_coef, options.check, options.seed)
-        exact = exact_effects(loaded, examples_factory(), target, memories, options, progress, total)
-        index = [layer * d_m + key for layer, key in memories]
-        table.loc[index, "exact_off_effect"] = exact
-        summary["n_checked"] = len(memories)
-        summary["spearman_grad_x_coef"] = spearman(table.grad_x_coef.to_numpy()[index], exact)
-        summary["spearman_integrated_gradients"] = (spearman(table.integrated_gradients.to_numpy()[index], exact)
-                                                    if options.steps else None)
-    return Attribution(table, _lens(loaded, sums, target, options), summary)
+        checks += [Intervention(layer, key, "off") for layer, key in memories]
+    if options.check and latent_table is not None:
+        scores = latent_table.grad_x_act.to_numpy()[None, :]
+        picked = [i for _, i in checked_memories(scores, options.check, options.seed)]
+        kinds = {layer: latents.dictionaries[layer].kind for layer in latents.layers}
+        checks += [Intervention(int(latent_table.layer[i]), int(latent_table.latent[i]), "off",
+                                kind=kinds[int(latent_table.layer[i])]) for i in picked]
+    if checks:
+        before = view.latents
+        if latents is not None:
+            latents.attach()
+        try:
+            exact = exact_effects(loaded, examples_factory(), target, checks, options, progress, total)
+        finally:
+            view.latents = before
+        n_neurons = len(checks) - (len(picked) if latent_table is not None else 0)
+        index = [e.layer * d_m + e.key for e in checks[:n_neurons]]
+        table.loc[index, "exact_off_effect"] = exact[:n_neurons]
+        summary["n_checked"] = n_neurons
+        summary["spearman_grad_x_coef"] = spearman(table.grad_x_coef.to_numpy()[index], exact[:n_neurons])
+        summary["spearman_integrated_gradients"] = (spearman(table.integrated_gradients.to_numpy()[index],
+                                                             exact[:n_neurons]) if options.steps else None)
+        if latent_table is not None:
+            latent_table.loc[picked, "exact_off_effect"] = exact[n_neurons:]
+    result = Attribution(table, _lens(loaded, sums, target, options), summary)
+    if latent_table is not None:
+        checked = latent_table.exact_off_effect.notna().to_numpy()
+        summary["latents"] = {
+            "dictionary": {str(layer): latents.dictionaries[layer].kind for layer in latents.layers},
+            "n_latents": len(latent_table), "n_checked": int(checked.sum()),
+            "spearman_grad_x_act": spearman(latent_table.grad_x_act.to_numpy()[checked],
+                                            latent_table.exact_off_effect.to_numpy()[checked])
+            if checked.any() else None,
+            "method": "gradient x activation, A_j = sum_p a_j(p) (dec_j . dT/dFF(x)(p)), from the neurons' backward "
+                      "pass; integrated gradients: neurons only"}
+        order = np.argsort(-np.abs(latent_table.grad_x_act.to_numpy()), kind="stable")[: options.lens_top]
+        chosen = [(int(latent_table.layer[i]), int(latent_table.latent[i]),
+                   sums.latent_value_grads[int(latent_table.layer[i])][int(latent_table.latent[i])]) for i in order]
+        result.latents, result.latent_lens = latent_table, _lens_rows(loaded, chosen, target, options, "latent")
+    return result
