@@ -584,6 +584,10 @@ def _locate_parser(sub) -> None:
     p.add_argument("--position", type=int, default=None,
                    help="trace the memories at this token position (from 0; e.g. the subject's last token, "
                         "ROME's early site; default: the one with the largest FF indirect effect)")
+    p.add_argument("--dictionary", default=None,
+                   help="also trace the latents of this sparse dictionary at the memories' cell, where it has one "
+                        "(any path `ffkv index --dictionary` reads); a --run indexed with one traces its latents by "
+                        "itself (PATH: where its files lie now, if they moved)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -665,7 +669,7 @@ def _locate(args: argparse.Namespace) -> int:
                             layer=None if args.layer is None else args.layer - 1, position=args.position)
     loaded = _tool_model(args)
     options.validate(loaded.view.n_layers)
-    tracings = locate(loaded, facts, options, progress=not args.no_progress)
+    tracings = locate(loaded, facts, options, progress=not args.no_progress, latents=_tool_latents(args, loaded))
     for t in tracings:
         print(to_text(t, args.top_memories, args.run))
     write_locate(tracings, args.out, options, loaded.model_id)

@@ -222,3 +222,61 @@ def test_the_papers_fairseq_model_traces(tmp_path):
     assert t.p_corrupted != pytest.approx(t.p_clean, abs=1e-6)
     assert t.effects["hidden"][L - 1, T - 1] == pytest.approx(t.p_clean, abs=1e-6)
     np.testing.assert_allclose(t.effects["ff_out"][:, :t.subject[0]], t.p_corrupted, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["transcoder", "sae"])
+def test_tracing_names_the_latent_that_carries_the_planted_fact(kind):
+    """A dictionary at the planted layer whose latent 3 reconstructs the planted memory's write (a transcoder
+    latent reading the FF input with the memory's key; an SAE latent reading the FF output along its value) and
+    whose other latents write nothing: restoring latent 3 at the cell restores the fact, the others do nothing."""
+    from ffkv.dictionaries import Dictionary
+    from ffkv.memories.sets import Latents
+
+    loaded = planted("gpt2")
+    view = loaded.view
+    ids = torch.tensor([CharTokenizer().encode(PROMPT)])
+    with torch.no_grad(), view.capture(("coefficients",), layers=[PLANTED_LAYER]) as m:
+        view.forward(ids)
+    m_clean = float(m["coefficients"][PLANTED_LAYER][0, -1, PLANTED_KEY])
+    value = view.values(PLANTED_LAYER)[PLANTED_KEY].detach().clone()
+    g = torch.Generator().manual_seed(1)
+    n, d = 8, view.d_model
+    encoder, decoder = torch.randn(n, d, generator=g), torch.zeros(n, d)
+    bias = torch.zeros(n)
+    if kind == "transcoder":  # a_3 = relu(k·x - 3): 3 on the clean subject, as the memory's pre-activation
+        encoder[3], bias[3] = view.keys(PLANTED_LAYER)[PLANTED_KEY].detach(), -3.0
+        decoder[3] = value * m_clean / 3.0
+    else:  # a_3 = relu(v̂·FF(x)) = m·‖v‖ where m > 0
+        encoder[3] = value / value.norm()
+        decoder[3] = value / value.norm()
+    dictionary = Dictionary(kind=kind, layer=PLANTED_LAYER, encoder=encoder, encoder_bias=bias, decoder=decoder,
+                            decoder_bias=torch.zeros(d), activation="relu",
+                            input_bias=torch.zeros(d) if kind == "sae" else None)
+    latents = Latents(view, {PLANTED_LAYER: dictionary})
+    t = trace_fact(loaded, Fact(PROMPT, SUBJECT), LocateOptions(samples=8, window=1, candidates=n), latents=latents)
+    assert t.cell == (PLANTED_LAYER, len(PROMPT) - 1) and len(t.latents) == n
+    top = t.latents.iloc[0]
+    assert int(top.latent) == 3 and top.address == str(latents.ref(PLANTED_LAYER, 3))
+    assert top.indirect_effect > 0.8 * t.total_effect
+    # Brute force: the same corrupted rows with latent 3 set to its clean activation by `intervene` (attention is
+    # off, so setting it at every position is restoring it at the subject's, the last).
+    from ffkv.memories.interventions import Intervention, intervene
+    from ffkv.tools.locate import _embed_width, _noise
+
+    options = LocateOptions(samples=8, window=1)
+    noise = _noise(view, t.subject, options, embedding_std(view), _embed_width(loaded))
+    rows = ids.expand(1 + options.samples, -1)
+    latents.attach()
+    try:
+        with torch.no_grad(), corrupt_and_restore(view, tuple(rows.shape), t.subject,
+                                                  torch.cat([torch.zeros_like(noise[:1]), noise])), \
+                intervene(view, [Intervention(PLANTED_LAYER, 3, "set", float(top.activation_clean), kind)]):
+            p = loaded.model(input_ids=rows).logits[1:, -1].float().softmax(-1)[:, ANSWER].double().mean()
+    finally:
+        view.latents = None
+    assert top.prob == pytest.approx(float(p), rel=1e-5, abs=1e-7)
+    assert (t.latents.indirect_effect.iloc[1:].abs() < 1e-6).all()  # they write nothing
+    with pytest.raises(AssertionError):  # a dictionary elsewhere traces no latent
+        elsewhere = Latents(view, {0: Dictionary(**{**dictionary.__dict__, "layer": 0})})
+        assert len(trace_fact(loaded, Fact(PROMPT, SUBJECT), LocateOptions(samples=2, window=1),
+                              latents=elsewhere).latents)

@@ -82,3 +82,19 @@ def test_attribute_to_the_latents_of_ffkv_tinys_transcoder(tmp_path, capsys):
     code = main(["attribute", "--corpus", str(embedded_corpus("heldout")), "--unit", "line", "--max-examples", "2",
                  "--dictionary", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2 and str(tmp_path) in capsys.readouterr().err
+
+
+def test_locate_traces_the_latents_of_ffkv_tinys_transcoder(tmp_path, capsys):
+    """--dictionary: at the memories' cell, when it is the transcoder's layer (4), its latents are traced too."""
+    from ffkv.models.tiny_lm import tiny_transcoders_path
+
+    out = tmp_path / "out"
+    code = main(["locate", "--prompt", "And Abraham begat", "--subject", "Abraham", "--answer", "Isaac",
+                 "--samples", "2", "--candidates", "8", "--top-memories", "3", "--layer", "4",
+                 "--dictionary", str(tiny_transcoders_path()), "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "latents of the dictionary at layer 4" in printed and "t4:" in printed
+    latents = pd.read_parquet(out / "locate_latents.parquet")
+    assert len(latents) == 8 and (latents.layer == 3).all() and latents.address.str.startswith("t4:").all()
+    assert latents.indirect_effect.is_monotonic_decreasing

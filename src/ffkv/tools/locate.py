@@ -20,6 +20,12 @@ For a fact (a prompt, its subject, and the answer the prompt should continue wit
    `candidates` memories whose restoration changes the FF output most (|m_i,clean - m_i,corrupted|·‖v_i‖),
    all of them when `candidates` >= d_m.
 
+5. **Latents** (with a sparse dictionary at that layer, `ffkv.memories.sets.Latents`): at the same cell, one
+   latent at a time is restored: the FF output of each corrupted row there becomes FF(x) + (a_j,clean −
+   a_j,corrupted)·dec_j (the edit `ffkv.memories.intervene` makes, with the clean row's activation: the
+   reconstruction from the restored latent plus the error term), IE_j as above, for the `candidates` latents
+   whose restoration changes the FF output most (|a_j,clean − a_j,corrupted|·‖dec_j‖).
+
 Every forward pass runs a batch of one clean row and the corrupted rows of several cells
 (`ffkv.memories.patching`): the clean row is what the restores copy from.
 """
@@ -41,8 +47,9 @@ import torch
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import progress_bar
 from ffkv.memories.address import edit_text
-from ffkv.memories.interventions import Intervention
+from ffkv.memories.interventions import Intervention, replace_ff_output
 from ffkv.memories.patching import Restore, corrupt_and_restore, embedding_std
+from ffkv.memories.sets import Latents
 from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic
@@ -136,6 +143,7 @@ class Tracing:
     cell: tuple[int, int] | None = None         # (layer, position) of the memories' trace
     p_ff_restored: float | None = None          # the whole FF output restored at the cell, that layer alone
     memories: pd.DataFrame = field(default_factory=pd.DataFrame)
+    latents: pd.DataFrame = field(default_factory=pd.DataFrame)  # with a dictionary at the cell's layer
 
     @property
     def total_effect(self) -> float:
@@ -218,16 +226,17 @@ class _Passes:
         self.view, self.subject, self.noise, self.answer = loaded.view, subject, noise, answer
         self.ids = torch.tensor([ids], dtype=torch.long, device=self.view.device)
 
-    def run(self, groups: Sequence[Sequence[Restore]], capture_layer: int | None = None):
+    def run(self, groups: Sequence[Sequence[Restore]], capture_layer: int | None = None,
+            captured: str = "coefficients"):
         """p(answer) of each row (1 + len(groups)·samples rows; the groups' restores give rows relative to their
-        group); with `capture_layer`, also that layer's coefficients (rows, T, d_m)."""
+        group); with `capture_layer`, also that layer's `captured` quantity (rows, T, ...)."""
         view, S = self.view, self.noise.shape[0]
         n = 1 + max(1, len(groups)) * S
         noise = torch.cat([torch.zeros_like(self.noise[:1]), self.noise.repeat(max(1, len(groups)), 1, 1)])
         restores = [Restore(r.site, r.layer, 1 + g * S, 1 + (g + 1) * S, r.position, r.feature)
                     for g, group in enumerate(groups) for r in group]
         ids = self.ids.expand(n, -1)
-        quantities = ("head_in", "resid_post") + (("coefficients",) if capture_layer is not None else ())
+        quantities = ("head_in", "resid_post") + ((captured,) if capture_layer is not None else ())
         with corrupt_and_restore(view, (n, ids.shape[1]), self.subject, noise, restores), \
                 view.capture(quantities, layers={view.n_layers - 1} | ({capture_layer} - {None})) as cap:
             view.forward(ids, torch.ones_like(ids), with_head=True)
@@ -235,7 +244,10 @@ class _Passes:
         last = cap["resid_post"][view.n_layers - 1][:, -1] if head is None else None
         logits = final_logits(view, None if head is None else head[:, -1], last)
         p = logits.float().softmax(-1)[:, self.answer].double().cpu()
-        m = cap["coefficients"][capture_layer].float().cpu() if capture_layer is not None else None
+        m = cap[captured][capture_layer] if capture_layer is not None else None
+        if m is not None:
+            m = m.view(n, ids.shape[1], -1)
+            m = m.float().cpu() if captured == "coefficients" else m
         return p, m
 
     def group_means(self, groups: Sequence[Sequence[Restore]], max_rows: int) -> tuple[np.ndarray, float]:
@@ -264,8 +276,9 @@ def _embed_width(loaded: LoadedModel) -> int:
 
 @torch.no_grad()
 def trace_fact(loaded: LoadedModel, fact: Fact, options: LocateOptions = LocateOptions(), sigma: float | None = None,
-               progress: bool = False) -> Tracing:
-    """Trace one fact: the indirect-effect tables of each restored state, then the memories at the best FF cell.
+               progress: bool = False, latents: Latents | None = None) -> Tracing:
+    """Trace one fact: the indirect-effect tables of each restored state, then the memories at the best FF cell,
+    and with `latents` having a dictionary at that cell's layer, its latents too.
 
     Args:
         sigma: the embeddings' standard deviation (computed when None; pass it when tracing many facts).
@@ -312,6 +325,8 @@ def trace_fact(loaded: LoadedModel, fact: Fact, options: LocateOptions = LocateO
                       loaded.tokenizer.token_strings([answer])[0], p_clean, p_corrupted, options.noise * sigma,
                       window, {k: effects[k] for k in kinds if k in options.kinds})
     _trace_memories(loaded, passes, tracing, effects["ff_out"], options)
+    if latents is not None and tracing.cell[0] in latents.layers:
+        _trace_latents(latents, passes, tracing, options)
     return tracing
 
 
@@ -343,11 +358,51 @@ def _trace_memories(loaded: LoadedModel, passes: _Passes, tracing: Tracing, ff: 
     tracing.memories = table.reset_index(drop=True)
 
 
+def _trace_latents(latents: Latents, passes: _Passes, tracing: Tracing, options: LocateOptions) -> None:
+    """Restore single latents at the memories' cell (see the module's docstring, step 5)."""
+    layer, position = tracing.cell
+    d, S = latents.dictionaries[layer], options.samples
+    _, x = passes.run([], capture_layer=layer, captured=latents.reads(layer))
+    a = d.encode(x[:, position]).float().cpu()                                  # (1 + S, n_latents)
+    clean, corrupted = a[0], a[1:].mean(0)
+    score = (clean - corrupted).abs() * d.decoder.float().norm(dim=-1).cpu()
+    chosen = torch.argsort(score, descending=True, stable=True)[:min(options.candidates, d.n_latents)].tolist()
+    state: dict = {}
+
+    def restored(x: torch.Tensor, ff_out: torch.Tensor) -> torch.Tensor:
+        """Each group's corrupted rows get (a_clean − a_row)·dec_j of its latent j added at the cell."""
+        rows, T = 1 + len(state["latents"]) * S, passes.ids.shape[1]
+        read = x if latents.reads(layer) == "ff_in" else ff_out
+        here = d.encode(read.reshape(rows, T, -1)[:, position])                # (rows, n_latents)
+        j = torch.tensor(state["latents"], device=here.device).repeat_interleave(S)
+        gain = here[0, j] - here[1:].gather(1, j[:, None])[:, 0]               # (rows - 1,)
+        out = ff_out.clone()
+        out.view(rows, T, -1)[1:, position] += (gain[:, None] * d.decoder[j]).to(out.dtype)
+        return out
+
+    per_pass = max(1, (options.max_rows - 1) // S)
+    probs = []
+    with replace_ff_output(passes.view, {layer: restored}):
+        for start in range(0, len(chosen), per_pass):
+            state["latents"] = chosen[start:start + per_pass]
+            p, _ = passes.run([[] for _ in state["latents"]])
+            probs.extend(float(p[1 + g * S:1 + (g + 1) * S].mean()) for g in range(len(state["latents"])))
+    p = np.array(probs, dtype=np.float64)
+    table = pd.DataFrame({"layer": layer, "position": position, "latent": np.array(chosen, dtype=np.int64),
+                          "address": [str(latents.ref(layer, j)) for j in chosen],
+                          "activation_clean": clean[chosen].numpy().astype(np.float64),
+                          "activation_corrupted": corrupted[chosen].numpy().astype(np.float64),
+                          "prob": p, "indirect_effect": p - tracing.p_corrupted})
+    table = table.sort_values(["indirect_effect", "latent"], ascending=[False, True], kind="stable")
+    tracing.latents = table.reset_index(drop=True)
+
+
 def locate(loaded: LoadedModel, facts: Iterable[Fact], options: LocateOptions = LocateOptions(),
-           progress: bool = False) -> list[Tracing]:
-    """Trace every fact (one σ for all: the embeddings' standard deviation over the vocabulary)."""
+           progress: bool = False, latents: Latents | None = None) -> list[Tracing]:
+    """Trace every fact (one σ for all: the embeddings' standard deviation over the vocabulary); with `latents`,
+    the latents of the dictionary at each fact's memory cell too, where there is one."""
     sigma = embedding_std(loaded.view)
-    return [trace_fact(loaded, fact, options, sigma, progress) for fact in facts]
+    return [trace_fact(loaded, fact, options, sigma, progress, latents) for fact in facts]
 
 
 # ------------------------------------------------------------------ outputs
@@ -378,9 +433,10 @@ def facts_table(tracings: Sequence[Tracing]) -> pd.DataFrame:
     } for i, t in enumerate(tracings)])
 
 
-def memories_table(tracings: Sequence[Tracing]) -> pd.DataFrame:
-    """Every measured memory of every fact, by decreasing indirect effect within a fact."""
-    frames = [t.memories.assign(fact=i) for i, t in enumerate(tracings) if len(t.memories)]
+def memories_table(tracings: Sequence[Tracing], source: str = "memories") -> pd.DataFrame:
+    """Every measured memory (`source` "latents": latent) of every fact, by decreasing indirect effect within a
+    fact."""
+    frames = [getattr(t, source).assign(fact=i) for i, t in enumerate(tracings) if len(getattr(t, source))]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -424,8 +480,9 @@ def heatmap(tracing: Tracing, title: str | None = None):
 
 
 def write_locate(tracings: Sequence[Tracing], out: str | Path, options: LocateOptions, model_id: str) -> list[Path]:
-    """Write OUT/locate_facts.parquet, locate_effects.parquet, locate_memories.parquet, locate.json and one
-    heatmap per fact, OUT/figures/locate_fact_I.{png,svg}, every file atomically. Returns the paths written."""
+    """Write OUT/locate_facts.parquet, locate_effects.parquet, locate_memories.parquet (with latents traced, also
+    locate_latents.parquet), locate.json and one heatmap per fact, OUT/figures/locate_fact_I.{png,svg}, every file
+    atomically. Returns the paths written."""
     from ffkv.experiments.figures import save_figure
 
     out = Path(out)
@@ -433,8 +490,11 @@ def write_locate(tracings: Sequence[Tracing], out: str | Path, options: LocateOp
                  "layers": "layer and position count from 0 in the tables; the figures and the command line "
                            "count layers from 1", "n_facts": len(tracings)}
     written = []
-    for name, table in (("facts", facts_table(tracings)), ("effects", effects_table(tracings)),
-                        ("memories", memories_table(tracings))):
+    tables = [("facts", facts_table(tracings)), ("effects", effects_table(tracings)),
+              ("memories", memories_table(tracings))]
+    if any(len(t.latents) for t in tracings):
+        tables.append(("latents", memories_table(tracings, "latents")))
+    for name, table in tables:
         arrow = pa.Table.from_pandas(table, preserve_index=False)
         meta = {**(arrow.schema.metadata or {}), b"ffkv": json.dumps(described, default=str).encode()}
         path = out / f"locate_{name}.parquet"
@@ -470,4 +530,10 @@ def to_text(tracing: Tracing, top: int, run: str | None = None) -> str:
                          f"m clean {r.coefficient_clean:+.3f}, corrupted {r.coefficient_corrupted:+.3f}")
         lines.append("switch them off on a corpus: " + intervene_command(tracing, top, run)
                      + ("" if run else "   (RUN: an indexed run of this model, `ffkv index`)"))
+    if len(tracing.latents):
+        layer, position = tracing.cell
+        lines.append(f"latents of the dictionary at layer {layer + 1}, token {position}:")
+        for r in tracing.latents.head(top).itertuples():
+            lines.append(f"  {r.address:<10} indirect effect {r.indirect_effect:+.4f}  "
+                         f"a clean {r.activation_clean:+.3f}, corrupted {r.activation_corrupted:+.3f}")
     return "\n".join(lines)
