@@ -376,8 +376,15 @@ def _compare_parser(sub) -> None:
                                    "with excess above 0.5, n and 95% intervals) and compare.json. The runs must have "
                                    "read the same corpus with the same options and tokenizer.")
     p.add_argument("run_a", help="a complete run directory")
-    p.add_argument("run_b", help="a complete run directory on the same corpus")
-    p.add_argument("--out", default=None, help="the folder the tables go to (default: RUN_A/compare)")
+    p.add_argument("run_b", help="a complete run directory on the same corpus (RUN_A itself to compare its latents "
+                                 "with its neurons)")
+    p.add_argument("--of", default="neurons", choices=("neurons", "latents"),
+                   help="run A's memories compared: its model's neurons, or the latents of the dictionary it was "
+                        "indexed with (default: %(default)s)")
+    p.add_argument("--against", default=None, choices=("neurons", "latents"),
+                   help="run B's memories they are matched to (default: the same kind as --of)")
+    p.add_argument("--out", default=None, help="the folder the tables go to (default: RUN_A/compare, or "
+                                               "RUN_A/compare_OF_AGAINST with latents on a side)")
     p.add_argument("--max-examples", type=_positive_int, default=2000,
                    help="examples of run A's corpus read, in order (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random rotation (default: %(default)s)")
@@ -724,10 +731,11 @@ def _compare(args: argparse.Namespace) -> int:
     from ffkv.tools.matches import EXCESS_CUT
 
     folder = compare_runs(args.run_a, args.run_b, out=args.out, max_examples=args.max_examples, seed=args.seed,
-                          device=args.device, progress=not args.no_progress)
+                          device=args.device, progress=not args.no_progress, of=args.of, against=args.against)
     layers = pd.read_parquet(folder / "layers.parquet")
+    what = "keys" if args.of == "neurons" else "latents"
     for row in layers.itertuples():
-        print(f"layer {row.layer + 1}: {row.universal_share:.2%} of {row.n_keys} keys with excess correlation > "
+        print(f"layer {row.layer + 1}: {row.universal_share:.2%} of {row.n_keys} {what} with excess correlation > "
               f"{EXCESS_CUT:g} [{row.universal_share_ci_low:.2%}, {row.universal_share_ci_high:.2%}]; mean best "
               f"correlation {row.mean_correlation:.3f}, rotation {row.mean_rotation_correlation:.3f}")
     print(f"written: {folder}/keys.parquet, {folder}/layers.parquet")

@@ -158,6 +158,11 @@ def test_the_command_compares_two_runs_and_refuses_other_corpora_with_one_line(t
     np.testing.assert_allclose(keys.loc[live, "correlation"], 1.0, atol=1e-6)
     assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--no-progress"]) == 2
     assert "different corpora" in error_line(capsys.readouterr().err)
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--of", "latents", "--no-progress"]) == 2
+    assert "compared with itself, latents against latents" in error_line(capsys.readouterr().err)
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--of", "latents", "--against", "neurons",
+                     "--no-progress"]) == 2
+    assert "without a dictionary" in error_line(capsys.readouterr().err)
     assert not (tmp_path / "a" / "compare").exists()
 
 
@@ -171,3 +176,107 @@ def test_a_damaged_comparison_is_refused_naming_its_file(tmp_path):
     (tmp_path / "compare" / "keys.parquet").write_bytes(b"PAR1 not really parquet")
     with pytest.raises(FfkvError, match="keys.parquet is damaged"):
         read_matches(tmp_path)
+
+
+# ---------------------------------------------------------------------------- latents
+def _relu_copy(view, layer: int, perm: torch.Tensor):
+    """A "transcoder" whose latent j is neuron perm[j] of a ReLU model's layer: its encoder row and bias are that
+    key's, so a_j = relu(k·x + b) = m_perm[j] exactly."""
+    from ffkv.dictionaries import Dictionary
+
+    keys, bias = view.keys(layer).detach().clone(), view.key_bias(layer).detach().clone()
+    return Dictionary(kind="transcoder", layer=layer, encoder=keys[perm], encoder_bias=bias[perm],
+                      decoder=view.values(layer).detach().clone()[perm], decoder_bias=torch.zeros(view.d_model),
+                      activation="relu")
+
+
+def test_latents_that_copy_neurons_are_matched_to_them_with_correlation_one(corpus):
+    """OPT's FF is ReLU: latents built from its keys, permuted, are its neurons; one pass reads both sets. Two
+    dictionaries of that model, permuted differently, match each other latent for latent."""
+    from ffkv.memories.sets import Latents, Neurons
+
+    loaded = sharpen(loaded_tiny("opt"))
+    view = loaded.view
+    gen = torch.Generator().manual_seed(4)
+    perms = {layer: torch.randperm(view.d_m, generator=gen) for layer in (0, 2)}
+    latents = Latents(view, {layer: _relu_copy(view, layer, p) for layer, p in perms.items()})
+    rows = [(i, np.asarray(loaded.tokenizer.encode(line))) for i, line in enumerate(corpus_lines(24))]
+    keys, layers = cmp.compare_sets((loaded, latents), (loaded, Neurons(view)), rows, seed=1)
+    assert sorted(layers.layer) == [0, 2]  # the layers both sets have
+    for layer, perm in perms.items():
+        own = keys[keys.layer == layer].sort_values("key")
+        live = own["correlation"].notna().to_numpy()
+        assert live.mean() > 0.5
+        np.testing.assert_array_equal(own["best_match"].to_numpy()[live], perm.numpy()[live])
+        np.testing.assert_allclose(own["correlation"].to_numpy()[live], 1.0, atol=1e-6)
+        assert list(own["address"].head(2)) == [f"t{layer + 1}:0", f"t{layer + 1}:1"]
+        assert own["match_address"].iloc[int(np.flatnonzero(live)[0])] == f"{layer + 1}:{int(perm[np.flatnonzero(live)[0]])}"
+    other = {layer: torch.randperm(view.d_m, generator=gen) for layer in (0, 2)}
+    twin = Latents(view, {layer: _relu_copy(view, layer, p) for layer, p in other.items()})
+    keys, _ = cmp.compare_sets((loaded, latents), (loaded, twin), rows, seed=1)
+    for layer in perms:
+        own = keys[keys.layer == layer].sort_values("key")
+        live = own["correlation"].notna().to_numpy()
+        want = torch.argsort(other[layer])[perms[layer]].numpy()  # twin latent t with other[t] = perms[j]
+        np.testing.assert_array_equal(own["best_match"].to_numpy()[live], want[live])
+
+
+def test_latent_correlations_match_a_brute_force(corpus):
+    """An SAE's latents (reading the FF output) against another model's neurons: the streamed correlations and the
+    rotation baseline equal np.corrcoef over every position, the activations recomputed here from FF(x)."""
+    from ffkv.dictionaries import Dictionary
+    from ffkv.memories.sets import Latents, Neurons
+
+    a, c = sharpen(loaded_tiny("gpt2", seed=0)), sharpen(loaded_tiny("gpt2", seed=5))
+    g = torch.Generator().manual_seed(2)
+    d, n, layer = a.view.d_model, 12, 1
+    sae = Dictionary(kind="sae", layer=layer, encoder=torch.randn(n, d, generator=g), encoder_bias=torch.zeros(n),
+                     decoder=torch.randn(n, d, generator=g), decoder_bias=torch.zeros(d), activation="relu",
+                     input_bias=torch.randn(d, generator=g) / 10)
+    rows = [(i, np.asarray(a.tokenizer.encode(line))) for i, line in enumerate(corpus_lines(24))]
+    keys, _ = cmp.compare_sets((a, Latents(a.view, {layer: sae})), (c, Neurons(c.view)), rows, seed=3)
+    got = {"a": [], "c": []}
+    for _, ids in rows:
+        with a.view.capture(("ff_out",), layers=[layer]) as cap:
+            a.view.forward(torch.tensor([ids]))
+        x = cap["ff_out"][layer][0].double()
+        got["a"].append(torch.relu((x - sae.input_bias.double()) @ sae.encoder.double().T).numpy())
+        with c.view.capture(("coefficients",), layers=[layer]) as cap:
+            c.view.forward(torch.tensor([ids]))
+        got["c"].append(cap["coefficients"][layer][0].double().numpy())
+    A, C = np.concatenate(got["a"]), np.concatenate(got["c"])
+    corr = np.corrcoef(A.T, C.T)[:n, n:]
+    corr_rot = np.corrcoef(A.T, (C @ cmp.random_rotation(C.shape[1], 3, layer).numpy()).T)[:n, n:]
+    live = np.isfinite(corr).all(1)
+    own = keys.sort_values("key")
+    assert live.sum() >= 6 and (own["layer"] == layer).all()
+    np.testing.assert_array_equal(own["best_match"].to_numpy()[live], corr.argmax(1)[live])
+    np.testing.assert_allclose(own["correlation"].to_numpy()[live], corr.max(1)[live], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(own["rotation_correlation"].to_numpy()[live], corr_rot.max(1)[live], rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_compare_runs_reads_a_runs_latents_against_its_neurons(tmp_path, corpus):
+    """One run indexed with a dictionary: its latents against its own neurons (one model, one pass), written to
+    RUN/compare_latents_neurons; the same kind against itself, an unknown kind, or a run without a dictionary are
+    refused with one line."""
+    from ffkv.dictionaries import save_npz
+
+    loaded = sharpen(loaded_tiny("opt"))
+    perm = torch.randperm(loaded.view.d_m, generator=torch.Generator().manual_seed(0))
+    path = save_npz(_relu_copy(loaded.view, 1, perm), tmp_path / "copy.npz")
+    spec = CorpusSpec(source=str(corpus), unit="line")
+    run = build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=3), progress=False, dictionary=path).path
+    folder = cmp.compare_runs(run, run, loaded=(loaded, loaded), of="latents", against="neurons", progress=False)
+    assert folder == run / "compare_latents_neurons" and not (run / "compare").exists()
+    keys = pd.read_parquet(folder / "keys.parquet")
+    live = keys["correlation"].notna()
+    assert (keys.layer == 1).all() and live.mean() > 0.5
+    np.testing.assert_array_equal(keys.loc[live, "best_match"], perm.numpy()[keys.loc[live, "key"]])
+    assert matches.describe(folder)["of"] == "latents" and matches.describe(folder)["against"] == "neurons"
+    for kwargs, message in (({"of": "latents"}, "with itself"), ({"of": "keys"}, "neurons or latents")):
+        with pytest.raises(FfkvError, match=message):
+            cmp.compare_runs(run, run, loaded=(loaded, loaded), progress=False, **kwargs)
+    plain = _index(loaded, tmp_path / "plain", corpus)
+    with pytest.raises(FfkvError, match="without a dictionary"):
+        cmp.compare_runs(plain, run, loaded=(loaded, loaded), of="latents", against="neurons", progress=False)

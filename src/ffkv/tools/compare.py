@@ -14,6 +14,12 @@ Per layer l (the same layer index in both models):
   `EXCESS_CUT` (Gurnee et al.: 4.16% of GPT-2 small's neurons across seeds), with its 95% Wilson interval.
 
 A key that never varies (constant coefficient) has no correlation: NaN, left out of the shares' n.
+
+**Latents** (`compare_sets`, `ffkv compare RUN_A RUN_B --of latents --against neurons`): either side may be a
+sparse dictionary's latents (`ffkv.memories.sets`) instead of the model's neurons, on the layers both sides have:
+a dictionary's latents against the same model's neurons (one run, one pass), or two dictionaries of one model
+against each other (two runs of that model on one corpus). The activations a_j take the place of m_i; the
+rotation baseline rotates B's space (its d_m or its n_latents dimensions) the same way.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ import torch
 from ffkv.batching import row_batches
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import progress_bar
+from ffkv.memories.sets import Latents, MemorySet, Neurons
 from ffkv.models.loading import LoadedModel
 from ffkv.presentation.findings import wilson_interval
 from ffkv.store import atomic
 from ffkv.store.manifest import Manifest
-from ffkv.store.run import RunDir
+from ffkv.store.run import SOURCES, RunDir
 from ffkv.tools.matches import EXCESS_CUT, FOLDER
 
 #: Examples read by default (from run A's examples table, in order).
@@ -90,7 +97,8 @@ def random_rotation(d: int, seed: int, layer: int) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r))[None, :]
 
 
-def layer_table(sums: PairSums, layer: int, seed: int = 0) -> pd.DataFrame:
+def layer_table(sums: PairSums, layer: int, seed: int = 0, sets: tuple[MemorySet, MemorySet] | None = None
+                ) -> pd.DataFrame:
     """One row per key of A: its best match in B, the correlation, the rotation baseline's best, the excess."""
     var_a, cov, cov_b = (t.cpu() for t in sums.covariances())
     corr = _correlation(var_a, cov, torch.diagonal(cov_b))
@@ -101,10 +109,14 @@ def layer_table(sums: PairSums, layer: int, seed: int = 0) -> pd.DataFrame:
     dead = ~torch.isfinite(best.values) | ~torch.isfinite(baseline)
     value = torch.where(dead, torch.full_like(best.values, float("nan")), best.values)
     base = torch.where(dead, torch.full_like(baseline, float("nan")), baseline)
-    return pd.DataFrame({"layer": layer, "key": np.arange(corr.shape[0]),
-                         "best_match": np.where(dead.numpy(), -1, best.indices.numpy()),
-                         "correlation": value.numpy(), "rotation_correlation": base.numpy(),
-                         "excess": (value - base).numpy(), "n_positions": sums.n})
+    table = pd.DataFrame({"layer": layer, "key": np.arange(corr.shape[0]),
+                          "best_match": np.where(dead.numpy(), -1, best.indices.numpy()),
+                          "correlation": value.numpy(), "rotation_correlation": base.numpy(),
+                          "excess": (value - base).numpy(), "n_positions": sums.n})
+    if sets is not None and any(isinstance(side, Latents) for side in sets):  # say what key and best_match index
+        table["address"] = [str(sets[0].ref(layer, i)) for i in range(len(table))]
+        table["match_address"] = [str(sets[1].ref(layer, j)) if j >= 0 else "" for j in table["best_match"]]
+    return table
 
 
 def summary(keys: pd.DataFrame) -> pd.DataFrame:
@@ -152,39 +164,72 @@ def _examples(run: RunDir, limit: int) -> list[tuple[int, np.ndarray]]:
 @torch.no_grad()
 def compare(loaded_a: LoadedModel, loaded_b: LoadedModel, rows: list[tuple[int, np.ndarray]], seed: int = 0,
             progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(keys, layers) tables of the module docstring for two loaded models on the same token rows."""
-    view_a, view_b = loaded_a.view, loaded_b.view
-    if view_a.n_layers != view_b.n_layers:
-        raise FfkvError(f"the models have {view_a.n_layers} and {view_b.n_layers} layers; compare pairs layer l "
-                        "of one with layer l of the other")
-    special = loaded_a.special_ids
-    sums = [PairSums.empty(view_a.d_m, view_b.d_m, view_a.device) for _ in range(view_a.n_layers)]
-    batches = row_batches([(i, t) for i, (_, t) in enumerate(rows)], loaded_a.tokenizer.pad_id, special,
-                          view_a.device, every_rank=True)
-    got: dict[str, dict[int, torch.Tensor]] = {"a": {}, "b": {}}
+    """(keys, layers) tables of the module docstring for two loaded models' neurons on the same token rows."""
+    if loaded_a.view.n_layers != loaded_b.view.n_layers:
+        raise FfkvError(f"the models have {loaded_a.view.n_layers} and {loaded_b.view.n_layers} layers; compare "
+                        "pairs layer l of one with layer l of the other")
+    return compare_sets((loaded_a, Neurons(loaded_a.view)), (loaded_b, Neurons(loaded_b.view)), rows, seed, progress)
+
+
+@torch.no_grad()
+def compare_sets(a: tuple[LoadedModel, MemorySet], b: tuple[LoadedModel, MemorySet],
+                 rows: list[tuple[int, np.ndarray]], seed: int = 0, progress: bool = False
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(keys, layers) tables of the module docstring for memory set A against memory set B (each of its model:
+    the same model read once, or two), on the same token rows and the layers both sets have."""
+    sides = {"a": a, "b": b}
+    layers = sorted(set(a[1].layers) & set(b[1].layers))
+    if not layers:
+        raise FfkvError("the two sets of memories share no layer (a dictionary covers only some layers)")
+    device = a[0].view.device
+    sums = {layer: PairSums.empty(a[1].size(layer), b[1].size(layer), device) for layer in layers}
+    batches = row_batches([(i, t) for i, (_, t) in enumerate(rows)], a[0].tokenizer.pad_id, a[0].special_ids,
+                          device, every_rank=True)
+    passes = [("a", "b")] if a[0] is b[0] else [("a",), ("b",)]  # one model: one pass reads both sets
     bar = progress_bar(progress, len(rows), "compare", "ex")
     for idx, batch in batches:
-        mask = batch.attention_mask.bool()
-        for side, view in (("a", view_a), ("b", view_b)):
-            with view.capture(("coefficients",)) as captured:
+        got: dict[str, dict[int, torch.Tensor]] = {}
+        for names in passes:
+            view = sides[names[0]][0].view
+            needs = {sides[n][1].reads(layer) for n in names for layer in layers}
+            with view.capture(tuple(sorted(needs)), layers=layers) as captured:
                 view.forward(batch.input_ids.to(view.device), batch.attention_mask.to(view.device))
-            got[side] = {layer: m[mask.to(m.device)] for layer, m in captured["coefficients"].items()}
-        for layer, s in enumerate(sums):
+            mask = batch.attention_mask.bool().to(view.device)
+            for n in names:
+                memories = sides[n][1]
+                got[n] = {layer: memories.coefficients(layer, captured[memories.reads(layer)][layer]
+                                                       .reshape(*mask.shape, -1))[mask] for layer in layers}
+        for layer, s in sums.items():
             s.add(got["a"][layer].to(s.a.device), got["b"][layer].to(s.a.device))
         bar.update(len(idx))
     bar.close()
-    keys = pd.concat([layer_table(s, layer, seed) for layer, s in enumerate(sums)], ignore_index=True)
+    keys = pd.concat([layer_table(s, layer, seed, (a[1], b[1])) for layer, s in sums.items()], ignore_index=True)
     return keys, summary(keys)
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, out: str | Path | None = None,
                  max_examples: int = MAX_EXAMPLES, seed: int = 0, device: str = "cpu", progress: bool = True,
-                 loaded: tuple[LoadedModel, LoadedModel] | None = None) -> Path:
+                 loaded: tuple[LoadedModel, LoadedModel] | None = None, of: str = "neurons",
+                 against: str | None = None) -> Path:
     """`ffkv compare RUN_A RUN_B`: both models on run A's first `max_examples` examples; writes keys.parquet and
     layers.parquet (and compare.json, what was compared) atomically to `out` (default RUN_A/compare) and returns
-    that folder. The runs must have read the same corpus with the same options, and the same token ids."""
+    that folder. The runs must have read the same corpus with the same options, and the same token ids.
+
+    Args:
+        of, against: which memories of run A and of run B are compared ("neurons" or "latents": the dictionary the
+            run was indexed with; `against` defaults to `of`); with latents on either side the default folder is
+            RUN_A/compare_OF_AGAINST. RUN_B may be RUN_A itself when the two sides differ (latents against neurons).
+    """
+    against = of if against is None else against
+    for side in (of, against):
+        if side not in SOURCES:
+            raise FfkvError(f"compare reads {' or '.join(SOURCES)}, not {str(side)[:40]!r}")
     a, b = RunDir(run_a), RunDir(run_b)
     ma, mb = a.require_complete(), b.require_complete()
+    same = a.path.resolve() == b.path.resolve()
+    if same and of == against:
+        raise FfkvError(f"{a.path} compared with itself, {of} against {of}: name another run, or --against the "
+                        "other kind")
     check_comparable(ma, mb, a.path, b.path)
     if not isinstance(max_examples, int) or max_examples < 1:
         raise FfkvError(f"--max-examples must be a positive integer, got {max_examples!r}")
@@ -195,15 +240,28 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out: str | Path | None = 
     if loaded is None:
         from ffkv.models import load_model
 
-        loaded = tuple(load_model(m.model.id, dtype=m.model.dtype, device=device) for m in (ma, mb))
-    keys, layers = compare(loaded[0], loaded[1], rows, seed, progress)
-    folder = Path(out) if out is not None else a.path / FOLDER
+        first = load_model(ma.model.id, dtype=ma.model.dtype, device=device)
+        loaded = (first, first if same else load_model(mb.model.id, dtype=mb.model.dtype, device=device))
+
+    def memories(side: str, model: LoadedModel, run: RunDir, manifest: Manifest) -> MemorySet:
+        if side == "neurons":
+            return Neurons(model.view)
+        return Latents.of_run(model.view, manifest.index.get("dictionary"), run=run.path)
+
+    if of == against == "neurons":
+        keys, layers = compare(loaded[0], loaded[1], rows, seed, progress)
+    else:
+        keys, layers = compare_sets((loaded[0], memories(of, loaded[0], a, ma)),
+                                    (loaded[1], memories(against, loaded[1], b, mb)), rows, seed, progress)
+    folder = Path(out) if out is not None else a.path / (FOLDER if of == against == "neurons"
+                                                         else f"{FOLDER}_{of}_{against}")
     folder.mkdir(parents=True, exist_ok=True)
     atomic.write_parquet(folder / "keys.parquet", pa.Table.from_pandas(keys, preserve_index=False))
     atomic.write_parquet(folder / "layers.parquet", pa.Table.from_pandas(layers, preserve_index=False))
     atomic.write_json(folder / "compare.json", {
         "run_a": str(a.path.resolve()), "run_b": str(b.path.resolve()), "model_a": ma.model.id,
-        "model_b": mb.model.id, "examples": len(rows), "seed": seed, "excess_cut": EXCESS_CUT,
+        "model_b": mb.model.id, "of": of, "against": against, "examples": len(rows), "seed": seed,
+        "excess_cut": EXCESS_CUT,
         "statistic": "Pearson correlation over every token position of the examples, every key pair per layer; "
                      "baseline: a seeded random orthogonal rotation of B's key space (Gurnee et al. 2024)"})
     return folder
