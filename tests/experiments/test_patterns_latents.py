@@ -78,7 +78,7 @@ def test_every_study_says_what_it_reads_on_latents(run):
     assert said.at["census", "statement"] == NOT_YET and not said.at["census", "applies"]
     assert set(said.loc[said["applies"], "statement"].str.split(":").str[0].str.split(", ").sum()) <= {
         "values_latents", "values_latents_keys", "patterns_latents", "patterns_latents_keys",
-        "vocabulary_classes_latents", "vocabulary_classes_latents_keys"}
+        "vocabulary_classes_latents", "vocabulary_classes_latents_keys", "latents_beside", "latents_beside_dictionary"}
 
 
 def test_the_run_summary_names_the_dictionary_in_words(run):

@@ -1,0 +1,294 @@
+"""Latents beside neurons, every measure in one table, with the dictionary's fidelity (issue 46; beyond the paper).
+
+The studies that read a sparse dictionary's latents (`ffkv.experiments.registry.Experiment.latents`) each write a
+table that sets a measure of the latents beside the same measure of the same layer's neurons, each kind against
+its own null. This step gathers them, one row per layer and measure, in one schema, with one verdict rule, and
+sets the dictionary's fidelity beside them: a latent finding from a dictionary that explains little of its layer
+says little about the layer.
+
+Per row: the latents' share with its 95% interval, n and null; the neurons' share, interval, n and null; the
+difference the study tests (latents minus neurons, or for a measure read beyond its own null, the latents' excess
+minus the neurons' excess) with its interval; and the verdict. **Verdict**: none when either kind has fewer than
+`MIN_N` memories judged; "latents higher" or "neurons higher" when the difference's 95% interval excludes 0;
+otherwise "cannot say". `MEASURES` names which column of which study's table each part reads (the one place that
+knows the studies' column names).
+
+**Fidelity** (`latents_beside_dictionary`), per dictionary layer, over at most `FIDELITY_TOKENS` real tokens of the
+held-out examples: the fraction of the FF output's variance the reconstruction leaves unexplained (FVU), the
+latents that never fire there, and the next-token loss with the layer's FF output replaced by the reconstruction
+(spliced) and by its mean over those tokens (mean-ablated) at the real tokens: loss recovered =
+(L_mean − L_spliced) / (L_mean − L_original), as `ffkv train-dictionary` measures it (there on its own held-out
+tokens, with the training tokens' mean).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ffkv.batching import collate, length_batches
+from ffkv.corpus import Example
+from ffkv.experiments.common import MIN_N, RunContext
+from ffkv.experiments.figures import COLORS, new_figure
+from ffkv.experiments.registry import Experiment, Figures, Finding, Result
+from ffkv.memories.interventions import replace_ff_output
+
+NAME = "latents_beside"
+#: Real held-out tokens the fidelity reads (the model's own loss, a pass up to the deepest dictionary layer, and two
+#: passes per dictionary layer).
+FIDELITY_TOKENS = 8192
+#: Examples per fidelity pass.
+BATCH_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Where one measure's parts sit in a study's latent table (column names; "" where the table has none).
+
+    `n_neurons` may name a column or, starting with "=", a number the run fixes ("=d_m": every neuron judged);
+    `null_neurons` a column, or TABLE:COLUMN of the neurons' own table (read by layer)."""
+
+    table: str
+    column: str
+    label: str
+    latents: str
+    n_latents: str
+    null_latents: str
+    neurons: str
+    n_neurons: str
+    null_neurons: str
+    difference: str
+    difference_means: str
+
+
+#: Every measure the latent studies write, in the report's order.
+MEASURES = (
+    Measure("patterns_latents", "any_pattern", "trigger prefixes share a pattern (Figure 2), beyond own random "
+            "directions", "any_pattern_latents", "n_live_latents", "any_pattern_latents_control",
+            "any_pattern_neurons", "n_live_neurons", "any_pattern_neurons_control", "excess_latents_minus_neurons",
+            "excess over own control, latents minus neurons"),
+    Measure("values_latents", "agreement_rate", "value's top token is the trigger's next token (Figure 4)",
+            "agreement_rate", "n_keys_with_target", "chance_rate_shuffled", "agreement_rate_neurons",
+            "n_neurons_with_target", "chance_rate_shuffled_neurons", "agreement_rate_minus_neurons",
+            "latents minus neurons"),
+    *(Measure("vocabulary_classes_latents", f"{c}_share", f"{c} values (Gurnee et al.)", f"{c}_share", "n_keys",
+              f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
+              f"{c}_share_minus_neurons",
+              "latents minus neurons") for c in ("prediction", "suppression", "partition")),
+)
+
+COLUMNS = ["layer", "measure", "label", "study", "latents", "latents_ci_low", "latents_ci_high", "n_latents",
+           "latents_null", "neurons", "neurons_ci_low", "neurons_ci_high", "n_neurons", "neurons_null",
+           "difference", "difference_ci_low", "difference_ci_high", "difference_means", "verdict"]
+
+
+def verdict(n_latents: float, n_neurons: float, low: float, high: float) -> str:
+    """The module's verdict rule for one row."""
+    if not (n_latents >= MIN_N and n_neurons >= MIN_N) or not (math.isfinite(low) and math.isfinite(high)):
+        return f"no verdict (fewer than {MIN_N} judged)"
+    if low > 0:
+        return "latents higher"
+    if high < 0:
+        return "neurons higher"
+    return "cannot say (the interval holds 0)"
+
+
+def rows_of(measure: Measure, table: pd.DataFrame, d_m: int, neurons: pd.DataFrame | None = None) -> list[dict]:
+    """One row per layer of a study's latent table for `measure` (none where the table lacks its columns);
+    `neurons`: the neurons' own table, where `measure.null_neurons` reads it (TABLE:COLUMN)."""
+    own_null = measure.null_neurons.partition(":")[2]
+    null_by_layer = (dict(zip(neurons["layer"].astype(int), neurons[own_null].astype(float)))
+                     if own_null and neurons is not None and own_null in neurons else {})
+    def get(row, column: str, interval: bool = False):
+        if not column:
+            return (math.nan, math.nan, math.nan) if interval else math.nan
+        value = float(row[column]) if column in row and pd.notna(row[column]) else math.nan
+        if not interval:
+            return value
+        return value, *(float(row[f"{column}_ci_{s}"]) if f"{column}_ci_{s}" in row else math.nan
+                        for s in ("low", "high"))
+
+    if measure.latents not in table or measure.difference not in table:
+        return []
+    out = []
+    for _, row in table.iterrows():
+        n_neurons = float(d_m) if measure.n_neurons == "=d_m" else get(row, measure.n_neurons)
+        latents, neurons, difference = (get(row, c, True) for c in (measure.latents, measure.neurons,
+                                                                   measure.difference))
+        n_latents = get(row, measure.n_latents)
+        out.append(dict(zip(COLUMNS, (
+            int(row["layer"]), measure.column, measure.label, measure.table, *latents, n_latents,
+            get(row, measure.null_latents), *neurons, n_neurons,
+            null_by_layer.get(int(row["layer"]), math.nan) if own_null else get(row, measure.null_neurons), *difference,
+            measure.difference_means, verdict(n_latents, n_neurons, difference[1], difference[2])))))
+    return out
+
+
+def _real_batches(ctx: RunContext, budget: int):
+    """Padded batches of the held-out examples (two tokens or more), until `budget` real tokens."""
+    chosen, total = [], 0
+    for e in ctx.held_out().examples:
+        if len(e.token_ids) < 2:
+            continue
+        if chosen and total + len(e.token_ids) > budget:
+            break
+        chosen.append(Example(len(chosen), np.asarray(e.token_ids, dtype=np.int64), ""))
+        total += len(e.token_ids)
+    special = ctx.loaded.special_ids
+    return [collate(group, ctx.tokenizer.pad_id, special).to(ctx.view.device)
+            for group in length_batches(chosen, BATCH_SIZE)]
+
+
+def _nll(ctx: RunContext, batch) -> float:
+    """The summed next-token negative log-likelihood of a padded batch (right padding)."""
+    logits = ctx.loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = (logits.logits if hasattr(logits, "logits") else logits[0])[:, :-1].float()
+    real = batch.attention_mask.bool()
+    chosen = real[:, 1:] & real[:, :-1]
+    gold = batch.input_ids[:, 1:][chosen]
+    return float(-torch.log_softmax(logits[chosen], -1).gather(1, gold[:, None]).sum())
+
+
+@torch.no_grad()
+def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
+    """metrics/latents_beside_dictionary: per dictionary layer, FVU, dead latents and loss recovered over the
+    held-out tokens (the module's docstring)."""
+    view, layers = ctx.view, latents.layers
+    batches = _real_batches(ctx, FIDELITY_TOKENS)
+    d_model = view.d_model
+    sums = {layer: {"out": torch.zeros(d_model, dtype=torch.float64), "out2": torch.zeros((), dtype=torch.float64),
+                    "err2": torch.zeros((), dtype=torch.float64), "fired": None, "n": 0} for layer in layers}
+    original = 0.0
+    for batch in batches:
+        keep = (batch.competes & batch.attention_mask.bool()).to(view.device)
+        original += _nll(ctx, batch)
+        with view.capture(("ff_in", "ff_out"), layers=layers, stop_early=True) as cap:
+            view.forward(batch.input_ids, batch.attention_mask)
+        for layer in layers:
+            d, s = latents.dictionaries[layer], sums[layer]
+            x = cap["ff_in"][layer].reshape(*keep.shape, -1)[keep]
+            out = cap["ff_out"][layer].reshape(*keep.shape, -1)[keep].double()
+            read = x if latents.reads(layer) == "ff_in" else out.to(x.dtype)
+            a = d.encode(read)
+            s["out"] += out.sum(0).cpu()
+            s["out2"] += out.square().sum().cpu()
+            s["err2"] += (out - d.decode(a, read).double()).square().sum().cpu()
+            fired = (a > 0).any(0).cpu()
+            s["fired"] = fired if s["fired"] is None else s["fired"] | fired
+            s["n"] += int(keep.sum())
+    rows = []
+    for layer in layers:
+        d, s = latents.dictionaries[layer], sums[layer]
+        n = max(s["n"], 1)
+        mean = s["out"] / n
+        variance = float(s["out2"] - n * mean.square().sum())
+        spliced = ablated = 0.0
+        for batch in batches:
+            keep = (batch.competes & batch.attention_mask.bool()).to(view.device)
+
+            def at_real(new):
+                def replace(x, ff_out):
+                    shaped = ff_out.reshape(*keep.shape, -1)
+                    read = x.reshape(*keep.shape, -1) if latents.reads(layer) == "ff_in" else shaped
+                    swapped = torch.where(keep[..., None], new(read).to(shaped.dtype), shaped)
+                    return swapped.reshape(ff_out.shape)
+                return replace
+
+            with replace_ff_output(view, {layer: at_real(lambda r, d=d: d.decode(d.encode(r), r))}):
+                spliced += _nll(ctx, batch)
+            with replace_ff_output(view, {layer: at_real(lambda r, m=mean: m.to(r.device).expand(*r.shape[:-1], -1))}):
+                ablated += _nll(ctx, batch)
+        predicted = sum(int((b.attention_mask.bool()[:, 1:] & b.attention_mask.bool()[:, :-1]).sum()) for b in batches)
+        lo, ls, la = (v / max(predicted, 1) for v in (original, spliced, ablated))
+        dead = int((~s["fired"]).sum()) if s["fired"] is not None else d.n_latents
+        rows.append({"layer": layer, "kind": d.kind, "n_latents": d.n_latents,
+                     "fvu": float(s["err2"]) / variance if variance > 0 else math.nan,
+                     "dead_latents": dead, "dead_share": dead / d.n_latents, "loss_original": lo, "loss_spliced": ls,
+                     "loss_mean_ablated": la, "loss_recovered": (la - ls) / (la - lo) if la != lo else math.nan,
+                     "eval_tokens": s["n"]})
+    return pd.DataFrame(rows)
+
+
+def compute(ctx: RunContext, options=None) -> Result:
+    """metrics/latents_beside (one row per layer and measure) and metrics/latents_beside_dictionary; nothing for a
+    run indexed without a dictionary (no section in its report: it has no latents to set beside anything)."""
+    if not ctx.has_latents:
+        return Result(ctx.view.n_layers, record={"latents": "none: the run was indexed without a dictionary"})
+    latents, warnings = ctx.latents_for(NAME)
+    rows, read = [], []
+    for measure in MEASURES:
+        study = measure.table.removesuffix("_latents")
+        table = ctx.need(study, measure.table, optional=True)
+        if table is not None:
+            own = measure.null_neurons.partition(":")[0] if ":" in measure.null_neurons else None
+            rows += rows_of(measure, table, ctx.view.d_m, ctx.need(study, own, optional=True) if own else None)
+            read.append(measure.table)
+    beside = pd.DataFrame(rows, columns=COLUMNS)
+    result = Result(ctx.view.n_layers)
+    about = {"rule": f"verdict only where both kinds have at least {MIN_N} memories judged; latents or neurons "
+                     "higher where the difference's 95% interval excludes 0", "read": sorted(set(read)),
+             "warnings": warnings}
+    result.add(NAME, beside, **about)
+    if latents is not None:
+        result.add(f"{NAME}_dictionary", dictionary_fidelity(ctx, latents),
+                   rule=f"over at most {FIDELITY_TOKENS:,} real held-out tokens: FVU of the FF output, latents that "
+                        "never fire, loss recovered (mean ablation: the FF output's mean over those tokens)")
+    return result
+
+
+def draw(result: Result) -> Figures:
+    """Each measure's difference, latents minus neurons, with its 95% interval, per layer: one axis."""
+    table = result.tables.get(NAME)
+    if table is None or table.empty:  # a run without a dictionary, or no latent study in this call
+        return {}
+    fig, ax = new_figure(6.5, 0.5 + 0.32 * len(table))
+    y = np.arange(len(table))[::-1]
+    value = 100 * table["difference"].to_numpy(float)
+    low, high = 100 * table["difference_ci_low"].to_numpy(float), 100 * table["difference_ci_high"].to_numpy(float)
+    colors = [COLORS["semantic"] if v.startswith("latents") else COLORS["shallow"] if v.startswith("neurons")
+              else COLORS["chance"] for v in table["verdict"]]
+    ax.errorbar(value, y, xerr=[np.nan_to_num(value - low), np.nan_to_num(high - value)], fmt="none",
+                ecolor="black", elinewidth=0.8, capsize=2)
+    ax.scatter(value, y, c=colors, zorder=3, s=18)
+    ax.axvline(0, color="black", lw=0.6)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"layer {int(r.layer) + 1}: {r.measure}" for r in table.itertuples()], fontsize=7)
+    ax.set_xlabel("latents minus neurons (percentage points; 95% interval)\n"
+                  "orange: latents higher, blue: neurons higher, grey: no verdict")
+    fidelity = result.tables.get(f"{NAME}_dictionary")
+    said = "" if fidelity is None else "; ".join(
+        f"{r.kind} at layer {int(r.layer) + 1}: FVU {r.fvu:.2f}, loss recovered {r.loss_recovered:.2f}"
+        for r in fidelity.itertuples())
+    ax.set_title("Latents beside neurons, each measure" + (f"\n({said})" if said else ""), fontsize=9)
+    return {NAME: fig}
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """One sentence: how many measures favour each kind, and how many the data cannot decide."""
+    if name != NAME or table.empty:
+        return None
+    counts = table["verdict"].value_counts()
+    higher = {k: int(counts.get(k, 0)) for k in ("latents higher", "neurons higher")}
+    rest = len(table) - sum(higher.values())
+    return (f"Of {len(table)} layer-measures, the latents are higher on {higher['latents higher']} and the neurons on "
+            f"{higher['neurons higher']}; on {rest} the data cannot say or do not carry a verdict.")
+
+
+FINDINGS = {NAME: Finding("Beyond the paper (issue 46)", (
+    "Are a dictionary's latents better key-value memories than the layer's neurons? Each measure of the studies "
+    "that read latents, both kinds beside their own nulls, with the dictionary's fidelity beside them."))}
+
+EXPERIMENT = Experiment(
+    name=NAME, title="Latents beside neurons: every measure side by side, with the dictionary's fidelity "
+                     "(beyond the paper)",
+    section="beyond the paper: sparse dictionaries as memories", order=6.9, compute=compute, draw=draw,
+    after=("patterns", "values", "vocabulary_classes"), held_out=True,
+    own_pass="the fidelity's passes replace the FF output by the reconstruction and by its mean: a model the "
+             "shared held-out pass does not run",
+    latents=("latents_beside, latents_beside_dictionary: every latent measure beside the neurons' in one table with "
+             "one verdict rule, and the dictionary's FVU, dead latents and loss recovered"),
+    findings=FINDINGS, reading=reading, how=("rule", "read"), module=__name__)

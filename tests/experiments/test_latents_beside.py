@@ -1,0 +1,138 @@
+"""`latents_beside`: every latent measure beside the neurons' in one table with one verdict rule (checked on
+hand-built rows), and the dictionary's fidelity against exact answers (a dictionary that is the layer itself
+reconstructs it perfectly; a random one against a brute force written here); on a real run, the table reads what
+the studies wrote, and a run without a dictionary gets nothing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ffkv.corpus import CorpusSpec
+from ffkv.dictionaries import Dictionary, save_npz
+from ffkv.experiments import analyze, latents_beside
+from ffkv.experiments.common import MIN_N
+from ffkv.experiments.latents_beside import MEASURES, rows_of, verdict
+from ffkv.indexing.indexer import IndexOptions, build_index
+from ffkv.memories.sets import Latents
+from support.helpers import loaded_tiny
+from support.runs import corpus_lines, sharpen
+
+
+def test_the_verdict_rule():
+    assert verdict(MIN_N, MIN_N, 0.01, 0.2) == "latents higher"
+    assert verdict(500, 900, -0.3, -0.01) == "neurons higher"
+    assert verdict(500, 900, -0.01, 0.2).startswith("cannot say")
+    assert verdict(MIN_N - 1, 900, 0.01, 0.2).startswith("no verdict")
+    assert verdict(500, MIN_N - 1, 0.01, 0.2).startswith("no verdict")
+    assert verdict(500, 900, math.nan, math.nan).startswith("no verdict")
+
+
+def test_rows_read_each_part_from_its_column_and_the_neurons_null_from_their_table():
+    vocab = next(m for m in MEASURES if m.column == "partition_share")
+    table = pd.DataFrame({"layer": [1, 2], "partition_share": [0.3, 0.02], "partition_share_ci_low": [0.25, 0.0],
+                          "partition_share_ci_high": [0.35, 0.05], "n_keys": [400, 40],
+                          "partition_share_control": [0.01, 0.01], "partition_share_neurons": [0.1, 0.01],
+                          "partition_share_neurons_ci_low": [0.08, 0.0], "partition_share_neurons_ci_high": [0.12, 0.03],
+                          "partition_share_minus_neurons": [0.2, 0.01], "partition_share_minus_neurons_ci_low": [0.14, -0.03],
+                          "partition_share_minus_neurons_ci_high": [0.26, 0.05]})
+    neurons = pd.DataFrame({"layer": [1, 2], "partition_share_control": [0.05, 0.06]})
+    rows = pd.DataFrame(rows_of(vocab, table, d_m=256, neurons=neurons))
+    assert list(rows.columns) == latents_beside.COLUMNS
+    first, second = rows.iloc[0], rows.iloc[1]
+    assert (first.latents, first.latents_ci_low, first.n_latents, first.latents_null) == (0.3, 0.25, 400, 0.01)
+    assert (first.neurons, first.neurons_ci_high, first.n_neurons, first.neurons_null) == (0.1, 0.12, 256, 0.05)
+    assert (first.difference, first.verdict) == (0.2, "latents higher")
+    assert second.neurons_null == 0.06 and second.verdict.startswith("no verdict")  # 40 latents judged
+    assert rows_of(vocab, table.drop(columns=["partition_share_minus_neurons"]), 256) == []  # not this measure
+
+
+def _copy_of_layer(view, layer: int) -> Dictionary:
+    """A transcoder that is a ReLU model's FF layer itself: encoder = keys, decoder = values, bias = value bias."""
+    return Dictionary(kind="transcoder", layer=layer, encoder=view.keys(layer).detach().clone(),
+                      encoder_bias=view.key_bias(layer).detach().clone(), decoder=view.values(layer).detach().clone(),
+                      decoder_bias=view.value_bias(layer).detach().clone(), activation="relu")
+
+
+class _Context:
+    """What `dictionary_fidelity` reads of a `RunContext`: the model and held-out examples."""
+
+    def __init__(self, loaded, examples):
+        from types import SimpleNamespace
+
+        self.loaded, self.view, self.tokenizer = loaded, loaded.view, loaded.tokenizer
+        self._held = SimpleNamespace(examples=examples)
+
+    def held_out(self):
+        return self._held
+
+
+def _examples(loaded, n=12):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(token_ids=np.asarray(loaded.tokenizer.encode(line))) for line in corpus_lines(n)]
+
+
+def test_a_dictionary_that_is_its_layer_has_fvu_0_and_recovers_the_whole_loss():
+    loaded = sharpen(loaded_tiny("opt"))
+    ctx = _Context(loaded, _examples(loaded))
+    table = latents_beside.dictionary_fidelity(ctx, Latents(loaded.view, {1: _copy_of_layer(loaded.view, 1)}))
+    row = table.iloc[0]
+    assert row.layer == 1 and row.fvu < 1e-10
+    assert row.loss_spliced == pytest.approx(row.loss_original, abs=1e-5)
+    assert row.loss_mean_ablated != row.loss_original and row.loss_recovered == pytest.approx(1.0, abs=1e-4)
+
+
+def test_fidelity_of_a_random_dictionary_matches_a_brute_force():
+    """FVU and dead latents recomputed here over the same real tokens, one example at a time (no padding)."""
+    loaded = sharpen(loaded_tiny("gpt2"))
+    view, layer, n = loaded.view, 2, 16
+    g = torch.Generator().manual_seed(3)
+    d = Dictionary(kind="sae", layer=layer, encoder=torch.randn(n, view.d_model, generator=g),
+                   encoder_bias=torch.where(torch.arange(n) < 10, 0.0, -1e3), decoder=torch.randn(n, view.d_model, generator=g),
+                   decoder_bias=torch.zeros(view.d_model), activation="relu", input_bias=torch.zeros(view.d_model))
+    examples = _examples(loaded)
+    row = latents_beside.dictionary_fidelity(_Context(loaded, examples), Latents(view, {layer: d})).iloc[0]
+    outs, fired = [], torch.zeros(n, dtype=torch.bool)
+    for e in examples:
+        ids = torch.tensor([e.token_ids])
+        with torch.no_grad(), view.capture(("ff_out",), layers=[layer]) as cap:
+            view.forward(ids)
+        out = cap["ff_out"][layer].reshape(len(e.token_ids), -1)
+        a = torch.relu(out @ d.encoder.T + d.encoder_bias)
+        outs.append((out.double(), (a @ d.decoder).double()))
+        fired |= (a > 0).any(0)
+    x = torch.cat([o for o, _ in outs])
+    err = torch.cat([o - r for o, r in outs])
+    want = float(err.square().sum() / (x - x.mean(0)).square().sum())
+    assert row.eval_tokens == len(x) and row.fvu == pytest.approx(want, rel=1e-4)
+    assert row.dead_latents == int((~fired).sum()) and 6 <= row.dead_latents < n  # the six with a bias of -1000, and more
+
+
+def test_on_a_run_the_table_reads_the_studies_and_a_run_without_latents_skips_it(tmp_path):
+    loaded = sharpen(loaded_tiny("opt"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(corpus_lines(60)) + "\n")
+    path = save_npz(_copy_of_layer(loaded.view, 1), tmp_path / "copy.npz")
+    spec = CorpusSpec(source=str(corpus), unit="line")
+    build_index(loaded, spec, tmp_path / "run", IndexOptions(top_k=3, control_keys=16), progress=False,
+                dictionary=path)
+    done = analyze(tmp_path / "run", only=["values", "vocabulary_classes", "latents_beside"], loaded=loaded,
+                   progress=False, n_eval=20)
+    assert not done["latents_beside"].get("skipped")
+    table = pd.read_parquet(tmp_path / "run" / "metrics" / "latents_beside.parquet")
+    assert set(table.study) == {"values_latents", "vocabulary_classes_latents"} and (table.layer == 1).all()
+    values = pd.read_parquet(tmp_path / "run" / "metrics" / "values_latents.parquet").iloc[0]
+    row = table[table.measure == "agreement_rate"].iloc[0]
+    assert row.latents == values["agreement_rate"] and row.difference == values["agreement_rate_minus_neurons"]
+    fidelity = pd.read_parquet(tmp_path / "run" / "metrics" / "latents_beside_dictionary.parquet").iloc[0]
+    assert fidelity.fvu < 1e-10 and fidelity.loss_recovered == pytest.approx(1.0, abs=1e-4)
+    assert (tmp_path / "run" / "figures" / "latents_beside.png").exists()
+    build_index(loaded, spec, tmp_path / "plain", IndexOptions(top_k=3), progress=False)
+    done = analyze(tmp_path / "plain", only=["latents_beside"], loaded=loaded, progress=False, n_eval=20)
+    assert done["latents_beside"]["tables"] == [] and "without a dictionary" in done["latents_beside"]["latents"]
+    assert not list((tmp_path / "plain" / "metrics").glob("latents_beside*"))
