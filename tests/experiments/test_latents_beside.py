@@ -30,6 +30,21 @@ def test_the_verdict_rule():
     assert verdict(MIN_N - 1, 900, 0.01, 0.2).startswith("no verdict")
     assert verdict(500, MIN_N - 1, 0.01, 0.2).startswith("no verdict")
     assert verdict(500, 900, math.nan, math.nan).startswith("no verdict")
+    assert verdict(500, 900, 0.01, 0.2, 256, 256) == "latents higher"
+    assert verdict(500, 900, 0.01, 0.2, 5, 256).startswith("no verdict")  # an excess over 5 control latents
+
+
+def test_an_excess_over_a_null_of_few_gets_no_verdict():
+    """SmolLM2's layer 15: 2,835 latents judged but 5 control latents alive: no verdict on the excess."""
+    patterns = next(m for m in MEASURES if m.column == "any_pattern")
+    row = {"layer": 14, "any_pattern_latents": 0.76, "n_live_latents": 2835, "any_pattern_latents_control": 0.0,
+           "any_pattern_neurons": 0.33, "n_live_neurons": 1536, "any_pattern_neurons_control": 0.36,
+           "excess_latents_minus_neurons": 0.8, "excess_latents_minus_neurons_ci_low": 0.36,
+           "excess_latents_minus_neurons_ci_high": 0.86, "n_control_latents": 5, "n_control_neurons": 256}
+    got = rows_of(patterns, pd.DataFrame([row]), 1536)[0]
+    assert got["verdict"].startswith("no verdict") and got["difference_ci_low"] == 0.36
+    got = rows_of(patterns, pd.DataFrame([{**row, "n_control_latents": 256}]), 1536)[0]
+    assert got["verdict"] == "latents higher"
 
 
 def test_rows_read_each_part_from_its_column_and_the_neurons_null_from_their_table():

@@ -9,7 +9,7 @@ says little about the layer.
 Per row: the latents' share with its 95% interval, n and null; the neurons' share, interval, n and null; the
 difference the study tests (latents minus neurons, or for a measure read beyond its own null, the latents' excess
 minus the neurons' excess) with its interval; and the verdict. **Verdict**: none when either kind has fewer than
-`MIN_N` memories judged; "latents higher" or "neurons higher" when the difference's 95% interval excludes 0;
+`MIN_N` memories judged (or, for an excess over a null, either null: on SmolLM2 most control latents never fire); "latents higher" or "neurons higher" when the difference's 95% interval excludes 0;
 otherwise "cannot say". `MEASURES` names which column of which study's table each part reads (the one place that
 knows the studies' column names).
 
@@ -63,6 +63,7 @@ class Measure:
     null_neurons: str
     difference: str
     difference_means: str
+    n_nulls: tuple[str, str] = ("", "")  # where the difference reads each kind's excess over its null: their n
 
 
 #: Every measure the latent studies write, in the report's order.
@@ -70,7 +71,7 @@ MEASURES = (
     Measure("patterns_latents", "any_pattern", "trigger prefixes share a pattern (Figure 2), beyond own random "
             "directions", "any_pattern_latents", "n_live_latents", "any_pattern_latents_control",
             "any_pattern_neurons", "n_live_neurons", "any_pattern_neurons_control", "excess_latents_minus_neurons",
-            "excess over own control, latents minus neurons"),
+            "excess over own control, latents minus neurons", ("n_control_latents", "n_control_neurons")),
     Measure("values_latents", "agreement_rate", "value's top token is the trigger's next token (Figure 4)",
             "agreement_rate", "n_keys_with_target", "chance_rate_shuffled", "agreement_rate_neurons",
             "n_neurons_with_target", "chance_rate_shuffled_neurons", "agreement_rate_minus_neurons",
@@ -86,9 +87,10 @@ COLUMNS = ["layer", "measure", "label", "study", "latents", "latents_ci_low", "l
            "difference", "difference_ci_low", "difference_ci_high", "difference_means", "verdict"]
 
 
-def verdict(n_latents: float, n_neurons: float, low: float, high: float) -> str:
-    """The module's verdict rule for one row."""
-    if not (n_latents >= MIN_N and n_neurons >= MIN_N) or not (math.isfinite(low) and math.isfinite(high)):
+def verdict(n_latents: float, n_neurons: float, low: float, high: float, *n_nulls: float) -> str:
+    """The module's verdict rule for one row (`n_nulls`: the n of each kind's null, where the difference reads an
+    excess over it)."""
+    if not all(n >= MIN_N for n in (n_latents, n_neurons, *n_nulls)) or not (math.isfinite(low) and math.isfinite(high)):
         return f"no verdict (fewer than {MIN_N} judged)"
     if low > 0:
         return "latents higher"
@@ -124,7 +126,8 @@ def rows_of(measure: Measure, table: pd.DataFrame, d_m: int, neurons: pd.DataFra
             int(row["layer"]), measure.column, measure.label, measure.table, *latents, n_latents,
             get(row, measure.null_latents), *neurons, n_neurons,
             null_by_layer.get(int(row["layer"]), math.nan) if own_null else get(row, measure.null_neurons), *difference,
-            measure.difference_means, verdict(n_latents, n_neurons, difference[1], difference[2])))))
+            measure.difference_means, verdict(n_latents, n_neurons, difference[1], difference[2],
+                                              *(get(row, c) for c in measure.n_nulls if c))))))
     return out
 
 
