@@ -497,6 +497,143 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
     }
 
 
+# ------------------------------------------------------------------------ latents
+#: How a latent page reads its value d_j (the readings of `READINGS`, in a decoder row's words).
+LATENT_READING_NOTES = {
+    ("identity", "p"): "p = softmax(d·Eᵀ), the decoder row projected with the identity, as the paper reads a value.",
+    ("final-norm", "p"): "p = softmax(N(d)·Eᵀ): the decoder row through the model's final normalization first.",
+    ("identity", "logit"): "The raw logits d·Eᵀ (identity projection, no softmax): how much the latent adds to each "
+                           "token's logit per unit of activation.",
+    ("final-norm", "logit"): "The raw logits N(d)·Eᵀ (final-norm projection, no softmax).",
+}
+#: Latent layer page columns: (column of `LatentData.layer_table`, header, sort name in the URL).
+LATENT_COLUMNS = (
+    ("key", "latent", "latent"),
+    ("top_tokens", "value's top tokens", "top token"),
+    ("agreement", "agrees", "agreement"),
+    ("activation_frequency", "active", "activation frequency"),
+    ("top_coefficient", "largest a", "largest a"),
+    ("n_triggers", "trigger examples", "trigger examples"),
+    ("common_last_token", "common last token", "common last token"),
+    ("shallow_share", "its share", "shallow share"),
+    ("confidence", "top p", "top p"),
+    ("value_norm", "‖d‖", "value norm"),
+)
+LATENT_PERCENT = {"activation_frequency", "shallow_share", "confidence"}
+
+
+def latents_of(data: ExplorerData):
+    """The run's `ffkv.explorer.latents.LatentData`, or a 404 for a run indexed without a dictionary."""
+    if data.latents is None:
+        raise BadRequest("this run was indexed without a sparse dictionary: it has no latents (index with "
+                         "`ffkv index ... --dictionary PATH`)", 404)
+    return data.latents
+
+
+def latent_context(data: ExplorerData, address: str, projection: str = "identity", shown: str = "p") -> dict:
+    """What the latent templates need for the latent at `address` (``t4:42``), its value read as `shown` under
+    `projection`."""
+    latents = latents_of(data)
+    lat = latents.latent(latents.check(address), projection, shown)
+    hist = lat["histogram"]
+    return {"l": lat, "projections": READINGS,
+            "projection_note": LATENT_READING_NOTES[(lat["projection"], lat["value"]["shown"])],
+            "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"], label="a"),
+            "top_coefficient": max([e["coefficient"] for e in lat["examples"]] or [0.0]),
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
+
+
+def latent_page(data: ExplorerData, address: str, root: str = "", projection: str = "identity",
+                shown: str = "p") -> str:
+    """A latent's page (``/memory/t4:42``): its value, activation histogram and trigger examples shaded by its
+    activation at every token."""
+    return render("latent.html", **_common(data, root), **latent_context(data, address, projection, shown),
+                  standalone=False)
+
+
+def latent_json(data: ExplorerData, address: str, projection: str = "identity", root: str = "",
+                shown: str = "p") -> dict:
+    """The latent page as data (``/memory/t4:42.json``): ``layer`` 0-based as in the run's tables, ``layer_number``
+    from 1; ``latent`` its index in the layer's dictionary; a trigger example's ``coefficients`` are the latent's
+    activation at each of its ``tokens`` (null outside the stored window)."""
+    latents = latents_of(data)
+    lat = latents.latent(latents.check(address), projection, shown)
+    value = lat["value"]
+    return {
+        "address": lat["address"], "kind": lat["kind"], "layer": lat["layer"], "layer_number": layer_number(lat["layer"]),
+        "latent": lat["key"], "n_latents": lat["n_latents"], "url": f"{root}/memory/{lat['address']}",
+        "run": data.run.path.name, "model": data.manifest.model.id,
+        "value": {"projection": lat["projection"], "shown": value["shown"], "top_value": value["top_value"],
+                  "target_rank": value["target_rank"],
+                  "top": [{"token_id": t["token_id"], "token": t["token"], value["shown"]: t["value"]}
+                          for t in value["top"]],
+                  "bottom": [{"token_id": t["token_id"], "token": t["token"], value["shown"]: t["value"]}
+                             for t in value["bottom"]]},
+        "statistics": {k: _plain(v) for k, v in lat["stats"].items() if k != "activation_histogram"},
+        "activation_histogram": lat["histogram"], "stored_window": lat["window"],
+        "trigger_examples": [
+            {"rank": e["rank"], "coefficient": e["coefficient"], "example_id": e["example_id"],
+             "position": e["position"], "next_token_id": e["next_token_id"], "text": e["text"],
+             "first_position": e["first"], "tokens": [t["text"] for t in e["tokens"] if not t.get("gap")],
+             "coefficients": [t["m"] for t in e["tokens"] if not t.get("gap")]}
+            for e in lat["examples"]],
+    }
+
+
+def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, order: str = "asc", page="1",
+                      root: str = "") -> str:
+    """A dictionary's latents (``/layer/t4``), `LATENT_COLUMNS`, sortable by each, `PAGE_SIZE` per page."""
+    latents = latents_of(data)
+    layer = latents.check_layer(name)
+    name = latents.name(layer)
+    sort = sort or "latent"
+    sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in LATENT_COLUMNS}
+    if sort not in sort_column:
+        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}", 422)
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
+    try:
+        page = int(page)
+    except (TypeError, ValueError):
+        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
+    table = latents.layer_table(layer)
+    n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
+    if not 1 <= page <= n_pages:
+        raise BadRequest(f"page {page} does not exist: {name} has pages 1 to {n_pages}", 404)
+    column = sort_column[sort]
+    shown = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
+    shown = shown.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+    rows = []
+    for r in shown.to_dict("records"):
+        row = []
+        for column_name, _, _ in LATENT_COLUMNS:
+            value = r.get(column_name)
+            cell = {"text": "", "cls": "", "href": None, "tokens": None, "token": None}
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            if column_name == "key":
+                cell.update(text=f"{name}:{value}", cls="num", href=f"/memory/{name}:{value}")
+            elif column_name == "top_tokens":
+                cell.update(tokens=value)
+            elif column_name == "common_last_token":
+                cell.update(token=value if r["n_triggers"] else None)
+            elif column_name == "agreement":
+                cell.update(text="yes" if value else "no")
+            elif missing:
+                pass
+            elif column_name in LATENT_PERCENT:
+                cell.update(text=percent(value), cls="num")
+            else:
+                cell.update(text=number(value), cls="num")
+            row.append(cell)
+        rows.append(row)
+    columns = [{"title": title, "sort": s, "num": c not in ("top_tokens", "common_last_token", "agreement")}
+               for c, title, s in LATENT_COLUMNS]
+    return render("latent_layer.html", **_common(data, root), layer=layer, dictionary=name, kind=latents.kind(layer),
+                  dictionaries=latents.summary(), sort=sort, order=order, page=page, n_pages=n_pages, rows=rows,
+                  columns=columns, n_keys=len(table), first=(page - 1) * PAGE_SIZE + 1,
+                  last=min(page * PAGE_SIZE, len(table)))
+
+
 # ------------------------------------------------------------------------ search
 def highlight(text: str, query: str) -> list[tuple[str, bool]]:
     """`text` cut into (part, is_match) pieces at every case-insensitive occurrence of `query`."""

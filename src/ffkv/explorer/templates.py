@@ -126,6 +126,59 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 <p class="small muted">Labels are stored in <code>annotations/labels.parquet</code> of the run and feed the human side of the patterns experiment.</p>
 {% endblock %}""",
 
+"latent_fragment.html": """<div class="ffkv-memory ffkv-latent">{% if standalone %}<style>{{ css }}</style>{% endif %}
+<h1>Latent {{ l.address }} <span class="muted small">{{ l.kind }} at layer {{ ln(l.layer) }} of {{ n_layers }}, latent {{ l.key }} of {{ "{:,}".format(l.n_latents) }}</span></h1>
+<p id="latent-nav">{% if l.key > 0 %}<a href="{{ root }}/memory/{{ l.name }}:{{ l.key - 1 }}">← latent {{ l.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ l.name }}" id="latent-layer-link">{{ l.name }}'s latents</a>{% if l.key + 1 < l.n_latents %} · <a href="{{ root }}/memory/{{ l.name }}:{{ l.key + 1 }}">latent {{ l.key + 1 }} →</a>{% endif %}
+· <a href="{{ root }}/layer/{{ ln(l.layer) }}" id="neurons-link">layer {{ ln(l.layer) }}'s neurons</a>
+· <a href="{{ root }}/memory/{{ l.address }}.json?projection={{ l.projection }}&amp;shown={{ l.value.shown }}" id="json-link">JSON</a></p>
+<p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; SPEC section 11) is a memory of its own: its key is encoder row e_j, its coefficient the
+dictionary's activation a_j (never negative), its value decoder row d_j, read here as a neuron's value is read. Latents are written {{ l.name }}:LATENT; neurons LAYER:KEY.</p>
+<p><strong>Surface:</strong> {{ pct(l.surface.share) }} of the top prefixes end in {{ tok(l.surface.token) }}.</p>
+<h2>Value</h2>
+{% if l.dictionary_error %}<p class="warn" id="dictionary-error">The dictionary could not be read again ({{ l.dictionary_error }}): the value's top tokens below are those the lookups stored (identity projection).</p>
+{% else %}<p class="switch" id="projection-switch">Read the value {% for p, s, label in projections %}{% if p == l.projection and s == l.value.shown %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}&amp;shown={{ s }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>{% endif %}
+<p class="note" id="value-numbers">{{ projection_note }} Under this projection the top token has {% if l.value.top_value is none %}p = {{ pct(l.stats.confidence) }} (identity){% elif l.value.shown == "p" %}p = {{ pct(l.value.top_value) }} (uniform: {{ pct(uniform) }}){% else %}logit {{ value_fmt(l.value.top_value) }}{% endif %};
+the top-1 trigger's {{ target_name }} ranks {% if l.value.target_rank is not none %}{{ l.value.target_rank }}{% if l.value.target_rank == 1 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖d‖ = {{ fmt(l.stats.value_norm) }}.</p>
+<div class="pair">
+<table id="value-top"><tr><th class="num">#</th><th>top tokens: promoted</th><th class="num">{{ l.value.shown }}</th></tr>
+{% for t in l.value.top %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
+{% if l.value.bottom %}<table id="value-bottom"><tr><th class="num">#</th><th>bottom tokens: suppressed</th><th class="num">{{ l.value.shown }}</th></tr>
+{% for t in l.value.bottom %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>{% endif %}
+</div>
+<h2>Activation over a corpus sample</h2>
+{% if l.histogram.positions %}<div id="histogram">{{ histogram }}</div>
+<p class="note">a of this latent at every position of {{ l.histogram.examples }} examples sampled from the run ({{ "{:,}".format(l.histogram.positions) }} positions); bar heights on a log scale.
+Active (a &gt; 0) at {{ pct(l.stats.activation_frequency, 2) }} of positions. The strongest trigger example reaches a = {{ fmt(top_coefficient) }}.</p>
+{% else %}<p class="muted">No corpus sample.</p>{% endif %}
+<h2>Next tokens of the trigger examples</h2>
+<p id="next-tokens">{% for t in l.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
+{% if l.dead %}<p class="warn" id="never-fired"><strong>This latent never fired</strong> over the indexed corpus: it has no trigger examples.</p>{% else %}
+<h2>Trigger examples: largest activations</h2>
+<p class="note">Each token shaded by this latent's activation a at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; hover for the value). The trigger position is boxed, the next token underlined.{% if not l.stored %} <span id="not-stored">The lookups stored no per-token activations for this run (too many trigger rows): only the trigger position's is shown.</span>{% endif %}{% if l.window %}
+<span id="window-note">A hatched token has no activation here (it is not a = 0): this run stores a for {{ l.window[0] }} tokens before each trigger and {{ l.window[1] }} after it; the tokens beyond it are shown for reading.</span>{% endif %}</p>
+<table id="triggers" class="triggers"><tr><th class="num">rank</th><th class="barcell">activation</th><th>example</th></tr>
+{% for e in l.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
+<td class="example">{{ strip(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+</table>{% endif %}
+</div>""",
+
+"latent.html": """{% extends "base.html" %}{% block title %}latent {{ l.address }}{% endblock %}
+{% block main %}{% include "latent_fragment.html" %}{% endblock %}""",
+
+"latent_layer.html": """{% extends "base.html" %}{% block title %}latents {{ dictionary }}{% endblock %}
+{% block main %}<h1>Latents {{ dictionary }} <span class="muted small">{{ kind }} at layer {{ ln(layer) }} of {{ n_layers }}</span></h1>
+<p>{% for other in dictionaries %}{% if not loop.first %} · {% endif %}{% if other.name == dictionary %}<strong>{{ other.name }}</strong>{% else %}<a href="{{ root }}/layer/{{ other.name }}?sort={{ sort|urlencode }}&order={{ order }}">{{ other.name }}</a>{% endif %}{% endfor %}
+· <a href="{{ root }}/layer/{{ ln(layer) }}" id="neurons-link">layer {{ ln(layer) }}'s neurons</a></p>
+<p class="note">{{ "{:,}".format(n_keys) }} latents, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}. Click a column's name to sort by it.
+Value: decoder row d_j's top tokens and agreement under the identity projection, as the neurons' values; active: share of positions of a corpus sample where a &gt; 0; largest a: its rank-1 trigger example;
+common last token: the last token most of its trigger prefixes share, and that share. A latent without trigger examples never fired over the indexed corpus (dead).</p>
+<div class="scroll"><table id="latents"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}><a href="{{ root }}/layer/{{ dictionary }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a></th>{% endfor %}</tr>
+{% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.token is not none %}{{ tok(cell.token) }}{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
+</table></div>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
+{% endblock %}""",
+
 "search.html": """{% extends "base.html" %}{% block title %}search{% endblock %}
 {% block main %}<h1>Search</h1>
 <form method="get" action="{{ root }}/search" id="token-search"><p>Which memories promote the token
