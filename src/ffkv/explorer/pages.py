@@ -14,6 +14,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup, escape
 
+from ffkv.errors import FfkvError
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
@@ -109,7 +110,12 @@ def strip_html(tokens: list[dict]) -> Markup:
 
 
 def memory_chip(mem: dict, root: str) -> Markup:
-    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it."""
+    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it; a
+    latent's (``address``: t4:42) is marked as one, with its activation."""
+    if mem.get("address"):
+        return Markup(f'<a class="chip latent" href="{escape(root)}/memory/{escape(mem["address"])}" title="latent: rank '
+                      f'{mem["rank"] + 1} of its trigger examples">{escape(mem["address"])} <span class="small muted">'
+                      f'a={escape(number(mem["coefficient"], 2))}</span></a>')
     layer = layer_number(mem["layer"])
     return Markup(f'<a class="chip" href="{escape(root)}/memory/{layer}/{mem["key"]}" title="rank {mem["rank"] + 1} of '
                   f'this memory\'s trigger examples">{layer}:{mem["key"]} <span class="small muted">m='
@@ -135,8 +141,11 @@ def warm() -> None:
 
 
 def _common(data: ExplorerData, root: str) -> dict:
+    latents = data.latents
     return {"root": root, "run_name": data.run.path.name, "has_report": data.run.report_path.exists(),
-            "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder}
+            "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder, "has_latents": latents is not None,
+            # the dictionaries' names (t4), linked beside the layers in every page's header
+            "latent_layers": [latents.name(layer) for layer in latents.layers] if latents is not None else []}
 
 
 def render(name: str, **context) -> str:
@@ -198,7 +207,8 @@ def overview(data: ExplorerData, root: str = "") -> str:
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
                   numbering=NUMBERING, layers=layers, fidelity=fidelity, massive=massive, figures=figures_of(data),
                   has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
-                  uniform=1.0 / data.vocab_size)
+                  uniform=1.0 / data.vocab_size,
+                  dictionaries=data.latents.summary() if data.latents is not None else [])
 
 
 # ------------------------------------------------------------------------ layer page
@@ -342,7 +352,10 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
                for name, title, s in present]
     # the filters every link of the page keeps (census is one of CENSUS_FILTERS' names here: no escaping needed)
     kept = (f"&census={census}" if census else "") + ("" if threshold is None else f"&min_score={threshold:g}")
+    latents = data.latents
+    latent_name = latents.name(layer) if latents is not None and layer in latents.layout.latents else None
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
+                  latent_name=latent_name,
                   n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table), census=census or "",
                   census_filters=CENSUS_FILTER_GROUPS if data.census is not None else (), kept=kept,
                   min_score="" if threshold is None else f"{threshold:g}",
@@ -653,17 +666,43 @@ def highlight(text: str, query: str) -> list[tuple[str, bool]]:
 
 
 def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "") -> str:
-    """Memories promoting a token (`token`); trigger examples containing a text and memories whose explanation
-    holds every word of it (`q`)."""
+    """Memories promoting a token (`token`): neurons, and the latents of a run indexed with a dictionary; trigger
+    examples containing a text (`q`), each with the neurons and the latents it triggers, memories whose
+    explanation holds every word of it, and the memory `q` names when it is an address (``3:17``, ``t4:42``)."""
     promoting = data.promoting(token) if token is not None else None
+    latents_promoting = data.latents.promoting(promoting["token_ids"], SEARCH_LIMIT) \
+        if promoting is not None and data.latents is not None else None
     hits = data.text_search(q, limit=SEARCH_LIMIT) if q is not None else None
     if hits:
+        found = data.latents.of_examples([h["example_id"] for h in hits]) if data.latents is not None else {}
         for h in hits:
             h["parts"] = highlight(h["text"], q)
+            h["latents"], h["n_latents"] = found.get(h["example_id"], ([], 0))
     explained = data.explanation_search(q, limit=SEARCH_LIMIT) if q is not None else None
     return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits,
+                  latents_promoting=latents_promoting, named=named_memory(data, q),
                   explained=explained, any_explained=not data.explanations.empty, shown=CHIPS_SHOWN,
                   limit=SEARCH_LIMIT)
+
+
+def named_memory(data: ExplorerData, text: str | None) -> dict | None:
+    """The memory a search text names as an address (``3:17``: a neuron; ``t4:42``: a latent of the run's
+    dictionary), with its page's path and what it is; None when the text is not one this run has."""
+    from ffkv.memories.address import MemoryLayout, MemoryRef
+
+    text = (text or "").strip()
+    if ":" not in text or len(text) > 40:
+        return None
+    layout = data.latents.layout if data.latents is not None else MemoryLayout(data.n_layers, data.d_m)
+    try:
+        found = layout.parse(text)
+    except FfkvError:
+        return None
+    if isinstance(found, MemoryRef):
+        return {"address": str(found), "href": f"/memory/{found.layer + 1}/{found.key}", "what": "neuron",
+                "top_token": data.token(int(data.top_ids[found.layer, found.key, 0]))}
+    return {"address": str(found), "href": f"/memory/{found}", "what": f"latent ({found.kind})",
+            "top_token": data.token(int(data.latents.top_ids[found.layer][found.latent, 0]))}
 
 
 # ------------------------------------------------------------------------ trace

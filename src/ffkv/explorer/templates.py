@@ -12,7 +12,7 @@ TEMPLATES = {
 <style>{{ css }}</style></head>
 <body><header class="top"><a href="{{ root }}/">ffkv · {{ run_name }}</a><a href="{{ root }}/search">Search</a>
 <a href="{{ root }}/trace">Trace</a><a href="{{ root }}/concepts">Concepts</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}
-<span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}</span></header>
+<span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}{% if latent_layers is defined and latent_layers %} · latents {% for name in latent_layers %}<a href="{{ root }}/layer/{{ name }}" style="margin-right:.4rem" class="latent-layer">{{ name }}</a>{% endfor %}{% endif %}</span></header>
 <main>{% block main %}{% endblock %}</main></body></html>""",
 
 "error.html": """{% extends "base.html" %}{% block title %}{{ status }}{% endblock %}
@@ -36,6 +36,11 @@ share of positions of a corpus sample ({{ sample_positions }} positions) where a
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}, each label on its own: the shallow keys of the table above
 (and of the report) are those labelled shallow or both.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
+{% if dictionaries %}<h2>Sparse dictionary</h2>
+<p class="note" id="dictionary-note">This run was indexed with a sparse dictionary (SPEC section 11): each latent is a memory of its own, with its own page (tLAYER:LATENT for a transcoder's, sLAYER:LATENT for an SAE's, layers from 1).
+Dead: latents without a trigger example over the indexed corpus; active: the mean share of sample positions where a latent's activation is above 0; agreement as for the neurons, on the decoder rows.</p>
+<table id="dictionaries"><tr><th>latents</th><th>kind</th><th class="num">layer</th><th class="num">latents</th><th class="num">dead</th><th class="num">active</th><th class="num">agreement</th><th>neurons</th></tr>
+{% for d in dictionaries %}<tr><td><a href="{{ root }}/layer/{{ d.name }}">{{ d.name }}</a></td><td>{{ d.kind }}</td><td class="num">{{ ln(d.layer) }}</td><td class="num">{{ "{:,}".format(d.latents) }}</td><td class="num">{{ "{:,}".format(d.dead) }}</td><td class="num">{{ pct(d.active, 2) }}</td><td class="num">{{ pct(d.agreement, 2) }}</td><td><a href="{{ root }}/layer/{{ ln(d.layer) }}">layer {{ ln(d.layer) }}</a></td></tr>{% endfor %}</table>{% endif %}
 <h2>Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
 {% for f in figures %}<section class="figure-block"><figure>{% if f.problem %}<p class="warning damaged-figure">Not shown: {{ f.problem }}</p>{% else %}<img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy">{% endif %}<figcaption class="small muted">{{ f.name }}</figcaption></figure>
@@ -45,7 +50,7 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 "layer.html": """{% extends "base.html" %}{% block title %}layer {{ ln(layer) }}{% endblock %}
 {% block main %}<h1>Layer {{ ln(layer) }} <span class="muted small">of {{ n_layers }}</span></h1>
 <p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ ln(layer - 1) }}?sort={{ sort|urlencode }}&order={{ order }}">← layer {{ ln(layer - 1) }}</a>{% endif %}
-{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
+{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}{% if latent_name %} · <a href="{{ root }}/layer/{{ latent_name }}" id="latents-link">this layer's latents ({{ latent_name }})</a>{% endif %}</p>
 <p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample where the key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md).</p>
@@ -184,23 +189,32 @@ common last token: the last token most of its trigger prefixes share, and that s
 <form method="get" action="{{ root }}/search" id="token-search"><p>Which memories promote the token
 <input type="text" name="token" value="{{ token or '' }}" placeholder="a token, or #ID"> <button type="submit">Find memories</button></p></form>
 <form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing{% if any_explained %}, and memories whose explanation holds every word of{% endif %}
-<input type="text" name="q" value="{{ q or '' }}" placeholder="text" size="40"> <button type="submit">Search text</button></p></form>
+<input type="text" name="q" value="{{ q or '' }}" placeholder="text, or an address: 3:17{% if has_latents %}, t4:42{% endif %}" size="40"> <button type="submit">Search text</button></p></form>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
 <p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
 {% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
+{% if latents_promoting is not none %}<h2>Latents whose value ranks {{ tok(promoting.token) }} highest</h2>
+<p class="note">Latents of the run's sparse dictionary (written tLAYER:LATENT), their decoder row read as a value (identity projection; exact within its top {{ promoting.top_tokens }}).</p>
+{% if not latents_promoting %}<p class="muted" id="no-latents-promoting">No latent ranks this token among its value's top {{ promoting.top_tokens }}.</p>{% else %}
+<table id="latents-promoting"><tr><th>latent</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
+{% for r in latents_promoting %}<tr><td><a href="{{ root }}/memory/{{ r.address }}">{{ r.address }}</a> <span class="chip">latent</span></td><td class="num">{{ r.rank + 1 }}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
+</table>{% endif %}{% endif %}
 {% if explained is not none and any_explained %}<h2>Memories whose explanation holds “{{ q }}”</h2>
 {% if not explained %}<p class="muted" id="no-explained">No explanation holds every word of this text.</p>{% else %}
 <p class="note">{{ explained|length }} memor{{ "ies" if explained|length != 1 else "y" }}{% if explained|length >= limit %} (the first {{ limit }}){% endif %}, best simulation score first (<code>ffkv explain</code>, <code>ffkv score</code>; LAYER:KEY, layers from 1).</p>
 <table id="explained"><tr><th>memory</th><th>explanation</th><th class="num">score</th></tr>
 {% for x in explained %}<tr><td><a href="{{ root }}/memory/{{ ln(x.layer) }}/{{ x.key }}">{{ ln(x.layer) }}:{{ x.key }}</a></td><td>{% if x.direction < 0 %}<span class="chip">m &lt; 0</span> {% endif %}{{ x.explanation }}</td><td class="num">{% if x.score is not none %}{{ "%.2f"|format(x.score) }}{% else %}<span class="muted">not scored</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
+{% if named %}<p id="named-memory">“{{ q }}” is the address of {{ named.what }} <a href="{{ root }}{{ named.href }}">{{ named.address }}</a> (its value's top token {{ tok(named.top_token) }}).</p>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
-<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}
+<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”{% if has_latents %}; below them, the latents of the run's dictionary (tLAYER:LATENT) it is a trigger example of, largest activation a first{% endif %}.</p>{% endif %}
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
 <td>{% for mem in h.memories[:shown] %}{{ chip(mem, root) }}{% endfor %}
-{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}
+{% if h.latents %}<div class="latent-chips"><span class="small muted">latents:</span> {% for mem in h.latents[:shown] %}{{ chip(mem, root) }}{% endfor %}
+{% if h.latents|length > shown %}<details><summary>{{ h.n_latents - shown }} more latents</summary>{% for mem in h.latents[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_latents > h.latents|length %}<span class="muted small">… and {{ h.n_latents - h.latents|length }} weaker</span>{% endif %}</details>{% endif %}</div>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
 {% endblock %}""",
 
 "concepts.html": """{% extends "base.html" %}{% block title %}concepts{% endblock %}
