@@ -202,6 +202,28 @@ def test_search_finds_latents_labelled_as_such(client, run):
     assert f'<a href="/memory/t4:{key}">t4:{key}</a>' in named and "latent (transcoder)" in named
 
 
+def test_the_trace_shows_each_layers_top_latents_read_only(client, tiny, transcoder):
+    from ffkv.explorer.notebook import run_trace
+
+    data = client.app.state.data
+    prompt = "The cat sat on the mat and"
+    t = run_trace(data, prompt)
+    ids = list(tiny.tokenizer.encode(prompt))
+    a = _activations(tiny, transcoder, ids)[t.base.position]
+    target = tiny.view.unembedding[t.base.target].float()
+    contribution = a * (transcoder.decoder.float() @ target).numpy()
+    shown = t.base.layers[LAYER].latents
+    expected = [int(k) for k in np.argsort(-contribution, kind="stable")[:5] if a[k] > 0]
+    assert [x["key"] for x in shown] == expected and len(shown) > 0
+    np.testing.assert_allclose([x["coefficient"] for x in shown], a[expected], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([x["contribution"] for x in shown], contribution[expected], rtol=1e-3, atol=1e-6)
+    assert all(not layer.latents for layer in t.base.layers if layer.layer != LAYER)
+    html = client.get("/trace", params={"prompt": prompt}).text
+    assert all(f'href="/memory/t4:{k}">t4:{k}</a>' in html for k in expected)
+    refused = client.get("/trace", params={"prompt": prompt, "off": "t4:3"})
+    assert refused.status_code == 422 and "edits neurons only" in refused.text
+
+
 def test_overview_and_neuron_layer_link_the_latents(client):
     html = client.get("/").text
     assert 'id="dictionaries"' in html and '<a href="/layer/t4">t4</a>' in html

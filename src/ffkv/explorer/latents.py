@@ -38,7 +38,7 @@ VALUE_TOKENS = 15
 def read_table(folder: Path, name: str, schema: pa.Schema, info: dict[str, Any], fix: str) -> pd.DataFrame:
     """A lookup table of `folder` with `schema`'s columns, or `DamagedRun` naming it and `fix`: missing, another
     size than info.json records, not a whole Parquet file, or lacking a column of `schema`."""
-    record = lookups._records(info).get(name)
+    record = lookups.file_record(info, name)
     found = integrity.file_problem(folder, name, record, fix) or integrity.problem(folder, name, None, fix, schema)
     if found is not None:
         raise DamagedRun(found.line(folder))

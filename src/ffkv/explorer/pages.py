@@ -739,6 +739,8 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             row["memories"].append({**m, "edit_op": edit.op if edit else None, "edit_value": edit.value if edit else None,
                                     "edit_label": edit_label(edit),
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
+        row["latents"] = [{**x, "top_token": tok(int(data.latents.top_ids[layer.layer][x["key"], 0]))}
+                          for x in layer.latents] if data.latents is not None else []
         rows.append(row)
     final = []
     for i, pred in enumerate(base.final):

@@ -109,6 +109,11 @@ def _records(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: {"size": size} for name, size in sizes.items() if name in FILES}
 
 
+def file_record(info: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """info.json's record of the lookup file `name` (size, SHA-256: `integrity.describe_file`), or None."""
+    return _records(info).get(name)
+
+
 def read_info(folder: Path) -> dict[str, Any]:
     """info.json of a folder of lookup tables (empty when absent or unreadable)."""
     try:
@@ -201,5 +206,5 @@ def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD, la
     return data
 
 
-__all__ = ["VERSION", "FILES", "COEFFICIENTS", "LATENT_FILES", "LATENT_COEFFICIENTS", "ALL_FILES", "has_latents", "REBUILD", "read_coefficients", "fingerprint", "is_current", "read_info",
+__all__ = ["VERSION", "FILES", "COEFFICIENTS", "LATENT_FILES", "LATENT_COEFFICIENTS", "ALL_FILES", "has_latents", "file_record", "REBUILD", "read_coefficients", "fingerprint", "is_current", "read_info",
            "verify", "write_info", "writable_folder", "find"]
