@@ -58,6 +58,7 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
 from ffkv.explorer.security import MIN_TOKEN, Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
+from ffkv.memories.address import LATENT_PREFIX
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
@@ -203,11 +204,13 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     async def latent(request: Request):
         p, q = request.path_params, _query(request)
+        _check_latent(p["address"])
         return _html(await model_queue.run(pages.latent_page, data, p["address"], root,
                                            _one(q, "projection", "identity"), _one(q, "shown", "p")))
 
     async def latent_json(request: Request):
         p, q = request.path_params, _query(request)
+        _check_latent(p["address"])
         return JSONResponse(await model_queue.run(pages.latent_json, data, p["address"],
                                                   _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
@@ -299,8 +302,16 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
 
 def _is_latent(text: str) -> bool:
-    """Whether a URL's layer or memory names a dictionary's latents (``t4``, ``t4:42``), not a layer's neurons."""
-    return text[:1].isalpha()
+    """Whether a URL's layer or memory names a dictionary's latents (``t4``, ``t4:42``: the prefix of
+    `ffkv.memories.address.LATENT_PREFIX`), not a layer's neurons."""
+    return text[:1].lower() in LATENT_PREFIX.values()
+
+
+def _check_latent(address: str) -> None:
+    """A 404 at once for a one-part memory URL that does not name a latent (``/memory/3``)."""
+    if not _is_latent(address):
+        raise BadRequest(f"no page at /memory/{address[:60]}: a neuron's page is /memory/LAYER/KEY (3/17), a "
+                         "latent's /memory/tLAYER:LATENT (t4:42)", 404)
 
 
 def _html(text: str, status: int = 200) -> HTMLResponse:

@@ -82,7 +82,8 @@ class LatentData:
             folder, info, rewrite_command(run, f"explorer/{lookups.LATENT_COEFFICIENTS}", "lookups"), latents=True)
         self.described = info.get("latent_trigger_coefficients") or {}
         self._tables: dict[int, pd.DataFrame] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the layer tables' cache
+        self._reopen_lock = threading.Lock()
         self._memories = None  # the reopened dictionary (`memories`)
         self._memories_error: str | None = None
 
@@ -132,7 +133,7 @@ class LatentData:
     def memories(self):
         """The run's dictionary as `ffkv.memories.sets.Latents`, read again from its files and checked to be the
         ones indexed (once); None when it cannot be (moved or changed: `memories_error` says why)."""
-        with self._lock:
+        with self._reopen_lock:
             if self._memories is None and self._memories_error is None:
                 from ffkv.memories.sets import Latents
 

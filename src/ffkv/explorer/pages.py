@@ -533,6 +533,8 @@ LATENT_COLUMNS = (
     ("value_norm", "‖d‖", "value norm"),
 )
 LATENT_PERCENT = {"activation_frequency", "shallow_share", "confidence"}
+#: `READINGS` as a latent page offers them: its value is the decoder row d.
+LATENT_READINGS = tuple((p, s, label.replace("v·", "d·").replace("(v)", "(d)")) for p, s, label in READINGS)
 
 
 def latents_of(data: ExplorerData):
@@ -549,7 +551,7 @@ def latent_context(data: ExplorerData, address: str, projection: str = "identity
     latents = latents_of(data)
     lat = latents.latent(latents.check(address), projection, shown)
     hist = lat["histogram"]
-    return {"l": lat, "projections": READINGS,
+    return {"l": lat, "projections": LATENT_READINGS,
             "projection_note": LATENT_READING_NOTES[(lat["projection"], lat["value"]["shown"])],
             "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"], label="a"),
             "top_coefficient": max([e["coefficient"] for e in lat["examples"]] or [0.0]),
