@@ -16,7 +16,9 @@ the contract in docs/run-directory.md). Per key of every layer:
   examples they use, indexed for point queries;
 - trigger_coefficients.npy: the key's coefficient at every token of each trigger example, or at a window of tokens
   around its trigger where the whole examples would not fit (`ffkv.experiments.trigger_contexts`: at most
-  `MAX_CELLS` values), so that a memory page runs no model to shade them.
+  `MAX_CELLS` values), so that a memory page runs no model to shade them;
+- for a run indexed with a sparse dictionary (`ffkv.store.lookups.has_latents`), the same for its latents
+  (`ffkv.experiments.latent_lookups`); nothing of them for a run without one.
 
 Only the writing rank builds them (they are small next to the experiments' passes).
 """
@@ -410,8 +412,10 @@ def compute(ctx: RunContext, options=None) -> Result:
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
               threshold_source=source, sampled=sample_statistics(ctx))
+    latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
-                                             "tables": list(lookups.FILES), "projection": DEFAULT_FOR_VALUES,
+                                             "tables": list(lookups.FILES) + latent_tables,
+                                             "projection": DEFAULT_FOR_VALUES,
                                              "sample_examples": SAMPLE_EXAMPLES})
 
 
