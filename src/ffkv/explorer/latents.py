@@ -30,6 +30,7 @@ from ffkv.store.integrity import rewrite_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from ffkv.explorer.data import ExplorerData
+    from ffkv.memories.sets import Latents
 
 #: Top and bottom tokens a latent page shows of its value.
 VALUE_TOKENS = 15
@@ -130,7 +131,7 @@ class LatentData:
         return layer
 
     # ------------------------------------------------------------------ dictionary
-    def memories(self):
+    def memories(self) -> "Latents | None":
         """The run's dictionary as `ffkv.memories.sets.Latents`, read again from its files and checked to be the
         ones indexed (once); None when it cannot be (moved or changed: `memories_error` says why)."""
         with self._reopen_lock:

@@ -33,6 +33,7 @@ from ffkv.store.integrity import file_problems
 from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
+    from ffkv.explorer.latents import LatentData
     from ffkv.explorer.tracing import TraceResult
 
 #: A cell of the intervention view is highlighted when its top token changes or its probability moves by this much.
@@ -537,7 +538,7 @@ LATENT_PERCENT = {"activation_frequency", "shallow_share", "confidence"}
 LATENT_READINGS = tuple((p, s, label.replace("v·", "d·").replace("(v)", "(d)")) for p, s, label in READINGS)
 
 
-def latents_of(data: ExplorerData):
+def latents_of(data: ExplorerData) -> "LatentData":
     """The run's `ffkv.explorer.latents.LatentData`, or a 404 for a run indexed without a dictionary."""
     if data.latents is None:
         raise BadRequest("this run was indexed without a sparse dictionary: it has no latents (index with "
