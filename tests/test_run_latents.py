@@ -115,7 +115,7 @@ def test_run_edits_latents_by_their_address(indexed):
     # token_local: a position's residual depends on its token alone, so the logits change where the token is.
     changed = (edited - clean).abs().amax(dim=-1)[0] > 0
     assert changed.tolist() == [i == planted for i in ids[0].tolist()] and changed.any()
-    with pytest.raises(FfkvError, match="the trace shows neurons only"):  # never drawn as neuron 0 of the layer
+    with pytest.raises(FfkvError, match="the trace edits neurons only"):  # never drawn as neuron 0 of the layer
         run.trace("a " + PLANTED[0], off=[address])
     result = intervene(run, off=[address], n_eval=5, eval_corpus=str(tmp / "corpus.txt"))
     assert f"{address} off" in result.to_text()

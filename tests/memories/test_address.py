@@ -99,5 +99,5 @@ def test_every_latent_address_reads_back_as_itself(layer, latent):
 
 def test_the_explorer_refuses_a_latent_edit_and_says_where_to_measure_it():
     for params in ({"off": ["t4:12"]}, {"scale": ["s2:3=2"]}, {"set:t1:0": ["1"]}):
-        with pytest.raises(validation.BadRequest, match="the trace shows neurons only.*ffkv intervene"):
+        with pytest.raises(validation.BadRequest, match="the trace edits neurons only.*ffkv intervene"):
             validation.edits(params, **SHAPE)

@@ -16,7 +16,9 @@ the contract in docs/run-directory.md). Per key of every layer:
   examples they use, indexed for point queries;
 - trigger_coefficients.npy: the key's coefficient at every token of each trigger example, or at a window of tokens
   around its trigger where the whole examples would not fit (`ffkv.experiments.trigger_contexts`: at most
-  `MAX_CELLS` values), so that a memory page runs no model to shade them.
+  `MAX_CELLS` values), so that a memory page runs no model to shade them;
+- for a run indexed with a sparse dictionary (`ffkv.store.lookups.has_latents`), the same for its latents
+  (`ffkv.experiments.latent_lookups`); nothing of them for a run without one.
 
 Only the writing rank builds them (they are small next to the experiments' passes).
 """
@@ -70,7 +72,7 @@ def _sql_path(path: Path) -> str:
 DATABASE_MEMORY = "1GB"
 
 
-def build_database(run: RunDir, path: Path) -> list[int] | None:
+def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, list[int] | None]:
     """Write explorer.duckdb atomically: triggers (with each prefix's last token) in (layer, key) order,
     the same triggers' (memory, coefficient) in example order, and texts.
 
@@ -82,12 +84,22 @@ def build_database(run: RunDir, path: Path) -> list[int] | None:
     ``m_length`` (the first of its example's tokens whose coefficients are stored, and how many: the whole example,
     or a window around the trigger where the whole would not fit; `_located`) and ``m_offset`` (where they start
     in `trigger_contexts.FILE`); NULL beyond.
+
+    With `latents` (a run indexed with a sparse dictionary: `ffkv.store.lookups.has_latents`), also the latents'
+    rows of latent_trigger_examples.parquet, located the same way on their own (latent_triggers,
+    latent_triggers_by_example; ``key`` is the latent), and the texts of their examples.
+
+    Returns the window of each table's stored coefficients (`_located`): {"triggers": [before, after] or None,
+    "latent_triggers": ... (with `latents`)}.
     """
-    te, ex = _sql_path(run.table("trigger_examples")), _sql_path(run.table("examples"))
+    te, ex = run.table("trigger_examples"), _sql_path(run.table("examples"))
+    lte = run.table("latent_trigger_examples") if latents else None
     columns = pq.read_schema(run.table("trigger_examples")).names
     # Runs of format 3 hold a direction column (+1, and -1 with --sign both); older runs are all +1.
     direction = "t.direction" if "direction" in columns else "CAST(1 AS TINYINT)"
-    located = pq.ParquetFile(run.table("trigger_examples")).metadata.num_rows <= trigger_contexts.MAX_ROWS
+    used = f"SELECT DISTINCT example_id FROM read_parquet('{_sql_path(te)}')"
+    if latents:
+        used += f" UNION SELECT DISTINCT example_id FROM read_parquet('{_sql_path(lte)}')"
     with atomic.atomic_path(path) as tmp:
         tmp.unlink()
         spill = tmp.with_name(tmp.name + ".spill")
@@ -99,23 +111,11 @@ def build_database(run: RunDir, path: Path) -> list[int] | None:
             con.execute(f"""
                 CREATE TABLE texts AS
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')
-                WHERE example_id IN (SELECT DISTINCT example_id FROM read_parquet('{te}'))
+                WHERE example_id IN ({used})
                 ORDER BY example_id""")
-            start, length, window = _located(con, te, located)
-            con.execute(f"""
-                CREATE TABLE triggers AS
-                SELECT *, CAST(sum(m_length) OVER (ORDER BY layer, key, direction DESC, rank
-                                                   ROWS UNBOUNDED PRECEDING) - m_length AS BIGINT) AS m_offset
-                FROM (SELECT t.layer, t.key, {direction} AS direction, t.rank, t.coefficient, t.example_id,
-                             t.position, t.next_token_id,
-                             CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id,
-                             CAST({start} AS INTEGER) AS m_start, CAST({length} AS INTEGER) AS m_length
-                      FROM read_parquet('{te}') t JOIN texts x USING (example_id))
-                ORDER BY layer, key, direction DESC, rank""")
-            con.execute("""
-                CREATE TABLE triggers_by_example AS
-                SELECT example_id, layer, key, direction, rank, coefficient FROM triggers
-                ORDER BY example_id, layer, key, direction DESC""")
+            windows = {"triggers": _triggers_table(con, te, "triggers", direction)}
+            if latents:
+                windows["latent_triggers"] = _triggers_table(con, lte, "latent_triggers", None)
             con.execute("CREATE UNIQUE INDEX texts_id ON texts (example_id)")
             con.execute("CHECKPOINT")
         finally:
@@ -124,6 +124,31 @@ def build_database(run: RunDir, path: Path) -> list[int] | None:
         wal = Path(str(tmp) + ".wal")
         if wal.exists():
             wal.unlink()
+    return windows
+
+
+def _triggers_table(con, path: Path, name: str, direction: str | None) -> list[int] | None:
+    """Create the table `name` (and `name`_by_example) from the trigger rows of the Parquet file `path`,
+    located as `_located` decides; `direction` None: a table without that column (latents, positive only).
+    Returns the window of `_located`."""
+    located = pq.ParquetFile(path).metadata.num_rows <= trigger_contexts.MAX_ROWS
+    triggers = _sql_path(path)
+    start, length, window = _located(con, triggers, located)
+    signed = direction is not None
+    con.execute(f"""
+        CREATE TABLE {name} AS
+        SELECT *, CAST(sum(m_length) OVER (ORDER BY layer, key{", direction DESC" if signed else ""}, rank
+                                           ROWS UNBOUNDED PRECEDING) - m_length AS BIGINT) AS m_offset
+        FROM (SELECT t.layer, t.key, {f"{direction} AS direction, " if signed else ""}t.rank, t.coefficient,
+                     t.example_id, t.position, t.next_token_id,
+                     CAST(x.token_ids[t.position + 1] AS INTEGER) AS last_token_id,
+                     CAST({start} AS INTEGER) AS m_start, CAST({length} AS INTEGER) AS m_length
+              FROM read_parquet('{triggers}') t JOIN texts x USING (example_id))
+        ORDER BY layer, key{", direction DESC" if signed else ""}, rank""")
+    con.execute(f"""
+        CREATE TABLE {name}_by_example AS
+        SELECT example_id, layer, key, {"direction, " if signed else ""}rank, coefficient FROM {name}
+        ORDER BY example_id, layer, key{", direction DESC" if signed else ""}""")
     return window
 
 
@@ -320,7 +345,9 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     folder.mkdir(parents=True, exist_ok=True)
     sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample) if sampled is None else []
-    window = build_database(run, folder / "explorer.duckdb")
+    latents = lookups.has_latents(run, manifest)
+    windows = build_database(run, folder / "explorer.duckdb", latents=latents)
+    window = windows["triggers"]
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     cells = int(rows["m_length"].sum()) if rows is not None else None
     store_contexts = cells is not None and cells <= trigger_contexts.MAX_CELLS
@@ -346,6 +373,15 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     elif (folder / trigger_contexts.FILE).exists():
         (folder / trigger_contexts.FILE).unlink()  # an older build's, for other rows
     bar.close()
+    latent_info = {}
+    if latents:  # a run indexed with a sparse dictionary: its latents' tables too
+        from ffkv.experiments import latent_lookups
+
+        latent_info = {"latent_trigger_coefficients": latent_lookups.build(
+            run, manifest, loaded, folder, sample, windows["latent_triggers"], progress=progress)}
+    else:
+        for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS):  # an older build's, of another index
+            (folder / name).unlink(missing_ok=True)
     stats["activation_frequency"] = act["frequency"].ravel()
     stats = stats.merge(shallow, on=["layer", "key"], how="left")
     stats["shallow_share"] = stats["shallow_share"].fillna(0).astype("float32")
@@ -361,7 +397,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
                                           "max_tokens": SAMPLE_MAX_TOKENS, "seed": seed, "bins": HISTOGRAM_BINS,
                                           "active_threshold": [float(t) for t in threshold],
                                           "threshold_source": threshold_source or {}},
-                       trigger_coefficients=contexts,
+                       trigger_coefficients=contexts, **latent_info,
                        seconds=round(time.perf_counter() - started, 3))
     return folder
 
@@ -376,8 +412,10 @@ def compute(ctx: RunContext, options=None) -> Result:
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
               threshold_source=source, sampled=sample_statistics(ctx))
+    latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
-                                             "tables": list(lookups.FILES), "projection": DEFAULT_FOR_VALUES,
+                                             "tables": list(lookups.FILES) + latent_tables,
+                                             "projection": DEFAULT_FOR_VALUES,
                                              "sample_examples": SAMPLE_EXAMPLES})
 
 

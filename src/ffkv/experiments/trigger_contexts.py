@@ -72,16 +72,17 @@ def window_for(rows: int) -> tuple[int, int] | None:
     return width - 1 - after, after
 
 
-def plan(db_path: Path) -> dict[str, np.ndarray] | None:
-    """The rows of explorer.duckdb's triggers table in the order of their coefficients: layer, key, example_id,
-    m_offset, m_start, m_length (numpy arrays); None when the table locates none (more than `MAX_ROWS` rows, or no
-    window fits: `window_for`)."""
-    con = open_database(db_path, tables={"triggers": ("layer", "key", "example_id", "m_offset", "m_start",
-                                                      "m_length")})
+def plan(db_path: Path, table: str = "triggers") -> dict[str, np.ndarray] | None:
+    """The rows of explorer.duckdb's triggers table (or `table`: ``latent_triggers``) in the order of their
+    coefficients: layer, key, example_id, m_offset, m_start, m_length (numpy arrays); None when the table locates
+    none (more than `MAX_ROWS` rows, or no window fits: `window_for`)."""
+    if table not in ("triggers", "latent_triggers"):
+        raise ValueError(f"no trigger table {table!r} in explorer.duckdb")
+    con = open_database(db_path, tables={table: ("layer", "key", "example_id", "m_offset", "m_start", "m_length")})
     try:
-        rows = con.execute("SELECT layer, key, example_id, m_offset, m_start, m_length FROM triggers "
+        rows = con.execute(f"SELECT layer, key, example_id, m_offset, m_start, m_length FROM {table} "
                            "WHERE m_offset IS NOT NULL ORDER BY m_offset").fetchnumpy()
-        located = con.execute("SELECT count(*) = count(m_offset) FROM triggers").fetchone()[0]
+        located = con.execute(f"SELECT count(*) = count(m_offset) FROM {table}").fetchone()[0]
     finally:
         con.close()
     if not located:

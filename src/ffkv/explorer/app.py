@@ -3,10 +3,14 @@
 Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
     /                                       overview: the run, the paper's findings, per-layer summaries, figures
     /layer/LAYER?sort=&order=&page=&census=&min_score=   a layer's keys, sortable by any column, filtered
+    /layer/tLAYER?sort=&order=&page=        a sparse dictionary's latents (a run indexed with --dictionary), sortable
     /memory/LAYER/KEY?projection=&shown=    a memory: pattern, value (top and bottom tokens), activation
                                             histogram, trigger examples with per-token coefficients, annotation form
     /memory/LAYER/KEY.json?projection=&shown=  the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
+    /memory/tLAYER:LATENT?projection=&shown=  a latent (`ffkv.memories.address.LatentRef`: t4:42, s4:42): value,
+                                            activation histogram, trigger examples with per-token activations
+    /memory/tLAYER:LATENT.json              the same as JSON
     /search?token= | ?q=                    memories promoting a token; trigger examples and explanations by text
     /concepts?layer=N|all                     values clustered by shared top tokens (`ffkv.tools.concepts`)
     /trace?prompt=&position=&target=&off=L:K&scale=L:K=F&set=L:K=V&generate=N&lens=final-norm|translator
@@ -54,6 +58,7 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
 from ffkv.explorer.security import MIN_TOKEN, Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
+from ffkv.memories.address import LATENT_PREFIX
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
@@ -180,6 +185,9 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     async def layer(request: Request):
         q = _query(request)
+        if _is_latent(request.path_params["layer"]):  # a dictionary's latents: /layer/t4
+            return _html(await in_threads(pages.latent_layer_page, data, request.path_params["layer"],
+                                          _one(q, "sort"), _one(q, "order", "asc"), _one(q, "page", "1"), root))
         return _html(await in_threads(pages.layer_page, data, request.path_params["layer"],
                                             _one(q, "sort", "key"), _one(q, "order", "asc"), _one(q, "page", "1"), root,
                                             _one(q, "census"), _one(q, "min_score")))
@@ -192,6 +200,18 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def memory_json(request: Request):
         p, q = request.path_params, _query(request)
         return JSONResponse(await model_queue.run(pages.memory_json, data, p["layer"], p["key"],
+                                                  _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
+
+    async def latent(request: Request):
+        p, q = request.path_params, _query(request)
+        _check_latent(p["address"])
+        return _html(await model_queue.run(pages.latent_page, data, p["address"], root,
+                                           _one(q, "projection", "identity"), _one(q, "shown", "p")))
+
+    async def latent_json(request: Request):
+        p, q = request.path_params, _query(request)
+        _check_latent(p["address"])
+        return JSONResponse(await model_queue.run(pages.latent_json, data, p["address"],
                                                   _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
@@ -264,6 +284,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         Route("/memory/{layer}/{key}.json", page(memory_json)),
         Route("/memory/{layer}/{key}", page(memory)),
         Route("/memory/{layer}/{key}/annotate", page(annotate), methods=["POST"]),
+        Route("/memory/{address}.json", page(latent_json)),  # a latent, addressed as everywhere: /memory/t4:42
+        Route("/memory/{address}", page(latent)),
         Route("/search", page(search)),
         Route("/concepts", page(concepts)),
         Route("/trace", page(trace_get), methods=["GET"]),
@@ -277,6 +299,19 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
                     Middleware(LoadModelAfterFirstResponse, model=data.model)])
     app.state.data, app.state.admission, app.state.model_queue = data, admission, model_queue
     return app
+
+
+def _is_latent(text: str) -> bool:
+    """Whether a URL's layer or memory names a dictionary's latents (``t4``, ``t4:42``: the prefix of
+    `ffkv.memories.address.LATENT_PREFIX`), not a layer's neurons."""
+    return text[:1].lower() in LATENT_PREFIX.values()
+
+
+def _check_latent(address: str) -> None:
+    """A 404 at once for a one-part memory URL that does not name a latent (``/memory/3``)."""
+    if not _is_latent(address):
+        raise BadRequest(f"no page at /memory/{address[:60]}: a neuron's page is /memory/LAYER/KEY (3/17), a "
+                         "latent's /memory/tLAYER:LATENT (t4:42)", 404)
 
 
 def _html(text: str, status: int = 200) -> HTMLResponse:

@@ -23,12 +23,13 @@ import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.registry import key_columns
+from ffkv.explorer.latents import LatentData
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
-from ffkv.store.database import open_database
+from ffkv.store.database import EXPLORER_TABLES, LATENT_TABLES, open_database
 from ffkv.store.integrity import rewrite_command
 from ffkv.store.run import RunDir
 from ffkv.store.schemas import Direction
@@ -57,6 +58,20 @@ GAP = {"text": "…", "m": None, "shade": 0.0, "trigger": False, "next": False, 
 DIRECTIONS = {Direction.POSITIVE: "largest coefficients", Direction.NEGATIVE: "most negative coefficients"}
 
 
+def stored_context(coefficients: np.ndarray | None, trig: pd.DataFrame) -> list | None:
+    """The per-token coefficients of trigger rows (``m_offset``, ``m_start``, ``m_length``, ``token_ids``) as the
+    build stored them in the flat array `coefficients`, each as long as its example (NaN outside the stored window:
+    `ffkv.experiments.trigger_contexts.window_for`), or None when it stored none for these rows."""
+    if coefficients is None or trig["m_offset"].isna().any():
+        return None
+    out = []
+    for offset, start, n, ids in zip(trig["m_offset"], trig["m_start"], trig["m_length"], trig["token_ids"]):
+        full = np.full(len(ids), np.nan, dtype=np.float32)
+        full[int(start):int(start) + int(n)] = coefficients[int(offset):int(offset) + int(n)]
+        out.append(full)
+    return out
+
+
 class ExplorerData:
     """The run as the explorer's pages need it.
 
@@ -76,8 +91,10 @@ class ExplorerData:
         self.progress = progress
         self.folder = lookups.find(self.run, self.manifest) or self._build()
         self.lookup_info = lookups.read_info(self.folder)
+        has_latents = lookups.has_latents(self.run, self.manifest)
         self._db = open_database(self.folder / "explorer.duckdb",
-                                 rewrite_command(self.run.path, "explorer/explorer.duckdb", "lookups"))
+                                 rewrite_command(self.run.path, "explorer/explorer.duckdb", "lookups"),
+                                 {**EXPLORER_TABLES, **(LATENT_TABLES if has_latents else {})})
         self._db_lock = threading.Lock()
         stats = pd.read_parquet(self.folder / "key_stats.parquet")
         self.key_stats = stats.set_index(["layer", "key"]).sort_index()
@@ -90,6 +107,8 @@ class ExplorerData:
         fix = rewrite_command(self.run.path, f"explorer/{lookups.COEFFICIENTS}", "lookups")
         self.coefficients = lookups.read_coefficients(self.folder, self.lookup_info, fix)
         self.annotations = Annotations(self.run.path)
+        # A run indexed with a sparse dictionary: its latents' pages (`ffkv.explorer.latents`); None without one.
+        self.latents = LatentData(self) if has_latents else None
         self.key_metrics = self._load_key_metrics()
         self.census = self._load_census()
         self.explanations = self._load_explanations()
@@ -216,6 +235,9 @@ class ExplorerData:
         tables' first query, the model's first projection (`ffkv serve` runs it once the model is loaded)."""
         self.tokens()
         self.memory(0, 0, context=False)
+        if self.latents is not None:  # the dictionary read again and checked, and its first value read
+            first = self.latents.layers[0]
+            self.latents.latent(self.latents.layout.check_latent(first, 0))
 
     # --------------------------------------------------------------- tokens
     def tokens(self) -> list[str]:
@@ -338,17 +360,8 @@ class ExplorerData:
         return target if target >= 0 else None
 
     def _stored_context(self, trig: pd.DataFrame) -> list | None:
-        """The per-token coefficients of a key's trigger examples as the build stored them, each as long as its
-        example (NaN outside the stored window: `ffkv.experiments.trigger_contexts.window_for`), or None when it
-        stored none for these rows."""
-        if self.coefficients is None or trig["m_offset"].isna().any():
-            return None
-        out = []
-        for offset, start, n, ids in zip(trig["m_offset"], trig["m_start"], trig["m_length"], trig["token_ids"]):
-            full = np.full(len(ids), np.nan, dtype=np.float32)
-            full[int(start):int(start) + int(n)] = self.coefficients[int(offset):int(offset) + int(n)]
-            out.append(full)
-        return out
+        """The per-token coefficients of a key's trigger examples as the build stored them (`stored_context`)."""
+        return stored_context(self.coefficients, trig)
 
     def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
         """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
@@ -395,34 +408,7 @@ class ExplorerData:
                 value = live.value_tokens(loaded, layer, key, projection, n_tokens, self._top1_target(trig), shown)
                 if context and stored is None:
                     per_token = self._context(layer, key, token_lists)
-        scale = max([float(np.nanmax(np.abs(c), initial=0.0)) for c in per_token if c is not None and len(c)]
-                    + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
-        groups: dict[int, list[dict]] = {}
-        for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
-            pos = int(row.position)
-            tokens = []
-            first, last = max(0, pos - SHOWN_BEFORE), min(len(ids), pos + SHOWN_AFTER + 1)
-            if len(ids) <= SHOWN_BEFORE + SHOWN_AFTER + 1:  # a short example is shown whole
-                first, last = 0, len(ids)
-            texts = self.sequence(ids)
-            for j in range(first, last):
-                # The trigger position's coefficient is the index's own (stored coefficients are float16).
-                m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
-                outside = m is not None and math.isnan(m)  # outside the stored window: no coefficient, marked so
-                m = None if outside else m
-                tokens.append({"text": texts[j], "m": m, "shade": 0.0 if m is None else m / scale,
-                               "trigger": j == pos, "next": j == pos + 1, "after": j > pos, "outside": outside})
-            if first > 0:
-                tokens.insert(0, {**GAP, "omitted": first})
-            if last < len(ids):
-                tokens.append({**GAP, "after": True, "omitted": len(ids) - last})
-            groups.setdefault(int(row.direction), []).append({
-                "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
-                "bar": 100.0 * abs(float(row.coefficient)) / scale,
-                "example_id": int(row.example_id), "position": pos, "tokens": tokens, "first": first,
-                "next_token_id": int(row.next_token_id), "next": self.token(int(row.next_token_id)),
-                "last": self.token(ids[pos]), "text": row.text,
-            })
+        scale, groups = self.shown_examples(trig, token_lists, per_token)
         positive = groups.get(1, [])
         stats = self.key_stats.loc[(layer, key)].to_dict()
         next_counts = Counter(e["next_token_id"] for e in positive)
@@ -454,6 +440,48 @@ class ExplorerData:
             # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.
             "dead": labels["auto"].get("label") == "dead",
         }
+
+    def shown_examples(self, trig: pd.DataFrame, token_lists: list[list[int]], per_token: list
+                       ) -> tuple[float, dict[int, list[dict]]]:
+        """A memory's (or a latent's) trigger examples as its page shows them: each cut to the window around its
+        trigger (`SHOWN_BEFORE`, `SHOWN_AFTER`), its tokens shaded by their coefficient over the largest |m| of
+        them all. Returns (that largest |m|, direction -> the examples in rank order).
+
+        Args:
+            trig: the trigger rows (``direction``, ``rank``, ``coefficient``, ``example_id``, ``position``,
+                ``next_token_id``, ``text``), strongest first per direction.
+            token_lists: each row's example's token ids.
+            per_token: each row's per-token coefficients (NaN where none was stored), or None for a row without.
+        """
+        scale = max([float(np.nanmax(np.abs(c), initial=0.0)) for c in per_token if c is not None and len(c)]
+                    + [float(trig["coefficient"].abs().max()) if len(trig) else 0.0]) or 1.0
+        groups: dict[int, list[dict]] = {}
+        for row, ids, coefficients in zip(trig.itertuples(index=False), token_lists, per_token):
+            pos = int(row.position)
+            tokens = []
+            first, last = max(0, pos - SHOWN_BEFORE), min(len(ids), pos + SHOWN_AFTER + 1)
+            if len(ids) <= SHOWN_BEFORE + SHOWN_AFTER + 1:  # a short example is shown whole
+                first, last = 0, len(ids)
+            texts = self.sequence(ids)
+            for j in range(first, last):
+                # The trigger position's coefficient is the index's own (stored coefficients are float16).
+                m = None if coefficients is None else float(row.coefficient) if j == pos else float(coefficients[j])
+                outside = m is not None and math.isnan(m)  # outside the stored window: no coefficient, marked so
+                m = None if outside else m
+                tokens.append({"text": texts[j], "m": m, "shade": 0.0 if m is None else m / scale,
+                               "trigger": j == pos, "next": j == pos + 1, "after": j > pos, "outside": outside})
+            if first > 0:
+                tokens.insert(0, {**GAP, "omitted": first})
+            if last < len(ids):
+                tokens.append({**GAP, "after": True, "omitted": len(ids) - last})
+            groups.setdefault(int(row.direction), []).append({
+                "rank": int(row.rank), "coefficient": float(row.coefficient), "direction": int(row.direction),
+                "bar": 100.0 * abs(float(row.coefficient)) / scale,
+                "example_id": int(row.example_id), "position": pos, "tokens": tokens, "first": first,
+                "next_token_id": int(row.next_token_id), "next": self.token(int(row.next_token_id)),
+                "last": self.token(ids[pos]), "text": row.text,
+            })
+        return scale, groups
 
     def layer_keys(self, layer: int) -> pd.DataFrame:
         """One row per key of a layer: the layer page's columns (statistics, automatic and human labels)."""

@@ -100,7 +100,9 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         if lens == TRANSLATOR and loaded.view.translators is None:
             data.run.require_file(data.translators_file)  # a damaged file: one line naming it and the command
             loaded.view.translators = Translators.load(data.translators_file, loaded.view.device)
-        base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens)
+        # a run indexed with a dictionary: its latents beside the neurons (read only; None if it cannot be reopened)
+        latents = data.latents.memories() if data.latents is not None else None
+        base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens, latents=latents)
         edited = trace(loaded, token_ids, edits.values(), position=position, target=base.target, lens=lens) \
             if edits else None
         if generate_tokens and not data.encoder:

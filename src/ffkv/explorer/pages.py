@@ -14,6 +14,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup, escape
 
+from ffkv.errors import FfkvError
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
@@ -32,6 +33,7 @@ from ffkv.store.integrity import file_problems
 from ffkv.tools.matches import match_of
 
 if TYPE_CHECKING:  # the model-side module imports torch; pages that read tables never need it
+    from ffkv.explorer.latents import LatentData
     from ffkv.explorer.tracing import TraceResult
 
 #: A cell of the intervention view is highlighted when its top token changes or its probability moves by this much.
@@ -109,7 +111,12 @@ def strip_html(tokens: list[dict]) -> Markup:
 
 
 def memory_chip(mem: dict, root: str) -> Markup:
-    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it."""
+    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it; a
+    latent's (``address``: t4:42) is marked as one, with its activation."""
+    if mem.get("address"):
+        return Markup(f'<a class="chip latent" href="{escape(root)}/memory/{escape(mem["address"])}" title="latent: rank '
+                      f'{mem["rank"] + 1} of its trigger examples">{escape(mem["address"])} <span class="small muted">'
+                      f'a={escape(number(mem["coefficient"], 2))}</span></a>')
     layer = layer_number(mem["layer"])
     return Markup(f'<a class="chip" href="{escape(root)}/memory/{layer}/{mem["key"]}" title="rank {mem["rank"] + 1} of '
                   f'this memory\'s trigger examples">{layer}:{mem["key"]} <span class="small muted">m='
@@ -135,8 +142,11 @@ def warm() -> None:
 
 
 def _common(data: ExplorerData, root: str) -> dict:
+    latents = data.latents
     return {"root": root, "run_name": data.run.path.name, "has_report": data.run.report_path.exists(),
-            "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder}
+            "n_layers": data.n_layers, "d_m": data.d_m, "encoder": data.encoder, "has_latents": latents is not None,
+            # the dictionaries' names (t4), linked beside the layers in every page's header
+            "latent_layers": [latents.name(layer) for layer in latents.layers] if latents is not None else []}
 
 
 def render(name: str, **context) -> str:
@@ -198,7 +208,8 @@ def overview(data: ExplorerData, root: str = "") -> str:
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
                   numbering=NUMBERING, layers=layers, fidelity=fidelity, massive=massive, figures=figures_of(data),
                   has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
-                  uniform=1.0 / data.vocab_size)
+                  uniform=1.0 / data.vocab_size,
+                  dictionaries=data.latents.summary() if data.latents is not None else [])
 
 
 # ------------------------------------------------------------------------ layer page
@@ -342,7 +353,10 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
                for name, title, s in present]
     # the filters every link of the page keeps (census is one of CENSUS_FILTERS' names here: no escaping needed)
     kept = (f"&census={census}" if census else "") + ("" if threshold is None else f"&min_score={threshold:g}")
+    latents = data.latents
+    latent_name = latents.name(layer) if latents is not None and layer in latents.layout.latents else None
     return render("layer.html", **_common(data, root), layer=layer, sort=sort, order=order, page=page,
+                  latent_name=latent_name,
                   n_pages=n_pages, rows=rows, columns=columns, n_keys=len(table), census=census or "",
                   census_filters=CENSUS_FILTER_GROUPS if data.census is not None else (), kept=kept,
                   min_score="" if threshold is None else f"{threshold:g}",
@@ -497,6 +511,145 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
     }
 
 
+# ------------------------------------------------------------------------ latents
+#: How a latent page reads its value d_j (the readings of `READINGS`, in a decoder row's words).
+LATENT_READING_NOTES = {
+    ("identity", "p"): "p = softmax(d·Eᵀ), the decoder row projected with the identity, as the paper reads a value.",
+    ("final-norm", "p"): "p = softmax(N(d)·Eᵀ): the decoder row through the model's final normalization first.",
+    ("identity", "logit"): "The raw logits d·Eᵀ (identity projection, no softmax): how much the latent adds to each "
+                           "token's logit per unit of activation.",
+    ("final-norm", "logit"): "The raw logits N(d)·Eᵀ (final-norm projection, no softmax).",
+}
+#: Latent layer page columns: (column of `LatentData.layer_table`, header, sort name in the URL).
+LATENT_COLUMNS = (
+    ("key", "latent", "latent"),
+    ("top_tokens", "value's top tokens", "top token"),
+    ("agreement", "agrees", "agreement"),
+    ("activation_frequency", "active", "activation frequency"),
+    ("top_coefficient", "largest a", "largest a"),
+    ("n_triggers", "trigger examples", "trigger examples"),
+    ("common_last_token", "common last token", "common last token"),
+    ("shallow_share", "its share", "shallow share"),
+    ("confidence", "top p", "top p"),
+    ("value_norm", "‖d‖", "value norm"),
+)
+LATENT_PERCENT = {"activation_frequency", "shallow_share", "confidence"}
+#: `READINGS` as a latent page offers them: its value is the decoder row d.
+LATENT_READINGS = tuple((p, s, label.replace("v·", "d·").replace("(v)", "(d)")) for p, s, label in READINGS)
+
+
+def latents_of(data: ExplorerData) -> "LatentData":
+    """The run's `ffkv.explorer.latents.LatentData`, or a 404 for a run indexed without a dictionary."""
+    if data.latents is None:
+        raise BadRequest("this run was indexed without a sparse dictionary: it has no latents (index with "
+                         "`ffkv index ... --dictionary PATH`)", 404)
+    return data.latents
+
+
+def latent_context(data: ExplorerData, address: str, projection: str = "identity", shown: str = "p") -> dict:
+    """What the latent templates need for the latent at `address` (``t4:42``), its value read as `shown` under
+    `projection`."""
+    latents = latents_of(data)
+    lat = latents.latent(latents.check(address), projection, shown)
+    hist = lat["histogram"]
+    return {"l": lat, "projections": LATENT_READINGS,
+            "projection_note": LATENT_READING_NOTES[(lat["projection"], lat["value"]["shown"])],
+            "histogram": histogram_svg(hist["counts"], hist["lo"], hist["hi"], label="a"),
+            "top_coefficient": max([e["coefficient"] for e in lat["examples"]] or [0.0]),
+            "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
+
+
+def latent_page(data: ExplorerData, address: str, root: str = "", projection: str = "identity",
+                shown: str = "p") -> str:
+    """A latent's page (``/memory/t4:42``): its value, activation histogram and trigger examples shaded by its
+    activation at every token."""
+    return render("latent.html", **_common(data, root), **latent_context(data, address, projection, shown),
+                  standalone=False)
+
+
+def latent_json(data: ExplorerData, address: str, projection: str = "identity", root: str = "",
+                shown: str = "p") -> dict:
+    """The latent page as data (``/memory/t4:42.json``): ``layer`` 0-based as in the run's tables, ``layer_number``
+    from 1; ``latent`` its index in the layer's dictionary; a trigger example's ``coefficients`` are the latent's
+    activation at each of its ``tokens`` (null outside the stored window)."""
+    latents = latents_of(data)
+    lat = latents.latent(latents.check(address), projection, shown)
+    value = lat["value"]
+    return {
+        "address": lat["address"], "kind": lat["kind"], "layer": lat["layer"], "layer_number": layer_number(lat["layer"]),
+        "latent": lat["key"], "n_latents": lat["n_latents"], "url": f"{root}/memory/{lat['address']}",
+        "run": data.run.path.name, "model": data.manifest.model.id,
+        "value": {"projection": lat["projection"], "shown": value["shown"], "top_value": value["top_value"],
+                  "target_rank": value["target_rank"],
+                  "top": [{"token_id": t["token_id"], "token": t["token"], value["shown"]: t["value"]}
+                          for t in value["top"]],
+                  "bottom": [{"token_id": t["token_id"], "token": t["token"], value["shown"]: t["value"]}
+                             for t in value["bottom"]]},
+        "statistics": {k: _plain(v) for k, v in lat["stats"].items() if k != "activation_histogram"},
+        "activation_histogram": lat["histogram"], "stored_window": lat["window"],
+        "trigger_examples": [
+            {"rank": e["rank"], "coefficient": e["coefficient"], "example_id": e["example_id"],
+             "position": e["position"], "next_token_id": e["next_token_id"], "text": e["text"],
+             "first_position": e["first"], "tokens": [t["text"] for t in e["tokens"] if not t.get("gap")],
+             "coefficients": [t["m"] for t in e["tokens"] if not t.get("gap")]}
+            for e in lat["examples"]],
+    }
+
+
+def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, order: str = "asc", page="1",
+                      root: str = "") -> str:
+    """A dictionary's latents (``/layer/t4``), `LATENT_COLUMNS`, sortable by each, `PAGE_SIZE` per page."""
+    latents = latents_of(data)
+    layer = latents.check_layer(name)
+    name = latents.name(layer)
+    sort = sort or "latent"
+    sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in LATENT_COLUMNS}
+    if sort not in sort_column:
+        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}", 422)
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
+    try:
+        page = int(page)
+    except (TypeError, ValueError):
+        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
+    table = latents.layer_table(layer)
+    n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
+    if not 1 <= page <= n_pages:
+        raise BadRequest(f"page {page} does not exist: {name} has pages 1 to {n_pages}", 404)
+    column = sort_column[sort]
+    shown = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
+    shown = shown.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+    rows = []
+    for r in shown.to_dict("records"):
+        row = []
+        for column_name, _, _ in LATENT_COLUMNS:
+            value = r.get(column_name)
+            cell = {"text": "", "cls": "", "href": None, "tokens": None, "token": None}
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            if column_name == "key":
+                cell.update(text=f"{name}:{value}", cls="num", href=f"/memory/{name}:{value}")
+            elif column_name == "top_tokens":
+                cell.update(tokens=value)
+            elif column_name == "common_last_token":
+                cell.update(token=value if r["n_triggers"] else None)
+            elif column_name == "agreement":
+                cell.update(text="yes" if value else "no")
+            elif missing:
+                pass
+            elif column_name in LATENT_PERCENT:
+                cell.update(text=percent(value), cls="num")
+            else:
+                cell.update(text=number(value), cls="num")
+            row.append(cell)
+        rows.append(row)
+    columns = [{"title": title, "sort": s, "num": c not in ("top_tokens", "common_last_token", "agreement")}
+               for c, title, s in LATENT_COLUMNS]
+    return render("latent_layer.html", **_common(data, root), layer=layer, dictionary=name, kind=latents.kind(layer),
+                  dictionaries=latents.summary(), sort=sort, order=order, page=page, n_pages=n_pages, rows=rows,
+                  columns=columns, n_keys=len(table), first=(page - 1) * PAGE_SIZE + 1,
+                  last=min(page * PAGE_SIZE, len(table)))
+
+
 # ------------------------------------------------------------------------ search
 def highlight(text: str, query: str) -> list[tuple[str, bool]]:
     """`text` cut into (part, is_match) pieces at every case-insensitive occurrence of `query`."""
@@ -516,17 +669,43 @@ def highlight(text: str, query: str) -> list[tuple[str, bool]]:
 
 
 def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "") -> str:
-    """Memories promoting a token (`token`); trigger examples containing a text and memories whose explanation
-    holds every word of it (`q`)."""
+    """Memories promoting a token (`token`): neurons, and the latents of a run indexed with a dictionary; trigger
+    examples containing a text (`q`), each with the neurons and the latents it triggers, memories whose
+    explanation holds every word of it, and the memory `q` names when it is an address (``3:17``, ``t4:42``)."""
     promoting = data.promoting(token) if token is not None else None
+    latents_promoting = data.latents.promoting(promoting["token_ids"], SEARCH_LIMIT) \
+        if promoting is not None and data.latents is not None else None
     hits = data.text_search(q, limit=SEARCH_LIMIT) if q is not None else None
     if hits:
+        found = data.latents.of_examples([h["example_id"] for h in hits]) if data.latents is not None else {}
         for h in hits:
             h["parts"] = highlight(h["text"], q)
+            h["latents"], h["n_latents"] = found.get(h["example_id"], ([], 0))
     explained = data.explanation_search(q, limit=SEARCH_LIMIT) if q is not None else None
     return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits,
+                  latents_promoting=latents_promoting, named=named_memory(data, q),
                   explained=explained, any_explained=not data.explanations.empty, shown=CHIPS_SHOWN,
                   limit=SEARCH_LIMIT)
+
+
+def named_memory(data: ExplorerData, text: str | None) -> dict | None:
+    """The memory a search text names as an address (``3:17``: a neuron; ``t4:42``: a latent of the run's
+    dictionary), with its page's path and what it is; None when the text is not one this run has."""
+    from ffkv.memories.address import MemoryLayout, MemoryRef
+
+    text = (text or "").strip()
+    if ":" not in text or len(text) > 40:
+        return None
+    layout = data.latents.layout if data.latents is not None else MemoryLayout(data.n_layers, data.d_m)
+    try:
+        found = layout.parse(text)
+    except FfkvError:
+        return None
+    if isinstance(found, MemoryRef):
+        return {"address": str(found), "href": f"/memory/{found.layer + 1}/{found.key}", "what": "neuron",
+                "top_token": data.token(int(data.top_ids[found.layer, found.key, 0]))}
+    return {"address": str(found), "href": f"/memory/{found}", "what": f"latent ({found.kind})",
+            "top_token": data.token(int(data.latents.top_ids[found.layer][found.latent, 0]))}
 
 
 # ------------------------------------------------------------------------ trace
@@ -563,6 +742,8 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             row["memories"].append({**m, "edit_op": edit.op if edit else None, "edit_value": edit.value if edit else None,
                                     "edit_label": edit_label(edit),
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
+        row["latents"] = [{**x, "top_token": tok(int(data.latents.top_ids[layer.layer][x["key"], 0]))}
+                          for x in layer.latents] if data.latents is not None else []
         rows.append(row)
     final = []
     for i, pred in enumerate(base.final):

@@ -12,7 +12,7 @@ TEMPLATES = {
 <style>{{ css }}</style></head>
 <body><header class="top"><a href="{{ root }}/">ffkv · {{ run_name }}</a><a href="{{ root }}/search">Search</a>
 <a href="{{ root }}/trace">Trace</a><a href="{{ root }}/concepts">Concepts</a>{% if has_report %}<a href="{{ root }}/files/report.html">Report</a>{% endif %}
-<span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}</span></header>
+<span class="small muted">layers {% for i in range(n_layers) %}<a href="{{ root }}/layer/{{ ln(i) }}" style="margin-right:.4rem">{{ ln(i) }}</a>{% endfor %}{% if latent_layers is defined and latent_layers %} · latents {% for name in latent_layers %}<a href="{{ root }}/layer/{{ name }}" style="margin-right:.4rem" class="latent-layer">{{ name }}</a>{% endfor %}{% endif %}</span></header>
 <main>{% block main %}{% endblock %}</main></body></html>""",
 
 "error.html": """{% extends "base.html" %}{% block title %}{{ status }}{% endblock %}
@@ -36,6 +36,11 @@ share of positions of a corpus sample ({{ sample_positions }} positions) where a
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}, each label on its own: the shallow keys of the table above
 (and of the report) are those labelled shallow or both.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
+{% if dictionaries %}<h2>Sparse dictionary</h2>
+<p class="note" id="dictionary-note">This run was indexed with a sparse dictionary (SPEC section 11): each latent is a memory of its own, with its own page (tLAYER:LATENT for a transcoder's, sLAYER:LATENT for an SAE's, layers from 1).
+Dead: latents without a trigger example over the indexed corpus; active: the mean share of sample positions where a latent's activation is above 0; agreement as for the neurons, on the decoder rows.</p>
+<table id="dictionaries"><tr><th>latents</th><th>kind</th><th class="num">layer</th><th class="num">latents</th><th class="num">dead</th><th class="num">active</th><th class="num">agreement</th><th>neurons</th></tr>
+{% for d in dictionaries %}<tr><td><a href="{{ root }}/layer/{{ d.name }}">{{ d.name }}</a></td><td>{{ d.kind }}</td><td class="num">{{ ln(d.layer) }}</td><td class="num">{{ "{:,}".format(d.latents) }}</td><td class="num">{{ "{:,}".format(d.dead) }}</td><td class="num">{{ pct(d.active, 2) }}</td><td class="num">{{ pct(d.agreement, 2) }}</td><td><a href="{{ root }}/layer/{{ ln(d.layer) }}">layer {{ ln(d.layer) }}</a></td></tr>{% endfor %}</table>{% endif %}
 <h2>Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
 {% for f in figures %}<section class="figure-block"><figure>{% if f.problem %}<p class="warning damaged-figure">Not shown: {{ f.problem }}</p>{% else %}<img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy">{% endif %}<figcaption class="small muted">{{ f.name }}</figcaption></figure>
@@ -45,7 +50,7 @@ automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>
 "layer.html": """{% extends "base.html" %}{% block title %}layer {{ ln(layer) }}{% endblock %}
 {% block main %}<h1>Layer {{ ln(layer) }} <span class="muted small">of {{ n_layers }}</span></h1>
 <p>{% if layer > 0 %}<a href="{{ root }}/layer/{{ ln(layer - 1) }}?sort={{ sort|urlencode }}&order={{ order }}">← layer {{ ln(layer - 1) }}</a>{% endif %}
-{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}</p>
+{% if layer > 0 and layer + 1 < n_layers %} · {% endif %}{% if layer + 1 < n_layers %} <a href="{{ root }}/layer/{{ ln(layer + 1) }}?sort={{ sort|urlencode }}&order={{ order }}">layer {{ ln(layer + 1) }} →</a>{% endif %}{% if latent_name %} · <a href="{{ root }}/layer/{{ latent_name }}" id="latents-link">this layer's latents ({{ latent_name }})</a>{% endif %}</p>
 <p class="note">{{ "{:,}".format(n_keys) }} keys, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}.
 Click a column's name to sort by it. Pattern: the automatic label of <code>ffkv analyze</code> (thresholds in the report); human: the latest label saved in the explorer.
 Value's top tokens and agreement under the identity projection; active: share of positions of a corpus sample where the key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md).</p>
@@ -126,28 +131,90 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 <p class="small muted">Labels are stored in <code>annotations/labels.parquet</code> of the run and feed the human side of the patterns experiment.</p>
 {% endblock %}""",
 
+"latent_fragment.html": """<div class="ffkv-memory ffkv-latent">{% if standalone %}<style>{{ css }}</style>{% endif %}
+<h1>Latent {{ l.address }} <span class="muted small">{{ l.kind }} at layer {{ ln(l.layer) }} of {{ n_layers }}, latent {{ l.key }} of {{ "{:,}".format(l.n_latents) }}</span></h1>
+<p id="latent-nav">{% if l.key > 0 %}<a href="{{ root }}/memory/{{ l.name }}:{{ l.key - 1 }}">← latent {{ l.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ l.name }}" id="latent-layer-link">{{ l.name }}'s latents</a>{% if l.key + 1 < l.n_latents %} · <a href="{{ root }}/memory/{{ l.name }}:{{ l.key + 1 }}">latent {{ l.key + 1 }} →</a>{% endif %}
+· <a href="{{ root }}/layer/{{ ln(l.layer) }}" id="neurons-link">layer {{ ln(l.layer) }}'s neurons</a>
+· <a href="{{ root }}/memory/{{ l.address }}.json?projection={{ l.projection }}&amp;shown={{ l.value.shown }}" id="json-link">JSON</a></p>
+<p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; SPEC section 11) is a memory of its own: its key is encoder row e_j, its coefficient the
+dictionary's activation a_j (never negative), its value decoder row d_j, read here as a neuron's value is read. Latents are written {{ l.name }}:LATENT; neurons LAYER:KEY.</p>
+<p><strong>Surface:</strong> {{ pct(l.surface.share) }} of the top prefixes end in {{ tok(l.surface.token) }}.</p>
+<h2>Value</h2>
+{% if l.dictionary_error %}<p class="warn" id="dictionary-error">The dictionary could not be read again ({{ l.dictionary_error }}): the value's top tokens below are those the lookups stored (identity projection).</p>
+{% else %}<p class="switch" id="projection-switch">Read the value {% for p, s, label in projections %}{% if p == l.projection and s == l.value.shown %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}&amp;shown={{ s }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>{% endif %}
+<p class="note" id="value-numbers">{{ projection_note }} Under this projection the top token has {% if l.value.top_value is none %}p = {{ pct(l.stats.confidence) }} (identity){% elif l.value.shown == "p" %}p = {{ pct(l.value.top_value) }} (uniform: {{ pct(uniform) }}){% else %}logit {{ value_fmt(l.value.top_value) }}{% endif %};
+the top-1 trigger's {{ target_name }} ranks {% if l.value.target_rank is not none %}{{ l.value.target_rank }}{% if l.value.target_rank == 1 %}: it <strong>is</strong> the value's top token{% endif %}{% else %}— (none){% endif %}; ‖d‖ = {{ fmt(l.stats.value_norm) }}.</p>
+<div class="pair">
+<table id="value-top"><tr><th class="num">#</th><th>top tokens: promoted</th><th class="num">{{ l.value.shown }}</th></tr>
+{% for t in l.value.top %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>
+{% if l.value.bottom %}<table id="value-bottom"><tr><th class="num">#</th><th>bottom tokens: suppressed</th><th class="num">{{ l.value.shown }}</th></tr>
+{% for t in l.value.bottom %}<tr><td class="num">{{ loop.index }}</td><td>{{ tok(t.token) }}</td><td class="num">{{ value_fmt(t.value) }}</td></tr>{% endfor %}</table>{% endif %}
+</div>
+<h2>Activation over a corpus sample</h2>
+{% if l.histogram.positions %}<div id="histogram">{{ histogram }}</div>
+<p class="note">a of this latent at every position of {{ l.histogram.examples }} examples sampled from the run ({{ "{:,}".format(l.histogram.positions) }} positions); bar heights on a log scale.
+Active (a &gt; 0) at {{ pct(l.stats.activation_frequency, 2) }} of positions. The strongest trigger example reaches a = {{ fmt(top_coefficient) }}.</p>
+{% else %}<p class="muted">No corpus sample.</p>{% endif %}
+<h2>Next tokens of the trigger examples</h2>
+<p id="next-tokens">{% for t in l.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
+{% if l.dead %}<p class="warn" id="never-fired"><strong>This latent never fired</strong> over the indexed corpus: it has no trigger examples.</p>{% else %}
+<h2>Trigger examples: largest activations</h2>
+<p class="note">Each token shaded by this latent's activation a at that position ({% if encoder %}the whole example in view{% else %}the prefix ending there{% endif %}; hover for the value). The trigger position is boxed, the next token underlined.{% if not l.stored %} <span id="not-stored">The lookups stored no per-token activations for this run (too many trigger rows): only the trigger position's is shown.</span>{% endif %}{% if l.window %}
+<span id="window-note">A hatched token has no activation here (it is not a = 0): this run stores a for {{ l.window[0] }} tokens before each trigger and {{ l.window[1] }} after it; the tokens beyond it are shown for reading.</span>{% endif %}</p>
+<table id="triggers" class="triggers"><tr><th class="num">rank</th><th class="barcell">activation</th><th>example</th></tr>
+{% for e in l.examples %}<tr><td class="num">{{ e.rank + 1 }}</td><td class="barcell"><span class="bar" style="width: {{ '%.1f' % e.bar }}px"></span> {{ fmt(e.coefficient) }}</td>
+<td class="example">{{ strip(e.tokens) }}{% if e.next_token_id < 0 %} <span class="muted small">⟨end⟩</span>{% endif %}</td></tr>{% endfor %}
+</table>{% endif %}
+</div>""",
+
+"latent.html": """{% extends "base.html" %}{% block title %}latent {{ l.address }}{% endblock %}
+{% block main %}{% include "latent_fragment.html" %}{% endblock %}""",
+
+"latent_layer.html": """{% extends "base.html" %}{% block title %}latents {{ dictionary }}{% endblock %}
+{% block main %}<h1>Latents {{ dictionary }} <span class="muted small">{{ kind }} at layer {{ ln(layer) }} of {{ n_layers }}</span></h1>
+<p>{% for other in dictionaries %}{% if not loop.first %} · {% endif %}{% if other.name == dictionary %}<strong>{{ other.name }}</strong>{% else %}<a href="{{ root }}/layer/{{ other.name }}?sort={{ sort|urlencode }}&order={{ order }}">{{ other.name }}</a>{% endif %}{% endfor %}
+· <a href="{{ root }}/layer/{{ ln(layer) }}" id="neurons-link">layer {{ ln(layer) }}'s neurons</a></p>
+<p class="note">{{ "{:,}".format(n_keys) }} latents, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}. Click a column's name to sort by it.
+Value: decoder row d_j's top tokens and agreement under the identity projection, as the neurons' values; active: share of positions of a corpus sample where a &gt; 0; largest a: its rank-1 trigger example;
+common last token: the last token most of its trigger prefixes share, and that share. A latent without trigger examples never fired over the indexed corpus (dead).</p>
+<div class="scroll"><table id="latents"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}><a href="{{ root }}/layer/{{ dictionary }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a></th>{% endfor %}</tr>
+{% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.token is not none %}{{ tok(cell.token) }}{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
+</table></div>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
+{% endblock %}""",
+
 "search.html": """{% extends "base.html" %}{% block title %}search{% endblock %}
 {% block main %}<h1>Search</h1>
 <form method="get" action="{{ root }}/search" id="token-search"><p>Which memories promote the token
 <input type="text" name="token" value="{{ token or '' }}" placeholder="a token, or #ID"> <button type="submit">Find memories</button></p></form>
 <form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing{% if any_explained %}, and memories whose explanation holds every word of{% endif %}
-<input type="text" name="q" value="{{ q or '' }}" placeholder="text" size="40"> <button type="submit">Search text</button></p></form>
+<input type="text" name="q" value="{{ q or '' }}" placeholder="text, or an address: 3:17{% if has_latents %}, t4:42{% endif %}" size="40"> <button type="submit">Search text</button></p></form>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
 <p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
 {% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
+{% if latents_promoting is not none %}<h2>Latents whose value ranks {{ tok(promoting.token) }} highest</h2>
+<p class="note">Latents of the run's sparse dictionary (written tLAYER:LATENT), their decoder row read as a value (identity projection; exact within its top {{ promoting.top_tokens }}).</p>
+{% if not latents_promoting %}<p class="muted" id="no-latents-promoting">No latent ranks this token among its value's top {{ promoting.top_tokens }}.</p>{% else %}
+<table id="latents-promoting"><tr><th>latent</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
+{% for r in latents_promoting %}<tr><td><a href="{{ root }}/memory/{{ r.address }}">{{ r.address }}</a> <span class="chip">latent</span></td><td class="num">{{ r.rank + 1 }}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
+</table>{% endif %}{% endif %}
 {% if explained is not none and any_explained %}<h2>Memories whose explanation holds “{{ q }}”</h2>
 {% if not explained %}<p class="muted" id="no-explained">No explanation holds every word of this text.</p>{% else %}
 <p class="note">{{ explained|length }} memor{{ "ies" if explained|length != 1 else "y" }}{% if explained|length >= limit %} (the first {{ limit }}){% endif %}, best simulation score first (<code>ffkv explain</code>, <code>ffkv score</code>; LAYER:KEY, layers from 1).</p>
 <table id="explained"><tr><th>memory</th><th>explanation</th><th class="num">score</th></tr>
 {% for x in explained %}<tr><td><a href="{{ root }}/memory/{{ ln(x.layer) }}/{{ x.key }}">{{ ln(x.layer) }}:{{ x.key }}</a></td><td>{% if x.direction < 0 %}<span class="chip">m &lt; 0</span> {% endif %}{{ x.explanation }}</td><td class="num">{% if x.score is not none %}{{ "%.2f"|format(x.score) }}{% else %}<span class="muted">not scored</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
+{% if named %}<p id="named-memory">“{{ q }}” is the address of {{ named.what }} <a href="{{ root }}{{ named.href }}">{{ named.address }}</a> (its value's top token {{ tok(named.top_token) }}).</p>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
-<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”.</p>{% endif %}
+<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”{% if has_latents %}; below them, the latents of the run's dictionary (tLAYER:LATENT) it is a trigger example of, largest activation a first{% endif %}.</p>{% endif %}
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
 <td>{% for mem in h.memories[:shown] %}{{ chip(mem, root) }}{% endfor %}
-{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+{% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}
+{% if h.latents %}<div class="latent-chips"><span class="small muted">latents:</span> {% for mem in h.latents[:shown] %}{{ chip(mem, root) }}{% endfor %}
+{% if h.latents|length > shown %}<details><summary>{{ h.n_latents - shown }} more latents</summary>{% for mem in h.latents[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_latents > h.latents|length %}<span class="muted small">… and {{ h.n_latents - h.latents|length }} weaker</span>{% endif %}</details>{% endif %}</div>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
 {% endblock %}""",
 
 "concepts.html": """{% extends "base.html" %}{% block title %}concepts{% endblock %}
@@ -173,7 +240,8 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <p class="prediction" id="prediction">At {{ tok(t.token) }} (token {{ t.position + 1 }} of {{ t.n_tokens }}) the model predicts {{ tok(t.final[0].token) }} {{ pct(t.final[0].prob, 1) }}{% if compare %}; with the interventions {{ tok(t.final[0].new_token) }} {{ pct(t.final[0].new_prob, 1) }}{% endif %}.</p>
 <p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through
 {{ t.lens_text }}, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
-{{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.
+{{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.{% if has_latents %}
+Where the run's sparse dictionary covers a layer, its active latents that push the token most are listed below the neurons (a_j·(d_j·E[t]); tLAYER:LATENT; shown, not edited here).{% endif %}
 {% if compare %}Each cell: <strong>original → with interventions</strong>; highlighted where the top token changed or its probability moved by at least {{ threshold_pp }} percentage points.{% endif %}</p>
 <div class="scroll"><table id="predictions"><tr><th class="num">layer</th><th>before FF</th><th>FF output</th><th>after FF</th><th>memories that push {{ tok(t.target) }} most</th></tr>
 {% for row in t.rows %}<tr data-layer="{{ ln(row.layer) }}"><td class="num"><a href="{{ root }}/layer/{{ ln(row.layer) }}">{{ ln(row.layer) }}</a></td>
@@ -181,7 +249,8 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <td>{% for mem in row.memories %}<span class="chip{% if mem.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ ln(row.layer) }}/{{ mem.key }}">{{ ln(row.layer) }}:{{ mem.key }}</a> <span class="small muted">{{ "%+.2f"|format(mem.contribution) }} (m={{ fmt(mem.coefficient, 2) }}) → {{ tok(mem.top_token) }}</span>
 {% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ ln(row.layer) }}:{{ mem.key }}"{% if mem.edit_op == "off" %} checked{% endif %}>off</label>
 <input type="number" step="any" name="scale:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "scale" %}{{ mem.edit_value }}{% endif %}" placeholder="×1" title="scale: multiply m by this factor">
-<input type="number" step="any" name="set:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "set" %}{{ mem.edit_value }}{% endif %}" placeholder="=m" title="set: m takes this value at every position">{% elif mem.edit_label %}<strong>{{ mem.edit_label }}</strong>{% endif %}</span>{% endfor %}</td></tr>{% endfor %}
+<input type="number" step="any" name="set:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "set" %}{{ mem.edit_value }}{% endif %}" placeholder="=m" title="set: m takes this value at every position">{% elif mem.edit_label %}<strong>{{ mem.edit_label }}</strong>{% endif %}</span>{% endfor %}
+{% if row.latents %}<div class="trace-latents"><span class="small muted">latents:</span> {% for x in row.latents %}<span class="chip latent{% if x.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ x.address }}">{{ x.address }}</a> <span class="small muted">{{ "%+.2f"|format(x.contribution) }} (a={{ fmt(x.coefficient, 2) }}) → {{ tok(x.top_token) }}</span></span>{% endfor %}</div>{% endif %}</td></tr>{% endfor %}
 </table></div>
 <h3>Model's prediction</h3>
 <table id="final"><tr><th class="num">#</th><th>original</th>{% if compare %}<th>with interventions</th>{% endif %}</tr>

@@ -22,6 +22,7 @@ import torch
 from ffkv.explorer.validation import LATENT_EDIT, MAX_NEW_TOKENS
 from ffkv.errors import FfkvError
 from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.sets import MemorySet
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
 
@@ -48,6 +49,8 @@ class LayerTrace:
     suppressing: list[dict]     # the most negative contributions to the target
     edited: list[dict]          # the other memories of the layer that are edited (or asked to be shown)
     coefficients: torch.Tensor  # m at the position, (d_m,)
+    # a dictionary's latents at this layer (read only, `trace`'s `latents`): latent, activation a_j, contribution
+    latents: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -93,10 +96,22 @@ def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits,
             "edit": edits.get((layer, key))}
 
 
+def _latents(latents: MemorySet, layer: int, at, e_target: torch.Tensor, top: int) -> list[dict]:
+    """The active latents of `layer` (none where the dictionary does not cover it) that push the target most: key
+    (the latent), coefficient (a_j at the position), contribution a_j·(d_j·E[t]), address."""
+    if layer not in latents.layers:
+        return []
+    a = latents.coefficients(layer, at(latents.reads(layer))[None]).float()[0]
+    contribution = a * (latents.values(layer).float() @ e_target)
+    order = contribution.topk(min(top, contribution.numel())).indices.tolist()
+    return [{"key": k, "coefficient": float(a[k]), "contribution": float(contribution[k]),
+             "address": str(latents.ref(layer, k))} for k in order if a[k] > 0]
+
+
 @torch.no_grad()
 def refuse_latent_edits(edits: Iterable[Intervention]) -> None:
-    """The trace lists and labels neurons only: an edit of a latent is refused here, in one line, rather than drawn
-    as if it were the neuron with the same numbers."""
+    """The trace edits neurons only (latents it shows, read only): an edit of a latent is refused here, in one line,
+    rather than drawn as if it were the neuron with the same numbers."""
     latent = next((e for e in edits if e.kind != "neuron"), None)
     if latent is not None:
         from ffkv.memories.address import edit_ref
@@ -106,7 +121,8 @@ def refuse_latent_edits(edits: Iterable[Intervention]) -> None:
 
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Intervention] = (), position: int = -1,
           target: int | None = None, top_memories: int = 8, suppressing: int = 3,
-          show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS) -> TraceResult:
+          show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS,
+          latents: MemorySet | None = None, top_latents: int = 5) -> TraceResult:
     """Trace `token_ids` (one prompt) at `position`, optionally with memories switched off, scaled or set.
 
     Args:
@@ -116,6 +132,9 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
         show: (layer, key) pairs listed too (beside the edited ones), e.g. the edits of a trace to compare with.
         lens: how resid_mid and resid_post are read (`LENSES`); "translator" needs the view's translators.
+        latents: a dictionary's latents (`ffkv.memories.sets.Latents`) to read beside the neurons: per layer it
+            covers, the `top_latents` active latents (a_j > 0) with the largest contributions a_j·(d_j·E[t]) to the
+            target, read from the same pass (the edits, of neurons, apply to it); they are shown, never edited.
     """
     view = loaded.view
     edits = list(edits)
@@ -126,8 +145,10 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
     pos = position if position >= 0 else len(token_ids) + position
     if not 0 <= pos < len(token_ids):
         raise IndexError(f"position {position} is outside the prompt's {len(token_ids)} tokens")
+    read = tuple(sorted({latents.reads(layer) for layer in latents.layers})) if latents is not None else ()
     with intervene(view, edits.values()):
-        output, cap = _run(view, ids, ("coefficients", "resid_mid", "ff_out", "resid_post"))
+        output, cap = _run(view, ids, tuple(dict.fromkeys(("coefficients", "resid_mid", "ff_out", "resid_post")
+                                                          + read)))
     probs = output[0, pos].float().softmax(-1)
     top = probs.topk(min(5, probs.numel()))
     final = [Prediction(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -151,6 +172,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
             suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
             edited=[_memory(k, m, contribution, edits, layer) for k in touched],
             coefficients=m.cpu(),
+            latents=_latents(latents, layer, at, e_target, top_latents) if latents is not None else [],
         ))
     return TraceResult(list(token_ids), pos, target, layers, final, edits, lens)
 

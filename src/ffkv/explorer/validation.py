@@ -55,9 +55,10 @@ def prompt(text: str | None) -> str:
     return text
 
 
-#: The trace's refusal of an edit of a latent: it lists and labels neurons only (`ffkv.explorer.tracing`).
-LATENT_EDIT = ("the trace shows neurons only: an edit of latent {} is not drawn there yet; measure it with "
-               "`ffkv intervene RUN --off LATENT` or ffkv.intervene")
+#: The trace's refusal of an edit of a latent: it edits neurons only; latents it shows, read only
+#: (`ffkv.explorer.tracing`).
+LATENT_EDIT = ("the trace edits neurons only (it shows latents, read only): an edit of latent {} is not applied there "
+               "yet; measure it with `ffkv intervene RUN --off LATENT` or ffkv.intervene")
 
 
 def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":

@@ -85,6 +85,7 @@ details > summary { cursor: pointer; color: var(--accent); font-size: .85rem; }
 .warning { border-left: 4px solid #c98a00; background: #fff8e6; padding: .4rem .8rem; margin: .4rem 0; font-size: .9rem; }
 svg text { font: 11px Arial, "Liberation Sans", "DejaVu Sans", sans-serif; fill: var(--muted); }
 .chip.neg { border-color: #e6b8ba; background: #fdf4f4; }
+.chip.latent { border-style: dashed; background: #f7f4fc; }
 """)
 
 #: Layers as a person reads them (figures, the report, the explorer's pages and URLs, CLI output) count

@@ -27,6 +27,12 @@ EXPLORER_TABLES: dict[str, tuple[str, ...]] = {
                  "last_token_id", "m_start", "m_length", "m_offset"),
     "triggers_by_example": ("example_id", "layer", "key", "direction", "rank", "coefficient"),
 }
+#: The tables explorer.duckdb also holds for a run indexed with a sparse dictionary (``key``: the latent).
+LATENT_TABLES: dict[str, tuple[str, ...]] = {
+    "latent_triggers": ("layer", "key", "rank", "coefficient", "example_id", "position", "next_token_id",
+                        "last_token_id", "m_start", "m_length", "m_offset"),
+    "latent_triggers_by_example": ("example_id", "layer", "key", "rank", "coefficient"),
+}
 
 
 #: The command that writes explorer.duckdb again, for a refusal that cannot name the run.
@@ -82,4 +88,4 @@ def _foreign(con: duckdb.DuckDBPyConnection, tables: Mapping[str, tuple[str, ...
     return None
 
 
-__all__ = ["EXPLORER_TABLES", "REBUILD", "SAFE_CONFIG", "open_database"]
+__all__ = ["EXPLORER_TABLES", "LATENT_TABLES", "REBUILD", "SAFE_CONFIG", "open_database"]

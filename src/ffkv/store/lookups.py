@@ -12,6 +12,15 @@ builds them itself only for a run that was never analysed (docs/run-directory.md
     trigger_coefficients.npy   each trigger example's per-token coefficients (`ffkv.experiments.trigger_contexts`;
                                absent for an index too large to store them)
 
+A run indexed with a sparse dictionary (``--dictionary``: latent_trigger_examples.parquet) also gets its latents'
+tables (`ffkv.experiments.latent_lookups`; nothing of them for a run without):
+
+    latent_stats.parquet                one row per (layer, latent): `LATENT_STATS`' columns
+    latent_value_top_tokens.parquet     layer, key (the latent), rank, token_id, prob: each decoder row's top tokens
+    latent_trigger_coefficients.npy     each latent trigger example's per-token activations
+    explorer.duckdb                     also latent_triggers and latent_triggers_by_example (the texts of their
+                                        examples in texts)
+
 The tables are current when info.json names this run's identity and the size and time of
 its index tables, and each file has the size it had when built; any new index (or a newer
 format of these tables) makes them stale, and a damaged one is rebuilt. info.json's ``files``
@@ -44,24 +53,40 @@ VERSION = 8
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
+#: The latents' tables, built only for a run that holds latents (`has_latents`).
+LATENT_FILES = ("latent_stats.parquet", "latent_value_top_tokens.parquet")
+#: Per-token activations of the latents' trigger examples (as `COEFFICIENTS`; info.json's
+#: ``latent_trigger_coefficients`` describes it).
+LATENT_COEFFICIENTS = "latent_trigger_coefficients.npy"
+#: Every file info.json may record.
+ALL_FILES = (*FILES, COEFFICIENTS, *LATENT_FILES, LATENT_COEFFICIENTS)
 INFO = "info.json"
 #: The command that writes the tables again, for a refusal that cannot name the run.
 REBUILD = "rebuild it with `ffkv analyze RUN --only lookups`"
 
 
+def has_latents(run: RunDir, manifest: Manifest) -> bool:
+    """Whether the run was indexed with a sparse dictionary whose latents it holds (its manifest records the
+    dictionary and latent_trigger_examples.parquet exists): its lookups then include `LATENT_FILES`."""
+    return bool(manifest.index.get("dictionary")) and run.table("latent_trigger_examples").is_file()
+
+
 def fingerprint(run: RunDir, manifest: Manifest) -> dict[str, Any]:
-    """What the tables of a run are built from: its identity and its index tables' size and time."""
+    """What the tables of a run are built from: its identity and its index tables' size and time (the latents'
+    trigger table too, for a run that holds latents: a run without them keeps the fingerprint it always had)."""
     files = {}
-    for name in ("trigger_examples", "examples"):
+    for name in ("trigger_examples", "examples") + (("latent_trigger_examples",) if has_latents(run, manifest) else ()):
         st = run.table(name).stat()
         files[name] = [st.st_size, st.st_mtime_ns]
     return {"version": VERSION, "identity": manifest.identity.to_dict(), "files": files}
 
 
 def is_current(run: RunDir, manifest: Manifest, folder: Path) -> bool:
-    """Whether `folder` holds every lookup table, built from exactly this run's index."""
+    """Whether `folder` holds every lookup table, built from exactly this run's index (and the latents' tables,
+    for a run that holds latents)."""
     info = folder / INFO
-    if not info.exists() or not all((folder / name).exists() for name in FILES):
+    needed = FILES + (LATENT_FILES if has_latents(run, manifest) else ())
+    if not info.exists() or not all((folder / name).exists() for name in needed):
         return False
     try:
         recorded = json.loads(info.read_text())
@@ -79,9 +104,14 @@ def _records(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     files = info.get("files")
     if isinstance(files, dict):
         return {str(name): dict(record) for name, record in files.items()
-                if name in (*FILES, COEFFICIENTS) and isinstance(record, dict)}
+                if name in ALL_FILES and isinstance(record, dict)}
     sizes = info.get("sizes") or {}
     return {name: {"size": size} for name, size in sizes.items() if name in FILES}
+
+
+def file_record(info: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """info.json's record of the lookup file `name` (size, SHA-256: `integrity.describe_file`), or None."""
+    return _records(info).get(name)
 
 
 def read_info(folder: Path) -> dict[str, Any]:
@@ -96,7 +126,7 @@ def write_info(run: RunDir, manifest: Manifest, folder: Path, **details: Any) ->
     """Mark the tables in `folder` as built for this run's index; call after every table is written. Each file is
     recorded (size, SHA-256: a truncated one is rebuilt, one edited in place is named by `verify`)."""
     files = {name: integrity.describe_file(folder / name, "lookups")
-             for name in (*FILES, COEFFICIENTS) if (folder / name).is_file()}
+             for name in ALL_FILES if (folder / name).is_file()}
     atomic.write_json(folder / INFO, {"fingerprint": fingerprint(run, manifest), "files": files, **details})
 
 
@@ -130,9 +160,10 @@ def find(run: RunDir, manifest: Manifest) -> Path | None:
     return folder if folder.is_dir() and os.access(folder, os.R_OK) and is_current(run, manifest, folder) else None
 
 
-def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) -> Any:
+def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD, latents: bool = False) -> Any:
     """The trigger examples' per-token coefficients (a memory-mapped 1-D float16 or float32 numpy array), or None
-    when the build stored none (info.json's ``trigger_coefficients.file`` is null).
+    when the build stored none (info.json's ``trigger_coefficients.file`` is null); with `latents`, the latents'
+    (`LATENT_COEFFICIENTS`, described by ``latent_trigger_coefficients``).
 
     The file must be the one info.json records: its size and SHA-256 (`integrity.file_problem`, about 0.2 s for
     100 MB; a build from before info.json recorded hashes, by its shape alone), and a 1-D array of the recorded
@@ -147,18 +178,19 @@ def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) ->
     """
     import numpy as np
 
-    described = info.get("trigger_coefficients") or {}
+    name = LATENT_COEFFICIENTS if latents else COEFFICIENTS
+    described = info.get("latent_trigger_coefficients" if latents else "trigger_coefficients") or {}
     if described.get("file") is None:
         return None
-    path = folder / COEFFICIENTS
-    if described.get("file") != COEFFICIENTS:
+    path = folder / name
+    if described.get("file") != name:
         raise DamagedRun(f"{folder / INFO} is damaged (it names the coefficient file {str(described['file'])[:60]!r}, "
-                         f"not {COEFFICIENTS}): {fix}")
+                         f"not {name}): {fix}")
     if isinstance(info.get("files"), dict):  # a build that records hashes; an older one's is checked by its shape
-        record = _records(info).get(COEFFICIENTS)
+        record = _records(info).get(name)
         if record is None or not record.get("sha256"):
             raise DamagedRun(f"{path} is damaged (info.json records no size and SHA-256 for it): {fix}")
-        found = integrity.file_problem(folder, COEFFICIENTS, record, fix, verify=True)
+        found = integrity.file_problem(folder, name, record, fix, verify=True)
         if found is not None:
             raise DamagedRun(found.line(folder))
     elif not path.is_file():
@@ -174,5 +206,5 @@ def read_coefficients(folder: Path, info: dict[str, Any], fix: str = REBUILD) ->
     return data
 
 
-__all__ = ["VERSION", "FILES", "COEFFICIENTS", "REBUILD", "read_coefficients", "fingerprint", "is_current", "read_info",
+__all__ = ["VERSION", "FILES", "COEFFICIENTS", "LATENT_FILES", "LATENT_COEFFICIENTS", "ALL_FILES", "has_latents", "file_record", "REBUILD", "read_coefficients", "fingerprint", "is_current", "read_info",
            "verify", "write_info", "writable_folder", "find"]

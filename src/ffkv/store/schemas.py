@@ -112,3 +112,26 @@ KEY_STATS = pa.schema([
     ("activation_hi", pa.float32()),
     ("activation_histogram", pa.list_(pa.int32())),
 ])
+
+#: RUN/explorer/latent_stats.parquet (a run indexed with a sparse dictionary): one row per (layer, key), key the
+#: latent's index in its layer's dictionary; the latent layer page's sortable statistics (`ffkv.experiments
+#: .latent_lookups`). Value statistics read the decoder row d_j as `KEY_STATS` reads v_i; activation statistics
+#: count a_j > 0 (a latent's activation is its own active rule, SPEC section 11).
+LATENT_STATS = pa.schema([
+    ("layer", pa.int16()),
+    ("key", pa.int32()),
+    ("confidence", pa.float32()),
+    ("top_token_id", pa.int32()),
+    ("agreement", pa.bool_()),
+    ("next_token_rank", pa.int32()),
+    ("logsumexp", pa.float32()),
+    ("value_norm", pa.float32()),
+    ("activation_frequency", pa.float32()),
+    ("common_last_token_id", pa.int32()),
+    ("shallow_share", pa.float32()),
+    ("n_triggers", pa.int32()),
+    ("top_coefficient", pa.float32()),
+    ("activation_lo", pa.float32()),
+    ("activation_hi", pa.float32()),
+    ("activation_histogram", pa.list_(pa.int32())),
+])

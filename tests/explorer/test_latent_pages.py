@@ -1,0 +1,264 @@
+"""The explorer's latent pages on what the real pipeline writes: ffkv-tiny indexed with its shipped transcoder
+(layer 4, 512 latents), the lookups built, pages requested through the app. A latent page's per-token activations
+equal the dictionary's encoding of the FF input captured at each token; its value tokens equal the decoder row's
+projection; the latent layer page sorts by every column; search finds latents; a run without a dictionary gets no
+latent files; a damaged latent file is named."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from html import unescape
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from ffkv.corpus import CorpusSpec
+from ffkv.dictionaries import open_dictionary
+from ffkv.errors import DamagedRun
+from ffkv.experiments.lookups import build
+from ffkv.explorer import create_app
+from ffkv.explorer.latents import read_table
+from ffkv.explorer.pages import LATENT_COLUMNS, PAGE_SIZE
+from ffkv.indexing.indexer import IndexOptions, build_index
+from ffkv.models import load_model
+from ffkv.models.default_corpus import default_corpus_path
+from ffkv.models.tiny_lm import tiny_transcoders_path
+from ffkv.store import lookups, schemas
+from ffkv.store.run import RunDir
+
+LAYER = 3  # the shipped transcoder's FF layer, from 0 (t4 as addresses write it)
+
+
+def _run(folder, loaded, dictionary: bool):
+    spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=40, shuffle_seed=0)
+    build_index(loaded, spec, folder, IndexOptions(top_k=4, control_keys=0), progress=False,
+                dictionary=tiny_transcoders_path() if dictionary else None)
+    run = RunDir(folder)
+    build(run, run.manifest(), loaded, run.cache_dir, np.zeros(loaded.view.n_layers))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("ffkv-tiny")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny):
+    return _run(tmp_path_factory.mktemp("latent_pages") / "run", tiny, dictionary=True)
+
+
+@pytest.fixture(scope="module")
+def client(run, tiny):
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=tiny),
+                    raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def transcoder():
+    return open_dictionary(tiny_transcoders_path())[LAYER]
+
+
+def _latent_triggers(run) -> pd.DataFrame:
+    return pd.read_parquet(run / "latent_trigger_examples.parquet")
+
+
+def _examples(run) -> pd.Series:
+    return pq.read_table(run / "examples.parquet").to_pandas().set_index("example_id")["token_ids"]
+
+
+@torch.no_grad()
+def _activations(loaded, transcoder, token_ids: list[int]) -> np.ndarray:
+    """Brute force: the FF input of layer 4 captured over one whole example, encoded by the transcoder."""
+    view = loaded.view
+    ids = torch.tensor([token_ids])
+    with view.capture(("ff_in",), layers=[LAYER]) as captured:
+        view.forward(ids, torch.ones_like(ids))
+    return transcoder.encode(captured["ff_in"][LAYER][0].float()).numpy()  # (tokens, latents)
+
+
+def test_latent_page_shades_each_token_by_the_latents_activation(client, run, tiny, transcoder):
+    trig, examples = _latent_triggers(run), _examples(run)
+    counts = trig.groupby("key").size()
+    keys = [int(k) for k in counts[counts >= 3].index[:3]]
+    assert keys
+    for key in keys:
+        r = client.get(f"/memory/t4:{key}.json")
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["address"] == f"t4:{key}" and page["layer"] == LAYER and page["latent"] == key
+        mine = trig[trig["key"] == key].sort_values("rank")
+        assert [e["example_id"] for e in page["trigger_examples"]] == mine["example_id"].tolist()
+        for e, row in zip(page["trigger_examples"], mine.itertuples()):
+            token_ids = [int(t) for t in examples[row.example_id]]
+            a = _activations(tiny, transcoder, token_ids)[:, key]
+            shown = np.array(e["coefficients"], dtype=np.float64)
+            first = e["first_position"]
+            expected = a[first:first + len(shown)]
+            # stored as float16 (three significant digits); the trigger position's is the index's own
+            np.testing.assert_allclose(shown, expected, rtol=2e-3, atol=2e-3)
+            assert e["coefficient"] == pytest.approx(float(row.coefficient))
+            assert float(row.coefficient) == pytest.approx(float(a[row.position]), rel=1e-4, abs=1e-5)
+            assert (shown >= 0).all() and shown[row.position - first] == pytest.approx(float(row.coefficient))
+        html = client.get(f"/memory/t4:{key}").text
+        assert f"Latent t4:{key}" in html and 'id="triggers"' in html
+        assert f'href="/layer/4" id="neurons-link"' in html and 'href="/layer/t4"' in html
+        # the shading: every shown example's tokens carry their activation as a title
+        titles = [float(x) for x in re.findall(r'title="m = ([-0-9.e+]+)"', html)]
+        assert titles and max(titles) == pytest.approx(max(float(c) for e in page["trigger_examples"]
+                                                            for c in e["coefficients"] if c is not None), rel=1e-2)
+
+
+@pytest.mark.parametrize("projection, shown", [("identity", "p"), ("identity", "logit"), ("final-norm", "p")])
+def test_latent_value_tokens_are_the_decoder_rows_projection(client, tiny, transcoder, projection, shown):
+    key = 7
+    page = client.get(f"/memory/t4:{key}.json?projection={projection}&shown={shown}").json()
+    view = tiny.view
+    d = transcoder.decoder[key].float()
+    with torch.no_grad():
+        h = d if projection == "identity" else view.final_norm(d)
+        z = h @ view.unembedding.float().T
+    values = z.softmax(-1) if shown == "p" else z
+    top = torch.topk(z, len(page["value"]["top"])).indices.tolist()
+    bottom = torch.topk(-z, len(page["value"]["bottom"])).indices.tolist()
+    assert [t["token_id"] for t in page["value"]["top"]] == top
+    assert [t["token_id"] for t in page["value"]["bottom"]] == bottom
+    # the page normalizes d in the dictionary's own dtype (`Latents` keeps it): final-norm agrees to 1e-3
+    np.testing.assert_allclose([t[shown] for t in page["value"]["top"]], values[top].numpy(),
+                               rtol=1e-4 if projection == "identity" else 1e-3)
+    # the stored top tokens (the layer page's column, the token search) are the identity projection's
+    if (projection, shown) == ("identity", "p"):
+        stored = pd.read_parquet(client.app.state.data.folder / "latent_value_top_tokens.parquet")
+        stored = stored[(stored["layer"] == LAYER) & (stored["key"] == key)].sort_values("rank")
+        assert stored["token_id"].tolist() == top[:len(stored)]
+
+
+def test_latent_statistics_recount_from_the_index(client, run):
+    data = client.app.state.data
+    table = data.latents.layer_table(LAYER).set_index("key")
+    trig = _latent_triggers(run)
+    counts = trig.groupby("key").size().reindex(range(512), fill_value=0)
+    assert (table["n_triggers"] == counts).all()
+    fired = counts[counts > 0].index
+    top = trig.groupby("key")["coefficient"].max()
+    np.testing.assert_allclose(table.loc[fired, "top_coefficient"], top.loc[fired], rtol=1e-6)
+    assert table.loc[counts[counts == 0].index, "dead"].all()
+    assert len(table) == 512 and 0 <= table["activation_frequency"].min() and table["activation_frequency"].max() <= 1
+
+
+def _latents_in_order(html: str) -> list[int]:
+    return [int(k) for k in re.findall(r'<a href="/memory/t4:(\d+)">t4:\d+</a>', html)]
+
+
+@pytest.mark.parametrize("column, sort", [(c, s) for c, _, s in LATENT_COLUMNS])
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_latent_layer_page_sorts_by_each_column(client, column, sort, order):
+    table = client.app.state.data.latents.layer_table(LAYER)
+    by = "top_token" if column == "top_tokens" else column
+    expected = table.sort_values([by, "key"], ascending=[order == "asc", True], na_position="last",
+                                 kind="stable")["key"].tolist()
+    r = client.get(f"/layer/t4?sort={sort}&order={order}")
+    assert r.status_code == 200, r.text
+    assert _latents_in_order(r.text) == expected[:PAGE_SIZE]
+    last = client.get(f"/layer/t4?sort={sort}&order={order}&page={len(table) // PAGE_SIZE + 1}")
+    assert _latents_in_order(last.text) == expected[(len(table) // PAGE_SIZE) * PAGE_SIZE:]
+
+
+def test_latent_layer_page_shows_what_the_tables_hold(client, run):
+    html = client.get("/layer/t4?sort=largest+a&order=desc").text
+    headers = [unescape(h) for h in re.findall(r'<th[^>]*><a [^>]*>([^<▲▼]+?)\s*(?:[▲▼])?</a></th>', html)]
+    assert headers == [title for _, title, _ in LATENT_COLUMNS]
+    strongest = int(_latent_triggers(run).sort_values(["coefficient", "key"], ascending=[False, True])["key"].iloc[0])
+    assert _latents_in_order(html)[0] == strongest
+    assert client.get("/layer/t4?sort=nothing").status_code == 422
+    assert client.get("/layer/t5").status_code == 404 and "it has t4" in client.get("/layer/t5").text
+    assert client.get("/layer/t4?page=99").status_code == 404
+
+
+def test_search_finds_latents_labelled_as_such(client, run):
+    data = client.app.state.data
+    key = 11
+    token_id = int(data.latents.top_ids[LAYER][key, 0])
+    html = client.get(f"/search?token=%23{token_id}").text
+    assert 'id="latents-promoting"' in html and f'href="/memory/t4:{key}"' in html
+    assert re.search(rf'<a href="/memory/t4:{key}">t4:{key}</a> <span class="chip">latent</span>', html)
+    # text search: the latents an example triggers, beside the neurons, marked as latents
+    trig = _latent_triggers(run)
+    example = int(trig[trig["key"] == key].sort_values("rank")["example_id"].iloc[0])
+    text = pq.read_table(run / "examples.parquet").to_pandas().set_index("example_id").at[example, "text"]
+    html = client.get("/search", params={"q": text[:30]}).text
+    assert re.search(rf'<a class="chip latent" href="/memory/t4:{key}"', html) or \
+        f"more latents" in html  # past the first chips, in the "more" list
+    assert f'href="/memory/t4:{key}"' in html
+    # an address is a memory
+    named = client.get("/search", params={"q": f"t4:{key}"}).text
+    assert f'<a href="/memory/t4:{key}">t4:{key}</a>' in named and "latent (transcoder)" in named
+
+
+def test_the_trace_shows_each_layers_top_latents_read_only(client, tiny, transcoder):
+    from ffkv.explorer.notebook import run_trace
+
+    data = client.app.state.data
+    prompt = "The cat sat on the mat and"
+    t = run_trace(data, prompt)
+    ids = list(tiny.tokenizer.encode(prompt))
+    a = _activations(tiny, transcoder, ids)[t.base.position]
+    target = tiny.view.unembedding[t.base.target].float()
+    contribution = a * (transcoder.decoder.float() @ target).numpy()
+    shown = t.base.layers[LAYER].latents
+    expected = [int(k) for k in np.argsort(-contribution, kind="stable")[:5] if a[k] > 0]
+    assert [x["key"] for x in shown] == expected and len(shown) > 0
+    np.testing.assert_allclose([x["coefficient"] for x in shown], a[expected], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([x["contribution"] for x in shown], contribution[expected], rtol=1e-3, atol=1e-6)
+    assert all(not layer.latents for layer in t.base.layers if layer.layer != LAYER)
+    html = client.get("/trace", params={"prompt": prompt}).text
+    assert all(f'href="/memory/t4:{k}">t4:{k}</a>' in html for k in expected)
+    refused = client.get("/trace", params={"prompt": prompt, "off": "t4:3"})
+    assert refused.status_code == 422 and "edits neurons only" in refused.text
+
+
+def test_overview_and_neuron_layer_link_the_latents(client):
+    html = client.get("/").text
+    assert 'id="dictionaries"' in html and '<a href="/layer/t4">t4</a>' in html
+    assert 'id="latents-link"' in client.get("/layer/4").text
+    assert 'id="latents-link"' not in client.get("/layer/3").text
+
+
+def test_a_run_without_a_dictionary_has_no_latent_tables(tmp_path, tiny):
+    run = _run(tmp_path / "run", tiny, dictionary=False)
+    folder = RunDir(run).cache_dir
+    assert not any((folder / name).exists() for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS))
+    info = lookups.read_info(folder)
+    assert "latent_trigger_coefficients" not in info and set(info["fingerprint"]["files"]) == {"trigger_examples",
+                                                                                             "examples"}
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=tiny)) as c:
+        for url in ("/layer/t4", "/memory/t4:1", "/memory/t4:1.json"):
+            r = c.get(url)
+            assert r.status_code == 404 and "without a sparse dictionary" in r.text
+        assert 'id="dictionaries"' not in c.get("/").text
+
+
+def test_a_damaged_latent_file_is_named(run, tiny, tmp_path):
+    copy = shutil.copytree(run, tmp_path / "run")
+    folder = RunDir(copy).cache_dir
+    # bytes changed in place (same size): the SHA-256 info.json records names the file
+    path = folder / lookups.LATENT_COEFFICIENTS
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedRun, match=re.escape(str(path))):
+        create_app(copy, loaded=tiny)
+    # a table without a column the pages read
+    stats = folder / "latent_stats.parquet"
+    pq.write_table(pq.read_table(stats).drop(["n_triggers"]), tmp_path / "stats.parquet")
+    with pytest.raises(DamagedRun, match=r"stats\.parquet is damaged \(it lacks the column\(s\) n_triggers"):
+        read_table(tmp_path, "stats.parquet", schemas.LATENT_STATS, {}, "rebuild it")
+    pq.write_table(pa.table({"x": [1]}), stats)  # another size than recorded: stale, rebuilt on start
+    assert not lookups.is_current(RunDir(copy), RunDir(copy).manifest(), folder)
