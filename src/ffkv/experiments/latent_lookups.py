@@ -52,20 +52,22 @@ MAX_BATCH_TOKENS = 2048
 
 
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sample: list[list[int]],
-          window: list[int] | None, progress: bool = False) -> dict:
+          window: list[int] | None, progress: bool = False, activations: TriggerActivations | None = None) -> dict:
     """Write the latents' tables into `folder` (explorer.duckdb, with its latent_triggers, already written by
     `ffkv.experiments.lookups.build_database`); returns info.json's ``latent_trigger_coefficients`` record.
 
     Args:
         sample: token ids of the corpus sample the neurons' activation statistics read.
         window: [before, after] of the stored activations around each trigger, or None (whole examples).
+        activations: `plan_activations`'s, already fed by the neurons' pass over their trigger examples (the
+            examples it did not run get their own passes here); None: every example in passes of its own.
     """
     latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
     db = folder / "explorer.duckdb"
     rows = trigger_contexts.plan(db, "latent_triggers")
     cells = int(rows["m_length"].sum()) if rows is not None else None
     store = cells is not None and cells <= trigger_contexts.MAX_CELLS
-    texts = trigger_contexts.texts_of(db) if store else {}
+    texts = trigger_contexts.texts_of(db) if store and activations is None else {}
     bar = progress_bar(progress, len(latents.layers) + 2, "latent lookups", "step")
     top1, summaries = _trigger_summaries(db, latents, loaded.view.encoder)
     tops, stats = [], []
@@ -83,7 +85,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sa
     path = folder / lookups.LATENT_COEFFICIENTS
     if store:
         begun = time.perf_counter()
-        flat = trigger_coefficients(loaded, latents, rows, texts)
+        flat = activations.finish(loaded) if activations is not None else trigger_coefficients(loaded, latents,
+                                                                                                rows, texts)
         dtype = trigger_contexts.write(path, flat)
         record = {"file": lookups.LATENT_COEFFICIENTS, "cells": cells, "dtype": dtype, "window": window,
                   "max_cells": trigger_contexts.MAX_CELLS, "bytes": path.stat().st_size,
@@ -227,20 +230,33 @@ def activation_stats(loaded: LoadedModel, latents: Latents, sample: list[list[in
             "histogram": [h.view(k, bins).numpy() for h, k in zip(hist, n)], "positions": positions}
 
 
-def trigger_coefficients(loaded: LoadedModel, latents: Latents, rows: dict[str, np.ndarray],
-                         texts: dict[int, list[int]]) -> np.ndarray:
-    """a_j of each row's latent at the stored positions of its example (``m_start`` on, ``m_length`` of them), the
-    rows one after another (`trigger_contexts.plan`'s order of latent_triggers): a flat float32 array."""
-    total = int(rows["m_length"].sum()) if len(rows["m_length"]) else 0
-    flat = np.zeros(total, dtype=np.float32)
-    used = {int(e): texts[int(e)] for e in np.unique(rows["example_id"])}
-    order = np.argsort(rows["example_id"], kind="stable")
-    example_sorted = rows["example_id"][order]
+class TriggerActivations:
+    """a_j of each latent trigger row at the stored positions of its example (``m_start`` on, ``m_length`` of them),
+    the rows one after another (`trigger_contexts.plan`'s order of latent_triggers), gathered from whichever
+    forward pass captures what the latents read: the neurons' pass over their trigger examples
+    (`trigger_contexts.compute`'s passenger), and `finish`'s own over the examples it did not run."""
 
-    def each(batch, layer: int, a: torch.Tensor) -> None:
-        ids = batch.example_ids.numpy()  # sorted (`collate`)
-        lo, hi = np.searchsorted(example_sorted, ids), np.searchsorted(example_sorted, ids, "right")
-        chosen = np.concatenate([order[x:y] for x, y in zip(lo, hi)])
+    def __init__(self, latents: Latents, rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> None:
+        self.latents, self.rows = latents, rows
+        self.quantities = tuple(sorted({latents.reads(layer) for layer in latents.layers}))
+        total = int(rows["m_length"].sum()) if len(rows["m_length"]) else 0
+        self.flat = np.zeros(total, dtype=np.float32)
+        self.needed = {int(e): texts[int(e)] for e in np.unique(rows["example_id"])}
+        self.done: set[int] = set()
+        self.order = np.argsort(rows["example_id"], kind="stable")
+        self.example_sorted = rows["example_id"][self.order]
+
+    def read(self, quantity: str, layer: int, captured: torch.Tensor, example_ids: np.ndarray) -> None:
+        """`trigger_contexts.Passenger.read`: the rows of this batch's examples at a dictionary layer."""
+        if layer in self.latents.dictionaries and quantity == self.latents.reads(layer):
+            self.fill(layer, self.latents.coefficients(layer, captured).float(), example_ids)
+
+    def fill(self, layer: int, a: torch.Tensor, example_ids: np.ndarray) -> None:
+        """Place the rows of `layer` among the batch's examples (ascending ids) from their activations a."""
+        rows, ids = self.rows, example_ids
+        lo, hi = np.searchsorted(self.example_sorted, ids), np.searchsorted(self.example_sorted, ids, "right")
+        self.done.update(int(e) for e in ids)
+        chosen = np.concatenate([self.order[x:y] for x, y in zip(lo, hi)])
         chosen = chosen[rows["layer"][chosen] == layer]
         if not len(chosen):
             return
@@ -250,10 +266,34 @@ def trigger_coefficients(loaded: LoadedModel, latents: Latents, rows: dict[str, 
         starts, lengths = rows["m_start"][chosen][:, None], rows["m_length"][chosen][:, None]
         at = np.arange(values.shape[1])[None, :]
         inside = (at >= starts) & (at < starts + lengths)
-        flat[(rows["m_offset"][chosen][:, None] + at - starts)[inside]] = values[inside]
+        self.flat[(rows["m_offset"][chosen][:, None] + at - starts)[inside]] = values[inside]
 
-    _passes(loaded, latents, _batches(loaded, used), each)
-    return flat
+    def finish(self, loaded: LoadedModel) -> np.ndarray:
+        """Run the examples no pass has read yet (their own passes, stopping after the last dictionary layer);
+        returns the flat float32 activations."""
+        left = {e: t for e, t in self.needed.items() if e not in self.done}
+        if left:
+            _passes(loaded, self.latents, _batches(loaded, left),
+                    lambda batch, layer, a: self.fill(layer, a, batch.example_ids.numpy()))
+        return self.flat
 
 
-__all__ = ["TOP_TOKENS", "HISTOGRAM_BINS", "build", "activation_stats", "trigger_coefficients"]
+def trigger_coefficients(loaded: LoadedModel, latents: Latents, rows: dict[str, np.ndarray],
+                         texts: dict[int, list[int]]) -> np.ndarray:
+    """`TriggerActivations` computed in passes of their own (no other pass reads the examples)."""
+    return TriggerActivations(latents, rows, texts).finish(loaded)
+
+
+def plan_activations(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path) -> TriggerActivations | None:
+    """The latent trigger activations `build` stores, ready to ride on the neurons' pass; None where none are
+    stored (more than `trigger_contexts.MAX_CELLS`, or no window fits)."""
+    latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
+    db = folder / "explorer.duckdb"
+    rows = trigger_contexts.plan(db, "latent_triggers")
+    if rows is None or int(rows["m_length"].sum()) > trigger_contexts.MAX_CELLS:
+        return None
+    return TriggerActivations(latents, rows, trigger_contexts.texts_of(db))
+
+
+__all__ = ["TOP_TOKENS", "HISTOGRAM_BINS", "TriggerActivations", "build", "activation_stats", "plan_activations",
+           "trigger_coefficients"]

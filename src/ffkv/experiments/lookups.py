@@ -361,9 +361,14 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_ROWS:,} trigger rows, or "
                                                         f"more than {trigger_contexts.MAX_CELLS:,} token coefficients "
                                                         "in the narrowest window"}
+    riders = None  # the latents' trigger activations, read in the same pass where their examples are these
+    if latents and store_contexts:
+        from ffkv.experiments import latent_lookups
+
+        riders = latent_lookups.plan_activations(run, manifest, loaded, folder)
     if store_contexts:
         begun = time.perf_counter()
-        flat = trigger_contexts.compute(loaded, rows, texts, bar=bar)
+        flat = trigger_contexts.compute(loaded, rows, texts, bar=bar, passenger=riders)
         dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
         contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
                     "window": window, "max_cells": trigger_contexts.MAX_CELLS,
@@ -378,7 +383,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         from ffkv.experiments import latent_lookups
 
         latent_info = {"latent_trigger_coefficients": latent_lookups.build(
-            run, manifest, loaded, folder, sample, windows["latent_triggers"], progress=progress)}
+            run, manifest, loaded, folder, sample, windows["latent_triggers"], progress=progress,
+            activations=riders)}
     else:
         for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS):  # an older build's, of another index
             (folder / name).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -100,8 +101,19 @@ def texts_of(db_path: Path) -> dict[int, list[int]]:
     return {int(e): list(t) for e, t in zip(table["example_id"], table["token_ids"])}
 
 
+class Passenger(Protocol):
+    """Another reader of `compute`'s pass over the trigger examples (the latents' activations, which read the FF
+    input or output of the same examples): what it captures, and what it does with each captured tensor."""
+
+    quantities: tuple[str, ...]
+
+    def read(self, quantity: str, layer: int, captured: torch.Tensor, example_ids: np.ndarray) -> None:
+        """One layer's captured `quantity` (batch, tokens, ...) of the batch's examples (ascending ids)."""
+
+
 @torch.no_grad()
-def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, list[int]], bar=None) -> np.ndarray:
+def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, list[int]], bar=None,
+            passenger: Passenger | None = None) -> np.ndarray:
     """m of each row's key at the stored positions of its example (``m_start`` on, ``m_length`` of them), the rows
     one after another (`plan`'s order).
 
@@ -109,6 +121,7 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
         rows: `plan`'s arrays.
         texts: token ids of every example the rows use.
         bar: a progress bar, advanced once per batch.
+        passenger: another reader of the same pass (its batches are these rows' examples, whoever reads them).
 
     Returns a flat float32 array of length ``sum(m_length)``.
     """
@@ -122,6 +135,9 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
     state: dict = {}
 
     def sink(quantity: str, layer: int, m: torch.Tensor) -> None:
+        if quantity != "coefficients":
+            passenger.read(quantity, layer, m, state["ids"])
+            return
         chosen = state["rows"][rows["layer"][state["rows"]] == layer]
         if not len(chosen):
             return
@@ -134,7 +150,9 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
         where = rows["m_offset"][chosen][:, None] + at - starts
         flat[where[inside]] = values[inside]
 
-    with view.capture(("coefficients",), sink=sink, stop_early=True):
+    quantities = ("coefficients", *(q for q in passenger.quantities if q != "coefficients")) if passenger else \
+        ("coefficients",)
+    with view.capture(quantities, sink=sink, stop_early=True):
         for group in length_batches(examples, BATCH_SIZE, MAX_BATCH_TOKENS):
             batch = collate(group, loaded.tokenizer.pad_id, special)
             ids = batch.example_ids.numpy()  # sorted (`collate`)
