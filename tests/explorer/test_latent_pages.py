@@ -262,3 +262,23 @@ def test_a_damaged_latent_file_is_named(run, tiny, tmp_path):
         read_table(tmp_path, "stats.parquet", schemas.LATENT_STATS, {}, "rebuild it")
     pq.write_table(pa.table({"x": [1]}), stats)  # another size than recorded: stale, rebuilt on start
     assert not lookups.is_current(RunDir(copy), RunDir(copy).manifest(), folder)
+
+
+def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(run, tiny):
+    """The stored latent activations come from the neurons' pass over their trigger examples (the passenger),
+    plus passes of their own for examples that pass does not read; the same values as passes of their own only."""
+    from ffkv.experiments import latent_lookups, trigger_contexts
+
+    rd = RunDir(run)
+    folder = rd.cache_dir
+    riders = latent_lookups.plan_activations(rd, rd.manifest(), tiny, folder)
+    rows = trigger_contexts.plan(folder / "explorer.duckdb")
+    texts = trigger_contexts.texts_of(folder / "explorer.duckdb")
+    kept = np.unique(rows["example_id"])[::2]  # the neurons' pass reads half the examples: finish runs the rest
+    half = {name: column[np.isin(rows["example_id"], kept)] for name, column in rows.items()}
+    half["m_offset"] = np.concatenate([[0], np.cumsum(half["m_length"])[:-1]])  # the neurons' own flat, re-packed
+    trigger_contexts.compute(tiny, half, texts, passenger=riders)
+    assert 0 < len(riders.done) < len(riders.needed)
+    alone = latent_lookups.trigger_coefficients(tiny, riders.latents, riders.rows, texts)
+    np.testing.assert_allclose(riders.finish(tiny), alone, rtol=1e-5, atol=1e-6)
+    assert riders.done >= set(riders.needed) and np.abs(alone).max() > 0
