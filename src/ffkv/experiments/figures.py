@@ -71,7 +71,7 @@ def legible(fig) -> None:
     if scale > 1.05:
         for text in fig.findobj(Text):
             text.set_fontsize(text.get_fontsize() * scale)
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # lays the figure out and sizes its text, without rasterising it
     renderer = fig.canvas.get_renderer()
     for ax in fig.get_axes():
         box = ax.get_window_extent(renderer)
