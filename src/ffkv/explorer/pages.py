@@ -290,6 +290,23 @@ def _filtered(table: pd.DataFrame, census: str | None, min_score: float | None) 
     return table
 
 
+
+def sorted_page(table: pd.DataFrame, column: str, order: str, page, what: str) -> tuple[pd.DataFrame, int, int]:
+    """Rows `PAGE_SIZE` of a layer page's table sorted by `column` (`order` asc or desc; ties by key, missing
+    values last): (those rows, the page as a number, the number of pages); a bad order or page is refused
+    (`what` names the table in the message)."""
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
+    try:
+        page = int(page)
+    except (TypeError, ValueError):
+        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
+    n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
+    if not 1 <= page <= n_pages:
+        raise BadRequest(f"page {page} does not exist: {what} has pages 1 to {n_pages}", 404)
+    table = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
+    return table.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE], page, n_pages
+
 def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc", page="1", root: str = "",
                census: str | None = None, min_score: str | None = None) -> str:
     """A layer's keys, curated columns, sortable by each, `PAGE_SIZE` per page. `layer` counts from 1.
@@ -310,18 +327,7 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
     if sort not in sort_column:
         hint = "; pattern labels come from `ffkv analyze --only patterns`" if sort == "pattern" else ""
         raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}{hint}", 422)
-    if order not in ("asc", "desc"):
-        raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
-    try:
-        page = int(page)
-    except (TypeError, ValueError):
-        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
-    n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
-    if not 1 <= page <= n_pages:
-        raise BadRequest(f"page {page} does not exist: this layer has pages 1 to {n_pages}", 404)
-    column = sort_column[sort]
-    table = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
-    shown = table.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+    shown, page, n_pages = sorted_page(table, sort_column[sort], order, page, "this layer")
     rows = []
     for r in shown.to_dict("records"):
         row = []
@@ -606,19 +612,7 @@ def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, or
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in LATENT_COLUMNS}
     if sort not in sort_column:
         raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}", 422)
-    if order not in ("asc", "desc"):
-        raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
-    try:
-        page = int(page)
-    except (TypeError, ValueError):
-        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
-    table = latents.layer_table(layer)
-    n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
-    if not 1 <= page <= n_pages:
-        raise BadRequest(f"page {page} does not exist: {name} has pages 1 to {n_pages}", 404)
-    column = sort_column[sort]
-    shown = table.sort_values([column, "key"], ascending=[order == "asc", True], na_position="last", kind="stable")
-    shown = shown.iloc[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+    shown, page, n_pages = sorted_page(latents.layer_table(layer), sort_column[sort], order, page, name)
     rows = []
     for r in shown.to_dict("records"):
         row = []
