@@ -163,7 +163,8 @@ def read_held_out(ctx: RunContext, reader: Callable[[RunContext], HeldOutReader]
     results = ctx._shared.setdefault("held_out_pass", {})
     if reader not in results:
         readers = {reader: reader(ctx)}
-        for other in (e.held_out_reader for e in map(registry.get, ctx.steps)):
+        declared = (e.held_out_reader for e in map(registry.get, ctx.steps))
+        for other in (r for d in declared for r in (d if isinstance(d, tuple) else (d,))):
             if other is not None and other not in results and other not in readers:
                 try:
                     readers[other] = other(ctx)
