@@ -175,34 +175,38 @@ def test_census_random_directions_are_not_detectors_beyond_control(tmp_path, tin
 
 
 # ----------------------------------------------------------------------------------------- composition on latents
-def test_composition_latents_equal_a_brute_force(census_detectors, tiny):
-    """Figures 7-8 for the latents, read in the shared held-out pass, equal a pass of their own over the same
-    analysed positions: the firing latents (a_j > 0), and whether one's decoder row has the FF output's top token
-    (identity projection: a_j > 0 keeps the row's top token)."""
+def test_composition_and_suppressed_latents_equal_a_brute_force(census_detectors, tiny):
+    """Figures 7-8 and the suppressed rate for the latents, read in the shared held-out pass, equal a pass of their
+    own over the same analysed positions: the firing latents (a_j > 0), whether one's decoder row has the FF output's
+    top token (identity projection: a_j > 0 keeps the row's top token), and, where the model is wrong, the gold
+    token."""
     from ffkv.experiments.common import eval_spec, select_held_out
-    from ffkv.memories.projection import logits
+    from ffkv.memories.projection import final_logits, logits
     from ffkv.memories.sets import Latents
     from ffkv.store.run import RunDir
 
     loaded, _, _ = tiny
     view = loaded.view
-    analyze(census_detectors, only=["composition"], loaded=loaded, progress=False, n_eval=N_EVAL)
+    analyze(census_detectors, only=["composition", "suppressed"], loaded=loaded, progress=False, n_eval=N_EVAL)
     row = pd.read_parquet(census_detectors / "metrics" / "composition_latents.parquet").iloc[0]
     neurons = pd.read_parquet(census_detectors / "metrics" / "composition.parquet").set_index("layer").loc[LAYER]
     manifest = RunDir(census_detectors).manifest()
     latents = Latents.of_run(view, manifest.index.get("dictionary"))
     held = select_held_out(loaded, eval_spec(manifest, n_eval=N_EVAL), 0)
     tops = logits(view, latents.values(LAYER), "identity").argmax(-1)
-    n_active, composed, agrees = [], [], []
-    for e, j in zip(held.examples, held.positions):
+    n_active, composed, agrees, wrong, knows = [], [], [], [], []
+    for e, j, gold in zip(held.examples, held.positions, held.targets):
         t = torch.tensor([list(e.token_ids)])
-        with view.capture(("ff_in", "ff_out")) as cap:
-            view.forward(t, torch.ones_like(t))
+        with view.capture(("ff_in", "ff_out", "resid_post", "head_in")) as cap:
+            view.forward(t, torch.ones_like(t), with_head=True)
+        head = next(iter(cap["head_in"].values()))[0, j] if cap.get("head_in") else None
+        wrong.append(int(final_logits(view, head, cap["resid_post"][view.n_layers - 1][0, j]).argmax()) != gold)
         x, ff = cap["ff_in"][LAYER][0, j], cap["ff_out"][LAYER][0, j]
         a = latents.coefficients(LAYER, x)
         top = int(logits(view, ff[None], "identity").argmax())
         n_active.append(int((a > 0).sum()))
         composed.append(not bool((tops[a > 0] == top).any()))
+        knows.append(bool((tops[a > 0] == gold).any()))
         recon = latents.dictionaries[LAYER].decode(a, x)
         agrees.append(int(logits(view, recon[None], "identity").argmax()) == top)
     assert row["layer"] == LAYER and row["n_examples"] == len(held.examples)
@@ -212,3 +216,7 @@ def test_composition_latents_equal_a_brute_force(census_detectors, tiny):
     # the neurons of the same layer, beside them, are composition.parquet's
     assert row["composition_rate_neurons"] == pytest.approx(neurons["composition_rate"])
     assert row["mean_active_neurons"] == pytest.approx(neurons["mean_active"])
+    suppressed = pd.read_parquet(census_detectors / "metrics" / "suppressed_latents.parquet").iloc[0]
+    wrong, knows = np.array(wrong), np.array(knows)
+    assert suppressed["n_wrong"] == wrong.sum() and suppressed["suppressed_rate"] == pytest.approx(knows[wrong].mean())
+    assert suppressed["knowing_rate_correct"] == pytest.approx(knows[~wrong].mean())

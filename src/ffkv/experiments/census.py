@@ -44,6 +44,20 @@ missed by the summary has fewer than n_strong/(`CANDIDATES` + 1) hits, hence F1 
 shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(70·8 + 2·16·40) B = 120 MB, plus
 one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
 held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
+
+**Latents** (a run indexed with ``--dictionary``; SPEC section 11, docs/definitions.md "Latents beside neurons"):
+the same classes for the dictionary's latents, read in the same three passes (no pass of their own): the
+activations a_j of each layer the dictionary covers are computed (`ffkv.indexing.latents.LatentKeys`, exactly the
+index's, control latents included) from the quantity their keys read, captured by the same hooks, and fed on the
+positions the layer's neurons are fed on (massive positions left out alike), each layer in a one-layer accumulator
+whose active rule is a_j > 0 (a_j >= 0: one sign, no two-way latent). Decisions where the SPEC is silent: dead is
+the index's rule for latents (never fired over the indexed corpus: no trigger row), as patterns_latents reads it;
+detector and positional shares are judged among live memories (a dictionary with many dead latents is not thereby
+read as having few detectors), dead among every memory; value types read the decoder row, set beside the neurons'
+without a random-direction control (a control latent borrows its value). Per measure each kind stands beside its
+own random directions (control latents, random key directions) and the latents' excess minus the neurons' is given
+with its MOVER interval; a verdict only where every kind and control has `MIN_N` memories judged. The token-
+frequency memories of confidence_neurons are that study's, not the census's.
 """
 
 from __future__ import annotations

@@ -10,6 +10,15 @@ the sub-updates) goes through the values projection. Under the identity projecti
 sub-update's top token is the value's own top (m_i > 0) or bottom (m_i < 0) token, which is
 exact and cheap; under a normalization every active sub-update is projected (slow at scale).
 Each share carries its n and a 95% Wilson interval.
+
+**Latents** (a run indexed with ``--dictionary``): `LatentReader` reads the same held-out pass (a second reader of
+it, never a pass of its own) at the layers the dictionary covers: the latents that fire (a_j > 0) and whether the
+FF output's top token is some firing latent's a_j·d_j top token. Decisions: the target is the model's own FF
+output, as for the neurons, not the dictionary's reconstruction (whose agreement with it is reported beside, as
+``reconstruction_agrees``); chance pairs each example with the same partner as the neurons' chance level; the two
+kinds are compared on the same examples, so their differences are paired (mean +- 1.96 standard errors), and the
+measure set beside the neurons is the excess over chance, latents minus neurons; a verdict only on `MIN_N` paired
+examples. An SAE's latents are read the same way: they decompose the FF output they read.
 """
 
 from __future__ import annotations
@@ -21,12 +30,13 @@ from typing import Mapping
 
 from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, chance_with_interval, sample_size_warnings,
                                      share_with_interval)
-from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
+from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, kinds_beside, layer_axis, legend_outside,
+                                      new_figure)
 from ffkv.experiments.heldout import TAU_CURVE, EvalReader, _partners, active_scale, capture_eval, read_held_out
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
+from ffkv.experiments.values import latent_value_tokens
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.projection import logits as project
-from ffkv.memories.projection import scan_values
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import diff, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row, verdict_rows
 from ffkv.presentation.intervals import paired_mean_interval
@@ -189,16 +199,6 @@ class LatentReader:
                                                          "reconstruction_top")} for layer in self.layers}, self.unread
 
 
-def latent_value_tokens(ctx: RunContext, latents, layer: int) -> np.ndarray:
-    """argmax p(d_j) of every latent of a dictionary layer under the values projection: what a firing latent
-    (a_j > 0) predicts."""
-    def compute() -> np.ndarray:
-        n = latents.size(layer)
-        stats = scan_values(ctx.view, layer, ctx.projections.values, np.full(n, -1), top=1, memories=latents)
-        return stats["top_token_id"].astype(np.int64)
-    return ctx.once(("latent_value_tokens", layer), compute)
-
-
 def latent_tables(ctx: RunContext, cap) -> tuple[pd.DataFrame, list[str]]:
     """Figures 7-8 for the latents of each dictionary layer beside the same layer's neurons, on the same held-out
     examples: active memories, the composition rate with its chance level, the rate minus the neurons' (paired, the
@@ -260,6 +260,13 @@ def draw(result: Result) -> Figures:
     """Figure 7 (composition_active), Figure 8 (composition) and, for a signed model, Figure 7 over tau."""
     figures = dict(draw_layers(result.tables[NAME], result.n_layers, result.meta[NAME]["active_tau"],
                                result.meta[NAME]["projection"]))
+    if f"{NAME}_latents" in result.tables:  # the dictionary's latents beside the layer's neurons
+        figures[f"{NAME}_latents"] = kinds_beside(
+            result.tables[f"{NAME}_latents"],
+            (("neurons", "composition_rate_neurons", None, "composition_rate_neurons_chance"),
+             ("latents", "composition_rate", None, "composition_rate_chance")),
+            "% examples: top token ≠\nevery firing memory's",
+            f"Neurons vs. the dictionary's latents (Fig. 8; {result.meta[NAME]['projection']} projection)")
     if not result.tables[f"{NAME}_tau"].empty:
         figures[f"{NAME}_tau"] = draw_tau(result.tables[f"{NAME}_tau"], result.n_layers,
                                           int(result.tables[NAME]["d_m"].iloc[0]))
@@ -410,6 +417,9 @@ FINDINGS: dict[str, Finding] = {
 }
 # The other tables and figures of the study stand beside the finding they belong to.
 FINDINGS.update({"composition_examples": FINDINGS["composition"]})
+FINDINGS["composition_latents"] = Finding("Beyond the paper, beside Figure 8", (
+    "The same question for the latents of a sparse dictionary of the layer, each kind against its own chance "
+    "level: is the layer's top prediction one latent's more often, beyond chance, than one neuron's?"))
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -432,7 +442,24 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                 out += (f" ({t['mean_positive'].min():.0f}-{t['mean_positive'].max():.0f} with m > 0, "
                         f"{t['mean_negative'].min():.0f}-{t['mean_negative'].max():.0f} with m < 0)")
         return out + "."
+    if name == f"{NAME}_latents" and "excess_composition_latents_minus_neurons" in t:
+        return " ".join(_latents_text(row) for row in t.to_dict("records"))
     return None
+
+
+def _latents_text(row: dict) -> str:
+    """One layer of composition_latents in words: each kind's composition rate beside its chance level, how many of
+    each fire, and which kind's top prediction is one memory's more often beyond chance, where n carries it."""
+    def kind(name: str, suffix: str) -> str:
+        return (f"{name} {share_ci(row[f'composition_rate{suffix}'], row['n_examples'])} (chance "
+                f"{pct(row[f'composition_rate{suffix}_chance'])})")
+    low, high = (row[f"excess_composition_latents_minus_neurons{s}"] for s in ("_ci_low", "_ci_high"))
+    return (f"Layer {layer_number(row['layer'])}, the FF output's top token is no firing memory's: "
+            f"{kind('latents', '')}; {kind('neurons', '_neurons')}; excess over chance, latents minus neurons "
+            f"{100 * row['excess_composition_latents_minus_neurons']:+.1f} points [{100 * low:+.1f}, "
+            f"{100 * high:+.1f}]: {row['verdict_composition']}; {row['mean_active']:.1f} of {int(row['n_latents']):,} "
+            f"latents fire on average, {row['mean_active_neurons']:.1f} neurons are active; the dictionary's "
+            f"reconstruction has the FF output's top token in {pct(row['reconstruction_agrees'])}.")
 
 
 def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
@@ -474,5 +501,8 @@ EXPERIMENT = Experiment(
     after=("translators",),  # the held-out pass it shares with refinement then reads the fitted translators too
     encoder=Encoder(True, "Figures 6-8", "at the masked held-out position; sub-updates and the FF output through "
                     "the values projection (the decoder weights)"),
+    latents=("composition_latents: Figures 7-8 for the latents from the shared held-out pass (how many fire; whether "
+             "the FF output's top token is one firing latent's), each kind beside its own permutation chance level, "
+             "and the difference"),
     findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading,
     reading_rows={f"{NAME}_matches": 12, f"{NAME}_massive": 20, f"{NAME}_tau": 5 * 64}, module=__name__)

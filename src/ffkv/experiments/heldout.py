@@ -120,10 +120,12 @@ class EvalCapture:
 
 
 @torch.no_grad()
-def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str) -> torch.Tensor:
+def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str,
+                       memories=None) -> torch.Tensor:
     """What each memory of `keys` predicts at a position with coefficients m (d_m,): the top token of
-    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ)."""
-    values = view.values(layer)
+    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ). `memories`: whose
+    values (`ffkv.memories.sets`; default the neurons)."""
+    values = (memories or view).values(layer)
     sub = m[keys, None].to(values.dtype) * values[keys]
     return project(view, sub, projection).argmax(-1)
 
