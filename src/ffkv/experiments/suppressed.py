@@ -319,16 +319,17 @@ def compute(ctx: RunContext, options=None) -> Result:
         if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
             result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
         else:
-            result.add(f"{NAME}_latents", table, **meta, **{
-                "memories": "the latents of the dictionary the run was indexed with (key: encoder row, value: decoder "
-                            "row), only the layers it covers, read in the shared held-out pass",
+            meta_lat = {
+                **meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, value: "
+                                    "decoder row), only the layers it covers, read in the shared held-out pass",
                 "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
                 "memory_prediction": "argmax of N(a_j·d_j)·Eᵀ for a latent, of N(m_i·v_i)·Eᵀ, sign kept, for a "
                                      "neuron; values projection",
                 "beside_neurons": "*_neurons: the same layer's neurons on the same examples; "
                                   "suppressed_rate_minus_neurons: latents minus neurons over the wrong examples "
                                   "(paired, mean +- 1.96 standard errors); the base rate where the model is right "
-                                  "(knowing_rate_correct*) is each kind's null"})
+                                  "(knowing_rate_correct*) is each kind's null"}
+            result.add(f"{NAME}_latents", table, **meta_lat)
     return result
 
 
