@@ -11,7 +11,8 @@ from support.helpers import loaded_tiny
 from ffkv.experiments import analyze
 from ffkv.experiments.common import RunContext, eval_spec, open_run
 from ffkv.experiments.heldout import EvalReader, active_threshold, capture_eval, held_out_rows
-from ffkv.experiments.suppressed import KnowingReader, capture
+from ffkv.experiments.composition import LatentReader
+from ffkv.experiments.suppressed import KnowingReader, LatentKnowingReader, capture
 from ffkv.store.run import RunDir
 
 
@@ -55,7 +56,8 @@ def test_one_pass_serves_every_reader_with_what_its_own_pass_gives(tmp_path, mon
         np.testing.assert_array_equal(getattr(together_eval, name), getattr(alone_eval, name))
     for name, value in alone_knowing.items():
         np.testing.assert_array_equal(together_knowing[name], value)
-    assert set(shared._shared["held_out_pass"]) == {EvalReader, KnowingReader}
+    # and the latents' readers of composition and suppressed, which read nothing on a run without latents
+    assert set(shared._shared["held_out_pass"]) == {EvalReader, KnowingReader, LatentReader, LatentKnowingReader}
 
 
 def test_a_failing_co_reader_stays_its_own_steps_failure(tmp_path, monkeypatch):

@@ -44,6 +44,20 @@ missed by the summary has fewer than n_strong/(`CANDIDATES` + 1) hits, hence F1 
 shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(70·8 + 2·16·40) B = 120 MB, plus
 one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
 held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
+
+**Latents** (a run indexed with ``--dictionary``; SPEC section 11, docs/definitions.md "Latents beside neurons"):
+the same classes for the dictionary's latents, read in the same three passes (no pass of their own): the
+activations a_j of each layer the dictionary covers are computed (`ffkv.indexing.latents.LatentKeys`, exactly the
+index's, control latents included) from the quantity their keys read, captured by the same hooks, and fed on the
+positions the layer's neurons are fed on (massive positions left out alike), each layer in a one-layer accumulator
+whose active rule is a_j > 0 (a_j >= 0: one sign, no two-way latent). Decisions where the SPEC is silent: dead is
+the index's rule for latents (never fired over the indexed corpus: no trigger row), as patterns_latents reads it;
+detector and positional shares are judged among live memories (a dictionary with many dead latents is not thereby
+read as having few detectors), dead among every memory; value types read the decoder row, set beside the neurons'
+without a random-direction control (a control latent borrows its value). Per measure each kind stands beside its
+own random directions (control latents, random key directions) and the latents' excess minus the neurons' is given
+with its MOVER interval; a verdict only where every kind and control has `MIN_N` memories judged. The token-
+frequency memories of confidence_neurons are that study's, not the census's.
 """
 
 from __future__ import annotations
@@ -56,17 +70,20 @@ import pandas as pd
 import torch
 
 from ffkv.batching import RowBatches, length_batches
-from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, progress_bar, sample_size_warnings,
-                                     share_with_interval)
+from ffkv.errors import FfkvError
+from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, beside_neurons, control_with_interval,
+                                     excess_beside_neurons, progress_bar, sample_size_warnings, share_with_interval)
 from ffkv.experiments.dead import dead_keys
-from ffkv.experiments.figures import COLORS, interval_bars, layer_axis, legend_outside, new_figure
+from ffkv.experiments.figures import COLORS, interval_bars, kinds_beside, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import active_scale, active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
+from ffkv.indexing.latents import LatentKeys
+from ffkv.indexing.sparse import SparseCoefficients
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
 from ffkv.memories.projection import logits as project
-from ffkv.presentation.findings import layer_ends, share_ci
+from ffkv.presentation.findings import layer_ends, pct, share_ci
 
 NAME = "census"
 #: n-gram lengths of the detector rules (1: the token at the position; 2: it and the one before).
@@ -397,12 +414,14 @@ def position_eta2(total: torch.Tensor, within: torch.Tensor, n: int, groups: int
 
 
 def value_statistics(view, layer: int, projection: str, signs: np.ndarray, rule_sign: np.ndarray,
-                     trigger: np.ndarray, shown: int = SHOWN_TOKENS) -> dict[str, np.ndarray]:
+                     trigger: np.ndarray, shown: int = SHOWN_TOKENS, memories=None) -> dict[str, np.ndarray]:
     """Per key, of the written vector w_i = s_i·v_i (s_i = `signs`, the sign the key fires with) projected to
     logits z = N(w_i)·Eᵀ: skew and excess kurtosis over the vocabulary and its top and bottom tokens; and the
     standardized logit (z_t - mean z)/std z of token `trigger` (-1: none) in N(r_i·v_i)·Eᵀ, r_i = `rule_sign`:
-    what the key writes on its rule's positions. Chunked: at most `chunk_size` keys x |V| logits at a time."""
-    values = view.values(layer)
+    what the key writes on its rule's positions. Chunked: at most `chunk_size` keys x |V| logits at a time.
+    `memories`: whose values (`ffkv.memories.sets`; default the model's neurons, a dictionary's `Latents` reads its
+    decoder rows)."""
+    values = (memories or view).values(layer)
     d_m = values.shape[0]
     chunk = chunk_size(view.vocab_size)
     out = {k: [] for k in ("skew", "kurtosis", "trigger_z", "top_ids", "bottom_ids")}
@@ -485,8 +504,8 @@ def _batches(ctx: RunContext) -> RowBatches:
 
 @torch.no_grad()
 def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = False,
-               control: RandomKeys | None = None,
-               massive_rms: np.ndarray | None = None) -> tuple[CensusAccumulator, CensusAccumulator | None]:
+               control: RandomKeys | None = None, massive_rms: np.ndarray | None = None,
+               latents: LatentKeys | None = None) -> tuple[CensusAccumulator, CensusAccumulator | None, dict]:
     """The three streaming passes over `batches` (padded `Batch`es or (rows, Batch) pairs), for the model's keys
     and, with `control`, for its random control memories (read from the same passes' FF inputs).
 
@@ -494,9 +513,18 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
         massive_rms: per layer, the RMS of a position's coefficients above which it carries a massive activation
             (`MASSIVE_FACTOR` x the median of `ffkv.experiments.heldout.active_scale`): such positions are left out
             of every statistic of that layer (a key's largest |m_i|, position shares, counts), for the control too.
+        latents: a dictionary's latents and their control latents (`ffkv.indexing.latents.LatentKeys`, exactly the
+            index's activations), read in the same passes from the quantity each layer's keys read (the FF input
+            of a transcoder, the FF output of an SAE) on the positions the layer's neurons are counted on.
+
+    Returns the keys' accumulator, the control's (or None), and per dictionary layer (latents, control latents or
+    None), each a one-layer accumulator whose active rule is a_j > 0.
     """
     acc = CensusAccumulator(view.n_layers, view.d_m, vocab_size, thresholds)
     acc_control = CensusAccumulator(view.n_layers, control.n, vocab_size, thresholds) if control else None
+    latent_accs = {layer: (CensusAccumulator(1, d.n_latents, vocab_size, [0.0]),
+                           CensusAccumulator(1, latents.n_control, vocab_size, [0.0]) if latents.n_control else None)
+                   for layer, d in latents.dictionaries.items()} if latents is not None else {}
     state: dict = {}
 
     def feed(target: CensusAccumulator, layer: int, m: torch.Tensor, keep: torch.Tensor | None) -> None:
@@ -507,9 +535,25 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
             rules = {n: r[keep_host] for n, r in rules.items()}
         target.feed(state["step"], layer, m, positions, rules, competes)
 
+    def feed_latents(layer: int) -> None:
+        # A dictionary layer's latents, once both they and the layer's kept positions are known (a transcoder
+        # reads the FF input, before the coefficients; an SAE the FF output, after them).
+        if ("latents", layer) in state and ("keep", layer) in state:
+            keep = state.pop(("keep", layer))
+            for target, a in zip(latent_accs[layer], state.pop(("latents", layer))):
+                if target is not None:
+                    feed(target, 0, a, keep)
+
     def sink(name: str, layer: int, t: torch.Tensor) -> None:
-        if name == "ff_in":  # the control memories' coefficients, fed once the layer's own tell which positions count
-            state["control"] = control.coefficients(layer, t)[state["mask"]]
+        if layer in latent_accs and name == latents.reads(layer):
+            found = latents.coefficients(layer, t)
+            state[("latents", layer)] = [(c.dense() if isinstance(c, SparseCoefficients) else c)[state["mask"]]
+                                         for c in found]
+            feed_latents(layer)
+        if name != "coefficients":
+            if name == "ff_in" and control is not None:
+                # the control memories' coefficients, fed once the layer's own tell which positions count
+                state["control"] = control.coefficients(layer, t)[state["mask"]]
             return
         m = t[state["mask"]]
         keep = None
@@ -518,9 +562,14 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
         feed(acc, layer, m, keep)
         if control is not None:
             feed(acc_control, layer, state.pop("control"), keep)
+        if layer in latent_accs:
+            state[("keep", layer)] = keep
+            feed_latents(layer)
 
     steps = ("scale", "summarise", "count")
     quantities = ("coefficients", "ff_in") if control else ("coefficients",)
+    if latents is not None:
+        quantities = tuple(dict.fromkeys((*quantities, *(latents.reads(layer) for layer in latent_accs))))
     bar = progress_bar(progress, len(steps) * len(batches), "census", "batch")
     try:
         for step in steps:
@@ -539,7 +588,36 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
                     bar.update(1)
     finally:
         bar.close()
-    return acc, acc_control
+    return acc, acc_control, latent_accs
+
+
+#: The columns of the per-memory table (census, census_latents_keys), in order.
+KEY_COLUMNS = ["layer", "key", "class", "n_positions", "activation_frequency", "positive_frequency",
+               "negative_frequency", "strong_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id",
+               "rule_precision", "rule_recall", "rule_f1", "rule_positions", "rule_hits", "rule_sign", "detector",
+               "position_eta2", "positional", "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z",
+               "eraser", "written_top", "written_bottom"]
+
+
+def classified(ctx: RunContext, tables: list[pd.DataFrame], memories=None) -> pd.DataFrame:
+    """The per-memory tables of `CensusAccumulator.key_table` (one per layer) with their value columns (read
+    with each memory's firing sign, from `memories`' values: default the neurons), classed, their rules in words."""
+    V = ctx.view.vocab_size
+    for keys in tables:
+        layer = int(keys["layer"].iloc[0])
+        signs = np.where(keys["firing_sign"].to_numpy() < 0, -1, 1)
+        rule_sign = np.where(keys["rule_sign"].to_numpy() < 0, -1, 1)
+        trigger = np.where(keys["rule_n"].to_numpy() > 0, keys["rule_id"].to_numpy() % V, -1)
+        stats = value_statistics(ctx.view, layer, ctx.projections.values, signs, rule_sign, trigger,
+                                 memories=memories)
+        keys["skew"] = stats["skew"].astype(np.float32)
+        keys["kurtosis"] = stats["kurtosis"].astype(np.float32)
+        keys["trigger_z"] = stats["trigger_z"].astype(np.float32)
+        keys["written_top"] = [" · ".join(ctx.tokens(ids)) for ids in stats["top_ids"]]
+        keys["written_bottom"] = [" · ".join(ctx.tokens(ids)) for ids in stats["bottom_ids"]]
+    keys = classify(pd.concat(tables, ignore_index=True))
+    keys["rule"] = [rule_text(ctx, int(n), int(i), V) for n, i in zip(keys["rule_n"], keys["rule_id"])]
+    return keys[KEY_COLUMNS]
 
 
 def census_tables(ctx: RunContext) -> dict:
@@ -551,32 +629,13 @@ def census_tables(ctx: RunContext) -> dict:
     control = RandomKeys(view, ctx.manifest.control_keys, ctx.manifest.identity.index.get("control_seed", 0)) \
         if ctx.has_control else None
     massive = MASSIVE_FACTOR * active_scale(ctx).median_rms if active_fraction(view) > 0 else None
-    acc, acc_control = accumulate(view, batches, V, thresholds, ctx.progress, control, massive)
-    projection = ctx.projections.values
+    latents, unread = latent_keys(ctx)
+    acc, acc_control, latent_accs = accumulate(view, batches, V, thresholds, ctx.progress, control, massive, latents)
     dead = dead_keys(ctx)
-    tables = []
-    for layer in range(view.n_layers):
-        keys = acc.key_table(layer, dead[layer])
-        signs = np.where(keys["firing_sign"].to_numpy() < 0, -1, 1)
-        rule_sign = np.where(keys["rule_sign"].to_numpy() < 0, -1, 1)
-        trigger = np.where(keys["rule_n"].to_numpy() > 0, keys["rule_id"].to_numpy() % V, -1)
-        stats = value_statistics(view, layer, projection, signs, rule_sign, trigger)
-        keys["skew"] = stats["skew"].astype(np.float32)
-        keys["kurtosis"] = stats["kurtosis"].astype(np.float32)
-        keys["trigger_z"] = stats["trigger_z"].astype(np.float32)
-        keys["written_top"] = [" · ".join(ctx.tokens(ids)) for ids in stats["top_ids"]]
-        keys["written_bottom"] = [" · ".join(ctx.tokens(ids)) for ids in stats["bottom_ids"]]
-        tables.append(keys)
-    keys = classify(pd.concat(tables, ignore_index=True))
-    keys["rule"] = [rule_text(ctx, int(n), int(i), V) for n, i in zip(keys["rule_n"], keys["rule_id"])]
-    order = ["layer", "key", "class", "n_positions", "activation_frequency", "positive_frequency",
-             "negative_frequency", "strong_frequency", "dead", "firing_sign", "two_way", "rule", "rule_n", "rule_id",
-             "rule_precision", "rule_recall", "rule_f1", "rule_positions", "rule_hits", "rule_sign", "detector",
-             "position_eta2", "positional", "mean_coefficient", "skew", "kurtosis", "value_type", "trigger_z", "eraser",
-             "written_top", "written_bottom"]
-    keys = keys[order]
+    keys = classified(ctx, [acc.key_table(layer, dead[layer]) for layer in range(view.n_layers)])
     result = {"keys": keys, "per_layer": per_layer(keys, thresholds), "typical": typical(keys),
-              "positions": acc.positions, "n_examples": len(ctx.held_out().examples), "thresholds": thresholds}
+              "positions": acc.positions, "n_examples": len(ctx.held_out().examples), "thresholds": thresholds,
+              "unread": unread}
     if acc_control is not None:
         dead_control = dead_keys(ctx, control=True)
         c = pd.concat([acc_control.key_table(layer, dead_control[layer]) for layer in range(view.n_layers)],
@@ -584,10 +643,102 @@ def census_tables(ctx: RunContext) -> dict:
         c["skew"] = c["kurtosis"] = c["trigger_z"] = np.nan  # a control memory's value is borrowed: no value type
         c = classify(c)
         c["source_key"] = ctx.control_sources()[c["layer"].to_numpy(int), c["key"].to_numpy(int)]
-        result["control"] = c[["layer", "key", "source_key", "class", "activation_frequency", "strong_frequency",
-                               "dead", "rule_f1", "rule_hits", "detector", "position_eta2", "positional"]]
+        result["control"] = c[CONTROL_COLUMNS]
         result["per_layer"] = result["per_layer"].merge(control_shares(keys, result["control"]), on="layer")
+    if latent_accs:
+        result["latents"] = latent_census(ctx, latent_accs, keys, result.get("control"))
     return result
+
+
+#: The control columns of a census table (census_control, census_latents_control).
+CONTROL_COLUMNS = ["layer", "key", "source_key", "class", "activation_frequency", "strong_frequency", "dead",
+                   "rule_f1", "rule_hits", "detector", "position_eta2", "positional"]
+
+
+def latent_keys(ctx: RunContext) -> tuple[LatentKeys | None, list[str]]:
+    """The run's dictionary as the index read it (`ffkv.indexing.latents.LatentKeys`: the same activations and the
+    same control latents, redrawn from the run's control seed and checked against latent_control_keys.parquet);
+    None for a run without latents, or one whose dictionary is gone or changed (with `RunContext.latents_for`'s line
+    saying why)."""
+    latents, unread = ctx.latents_for(f"{NAME}_latents")
+    if latents is None:
+        return None, unread
+    n_control = ctx.manifest.control_keys if ctx.has_latent_control else 0
+    found = LatentKeys(latents.dictionaries, n_control, ctx.manifest.identity.index.get("control_seed", 0),
+                       ctx.view.device)
+    if n_control:
+        recorded = ctx.latent_control_sources()
+        for layer in found.layers:
+            if not np.array_equal(as_numpy(found.source(layer)), recorded.get(layer, np.zeros(0))):
+                raise FfkvError(f"the control latents of layer {layer + 1} drawn again differ from those of "
+                                f"{ctx.run.table('latent_control_keys')}; index the run again")
+    return found, []
+
+
+#: What the latents are set beside the neurons on (census_latents): measure -> (the memories judged, the flag).
+#: Dead is judged among every memory; a detector or positional memory among the live ones, so that a kind with
+#: more dead memories is not thereby read as having fewer detectors.
+LATENT_MEASURES = {
+    "dead": (lambda k: np.ones(len(k), dtype=bool), lambda k: k["dead"].to_numpy(bool)),
+    "detector": (lambda k: ~k["dead"].to_numpy(bool), lambda k: k["detector"].to_numpy(bool)),
+    "positional": (lambda k: ~k["dead"].to_numpy(bool), lambda k: k["positional"].to_numpy(bool)),
+}
+#: Value types set beside the neurons' among live memories (no random-direction control: a control latent borrows
+#: its value, as a control key does).
+LATENT_VALUE_TYPES = ("prediction", "suppression")
+
+
+def latent_census(ctx: RunContext, accs: dict, neuron_keys: pd.DataFrame,
+                  neuron_control: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    """The census of a dictionary's latents from the passes that classed the neurons (`accumulate`): per latent
+    (census_latents_keys), per control latent (census_latents_control) and per layer the dictionary covers
+    (census_latents), each measure of `LATENT_MEASURES` for latents and neurons, each beside its own control,
+    and the latents' excess minus the neurons' (`ffkv.experiments.common.excess_beside_neurons`).
+
+    A latent is dead when it never fired over the indexed corpus (no row in latent_trigger_examples.parquet, the
+    rule of the index: a_j > 0); its control latents likewise (latent_control_trigger_examples.parquet)."""
+    memories = ctx.memories("latents")
+    fired = ctx.triggers(1, source="latents")
+    fired_control = ctx.triggers(1, control=True, source="latents") if ctx.has_latent_control else None
+
+    def never_fired(table: pd.DataFrame, layer: int, n: int) -> np.ndarray:
+        return ~np.isin(np.arange(n), table.loc[table["layer"] == layer, "key"].to_numpy())
+
+    def at(table: pd.DataFrame, layer: int) -> pd.DataFrame:
+        return table[table["layer"] == layer]
+
+    tables, controls = [], []
+    for layer, (acc, acc_control) in accs.items():
+        t = acc.key_table(0, never_fired(fired, layer, acc.d_m))
+        tables.append(t.assign(layer=np.full(len(t), layer, np.int16)))
+        if acc_control is not None:
+            c = acc_control.key_table(0, never_fired(fired_control, layer, acc_control.d_m))
+            c = c.assign(layer=np.full(len(c), layer, np.int16))
+            c["skew"] = c["kurtosis"] = c["trigger_z"] = np.nan  # a control latent's value is borrowed: no value type
+            c = classify(c)
+            c["source_key"] = ctx.latent_control_sources()[layer][c["key"].to_numpy(int)]
+            controls.append(c[CONTROL_COLUMNS])
+    keys = classified(ctx, tables, memories)
+    control = pd.concat(controls, ignore_index=True) if controls else pd.DataFrame(columns=CONTROL_COLUMNS)
+    rows = []
+    for layer, (acc, _) in accs.items():
+        k, c, nk = at(keys, layer), at(control, layer), at(neuron_keys, layer)
+        nc = at(neuron_control, layer) if neuron_control is not None else neuron_keys.iloc[0:0]
+        row = {"layer": int(layer), "n_latents": int(len(k)), "n_control_latents": int(len(c)),
+               "n_neurons": int(len(nk)), "n_control_neurons": int(len(nc)), "n_positions": int(acc.positions)}
+        for name, (judged, flag) in LATENT_MEASURES.items():
+            row.update(excess_beside_neurons(*(flag(t)[judged(t)] for t in (k, c, nk, nc)), name))
+        live, live_neurons = k[~k["dead"].to_numpy(bool)], nk[~nk["dead"].to_numpy(bool)]
+        row.update({"n_live_latents": int(len(live)), "n_live_neurons": int(len(live_neurons))})
+        for kind in LATENT_VALUE_TYPES:
+            mine = live["value_type"].to_numpy() == kind
+            row.update(share_with_interval(mine, f"share_{kind}"))
+            row.update(beside_neurons(mine, live_neurons["value_type"].to_numpy() == kind, f"share_{kind}"))
+        row["mean_activation_frequency_latents"] = float(live["activation_frequency"].mean()) if len(live) else np.nan
+        row["mean_activation_frequency_neurons"] = float(live_neurons["activation_frequency"].mean()) \
+            if len(live_neurons) else np.nan
+        rows.append(row)
+    return {"keys": keys, "control": control, "per_layer": pd.DataFrame(rows)}
 
 
 #: Census shares set beside the random control memories (value types are left out: a control memory borrows its
@@ -712,6 +863,13 @@ def draw(result: Result) -> Figures:
         layer_axis(ax, L)
         legend_outside(ax)
         figures[f"{NAME}_control"] = fig
+    if f"{NAME}_latents" in result.tables:  # the dictionary's latents beside the layer's neurons
+        table = result.tables[f"{NAME}_latents"]
+        figures[f"{NAME}_latents"] = kinds_beside(
+            table, (("neurons", "detector_neurons", "detector_neurons_control", None),
+                    ("latents", "detector_latents", "detector_latents_control", None)),
+            "% live memories that are token or\nn-gram detectors",
+            "Census: neurons vs. the dictionary's latents, each beside its random directions")
     return figures
 
 
@@ -759,11 +917,37 @@ def compute(ctx: RunContext, options=None) -> Result:
             "interval": "95% Wilson score interval", "eval_corpus": ctx.held_out().spec.to_dict(),
             "warnings": sample_size_warnings(NAME, n_keys, "keys")}
     result = Result(ctx.view.n_layers, record={k: v for k, v in meta.items() if k != "warnings"})
+    if found["unread"]:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
+        meta = {**meta, "warnings": [*meta["warnings"], *found["unread"]]}
     result.add(NAME, found["keys"], **meta)
     result.add(f"{NAME}_layers", found["per_layer"], **meta)
     result.add(f"{NAME}_typical", found["typical"], **meta)
     if "control" in found:
         result.add(f"{NAME}_control", found["control"], **meta)
+    if "latents" in found:
+        latents = found["latents"]
+        meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, "
+                    "value: decoder row; `ffkv.memories.sets.Latents`), only the layers it covers, read in the "
+                    "census's own passes from the quantity their keys read (a transcoder's FF input, an SAE's FF "
+                    "output), on the positions the layer's neurons are counted on",
+                    "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                    "dead": "latents: never fired over the indexed corpus (no row in latent_trigger_examples.parquet); "
+                            "neurons: never active over it (ffkv.experiments.dead)",
+                    "control": ("the control latents of each layer (ffkv.indexing.latents: a real latent's encoder "
+                                "norm, bias and threshold with a random direction, judged against the real latents), "
+                                "classed by the same rules from the same passes" if ctx.has_latent_control else
+                                "none: the run holds no control latents"),
+                    "beside_neurons": "MEASURE_latents, MEASURE_neurons: share of the kind's memories judged (dead: "
+                                      "every memory; detector, positional: the live ones) with 95% Wilson intervals; "
+                                      "*_minus_control: Newcombe's 95% interval; excess_MEASURE_latents_minus_neurons: "
+                                      "the latents' excess over their control minus the neurons' over theirs (MOVER "
+                                      f"95% interval); verdict_MEASURE read only where every kind and control has at "
+                                      f"least {MIN_N} memories judged",
+                    "warnings": sample_size_warnings(f"{NAME}_latents", int(latents["per_layer"]["n_latents"].min())
+                                                     if len(latents["per_layer"]) else 0, "latents")}
+        result.add(f"{NAME}_latents", latents["per_layer"], **meta_lat)
+        result.add(f"{NAME}_latents_keys", latents["keys"], **meta_lat)
+        result.add(f"{NAME}_latents_control", latents["control"], **meta_lat)
     return result
 
 
@@ -783,6 +967,12 @@ FINDINGS: dict[str, Finding] = {
 }
 # The other tables and figures of the study stand beside the finding they belong to.
 FINDINGS.update({"census_layers": FINDINGS["census"], "census_typical": FINDINGS["census"]})
+FINDINGS["census_latents"] = Finding("Beyond the paper, beside the census", (
+    "The same classes for the latents of a sparse dictionary of the layer, each kind against its own random "
+    "directions: are the latents token or n-gram detectors (or dead, or positional) beyond their control more "
+    "often than the neurons are beyond theirs?"))
+FINDINGS.update({"census_latents_keys": FINDINGS["census_latents"],
+                 "census_latents_control": FINDINGS["census_latents"]})
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -796,7 +986,29 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         return (f"In this model {share('dead', lo)} of the keys of {n_first} are dead and {share('detector', lo)} "
                 f"are token or n-gram detectors; in {n_last}: dead {share('dead', hi)}, detectors "
                 f"{share('detector', hi)} (n: keys per layer; positions: every token of the held-out sample).")
+    if name == f"{NAME}_latents" and "excess_detector_latents_minus_neurons" in t:
+        return " ".join(_latents_text(row) for row in t.to_dict("records"))
     return None
+
+
+def _latents_text(row: dict) -> str:
+    """One layer of census_latents in words: per measure, each kind's share beside its own control, and which kind
+    exceeds its control by more where n carries a verdict."""
+    def kind(measure: str, name: str) -> str:
+        share = share_ci(row[f"{measure}_{name}"], row[f"n_{measure}_{name}"])
+        control = row[f"{measure}_{name}_control"]
+        return f"{name} {share}" + (f" (their random directions {pct(control)})" if np.isfinite(control) else "")
+
+    parts = []
+    for measure in LATENT_MEASURES:
+        excess_name = f"excess_{measure}_latents_minus_neurons"
+        low, high = row[f"{excess_name}_ci_low"], row[f"{excess_name}_ci_high"]
+        excess = (f"; excess over control, latents minus neurons "
+                  f"{100 * row[excess_name]:+.1f} points [{100 * low:+.1f}, "
+                  f"{100 * high:+.1f}]" if np.isfinite(low) else "")
+        parts.append(f"{measure}: {kind(measure, 'latents')}; {kind(measure, 'neurons')}{excess}: "
+                     f"{row[f'verdict_{measure}']}")
+    return f"Layer {int(row['layer']) + 1}, " + "; ".join(parts) + "."
 
 
 EXPERIMENT = Experiment(
@@ -808,4 +1020,7 @@ EXPERIMENT = Experiment(
     encoder=Encoder(True, "census (beyond the paper)", "over every token of the held-out examples, unmasked: "
                     "activation, detector and positional statistics describe the keys; value types through the "
                     "values projection"),
+    latents=("census_latents, census_latents_keys, census_latents_control: the census classes of the latents (dead,"
+             " token or n-gram detector, positional, value type) from the census's own passes, each kind's share "
+             "minus its own random directions (control latents, random key directions), and the difference"),
     findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_typical": 30}, module=__name__)

@@ -145,6 +145,49 @@ def beside_neurons(latents: np.ndarray, neurons: np.ndarray, name: str) -> dict[
     return {k.replace("_control", "_neurons"): v for k, v in control_with_interval(latents, neurons, name).items()}
 
 
+def excess_beside_neurons(latents: np.ndarray, latent_control: np.ndarray, neurons: np.ndarray,
+                          neuron_control: np.ndarray, name: str) -> dict[str, float]:
+    """A share of a layer's latents and of its neurons, each beside its own random-direction control: per kind,
+    {name_KIND, _ci_low, _ci_high} (Wilson), n_KIND, {name_KIND_control, name_KIND_minus_control, _ci_low,
+    _ci_high} (Newcombe) and n_control_KIND (KIND: latents, neurons); then the latents' excess over their control
+    minus the neurons' over theirs, {excess_name_latents_minus_neurons, _ci_low, _ci_high} (MOVER: the two Newcombe
+    intervals combined as Newcombe combines two Wilson intervals), NaN where a control is empty; and
+    verdict_name (`excess_verdict`)."""
+    row: dict = {}
+    for kind, mine, theirs in (("latents", latents, latent_control), ("neurons", neurons, neuron_control)):
+        mine, theirs = np.asarray(mine, dtype=bool), np.asarray(theirs, dtype=bool)
+        row.update(share_with_interval(mine, f"{name}_{kind}"))
+        row[f"n_{name}_{kind}"] = int(len(mine))
+        got = control_with_interval(mine, theirs, f"{name}_{kind}") if len(theirs) and len(mine) else {}
+        for part in ("control", "minus_control", "minus_control_ci_low", "minus_control_ci_high"):
+            row[f"{name}_{kind}_{part}"] = got.get(f"{name}_{kind}_{part}", np.nan)
+        row[f"n_{name}_{kind}_control"] = int(len(theirs))
+    d1, l1, u1 = (row[f"{name}_latents_minus_control{s}"] for s in ("", "_ci_low", "_ci_high"))
+    d2, l2, u2 = (row[f"{name}_neurons_minus_control{s}"] for s in ("", "_ci_low", "_ci_high"))
+    d = d1 - d2
+    excess = f"excess_{name}_latents_minus_neurons"
+    row.update({excess: d, f"{excess}_ci_low": d - float(np.sqrt((d1 - l1) ** 2 + (u2 - d2) ** 2)),
+                f"{excess}_ci_high": d + float(np.sqrt((u1 - d1) ** 2 + (d2 - l2) ** 2))})
+    fewest = min(row[f"n_{name}_latents"], row[f"n_{name}_neurons"], row[f"n_{name}_latents_control"],
+                 row[f"n_{name}_neurons_control"])
+    row[f"verdict_{name}"] = excess_verdict(row[f"{excess}_ci_low"], row[f"{excess}_ci_high"], fewest)
+    return row
+
+
+def excess_verdict(low: float, high: float, fewest: int) -> str:
+    """Which kind exceeds its own control by more, from the 95% interval [low, high] of the latents' excess minus
+    the neurons': read only where every kind and control has at least `MIN_N` memories judged (`fewest`)."""
+    if fewest < MIN_N:
+        return f"no verdict: {int(fewest)} memories of one kind or control are judged, fewer than {MIN_N}"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "no verdict: no control to set it against"
+    if low > 0:
+        return "the latents exceed their control by more"
+    if high < 0:
+        return "the neurons exceed their control by more"
+    return "undecided: the interval of the difference holds 0"
+
+
 def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> list[str]:
     """A one-line warning (also raised as an `FfkvWarning`, printed by the CLI) when n < `MIN_N`; [] otherwise.
 

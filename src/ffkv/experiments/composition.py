@@ -10,19 +10,34 @@ the sub-updates) goes through the values projection. Under the identity projecti
 sub-update's top token is the value's own top (m_i > 0) or bottom (m_i < 0) token, which is
 exact and cheap; under a normalization every active sub-update is projected (slow at scale).
 Each share carries its n and a 95% Wilson interval.
+
+**Latents** (a run indexed with ``--dictionary``): `LatentReader` reads the same held-out pass (a second reader of
+it, never a pass of its own) at the layers the dictionary covers: the latents that fire (a_j > 0) and whether the
+FF output's top token is some firing latent's a_j·d_j top token. Decisions: the target is the model's own FF
+output, as for the neurons, not the dictionary's reconstruction (whose agreement with it is reported beside, as
+``reconstruction_agrees``); chance pairs each example with the same partner as the neurons' chance level; the two
+kinds are compared on the same examples, so their differences are paired (mean +- 1.96 standard errors), and the
+measure set beside the neurons is the excess over chance, latents minus neurons; a verdict only on `MIN_N` paired
+examples. An SAE's latents are read the same way: they decompose the FF output they read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 from typing import Mapping
 
-from ffkv.experiments.common import RunContext, chance_with_interval, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import COLORS, chance_line, interval_bars, layer_axis, legend_outside, new_figure
-from ffkv.experiments.heldout import TAU_CURVE, EvalReader, active_scale, capture_eval
+from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, chance_with_interval, sample_size_warnings,
+                                     share_with_interval)
+from ffkv.experiments.figures import (COLORS, chance_line, interval_bars, kinds_beside, layer_axis, legend_outside,
+                                      new_figure)
+from ffkv.experiments.heldout import TAU_CURVE, EvalReader, _partners, active_scale, capture_eval, read_held_out
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
+from ffkv.experiments.values import latent_value_tokens
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
+from ffkv.memories.projection import logits as project
+from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import diff, layer_ends, n_of, pct, rule_frame, share_ci, verdict_row, verdict_rows
 from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.presentation.style import layer_number
@@ -122,6 +137,121 @@ def scale_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
     return {"scale": scale[list(SCALE_COLUMNS)], "massive": massive[list(MASSIVE_COLUMNS)]}
 
 
+class LatentReader:
+    """Figures 7-8 for a dictionary's latents, read from the shared held-out pass (`read_held_out`) that the
+    neurons' `EvalReader` reads: per held-out example (rows) and dictionary layer, the latents that fire
+    (a_j > 0, SPEC section 11), the FF output's top token, whether some firing latent's sub-update a_j·d_j has
+    it as top token (and the partner example's: the same permutation chance level as the neurons'), and the
+    top token of the dictionary's reconstruction. A run without latents, or whose dictionary is gone or changed
+    (`unread` says why), reads nothing."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        view = ctx.view
+        self.ctx, self.view = ctx, view
+        self.latents, self.unread = ctx.latents_for(f"{NAME}_latents")
+        self.layers = self.latents.layers if self.latents is not None else []
+        self.quantities = tuple(dict.fromkeys(("ff_out", *(self.latents.reads(layer) for layer in self.layers))))\
+            if self.layers else ()
+        self.pv = ctx.projections.values
+        N = len(ctx.held_out().examples)
+        self.tops = {layer: torch.as_tensor(latent_value_tokens(ctx, self.latents, layer), device=view.device)
+                     for layer in self.layers} if self.pv == "identity" else {}
+        self.out = {}
+        for layer in self.layers:
+            for k, dt in (("n_active", np.int32), ("ff_top", np.int64), ("matches", bool),
+                          ("matches_chance", bool), ("reconstruction_top", np.int64)):
+                self.out[f"{layer}/{k}"] = np.zeros(N, dtype=dt)
+
+    @torch.no_grad()
+    def read(self, idx: np.ndarray, state: dict) -> None:
+        """One batch of the pass: `state` holds its examples' analysed positions."""
+        view, out, pv = self.view, self.out, self.pv
+        shift = torch.as_tensor(_partners(len(idx), self.ctx.seed, int(idx[0])), device=view.device)
+        for layer in self.layers:
+            d = self.latents.dictionaries[layer]
+            x = state[(self.latents.reads(layer), layer)]
+            a = d.encode(x)
+            active = a > 0
+            ff = project(view, state[("ff_out", layer)], pv).argmax(-1)
+            if pv == "identity":  # a_j > 0: the sub-update's top token is the decoder row's own
+                def hit(t: torch.Tensor) -> torch.Tensor:
+                    return ((self.tops[layer][None, :] == t[:, None]) & active).any(-1)
+                same, same_chance = hit(ff), hit(ff[shift])
+            else:  # a normalization is not scale-free: project each firing latent's sub-update
+                same = torch.zeros(len(idx), dtype=torch.bool, device=view.device)
+                same_chance = torch.zeros_like(same)
+                for b in range(len(idx)):
+                    keys = torch.nonzero(active[b])[:, 0]
+                    if len(keys):
+                        sub = a[b, keys, None].to(d.decoder.dtype) * d.decoder[keys]
+                        best = project(view, sub, pv).argmax(-1)
+                        same[b], same_chance[b] = bool((best == ff[b]).any()), bool((best == ff[shift][b]).any())
+            values = {"n_active": active.sum(-1), "ff_top": ff, "matches": same, "matches_chance": same_chance,
+                      "reconstruction_top": project(view, d.decode(a, x).float(), pv).argmax(-1)}
+            for k, v in values.items():
+                out[f"{layer}/{k}"][idx] = as_numpy(v)
+
+    def result(self, rows: np.ndarray) -> tuple[dict[int, dict[str, np.ndarray]], list[str]]:
+        """(dictionary layer -> {n_active, ff_top, matches, matches_chance, reconstruction_top} per example,
+        the lines saying why nothing was read)."""
+        got = gather_rows(self.out, rows) if self.out else {}
+        return {layer: {k: got[f"{layer}/{k}"] for k in ("n_active", "ff_top", "matches", "matches_chance",
+                                                         "reconstruction_top")} for layer in self.layers}, self.unread
+
+
+def latent_tables(ctx: RunContext, cap) -> tuple[pd.DataFrame, list[str]]:
+    """Figures 7-8 for the latents of each dictionary layer beside the same layer's neurons, on the same held-out
+    examples: active memories, the composition rate with its chance level, the rate minus the neurons' (paired, the
+    same examples) and the excess over chance of the latents minus the neurons' (paired: (latents - their chance)
+    - (neurons - their chance) per example, mean +- 1.96 standard errors, over the paired examples); and how often
+    the dictionary's reconstruction has the FF output's top token. Returns it with the lines saying why it is
+    empty (the dictionary's files gone or changed)."""
+    found, unread = read_held_out(ctx, LatentReader)
+    rows = []
+    for layer, got in found.items():
+        n = ctx.memories("latents").size(layer)
+        mine, mine_chance = ~got["matches"], ~got["matches_chance"]
+        theirs, theirs_chance = ~cap.ff_matches[:, layer], ~cap.ff_matches_chance[:, layer]
+        active = got["n_active"]
+        row = {"layer": int(layer), "n_latents": int(n), "n_examples": int(len(active)),
+               **share_with_interval(mine, "composition_rate"),
+               **chance_with_interval(mine, mine_chance, "composition_rate", cap.paired),
+               **share_with_interval(theirs, "composition_rate_neurons"),
+               **chance_with_interval(theirs, theirs_chance, "composition_rate_neurons", cap.paired)}
+        diff_mean, diff_low, diff_high = paired_mean_interval(mine.astype(np.float64) - theirs)
+        row.update({"composition_rate_minus_neurons": diff_mean, "composition_rate_minus_neurons_ci_low": diff_low,
+                    "composition_rate_minus_neurons_ci_high": diff_high})
+        p = cap.paired
+        excess = (mine[p].astype(np.float64) - mine_chance[p]) - (theirs[p].astype(np.float64) - theirs_chance[p])
+        e_mean, e_low, e_high = paired_mean_interval(excess)
+        row.update({"excess_composition_latents_minus_neurons": e_mean,
+                    "excess_composition_latents_minus_neurons_ci_low": e_low,
+                    "excess_composition_latents_minus_neurons_ci_high": e_high, "n_paired": int(p.sum()),
+                    "verdict_composition": composition_verdict(e_low, e_high, int(p.sum()))})
+        row.update({"mean_active": float(active.mean()), "median_active": float(np.median(active)),
+                    "p25_active": float(np.quantile(active, 0.25)), "p75_active": float(np.quantile(active, 0.75)),
+                    "share_active": float(active.mean() / n),
+                    "mean_active_neurons": float(cap.n_active[:, layer].mean()),
+                    "share_active_neurons": float(cap.n_active[:, layer].mean() / ctx.view.d_m)})
+        row.update(share_with_interval(got["reconstruction_top"] == got["ff_top"], "reconstruction_agrees"))
+        rows.append(row)
+    return pd.DataFrame(rows), unread
+
+
+def composition_verdict(low: float, high: float, n: int) -> str:
+    """Which kind's top prediction is one memory's more often beyond chance, from the 95% interval of the
+    latents' excess composition over chance minus the neurons' (read only on at least `MIN_N` paired examples)."""
+    if n < MIN_N:
+        return f"no verdict: {n} paired examples, fewer than {MIN_N}"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "no verdict: no chance level"
+    if high < 0:
+        return "the layer's top prediction is one latent's more often, beyond chance, than one neuron's"
+    if low > 0:
+        return "the layer's top prediction is one neuron's more often, beyond chance, than one latent's"
+    return "undecided: the interval of the difference holds 0"
+
+
 SCALE_COLUMNS = ("layer", "scale", "scale_all_positions", "n_massive", "n_positions")
 MASSIVE_COLUMNS = ("layer", "example_id", "position", "token_id", "token", "rms", "max_abs", "times_median")
 
@@ -130,6 +260,13 @@ def draw(result: Result) -> Figures:
     """Figure 7 (composition_active), Figure 8 (composition) and, for a signed model, Figure 7 over tau."""
     figures = dict(draw_layers(result.tables[NAME], result.n_layers, result.meta[NAME]["active_tau"],
                                result.meta[NAME]["projection"]))
+    if f"{NAME}_latents" in result.tables:  # the dictionary's latents beside the layer's neurons
+        figures[f"{NAME}_latents"] = kinds_beside(
+            result.tables[f"{NAME}_latents"],
+            (("neurons", "composition_rate_neurons", None, "composition_rate_neurons_chance"),
+             ("latents", "composition_rate", None, "composition_rate_chance")),
+            "% examples: top token ≠\nevery firing memory's",
+            f"Neurons vs. the dictionary's latents (Fig. 8; {result.meta[NAME]['projection']} projection)")
     if not result.tables[f"{NAME}_tau"].empty:
         figures[f"{NAME}_tau"] = draw_tau(result.tables[f"{NAME}_tau"], result.n_layers,
                                           int(result.tables[NAME]["d_m"].iloc[0]))
@@ -222,6 +359,25 @@ def compute(ctx: RunContext, options=None) -> Result:
     for part in ("examples", "matches", "tau", "scale", "massive"):
         why = {"empty_because": empty_because(part, cap.tau)} if found[part].empty else {}
         result.add(f"{NAME}_{part}", found[part], **meta, **why)
+    if ctx.has_latents:
+        table, unread = latent_tables(ctx, cap)
+        if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
+            result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
+        else:
+            meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
+                        "row, value: decoder row), only the layers it covers, read in the shared held-out pass",
+                        "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                        "memory_prediction": "argmax of a_j·d_j·Eᵀ for a latent (a_j > 0), of m_i·v_i·Eᵀ, sign "
+                                             "kept, for a neuron; both against argmax p(ff_out), the model's own FF "
+                                             "output",
+                        "beside_neurons": "composition_rate_minus_neurons: latents minus neurons on the same examples "
+                                          "(paired, mean +- 1.96 standard errors); excess_composition_latents_minus_"
+                                          "neurons: (latents - their chance) - (neurons - their chance) per paired "
+                                          f"example, likewise; verdict_composition read on at least {MIN_N} paired "
+                                          "examples",
+                        "reconstruction": "reconstruction_agrees: the share of examples where the dictionary's "
+                                          "reconstruction of the FF output has the FF output's top token"}
+            result.add(f"{NAME}_latents", table, **meta_lat)
     return result
 
 
@@ -261,6 +417,9 @@ FINDINGS: dict[str, Finding] = {
 }
 # The other tables and figures of the study stand beside the finding they belong to.
 FINDINGS.update({"composition_examples": FINDINGS["composition"]})
+FINDINGS["composition_latents"] = Finding("Beyond the paper, beside Figure 8", (
+    "The same question for the latents of a sparse dictionary of the layer, each kind against its own chance "
+    "level: is the layer's top prediction one latent's more often, beyond chance, than one neuron's?"))
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -283,7 +442,24 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                 out += (f" ({t['mean_positive'].min():.0f}-{t['mean_positive'].max():.0f} with m > 0, "
                         f"{t['mean_negative'].min():.0f}-{t['mean_negative'].max():.0f} with m < 0)")
         return out + "."
+    if name == f"{NAME}_latents" and "excess_composition_latents_minus_neurons" in t:
+        return " ".join(_latents_text(row) for row in t.to_dict("records"))
     return None
+
+
+def _latents_text(row: dict) -> str:
+    """One layer of composition_latents in words: each kind's composition rate beside its chance level, how many of
+    each fire, and which kind's top prediction is one memory's more often beyond chance, where n carries it."""
+    def kind(name: str, suffix: str) -> str:
+        return (f"{name} {share_ci(row[f'composition_rate{suffix}'], row['n_examples'])} (chance "
+                f"{pct(row[f'composition_rate{suffix}_chance'])})")
+    low, high = (row[f"excess_composition_latents_minus_neurons{s}"] for s in ("_ci_low", "_ci_high"))
+    return (f"Layer {layer_number(row['layer'])}, the FF output's top token is no firing memory's: "
+            f"{kind('latents', '')}; {kind('neurons', '_neurons')}; excess over chance, latents minus neurons "
+            f"{100 * row['excess_composition_latents_minus_neurons']:+.1f} points [{100 * low:+.1f}, "
+            f"{100 * high:+.1f}]: {row['verdict_composition']}; {row['mean_active']:.1f} of {int(row['n_latents']):,} "
+            f"latents fire on average, {row['mean_active_neurons']:.1f} neurons are active; the dictionary's "
+            f"reconstruction has the FF output's top token in {pct(row['reconstruction_agrees'])}.")
 
 
 def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], label: str = "") -> list[dict]:
@@ -321,9 +497,12 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
 
 EXPERIMENT = Experiment(
     name=NAME, title="Composition inside a layer (paper Section 5.1)", section="paper Section 5.1, Figures 7-8",
-    order=4, compute=compute, draw=draw, held_out=True, held_out_reader=EvalReader,
+    order=4, compute=compute, draw=draw, held_out=True, held_out_reader=(EvalReader, LatentReader),
     after=("translators",),  # the held-out pass it shares with refinement then reads the fitted translators too
     encoder=Encoder(True, "Figures 6-8", "at the masked held-out position; sub-updates and the FF output through "
                     "the values projection (the decoder weights)"),
+    latents=("composition_latents: Figures 7-8 for the latents from the shared held-out pass (how many fire; whether "
+             "the FF output's top token is one firing latent's), each kind beside its own permutation chance level, "
+             "and the difference"),
     findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading,
     reading_rows={f"{NAME}_matches": 12, f"{NAME}_massive": 20, f"{NAME}_tau": 5 * 64}, module=__name__)

@@ -120,10 +120,12 @@ class EvalCapture:
 
 
 @torch.no_grad()
-def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str) -> torch.Tensor:
+def memory_predictions(view, layer: int, m: torch.Tensor, keys: torch.Tensor, projection: str,
+                       memories=None) -> torch.Tensor:
     """What each memory of `keys` predicts at a position with coefficients m (d_m,): the top token of
-    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ)."""
-    values = view.values(layer)
+    N(m_i·v_i)·Eᵀ, the sign of m_i kept (a negative memory predicts the bottom of v_i·Eᵀ). `memories`: whose
+    values (`ffkv.memories.sets`; default the neurons)."""
+    values = (memories or view).values(layer)
     sub = m[keys, None].to(values.dtype) * values[keys]
     return project(view, sub, projection).argmax(-1)
 
@@ -163,7 +165,8 @@ def read_held_out(ctx: RunContext, reader: Callable[[RunContext], HeldOutReader]
     results = ctx._shared.setdefault("held_out_pass", {})
     if reader not in results:
         readers = {reader: reader(ctx)}
-        for other in (e.held_out_reader for e in map(registry.get, ctx.steps)):
+        declared = (e.held_out_reader for e in map(registry.get, ctx.steps))
+        for other in (r for d in declared for r in (d if isinstance(d, tuple) else (d,))):
             if other is not None and other not in results and other not in readers:
                 try:
                     readers[other] = other(ctx)

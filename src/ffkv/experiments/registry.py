@@ -138,6 +138,7 @@ class Experiment:
         held_out_reader: its reduction of the held-out pass at the analysed positions
             (`ffkv.experiments.heldout.read_held_out`: ``reader(ctx)`` with ``quantities``, ``read(rows, state)``
             per batch and ``result(rows)``): one forward pass serves every experiment of the call that declares one.
+            A tuple of readers: each reads the same pass (composition: the neurons' reader and the latents').
         own_pass: the forward passes it runs of its own, and why the shared held-out pass does not serve them
             (empty: it runs none, or only the shared ones).
         optional: runs only when named in ``--only`` (it fits parameters: minutes on a GPU).
@@ -167,7 +168,7 @@ class Experiment:
     after: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     held_out: bool = False
-    held_out_reader: Callable[["RunContext"], Any] | None = None
+    held_out_reader: Callable[["RunContext"], Any] | tuple[Callable[["RunContext"], Any], ...] | None = None
     own_pass: str = ""
     optional: bool = False
     encoder: Encoder | None = None

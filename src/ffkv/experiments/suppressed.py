@@ -17,6 +17,11 @@ gold token (the next token; the masked token for an encoder) and o the model's p
 A separate pass of its own (coefficients, resid_mid and the LM head's input at the seeded positions),
 reduced at once: per example and layer, the number of knowing memories and, for the strongest
 (largest delta_p), its key, coefficient and delta_p.
+
+**Latents** (a run indexed with ``--dictionary``): `LatentKnowingReader` reads the same pass at the layers the
+dictionary covers: a firing latent (a_j > 0) knows the gold token when its a_j·d_j ranks it first. As for the
+neurons there is no random-direction control here; the null of each kind is its own base rate where the model
+is right, and latents and neurons are set side by side on the same wrong examples (a paired difference).
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from ffkv.experiments.common import RunContext, as_numpy, sample_size_warnings, 
 from ffkv.experiments.figures import interval_bars, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import active_threshold, memory_predictions, read_held_out
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
-from ffkv.experiments.values import value_tokens
+from ffkv.experiments.values import latent_value_tokens, value_tokens
 from ffkv.memories.active import RULE, active, active_fraction
 from ffkv.memories.projection import final_logits
 from ffkv.memories.projection import logits as project
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, pct, share_ci
+from ffkv.presentation.intervals import paired_mean_interval
 from ffkv.presentation.style import layer_number
 
 NAME = "suppressed"
@@ -44,26 +50,28 @@ N_EXAMPLES = 200
 
 @torch.no_grad()
 def knowing(view, layer: int, m: torch.Tensor, active_mask: torch.Tensor, gold: torch.Tensor, projection: str,
-            tops: torch.Tensor | None = None, bottoms: torch.Tensor | None = None) -> torch.Tensor:
+            tops: torch.Tensor | None = None, bottoms: torch.Tensor | None = None, memories=None) -> torch.Tensor:
     """(B, d_m) whether each active memory's signed sub-update m_i·v_i has the gold token as its top token.
 
     Under the identity projection the top token of m_i·v_i·Eᵀ is v_i's top token (m_i > 0) or bottom token
-    (m_i < 0): `tops`, `bottoms` (d_m,); under a normalization each active sub-update is projected."""
+    (m_i < 0): `tops`, `bottoms` (d_m,); under a normalization, or without them, each active sub-update is
+    projected. `memories`: whose values (default the neurons; a dictionary's `Latents`)."""
     if projection == "identity" and tops is not None:
         return active_mask & torch.where(m > 0, tops[None, :] == gold[:, None], bottoms[None, :] == gold[:, None])
     out = torch.zeros_like(active_mask)
     for b in range(m.shape[0]):
         keys = torch.nonzero(active_mask[b])[:, 0]
         if len(keys):
-            out[b, keys] = memory_predictions(view, layer, m[b], keys, projection) == gold[b]
+            out[b, keys] = memory_predictions(view, layer, m[b], keys, projection, memories) == gold[b]
     return out
 
 
 @torch.no_grad()
 def delta_p(view, layer: int, resid_mid: torch.Tensor, m: torch.Tensor, keys: torch.Tensor, gold: int,
-            projection: str) -> torch.Tensor:
-    """p(resid_mid + m_i·v_i)[gold] - p(resid_mid)[gold] for each memory of `keys`, one position."""
-    values = view.values(layer)
+            projection: str, memories=None) -> torch.Tensor:
+    """p(resid_mid + m_i·v_i)[gold] - p(resid_mid)[gold] for each memory of `keys`, one position (`memories`:
+    whose values, default the neurons)."""
+    values = (memories or view).values(layer)
     base = torch.softmax(project(view, resid_mid[None, :], projection), -1)[0, gold]
     moved = resid_mid[None, :] + m[keys, None].to(values.dtype) * values[keys]
     return torch.softmax(project(view, moved, projection), -1)[:, gold] - base
@@ -124,6 +132,81 @@ class KnowingReader:
         out = gather_rows(self.out, rows)
         out["threshold"] = np.asarray(self.threshold, dtype=float)
         return out
+
+
+class LatentKnowingReader:
+    """The study for a dictionary's latents, from the same shared held-out pass: per held-out example (rows) and
+    dictionary layer, the firing latents (a_j > 0, SPEC section 11) whose own sub-update a_j·d_j ranks the gold
+    token first, and the largest delta_p among them. A run without latents, or whose dictionary is gone or changed
+    (`unread` says why), reads nothing."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        view, held = ctx.view, ctx.held_out()
+        self.view, self.held = view, held
+        self.latents, self.unread = ctx.latents_for(f"{NAME}_latents")
+        self.layers = self.latents.layers if self.latents is not None else []
+        self.quantities = tuple(dict.fromkeys(("resid_mid", *(self.latents.reads(layer) for layer in self.layers))))\
+            if self.layers else ()
+        self.pv, self.pr = ctx.projections.values, ctx.projections.residuals
+        # a_j > 0: under the identity a firing latent's sub-update has its decoder row's top token
+        self.tops = {layer: torch.as_tensor(latent_value_tokens(ctx, self.latents, layer), device=view.device)
+                     for layer in self.layers} if self.pv == "identity" else {}
+        N = len(held.examples)
+        self.out = {}
+        for layer in self.layers:
+            self.out[f"{layer}/n_knowing"] = np.zeros(N, np.int32)
+            self.out[f"{layer}/n_active"] = np.zeros(N, np.int32)
+            self.out[f"{layer}/best_delta_p"] = np.full(N, np.nan, np.float32)
+
+    @torch.no_grad()
+    def read(self, idx: np.ndarray, state: dict) -> None:
+        view, out = self.view, self.out
+        gold = torch.as_tensor(self.held.targets[idx], device=view.device)
+        for layer in self.layers:
+            a = self.latents.coefficients(layer, state[(self.latents.reads(layer), layer)])
+            act = a > 0
+            tops = self.tops.get(layer)
+            know = knowing(view, layer, a, act, gold, self.pv, tops, tops, memories=self.latents)
+            out[f"{layer}/n_active"][idx] = as_numpy(act.sum(-1))
+            out[f"{layer}/n_knowing"][idx] = as_numpy(know.sum(-1))
+            for b in torch.nonzero(know.any(-1))[:, 0].tolist():
+                keys = torch.nonzero(know[b])[:, 0]
+                dp = delta_p(view, layer, state[("resid_mid", layer)][b], a[b], keys, int(gold[b]), self.pr,
+                             memories=self.latents)
+                out[f"{layer}/best_delta_p"][idx[b]] = float(dp.max())
+
+    def result(self, rows: np.ndarray) -> tuple[dict[int, dict[str, np.ndarray]], list[str]]:
+        """(dictionary layer -> {n_knowing, n_active, best_delta_p} per example, the lines saying why nothing was
+        read)."""
+        got = gather_rows(self.out, rows) if self.out else {}
+        return {layer: {k: got[f"{layer}/{k}"] for k in ("n_knowing", "n_active", "best_delta_p")}
+                for layer in self.layers}, self.unread
+
+
+def latent_table(ctx: RunContext, cap: dict[str, np.ndarray]) -> tuple[pd.DataFrame, list[str]]:
+    """Per dictionary layer, the suppressed rate of the latents beside the same layer's neurons on the same
+    examples: each kind's rate where the model is wrong and its base rate where it is right (95% Wilson), and
+    latents minus neurons on the wrong examples (paired, mean +- 1.96 standard errors)."""
+    found, unread = read_held_out(ctx, LatentKnowingReader)
+    gold = ctx.held_out().targets
+    wrong = cap["final"] != gold
+    rows = []
+    for layer, got in found.items():
+        mine, theirs = got["n_knowing"] > 0, cap["n_knowing"][:, layer] > 0
+        best = got["best_delta_p"][wrong & mine]
+        mean, low, high = paired_mean_interval(mine[wrong].astype(np.float64) - theirs[wrong])
+        rows.append({"layer": int(layer), "n_latents": int(ctx.memories("latents").size(layer)),
+                     **share_with_interval(mine[wrong], "suppressed_rate"),
+                     **share_with_interval(mine[~wrong], "knowing_rate_correct"),
+                     **share_with_interval(theirs[wrong], "suppressed_rate_neurons"),
+                     **share_with_interval(theirs[~wrong], "knowing_rate_correct_neurons"),
+                     "suppressed_rate_minus_neurons": mean, "suppressed_rate_minus_neurons_ci_low": low,
+                     "suppressed_rate_minus_neurons_ci_high": high,
+                     "n_wrong": int(wrong.sum()), "n_correct": int((~wrong).sum()),
+                     "mean_knowing": float(got["n_knowing"][wrong].mean()) if wrong.any() else float("nan"),
+                     "mean_best_delta_p": float(best.mean()) if len(best) else float("nan"),
+                     "mean_active": float(got["n_active"].mean()), "n_examples": int(len(wrong))})
+    return pd.DataFrame(rows), unread
 
 
 def capture(ctx: RunContext) -> dict[str, np.ndarray]:
@@ -231,6 +314,22 @@ def compute(ctx: RunContext, options=None) -> Result:
     result = Result(ctx.view.n_layers, record={k: v for k, v in meta.items() if k != "warnings"})
     result.add(NAME, table, **meta)
     result.add(f"{NAME}_examples", examples(ctx, cap), **meta)
+    if ctx.has_latents:
+        table, unread = latent_table(ctx, cap)
+        if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
+            result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
+        else:
+            meta_lat = {
+                **meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, value: "
+                                    "decoder row), only the layers it covers, read in the shared held-out pass",
+                "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                "memory_prediction": "argmax of N(a_j·d_j)·Eᵀ for a latent, of N(m_i·v_i)·Eᵀ, sign kept, for a "
+                                     "neuron; values projection",
+                "beside_neurons": "*_neurons: the same layer's neurons on the same examples; "
+                                  "suppressed_rate_minus_neurons: latents minus neurons over the wrong examples "
+                                  "(paired, mean +- 1.96 standard errors); the base rate where the model is right "
+                                  "(knowing_rate_correct*) is each kind's null"}
+            result.add(f"{NAME}_latents", table, **meta_lat)
     return result
 
 
@@ -240,7 +339,9 @@ FINDING = Finding("Beyond the paper", (
     "The paper names it as open. Where the model's prediction is wrong, how often an "
     "active memory's own sub-update ranked the gold next token first, and how much it moved the gold "
     "token's probability."))
-FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING}
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING, f"{NAME}_latents": Finding("Beyond the paper", (
+    "The same question for the latents of a sparse dictionary of the layer, beside the neurons of that layer on "
+    "the same examples, each against its own base rate where the model is right."))}
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
@@ -254,12 +355,25 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
                 f"first in {share_ci(first.suppressed_rate, first.n_wrong)} of examples in {n_first} and "
                 f"{share_ci(last.suppressed_rate, last.n_wrong)} in {n_last} (highest: layer "
                 f"{layer_number(top.layer)}, {pct(top.suppressed_rate)}).")
+    if name == f"{NAME}_latents" and "suppressed_rate_neurons" in t:
+        return " ".join(
+            f"Layer {layer_number(r.layer)}, where the prediction is wrong a firing latent ranks the gold token first "
+            f"in {share_ci(r.suppressed_rate, r.n_wrong)} of examples (where it is right: "
+            f"{pct(r.knowing_rate_correct)}); an active neuron in {share_ci(r.suppressed_rate_neurons, r.n_wrong)} "
+            f"(where right: {pct(r.knowing_rate_correct_neurons)}); latents minus neurons "
+            f"{100 * r.suppressed_rate_minus_neurons:+.1f} points "
+            f"[{100 * r.suppressed_rate_minus_neurons_ci_low:+.1f}, {100 * r.suppressed_rate_minus_neurons_ci_high:+.1f}]."
+            for r in t.itertuples(index=False))
     return None
 
 
 EXPERIMENT = Experiment(
     name=NAME, title="Suppressed memories: an active memory knew the gold token (beyond the paper)",
-    section="beyond the paper", order=7, compute=compute, draw=draw, held_out=True, held_out_reader=KnowingReader,
+    section="beyond the paper", order=7, compute=compute, draw=draw, held_out=True,
+    held_out_reader=(KnowingReader, LatentKnowingReader),
+    latents=("suppressed_latents: how often a firing latent's own sub-update ranks the gold token first where the "
+             "model is wrong, beside its base rate where it is right and beside the layer's neurons on the same "
+             "examples"),
     encoder=Encoder(True, "suppressed memories (beyond the paper)", "at the masked held-out position, the gold token "
                     "being the masked one"),
     findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_examples": 12}, module=__name__)

@@ -41,6 +41,16 @@ def value_tokens(ctx: RunContext, layer: int) -> tuple[np.ndarray, np.ndarray]:
     return ctx.once(("value_tokens", layer), compute)
 
 
+def latent_value_tokens(ctx: RunContext, latents, layer: int) -> np.ndarray:
+    """argmax p(d_j) of every latent of a dictionary layer under the values projection: what a firing latent
+    (a_j > 0) predicts."""
+    def compute() -> np.ndarray:
+        n = latents.size(layer)
+        stats = scan_values(ctx.view, layer, ctx.projections.values, np.full(n, -1), top=1, memories=latents)
+        return stats["top_token_id"].astype(np.int64)
+    return ctx.once(("latent_value_tokens", layer), compute)
+
+
 def figure_tables(ctx: RunContext, direction: int = 1, projection: str | None = None) -> dict[str, pd.DataFrame]:
     """Figures 4-5 (and Table 2 for direction +1) for the trigger examples of one direction: +1 compares
     p_i = p(v_i) with the key's top trigger (largest m_i), -1 compares p(-v_i), what a negative coefficient
