@@ -138,7 +138,7 @@ def test_steps_run_in_the_order_their_needs_allow():
     # ffkv's own: the order analyze has always run them in.
     assert registry.ordered(list(registry.experiments())) == [
         "patterns", "ablations", "values", "translators", "composition", "refinement", "census", "vocabulary_classes",
-        "confidence_neurons", "latents_beside", "suppressed", "membership", "pruning", "lookups", "explanation_scores"]
+        "confidence_neurons", "suppressed", "latents_beside", "membership", "pruning", "lookups", "explanation_scores"]
 
 
 def test_a_cycle_or_an_unknown_need_is_refused_with_one_line():

@@ -151,3 +151,14 @@ def test_on_a_run_the_table_reads_the_studies_and_a_run_without_latents_skips_it
     done = analyze(tmp_path / "plain", only=["latents_beside"], loaded=loaded, progress=False, n_eval=20)
     assert done["latents_beside"]["tables"] == [] and "without a dictionary" in done["latents_beside"]["latents"]
     assert not list((tmp_path / "plain" / "metrics").glob("latents_beside*"))
+
+
+def test_the_composition_verdict_reads_the_difference_the_right_way_round():
+    """The latents' excess over chance minus the neurons': above 0 favours the latents (the demo's -6.3 points
+    [-10.7, -1.9] was once read as the latents')."""
+    from ffkv.experiments.composition import composition_verdict
+
+    assert "one latent's more often" in composition_verdict(0.01, 0.2, 500)
+    assert "one neuron's more often" in composition_verdict(-0.107, -0.019, 1000)
+    assert composition_verdict(-0.1, 0.1, 1000).startswith("undecided")
+    assert composition_verdict(0.01, 0.2, 50).startswith("no verdict")

@@ -245,9 +245,9 @@ def composition_verdict(low: float, high: float, n: int) -> str:
         return f"no verdict: {n} paired examples, fewer than {MIN_N}"
     if not (np.isfinite(low) and np.isfinite(high)):
         return "no verdict: no chance level"
-    if high < 0:
+    if low > 0:  # the latents' excess over chance minus the neurons' is above 0
         return "the layer's top prediction is one latent's more often, beyond chance, than one neuron's"
-    if low > 0:
+    if high < 0:
         return "the layer's top prediction is one neuron's more often, beyond chance, than one latent's"
     return "undecided: the interval of the difference holds 0"
 

@@ -76,6 +76,20 @@ MEASURES = (
             "agreement_rate", "n_keys_with_target", "chance_rate_shuffled", "agreement_rate_neurons",
             "n_neurons_with_target", "chance_rate_shuffled_neurons", "agreement_rate_minus_neurons",
             "latents minus neurons"),
+    *(Measure("census_latents", m, f"{m} memories (the census), beyond own random directions", f"{m}_latents",
+              f"n_{m}_latents", f"{m}_latents_control", f"{m}_neurons", f"n_{m}_neurons", f"{m}_neurons_control",
+              f"excess_{m}_latents_minus_neurons", "excess over own control, latents minus neurons",
+              (f"n_{m}_latents_control", f"n_{m}_neurons_control")) for m in ("detector", "positional", "dead")),
+    *(Measure("census_latents", f"share_{c}", f"values of the {c} type (the census's rule)", f"share_{c}",
+              "n_latents", "", f"share_{c}_neurons", "n_neurons", "", f"share_{c}_minus_neurons",
+              "latents minus neurons") for c in ("prediction", "suppression")),
+    Measure("composition_latents", "composition_rate", "the layer's top token is one memory's (Figure 8), beyond "
+            "chance", "composition_rate", "n_examples", "composition_rate_chance", "composition_rate_neurons",
+            "n_examples", "composition_rate_neurons_chance", "excess_composition_latents_minus_neurons",
+            "excess over own chance, latents minus neurons"),
+    Measure("suppressed_latents", "suppressed_rate", "a memory knows the gold token where the model is wrong",
+            "suppressed_rate", "n_wrong", "knowing_rate_correct", "suppressed_rate_neurons", "n_wrong",
+            "knowing_rate_correct_neurons", "suppressed_rate_minus_neurons", "latents minus neurons"),
     *(Measure("vocabulary_classes_latents", f"{c}_share", f"{c} values (Gurnee et al.)", f"{c}_share", "n_keys",
               f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
               f"{c}_share_minus_neurons",
@@ -288,8 +302,8 @@ FINDINGS = {NAME: Finding("Beyond the paper (issue 46)", (
 EXPERIMENT = Experiment(
     name=NAME, title="Latents beside neurons: every measure side by side, with the dictionary's fidelity "
                      "(beyond the paper)",
-    section="beyond the paper: sparse dictionaries as memories", order=6.9, compute=compute, draw=draw,
-    after=("patterns", "values", "vocabulary_classes"), held_out=True,
+    section="beyond the paper: sparse dictionaries as memories", order=7.5, compute=compute, draw=draw,
+    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed"), held_out=True,
     own_pass="the fidelity's passes replace the FF output by the reconstruction and by its mean: a model the "
              "shared held-out pass does not run",
     latents=("latents_beside, latents_beside_dictionary: every latent measure beside the neurons' in one table with "
