@@ -20,8 +20,9 @@ FIGURES = ("patterns", "ablations", "values", "values_rank", "composition", "com
            "refinement", "refinement_agreement", "refinement_confidence")
 #: The paper's experiments, each a metrics table ("lookups" writes RUN/explorer/, tested in test_lookups.py).
 #: membership needs the model's training split: skipped here (noted in the manifest), tested in test_membership.py;
-#: "pruning", beyond the paper, is not per layer: tests/experiments/test_pruning.py.
-STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "membership", "pruning"))
+#: "pruning", beyond the paper, is not per layer: tests/experiments/test_pruning.py; "latents_beside" writes nothing
+#: for a run without a dictionary (this one): tests/experiments/test_latents_beside.py.
+STUDIES = tuple(name for name in EXPERIMENTS if name not in ("lookups", "membership", "pruning", "latents_beside"))
 #: Studies whose NAME.parquet is not per layer (the census: one row per key), and their per-layer table.
 PER_LAYER = {"census": "census_layers"}
 

@@ -1,4 +1,4 @@
-"""A sparse dictionary's latents indexed in the pass of the neurons (SPEC section 11, `ffkv.indexing.latents`):
+"""A sparse dictionary's latents indexed in the pass of the neurons (SPEC section 11, `ffkv.memories.latent_keys`):
 exact against a brute force over every prefix, token detectors found, a dead latent without triggers, the
 neurons' table untouched, resume exact, a dictionary of another model refused."""
 
@@ -16,8 +16,8 @@ from ffkv.corpus import CorpusSpec
 from ffkv.dictionaries import Dictionary, save_npz
 from ffkv.errors import FfkvError
 from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
-from ffkv.indexing.latents import LatentKeys
-from ffkv.indexing.sparse import SparseCoefficients
+from ffkv.memories.latent_keys import LatentKeys
+from ffkv.memories.latent_keys import SparseCoefficients
 from ffkv.memories.projection import logits
 from ffkv.store.run import RunDir
 from indexing.test_exactness import assert_same, write_corpus

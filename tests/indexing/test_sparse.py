@@ -12,7 +12,7 @@ import torch
 
 from ffkv.batching import collate
 from ffkv.indexing.reducer import TriggerReducer
-from ffkv.indexing.sparse import SparseCoefficients
+from ffkv.memories.latent_keys import SparseCoefficients
 from ffkv.indexing.tables import latent_trigger_table
 from ffkv.indexing.topk import TopKState
 from ffkv.store import atomic

@@ -47,7 +47,7 @@ held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projectio
 
 **Latents** (a run indexed with ``--dictionary``; SPEC section 11, docs/definitions.md "Latents beside neurons"):
 the same classes for the dictionary's latents, read in the same three passes (no pass of their own): the
-activations a_j of each layer the dictionary covers are computed (`ffkv.indexing.latents.LatentKeys`, exactly the
+activations a_j of each layer the dictionary covers are computed (`ffkv.memories.latent_keys.LatentKeys`, exactly the
 index's, control latents included) from the quantity their keys read, captured by the same hooks, and fed on the
 positions the layer's neurons are fed on (massive positions left out alike), each layer in a one-layer accumulator
 whose active rule is a_j > 0 (a_j >= 0: one sign, no two-way latent). Decisions where the SPEC is silent: dead is
@@ -77,8 +77,8 @@ from ffkv.experiments.dead import dead_keys
 from ffkv.experiments.figures import COLORS, interval_bars, kinds_beside, layer_axis, legend_outside, new_figure
 from ffkv.experiments.heldout import active_scale, active_threshold
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
-from ffkv.indexing.latents import LatentKeys
-from ffkv.indexing.sparse import SparseCoefficients
+from ffkv.memories.latent_keys import LatentKeys
+from ffkv.memories.latent_keys import SparseCoefficients
 from ffkv.memories.active import MASSIVE_FACTOR, RULE, active_fraction
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import chunk_size
@@ -513,7 +513,7 @@ def accumulate(view, batches, vocab_size: int, thresholds, progress: bool = Fals
         massive_rms: per layer, the RMS of a position's coefficients above which it carries a massive activation
             (`MASSIVE_FACTOR` x the median of `ffkv.experiments.heldout.active_scale`): such positions are left out
             of every statistic of that layer (a key's largest |m_i|, position shares, counts), for the control too.
-        latents: a dictionary's latents and their control latents (`ffkv.indexing.latents.LatentKeys`, exactly the
+        latents: a dictionary's latents and their control latents (`ffkv.memories.latent_keys.LatentKeys`, exactly the
             index's activations), read in the same passes from the quantity each layer's keys read (the FF input
             of a transcoder, the FF output of an SAE) on the positions the layer's neurons are counted on.
 
@@ -656,7 +656,7 @@ CONTROL_COLUMNS = ["layer", "key", "source_key", "class", "activation_frequency"
 
 
 def latent_keys(ctx: RunContext) -> tuple[LatentKeys | None, list[str]]:
-    """The run's dictionary as the index read it (`ffkv.indexing.latents.LatentKeys`: the same activations and the
+    """The run's dictionary as the index read it (`ffkv.memories.latent_keys.LatentKeys`: the same activations and the
     same control latents, redrawn from the run's control seed and checked against latent_control_keys.parquet);
     None for a run without latents, or one whose dictionary is gone or changed (with `RunContext.latents_for`'s line
     saying why)."""
@@ -933,7 +933,7 @@ def compute(ctx: RunContext, options=None) -> Result:
                     "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
                     "dead": "latents: never fired over the indexed corpus (no row in latent_trigger_examples.parquet); "
                             "neurons: never active over it (ffkv.experiments.dead)",
-                    "control": ("the control latents of each layer (ffkv.indexing.latents: a real latent's encoder "
+                    "control": ("the control latents of each layer (ffkv.memories.latent_keys: a real latent's encoder "
                                 "norm, bias and threshold with a random direction, judged against the real latents), "
                                 "classed by the same rules from the same passes" if ctx.has_latent_control else
                                 "none: the run holds no control latents"),

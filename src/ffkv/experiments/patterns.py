@@ -718,7 +718,7 @@ def compute(ctx: RunContext, options=None) -> Result:
         meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
                     "row; `ffkv.memories.sets.Latents`), only the layers it covers; dead: never fired; rare: fired in "
                     f"fewer than min({semantic.MIN_PREFIXES}, top-k) examples, too few to label",
-                    "control": ("the control latents of each layer (ffkv.indexing.latents), labelled by the "
+                    "control": ("the control latents of each layer (ffkv.memories.latent_keys), labelled by the "
                                 "same rule; their z sets the layer's semantic cut-off" if ctx.has_latent_control
                                 else "none: the run holds no control latents"),
                     "beside_neurons": "any_pattern_*: share of live memories labelled shallow, semantic or "

@@ -340,7 +340,7 @@ def compute(ctx: RunContext, options=None) -> Result:
                     "value: decoder row; `ffkv.memories.sets.Latents`), only the layers it covers",
                     "warnings": sample_size_warnings(lat, n_lat, "latents with a trigger target"),
                     "control": (f"{ctx.manifest.control_keys} control latents per layer, each with a real latent's "
-                                "encoder norm, bias and value (ffkv.indexing.latents)" if ctx.has_latent_control
+                                "encoder norm, bias and value (ffkv.memories.latent_keys)" if ctx.has_latent_control
                                 else "none: the run holds no control latents"),
                     "neurons": "agreement_rate_neurons: the same layer's neurons (metrics/values); "
                                "*_minus_neurons: latents minus neurons, Newcombe's 95% interval"}

@@ -612,7 +612,8 @@ def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, or
     sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in LATENT_COLUMNS}
     if sort not in sort_column:
         raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}", 422)
-    shown, page, n_pages = sorted_page(latents.layer_table(layer), sort_column[sort], order, page, name)
+    table = latents.layer_table(layer)
+    shown, page, n_pages = sorted_page(table, sort_column[sort], order, page, name)
     rows = []
     for r in shown.to_dict("records"):
         row = []

@@ -43,7 +43,7 @@ class Checkpoint:
         n_cut: examples indexed so far that were cut to the maximum length (`ffkv.corpus.Example.cut`).
         cutting: the batching that cut windows and batches (`CUTTING`, device type included).
         control: the running top-k of the random control memories (`ffkv.memories.controls`), or None.
-        latents: per FF layer a dictionary covers, the running top-k of its latents (`ffkv.indexing.latents`),
+        latents: per FF layer a dictionary covers, the running top-k of its latents (`ffkv.memories.latent_keys`),
             or None (no dictionary).
         latent_control: per such layer, the running top-k of its control latents, or None.
     """

@@ -13,7 +13,7 @@ lock and the manifest says `running` with its pid, host and heartbeat; it ends
 Peak memory: one layer's activations for one batch, the (L, d_m, k) state, the
 candidates not yet merged (on a CPU, 2·k plus one batch's, at most 3·k per key, so at
 most three times the state: `TriggerReducer`), and at most `part_rows` buffered examples.
-With a dictionary (`dictionary=`, `ffkv.indexing.latents`), the same for its latents in the same pass: one
+With a dictionary (`dictionary=`, `ffkv.memories.latent_keys`), the same for its latents in the same pass: one
 layer's pre-activations (B, T, n_latents) for one batch (a TopK dictionary's activations are then reduced from
 its (B, T, k) active entries, `ffkv.indexing.sparse`), and a (1, n_latents, k) state per layer it covers.
 """
@@ -40,7 +40,7 @@ from ffkv.indexing.reducer import MODES, TriggerReducer
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.indexing.prefetch import default_workers, prefetched_examples
 from ffkv.indexing.progress import IndexBar
-from ffkv.indexing.latents import DIRECTIONS as LATENT_DIRECTIONS, LatentKeys
+from ffkv.memories.latent_keys import DIRECTIONS as LATENT_DIRECTIONS, LatentKeys
 from ffkv.indexing.sinks import Feed, KeySink, model_keys, random_keys
 from ffkv.indexing.topk import SIGNS, TopKState
 from ffkv.memories.controls import DEFAULT_CONTROL_KEYS, RandomKeys
@@ -267,7 +267,7 @@ def build_index(
     dictionary: str | Path | Mapping[int, Dictionary] | None = None,
 ) -> RunDir:
     """Index a corpus: write RUN/{manifest.json, examples.parquet, trigger_examples.parquet}, the control's tables,
-    and with a dictionary its latents' (`ffkv.indexing.latents`).
+    and with a dictionary its latents' (`ffkv.memories.latent_keys`).
 
     Args:
         loaded: the model (see `ffkv.models.loading.load_model`).

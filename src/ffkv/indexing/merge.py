@@ -69,7 +69,7 @@ def _merged_state(runs: list[RunDir], table: str, n_layers: int, rows: int, firs
 
 
 def _merged_latents(runs: list[RunDir], table: str, widths: dict[int, int], first) -> dict[int, TopKState]:
-    """The exact merge of one latent table of every shard, per dictionary layer (`ffkv.indexing.latents`). The
+    """The exact merge of one latent table of every shard, per dictionary layer (`ffkv.memories.latent_keys`). The
     tables keep only positive entries; those outrank every entry left out, so the merge of what was kept is
     what one process keeps."""
     merged: dict[int, TopKState] = {}

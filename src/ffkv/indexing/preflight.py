@@ -74,7 +74,7 @@ def estimate_bytes(loaded: LoadedModel, spec: CorpusSpec, per_key: int, control_
     Args:
         per_key: trigger entries kept per key (top-k times the directions kept).
         control_keys: random control memories per layer.
-        latent_entries: trigger slots of a dictionary's latents and control latents (`ffkv.indexing.latents`),
+        latent_entries: trigger slots of a dictionary's latents and control latents (`ffkv.memories.latent_keys`),
             counted in the checkpoint only: their tables keep only the entries where a latent fired.
     """
     view = loaded.view

@@ -13,7 +13,8 @@ from typing import Iterator
 import torch
 
 from ffkv.batching import Batch
-from ffkv.indexing.sparse import SparseCoefficients, best_per_example, top_prefixes
+from ffkv.indexing.sparse import best_per_example, top_prefixes
+from ffkv.memories.latent_keys import SparseCoefficients
 from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
 
 MODES = ("example", "prefix")

@@ -3,7 +3,7 @@
 The index reduces several families of keys at once, each into its own trigger reducer: the model's keys (their
 coefficients are captured as they are), the random control memories (`ffkv.memories.controls.RandomKeys`,
 computed from the captured FF input), and a sparse dictionary's latents with their random control latents
-(`ffkv.indexing.latents.LatentKeys`, computed from the FF input or output the dictionary reads). A `Feed` says
+(`ffkv.memories.latent_keys.LatentKeys`, computed from the FF input or output the dictionary reads). A `Feed` says
 what one captured tensor of one layer feeds; `KeySink` routes each capture to its feeds and drives the reducers
 through the protocol the index uses (`start`, the sink call, `commit`, `flush`, `quantities`). A family costs its
 own product and reduction per layer, never another pass over the corpus.
@@ -18,7 +18,7 @@ import torch
 
 from ffkv.batching import Batch
 from ffkv.indexing.reducer import TriggerReducer
-from ffkv.indexing.sparse import SparseCoefficients
+from ffkv.memories.latent_keys import SparseCoefficients
 
 
 @dataclass(frozen=True)

@@ -16,33 +16,11 @@ row. The work is O(B·T·k) per layer, and O(B·n) in mode example, instead of O
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from jaxtyping import Bool, Float, Int
 
 from ffkv.indexing.topk import column_ranking
-
-
-@dataclass(frozen=True)
-class SparseCoefficients:
-    """The coefficients of `n_keys` keys of which only a few are non-zero at each position.
-
-    Attributes:
-        values: (B, T, k) the active coefficients, never negative (a TopK dictionary's relu of its k largest
-            pre-activations; a zero among them is a key that did not fire).
-        indices: (B, T, k) int64 the key of each, distinct within a position.
-        n_keys: the number of keys; every key not in `indices` at a position has coefficient 0 there.
-    """
-
-    values: Float[torch.Tensor, "batch pos k"]
-    indices: Int[torch.Tensor, "batch pos k"]
-    n_keys: int
-
-    def dense(self) -> Float[torch.Tensor, "batch pos n_keys"]:
-        """The (B, T, n_keys) coefficients, zeros outside the active entries."""
-        shape = (*self.values.shape[:-1], self.n_keys)
-        return self.values.new_zeros(shape).scatter_(-1, self.indices, self.values)
+from ffkv.memories.latent_keys import SparseCoefficients
 
 
 def best_per_example(c: SparseCoefficients, competes: Bool[torch.Tensor, "batch pos"]

@@ -177,7 +177,7 @@ def write_control(run, state: TopKState, keys: RandomKeys, directions: tuple[int
     atomic.write_parquet(run.table(CONTROL_KEYS), control_keys_table(keys))
 
 
-#: A dictionary's tables in a run directory (`ffkv.indexing.latents`): its latents' trigger examples, its control
+#: A dictionary's tables in a run directory (`ffkv.memories.latent_keys`): its latents' trigger examples, its control
 #: latents' trigger examples (the layout of trigger_examples.parquet; layer: the model's, key: the latent), and
 #: the control latents' borrowed latents (the layout of control_keys.parquet).
 LATENT_TRIGGERS = "latent_trigger_examples"

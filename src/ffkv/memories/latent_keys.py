@@ -3,7 +3,7 @@
 `ffkv index --dictionary PATH` reduces, in the pass that reduces the model's keys, every latent of every layer
 the dictionary covers: latent j's coefficient is its activation a_j (`ffkv.dictionaries.Dictionary`), computed
 from the site its key reads (a transcoder's: the FF input after its norm; an SAE's: the FF output). A TopK
-dictionary's k active latents per position are reduced as they are (`ffkv.indexing.sparse`), never as a dense
+dictionary's k active latents per position are reduced as they are (`SparseCoefficients`, reduced by `ffkv.indexing.sparse`), never as a dense
 (B, T, n_latents) tensor; ReLU and JumpReLU activations are dense.
 
 Every activation ffkv reads (TopK, ReLU, JumpReLU) is a ReLU of the pre-activation, never negative, so latents
@@ -31,9 +31,30 @@ import torch
 from jaxtyping import Float, Int
 
 from ffkv.dictionaries import Dictionary
-from ffkv.indexing.sparse import SparseCoefficients
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.sets import READS
+
+@dataclass(frozen=True)
+class SparseCoefficients:
+    """The coefficients of `n_keys` keys of which only a few are non-zero at each position.
+
+    Attributes:
+        values: (B, T, k) the active coefficients, never negative (a TopK dictionary's relu of its k largest
+            pre-activations; a zero among them is a key that did not fire).
+        indices: (B, T, k) int64 the key of each, distinct within a position.
+        n_keys: the number of keys; every key not in `indices` at a position has coefficient 0 there.
+    """
+
+    values: Float[torch.Tensor, "batch pos k"]
+    indices: Int[torch.Tensor, "batch pos k"]
+    n_keys: int
+
+    def dense(self) -> Float[torch.Tensor, "batch pos n_keys"]:
+        """The (B, T, n_keys) coefficients, zeros outside the active entries."""
+        shape = (*self.values.shape[:-1], self.n_keys)
+        return self.values.new_zeros(shape).scatter_(-1, self.indices, self.values)
+
+
 
 #: The trigger directions a latent keeps: +1 only, every activation ffkv reads being a ReLU at heart.
 DIRECTIONS = (1,)
