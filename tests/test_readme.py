@@ -60,5 +60,7 @@ def test_the_demos_step_line_names_every_step_it_runs_and_what_it_leaves_out():
     assert demo_steps(True) == default_names()
     assert demo_steps(False) == [n for n in default_names() if n not in LEFT_OUT]
     said = left_out_line("runs/demo")
-    assert all(n in said for n in LEFT_OUT) and f"ffkv analyze runs/demo --only {','.join(LEFT_OUT)}" in said
+    assert all(n in said for n in LEFT_OUT) and "ffkv analyze runs/demo --only census,pruning " in said
+    assert "--eval-corpus " in said and said.split("--eval-corpus ")[1].split(" ")[0].endswith(".txt") \
+        and "--n-eval 1000`" in said
     assert left_out_line("runs/demo", every_step=True) is None
