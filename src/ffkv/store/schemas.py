@@ -116,22 +116,8 @@ KEY_STATS = pa.schema([
 #: RUN/explorer/latent_stats.parquet (a run indexed with a sparse dictionary): one row per (layer, key), key the
 #: latent's index in its layer's dictionary; the latent layer page's sortable statistics (`ffkv.experiments
 #: .latent_lookups`). Value statistics read the decoder row d_j as `KEY_STATS` reads v_i; activation statistics
-#: count a_j > 0 (a latent's activation is its own active rule, SPEC section 11).
-LATENT_STATS = pa.schema([
-    ("layer", pa.int16()),
-    ("key", pa.int32()),
-    ("confidence", pa.float32()),
-    ("top_token_id", pa.int32()),
-    ("agreement", pa.bool_()),
-    ("next_token_rank", pa.int32()),
-    ("logsumexp", pa.float32()),
-    ("value_norm", pa.float32()),
-    ("activation_frequency", pa.float32()),
-    ("common_last_token_id", pa.int32()),
-    ("shallow_share", pa.float32()),
-    ("n_triggers", pa.int32()),
-    ("top_coefficient", pa.float32()),
-    ("activation_lo", pa.float32()),
-    ("activation_hi", pa.float32()),
-    ("activation_histogram", pa.list_(pa.int32())),
-])
+#: count a_j > 0 (a latent's activation is its own active rule, SPEC section 11). `KEY_STATS`'s columns, with its
+#: trigger rows' count and largest activation after shallow_share.
+LATENT_STATS = pa.schema([*KEY_STATS][:KEY_STATS.get_field_index("shallow_share") + 1]
+                         + [pa.field("n_triggers", pa.int32()), pa.field("top_coefficient", pa.float32())]
+                         + [*KEY_STATS][KEY_STATS.get_field_index("shallow_share") + 1:])
