@@ -314,27 +314,34 @@ class Attribution:
             lines.append(f"integrated gradients ({s['steps']} steps): per layer, sum vs T - T(layer off): largest "
                          f"relative gap {s['completeness_max_relative_error']:.2e}")
         lines.append(f"top memories (layers from 1), by |gradient x coefficient|:")
-        order = self.memories.reindex(self.memories.grad_x_coef.abs().sort_values(ascending=False).index).head(top)
-        lens = {(r.layer, r.key): r.tokens for r in self.lens.itertuples()}
-        for r in order.itertuples():
-            exact = "" if np.isnan(r.exact_off_effect) else f", off exactly {r.exact_off_effect:+.4f}"
-            tokens = lens.get((r.layer, r.key))
-            lines.append(f"  {r.layer + 1}:{r.key:<6} grad x coef {r.grad_x_coef:+.4f}, IG {r.integrated_gradients:+.4f}"
-                         f"{exact}" + (f"; value gradient writes {', '.join(repr(t) for t in tokens[:5])}" if tokens else ""))
+        lines += _top_lines(self.memories, self.lens, "key", "grad_x_coef", top, "value",
+                            lambda r: f"{r.layer + 1}:{r.key:<6} grad x coef {r.grad_x_coef:+.4f}, "
+                                      f"IG {r.integrated_gradients:+.4f}")
         if self.latents is not None:
             about = s["latents"]
             if about.get("spearman_grad_x_act") is not None:
                 lines.append(f"latents: rank correlation of gradient x activation with the exact switch-off effect "
                              f"over {about['n_checked']} latents: {about['spearman_grad_x_act']:.3f}")
             lines.append("top latents, by |gradient x activation|:")
-            order = self.latents.reindex(self.latents.grad_x_act.abs().sort_values(ascending=False).index).head(top)
-            lens = {(r.layer, r.latent): r.tokens for r in self.latent_lens.itertuples()}
-            for r in order.itertuples():
-                exact = "" if np.isnan(r.exact_off_effect) else f", off exactly {r.exact_off_effect:+.4f}"
-                tokens = lens.get((r.layer, r.latent))
-                lines.append(f"  {r.address:<10} grad x act {r.grad_x_act:+.4f}{exact}"
-                             + (f"; decoder gradient writes {', '.join(repr(t) for t in tokens[:5])}" if tokens else ""))
+            lines += _top_lines(self.latents, self.latent_lens, "latent", "grad_x_act", top, "decoder",
+                                lambda r: f"{r.address:<10} grad x act {r.grad_x_act:+.4f}")
         return "\n".join(lines)
+
+
+def _top_lines(table: pd.DataFrame, lens: pd.DataFrame, index: str, score: str, top: int, written: str,
+               head) -> list[str]:
+    """`to_text`'s lines of the `top` rows of `table` by |score|: head(row), the exact switch-off effect where
+    checked, and the tokens the row's `written` gradient writes where the lens read it (rows matched by layer and
+    `index`)."""
+    order = table.reindex(table[score].abs().sort_values(ascending=False).index).head(top)
+    tokens_of = {(r.layer, getattr(r, index)): r.tokens for r in lens.itertuples()}
+    lines = []
+    for r in order.itertuples():
+        exact = "" if np.isnan(r.exact_off_effect) else f", off exactly {r.exact_off_effect:+.4f}"
+        tokens = tokens_of.get((r.layer, getattr(r, index)))
+        lines.append(f"  {head(r)}{exact}"
+                     + (f"; {written} gradient writes {', '.join(repr(t) for t in tokens[:5])}" if tokens else ""))
+    return lines
 
 
 @torch.no_grad()
