@@ -197,6 +197,7 @@ def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
             fired = (a > 0).any(0).cpu()
             s["fired"] = fired if s["fired"] is None else s["fired"] | fired
             s["n"] += int(keep.sum())
+    predicted = sum(int((b.attention_mask.bool()[:, 1:] & b.attention_mask.bool()[:, :-1]).sum()) for b in batches)
     rows = []
     for layer in layers:
         d, s = latents.dictionaries[layer], sums[layer]
@@ -219,7 +220,6 @@ def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
                 spliced += _nll(ctx, batch)
             with replace_ff_output(view, {layer: at_real(lambda r, m=mean: m.to(r.device).expand(*r.shape[:-1], -1))}):
                 ablated += _nll(ctx, batch)
-        predicted = sum(int((b.attention_mask.bool()[:, 1:] & b.attention_mask.bool()[:, :-1]).sum()) for b in batches)
         lo, ls, la = (v / max(predicted, 1) for v in (original, spliced, ablated))
         dead = int((~s["fired"]).sum()) if s["fired"] is not None else d.n_latents
         rows.append({"layer": layer, "kind": d.kind, "n_latents": d.n_latents,
