@@ -13,6 +13,8 @@
 #     bash benchmarks/gpu_session.sh ratios    # GPT-2 small (per-batch timing, a profiler timeline) and the paper's shape
 #     bash benchmarks/gpu_session.sh llama     # the 8B shape: tokens/s, ratio, peak memory, 95M-token projection
 #     bash benchmarks/gpu_session.sh compile   # torch.compile and the capture
+#     bash benchmarks/gpu_session.sh select    # the GPU tests, GPT-2 small and the 8B shape: the candidates selected
+#                                              # once in the merge against once per layer (issue 44, item 6)
 #
 # Every part prints its figures and also writes them to $OUT/PART.log when $OUT is set.
 set -euo pipefail
@@ -55,11 +57,23 @@ case "$part" in
             --unit line --max-tokens 95 --sentences 20000 --batch-size 256 --max-batch-tokens 32768 --repeats 2 \
             2>&1 | tee -a "$log"
         ;;
+    select)
+        # Issue 44, item 6: the merge's one selection for all layers and directions against a selection per layer
+        # (`--per-batch` times both, and the index's default, taking turns, and checks their states are equal).
+        timeout 150 python3 -m pytest -p no:cacheprovider -q tests/indexing/test_gpu_index.py \
+            tests/indexing/test_signed.py tests/indexing/test_sparse.py 2>&1 | tail -n 5 | tee -a "$log" || true
+        timeout 150 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 \
+            --batch-size 512 --max-batch-tokens 65536 --repeats 2 --per-batch --timeline /tmp/timeline 2>&1 \
+            | tee -a "$log" || true
+        timeout 270 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --shape llama-8b --top-k 100 \
+            --sign both --unit line --max-tokens 95 --sentences 20000 --batch-size 256 --max-batch-tokens 32768 \
+            --repeats 1 --per-batch 2>&1 | tee -a "$log" || true
+        ;;
     compile)
         python3 benchmarks/compile_capture.py --device cuda --dtype bfloat16 --layers 12 --sentences 2048 2>&1 | tee -a "$log"
         ;;
     *)
-        echo "usage: bash benchmarks/gpu_session.sh pack|tests|ratios|llama|compile" >&2
+        echo "usage: bash benchmarks/gpu_session.sh pack|tests|ratios|llama|compile|select" >&2
         exit 2
         ;;
 esac

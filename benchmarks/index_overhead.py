@@ -95,23 +95,25 @@ def main() -> None:
         for b in batches:
             run_forward(loaded, b)
 
-    def new_reducer():
-        """The index's reducer of this shape, empty: the keys' and, by default, the random control keys'."""
+    def new_reducer(select_per_layer: bool | None = None):
+        """The index's reducer of this shape, empty: the keys' and, by default, the random control keys'
+        (`select_per_layer`: as `TriggerReducer` takes it; None: the index's default on this device)."""
         view = loaded.view
         rows = view.d_m * (2 if args.sign == "both" else 1)
         signed = args.sign == "both"
-        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, args.top_k, view.device), args.mode, signed=signed)
+        reducer = TriggerReducer(TopKState.empty(view.n_layers, rows, args.top_k, view.device), args.mode, signed=signed,
+                                 select_per_layer=select_per_layer)
         n_control = DEFAULT_CONTROL_KEYS if args.control_keys is None else args.control_keys
         if n_control:  # the random control keys ride in the same pass, as in `ffkv index`
             control_rows = n_control * (2 if signed else 1)
             control = TriggerReducer(TopKState.empty(view.n_layers, control_rows, args.top_k, view.device),
-                                     args.mode, signed=signed)
+                                     args.mode, signed=signed, select_per_layer=select_per_layer)
             reducer = KeySink(model_keys(reducer, view.n_layers) + random_keys(control, RandomKeys(view, n_control)))
         return reducer
 
-    def passes():
+    def passes(select_per_layer: bool | None = None):
         """One batch's plain forward, and its forward with the reduction and merge of a new reducer."""
-        reducer = new_reducer()
+        reducer = new_reducer(select_per_layer)
 
         def plain_pass(b):
             run_forward(loaded, b)
@@ -122,17 +124,18 @@ def main() -> None:
 
         return plain_pass, reduced_pass, reducer
 
-    def per_batch() -> tuple[float, float]:
+    def per_batch(select_per_layer: bool | None = None):
         """Each batch's plain forward and its forward with reduction and merge, timed back to back
         (alternating which goes first), with the state carried through the corpus as in a run."""
-        plain_pass, reduced_pass, reducer = passes()
+        plain_pass, reduced_pass, reducer = passes(select_per_layer)
         plain = reduce = 0.0
         for n, b in enumerate(batches):
             order = (plain_pass, reduced_pass) if n % 2 == 0 else (reduced_pass, plain_pass)
             seconds = {fn: timed(lambda: fn(b)) for fn in order}
             plain += seconds[plain_pass]
             reduce += seconds[reduced_pass]
-        return plain, reduce + timed(reducer.flush)  # candidates the CPU still buffers
+        reduce += timed(reducer.flush)  # candidates the CPU still buffers
+        return plain, reduce, (reducer.reducers[0] if isinstance(reducer, KeySink) else reducer).state
 
     def timeline(folder: Path, n: int = 8) -> None:
         """A profiler's timeline of n batches, plain and with the index's reduction and merge (a warm-up
@@ -205,9 +208,25 @@ def main() -> None:
     if args.timeline is not None:
         timeline(args.timeline)
     if args.per_batch:
-        plain, reduce = per_batch()
-        print(f"per batch, back to back: forward {plain:.2f} s, forward with reduction and merge {reduce:.2f} s: "
-              f"ratio {reduce / plain:.3f}   (the index's own work, without reading, tokenizing or tables)")
+        # The index's default on this device, and each way of selecting the candidates (per layer and direction
+        # as each layer is reduced, or once in the merge), taking turns; their states must be equal.
+        variants = {"default": None, "select per layer": True, "select in the merge": False}
+        ratios: dict[str, list[float]] = {name: [] for name in variants}
+        states = {}
+        for _ in range(args.repeats):
+            for name, select in variants.items():
+                plain, reduce, state = per_batch(select)
+                ratios[name].append(reduce / plain)
+                states[name] = state
+                print(f"per batch, back to back ({name}): forward {plain:.2f} s, forward with reduction and merge "
+                      f"{reduce:.2f} s: ratio {reduce / plain:.3f}   (the index's own work, without reading, "
+                      "tokenizing or tables)", flush=True)
+        for name, values in ratios.items():
+            print(f"per batch ratio, {name}: " + ", ".join(f"{r:.3f}" for r in sorted(values)))
+        first = next(iter(states.values()))
+        same = all(torch.equal(a, b) for state in states.values()
+                   for a, b in zip(first.state_dict().values(), state.state_dict().values()))
+        print(f"the variants' states equal: {same}")
     if args.repeats > 1:  # a shared machine's speed drifts: each repeat's own ratio shows how much
         pairs = sorted(b / a for a, b in zip(t_forward, t_index))
         print("ratio per repeat (forward then index, back to back): " + ", ".join(f"{r:.3f}" for r in pairs)

@@ -76,12 +76,14 @@ def _cuts(n: int, sizes) -> list[tuple[int, int]]:
     return cuts
 
 
-def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu", buffer_columns=None) -> TopKState:
+def _reduce(examples, coefficients, k, mode, batch_size, signed=True, device="cpu", buffer_columns=None,
+            select_per_layer=None) -> TopKState:
     """The reducer fed with the coefficients of each batch, as the forward pass would; padded and special
     positions hold values that would win in either direction if they were not blocked."""
     n_layers, _, d_m = coefficients[0].shape
     state = TopKState.empty(n_layers, d_m * (2 if signed else 1), k, device)
-    reducer = TriggerReducer(state, mode, signed=signed, buffer_columns=buffer_columns)
+    reducer = TriggerReducer(state, mode, signed=signed, buffer_columns=buffer_columns,
+                             select_per_layer=select_per_layer)
     sizes = itertools.cycle(batch_size if isinstance(batch_size, (list, tuple)) else [batch_size])
     for start, end in _cuts(len(examples), sizes):
         group = examples[start:end]
@@ -108,12 +110,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch_size", [1, 3, 8, 40])
-def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size, device):
+@pytest.mark.parametrize("select_per_layer", [None, True, False])
+def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size, device, select_per_layer):
     """Integer coefficients tie everywhere: the negative direction must order the most negative first, then
-    the lower example id, then (in an example, and in prefix mode) the lower position, as the positive one."""
+    the lower example id, then (in an example, and in prefix mode) the lower position, as the positive one.
+    Whether each layer's candidates are selected as it is reduced or once in the merge (a GPU's default), and
+    batches of fewer or more examples than k: the same state."""
     examples, coefficients = _world(seed=batch_size)
     expected = _brute_force(examples, coefficients, k=4, mode=mode)
-    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=batch_size, device=device).to("cpu")
+    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=batch_size, device=device,
+                    select_per_layer=select_per_layer).to("cpu")
     result = trigger_table(state, (1, -1)).to_pandas()
     pd.testing.assert_frame_equal(result[COLUMNS].astype(expected.dtypes), expected)
     # The test exercises what it claims: ties in the negative direction and negative coefficients.
@@ -126,13 +132,15 @@ def test_both_directions_with_exact_ties_equal_brute_force(mode, batch_size, dev
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("buffer_columns", [0, 3, 4, 9, 10**6])
-def test_merging_several_batches_at_once_equals_brute_force(mode, buffer_columns):
+@pytest.mark.parametrize("select_per_layer", [None, False])
+def test_merging_several_batches_at_once_equals_brute_force(mode, buffer_columns, select_per_layer):
     """The CPU merges the candidates of several batches at once: whether it merges after every batch
     (0), after a few (a buffer of 3 to 9 columns against batches of 3 examples, k = 4, some filled exactly,
     some not), or only in the final flush, the state equals the brute force."""
     examples, coefficients = _world(seed=11)
     expected = _brute_force(examples, coefficients, k=4, mode=mode)
-    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=3, buffer_columns=buffer_columns)
+    state = _reduce(examples, coefficients, k=4, mode=mode, batch_size=3, buffer_columns=buffer_columns,
+                    select_per_layer=select_per_layer)
     result = trigger_table(state, (1, -1)).to_pandas()
     pd.testing.assert_frame_equal(result[COLUMNS].astype(expected.dtypes), expected)
 

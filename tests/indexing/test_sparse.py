@@ -41,9 +41,9 @@ def batches(seed: int, n_batches: int = 14):
         yield batch, SparseCoefficients(torch.relu(values), indices, N_KEYS)
 
 
-def reduced(mode: str, sparse: bool, seed: int, top_k: int) -> TopKState:
+def reduced(mode: str, sparse: bool, seed: int, top_k: int, select_per_layer: bool | None = None) -> TopKState:
     state = TopKState.empty(1, N_KEYS, top_k)
-    reducer = TriggerReducer(state, mode)
+    reducer = TriggerReducer(state, mode, select_per_layer=select_per_layer)
     for batch, c in batches(seed):
         reducer.start(batch)
         reducer("coefficients", 0, c if sparse else c.dense())
@@ -54,9 +54,11 @@ def reduced(mode: str, sparse: bool, seed: int, top_k: int) -> TopKState:
 
 @pytest.mark.parametrize("mode", ["example", "prefix"])
 @pytest.mark.parametrize("seed,top_k", [(0, 3), (1, 5), (2, 1)])
-def test_the_sparse_reduction_writes_the_dense_reductions_table(tmp_path, mode, seed, top_k):
+@pytest.mark.parametrize("select_per_layer", [None, False])
+def test_the_sparse_reduction_writes_the_dense_reductions_table(tmp_path, mode, seed, top_k, select_per_layer):
+    """Also where the merge selects once (a GPU's default): the dense selecting per layer, the sparse not."""
     dense = latent_trigger_table({3: reduced(mode, False, seed, top_k)})
-    sparse = latent_trigger_table({3: reduced(mode, True, seed, top_k)})
+    sparse = latent_trigger_table({3: reduced(mode, True, seed, top_k, select_per_layer)})
     keys = dense["key"].to_numpy()
     assert set(keys) == set(range(N_KEYS)) - {DEAD} and len(keys) >= top_k * (N_KEYS - 1) // 2
     if top_k > 1:  # ties, decided by the example id (and the position)

@@ -67,11 +67,18 @@ class CandidateBuffer:
             shape = (*self.state.values.shape[:2], self.columns + n)
             self.fields = [torch.empty(shape, dtype=d, device=self.state.values.device) for d in self.DTYPES]
 
-    def write(self, layer: int, rows: slice, candidates: tuple[torch.Tensor, ...]) -> None:
-        """Place (len(rows), n) candidates of `layer` after the accepted columns."""
-        n = candidates[0].shape[-1]
+    def write(self, layer: int, rows: slice, candidates: tuple[torch.Tensor | None, ...]) -> None:
+        """Place (len(rows), n) candidates of `layer` after the accepted columns (a field given as None is left
+        for `fill`)."""
+        n = next(c for c in candidates if c is not None).shape[-1]
         for target, source in zip(self.fields, candidates):
-            target[layer, rows, self.filled: self.filled + n].copy_(source)
+            if source is not None:
+                target[layer, rows, self.filled: self.filled + n].copy_(source)
+
+    def written(self, field: int, n: int) -> torch.Tensor:
+        """The (L, rows, n) columns of one field (an index into `DTYPES`) after the accepted ones: what `write`
+        placed there, or where `fill` places a field for every layer at once."""
+        return self.fields[field][..., self.filled: self.filled + n]
 
     def accept(self, n: int, one_per_example: bool) -> None:
         """The n columns just written hold a whole batch; merge once `columns` have gathered."""
@@ -111,11 +118,20 @@ class TriggerReducer:
     quantities = ("coefficients",)
 
     def __init__(self, state: TopKState, mode: str = "example", signed: bool = False,
-                 buffer_columns: int | None = None) -> None:
+                 buffer_columns: int | None = None, select_per_layer: bool | None = None) -> None:
         """Args:
             buffer_columns: candidates per key gathered before a merge; None: 2·k on a CPU, a
                 merge per batch on other devices, where a merge is a few launches for the whole
                 model and its temporaries, not its sort, would grow.
+            select_per_layer: in mode example, whether each layer's and direction's candidates are cut to the
+                batch's best k per key as the layer is reduced (a selection per layer and direction), or every
+                example's candidate waits in the buffer for the merge, whose one selection serves every layer
+                and direction, and whose example ids and next tokens are written once for all layers. The two
+                give the same state (the merge keeps the best k of all candidates either way; a batch's
+                columns are in example-id order, so both break ties alike). None: per layer on a CPU, where
+                the buffer gathers several batches and a batch rarely holds more than k examples; in the
+                merge on other devices, where each selection is launches, not arithmetic: on an H200 the
+                per-layer selections were 30% of GPT-2 small's indexed pass. Mode prefix selects per layer.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -123,8 +139,10 @@ class TriggerReducer:
         self.mode = mode
         self.signed = signed
         self._directions = 2 if signed else 1
+        on_cpu = state.values.device.type == "cpu"
+        self._select = mode == "prefix" or (on_cpu if select_per_layer is None else select_per_layer)
         if buffer_columns is None:
-            buffer_columns = 2 * state.k if state.values.device.type == "cpu" else 0
+            buffer_columns = 2 * state.k if on_cpu else 0
         self._buffer = CandidateBuffer(state, buffer_columns)
         # The one-sort merge applies while each example is one candidate per key and ids fit 32 bits.
         self._fast = mode == "example" and state.ids_fit()
@@ -149,7 +167,8 @@ class TriggerReducer:
             self._pos = torch.arange(t, device=batch.input_ids.device, dtype=torch.int32).repeat(b)
             self._next = batch.next_token.reshape(-1)
             self._blocked_flat = batch.blocked[0] * t + batch.blocked[1]
-        self._n = min(self.state.k, b if self.mode == "example" else b * t)
+        # Candidates per key of this batch: the batch's best k, or every example's until the merge selects.
+        self._n = min(self.state.k, b if self.mode == "example" else b * t) if self._select else b
         self._buffer.reserve(self._n, self._fast)
         self._reduced.clear()
 
@@ -173,8 +192,7 @@ class TriggerReducer:
             if self.mode == "example":
                 best, pos = self._best_positions(layer, c, direction)          # (B, d_m)
                 with one_thread(c.device):  # (d_m, B) selections: small operations
-                    self._keep(layer, block, best.T, self._eid[None, :].expand(d_m, b), pos.T,
-                               self.batch.next_token.gather(1, pos).T)
+                    self._keep_examples(layer, block, best.T, pos.T)
             else:
                 values = c.reshape(b * t, d_m).T.float()                        # (d_m, B*T), (eid, pos) order
                 self._keep(layer, block, values if direction == 1 else -values, self._eid[None, :].expand(d_m, -1),
@@ -192,14 +210,24 @@ class TriggerReducer:
         with one_thread(c.values.device):  # O(B·T·k) scatters and sorts: small operations
             if self.mode == "example":
                 best, pos = best_per_example(c, self.batch.competes)                # (B, n_keys)
-                self._keep(layer, 0, best.T, self._eid[None, :].expand(c.n_keys, -1), pos.T,
-                           self.batch.next_token.gather(1, pos).T)
+                self._keep_examples(layer, 0, best.T, pos.T)
             else:
                 values, columns = top_prefixes(c, self.batch.competes, self._n)     # (n_keys, n)
                 filled, at = columns >= 0, columns.clamp(min=0)
                 self._keep(layer, 0, values, torch.where(filled, self._eid[at], EMPTY), self._pos[at],
                            torch.where(filled, self._next[at], -1))
         self._reduced.add(layer)
+
+    def _keep_examples(self, layer: int, block: int, values: torch.Tensor, position: torch.Tensor) -> None:
+        """Keep one direction's (d_m, B) candidates of mode example: each example's best value per key and its
+        position; their example ids and next tokens follow from the position (`commit` writes them for every
+        layer at once where no selection comes first)."""
+        if not self._select:
+            d_m = values.shape[0]
+            self._buffer.write(layer, slice(block * d_m, (block + 1) * d_m), (values, None, position, None))
+            return
+        self._keep(layer, block, values, self._eid[None, :].expand(values.shape[0], -1), position,
+                   self.batch.next_token.gather(1, position.T).T)
 
     def _keep(self, layer: int, block: int, values: torch.Tensor, example_id: torch.Tensor, position: torch.Tensor,
               next_token: torch.Tensor) -> None:
@@ -251,6 +279,12 @@ class TriggerReducer:
             if sorted(self._reduced) != list(range(n_layers)):
                 raise RuntimeError(f"the forward pass reduced layers {sorted(self._reduced)}, "
                                    f"not all {n_layers}")
+            if not self._select:  # every layer's example ids and next tokens, from the positions written
+                self._buffer.written(1, self._n).copy_(self._eid)
+                at = self._buffer.written(2, self._n).long()                        # (L, rows, B) positions
+                at += torch.arange(0, at.shape[-1] * self.batch.next_token.shape[1], self.batch.next_token.shape[1],
+                                   device=at.device)                                 # into the flat (B·T) tokens
+                self._buffer.written(3, self._n).copy_(self.batch.next_token.reshape(-1).take(at))
             self._buffer.accept(self._n, self._fast)
         self._reduced.clear()
         self.batch = self._eid = self._pos = self._next = self._blocked_flat = None
