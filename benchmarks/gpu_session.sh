@@ -60,14 +60,18 @@ case "$part" in
     select)
         # Issue 44, item 6: the merge's one selection for all layers and directions against a selection per layer
         # (`--per-batch` times both, and the index's default, taking turns, and checks their states are equal).
-        timeout 150 python3 -m pytest -p no:cacheprovider -q tests/indexing/test_gpu_index.py \
-            tests/indexing/test_signed.py tests/indexing/test_sparse.py 2>&1 | tail -n 5 | tee -a "$log" || true
+        timeout 150 python3 -m pytest -p no:cacheprovider -q -rA tests/indexing/test_gpu_index.py \
+            tests/indexing/test_signed.py tests/indexing/test_sparse.py tests/indexing/test_extremes.py \
+            > /tmp/tests.log 2>&1 || true
+        { grep -E "^(FAILED|ERROR)|^E " /tmp/tests.log | head -n 30
+          echo "GPU tests: $(grep -c '^PASSED' /tmp/tests.log) passed, $(grep -cE '^(FAILED|ERROR)' /tmp/tests.log)" \
+               "failed, skipped: $(grep '^SKIPPED' /tmp/tests.log | tr '\n' ' ')"; } | tee -a "$log"
         timeout 150 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 \
             --batch-size 512 --max-batch-tokens 65536 --repeats 2 --per-batch --timeline /tmp/timeline 2>&1 \
             | tee -a "$log" || true
         timeout 270 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --shape llama-8b --top-k 100 \
             --sign both --unit line --max-tokens 95 --sentences 20000 --batch-size 256 --max-batch-tokens 32768 \
-            --repeats 1 --per-batch 2>&1 | tee -a "$log" || true
+            --repeats 1 --per-batch --timeline /tmp/timeline-8b 2>&1 | tee -a "$log" || true
         ;;
     compile)
         python3 benchmarks/compile_capture.py --device cuda --dtype bfloat16 --layers 12 --sentences 2048 2>&1 | tee -a "$log"

@@ -210,12 +210,20 @@ def main() -> None:
     if args.per_batch:
         # The index's default on this device, and each way of selecting the candidates (per layer and direction
         # as each layer is reduced, or once in the merge), taking turns; their states must be equal.
-        variants = {"default": None, "select per layer": True, "select in the merge": False}
+        # On a GPU, selecting in the merge reduces each layer through `ffkv.indexing.extremes`' kernel where it runs;
+        # "torch's reductions" is the same without it (the masked max and min of the torch path).
+        from ffkv.indexing import extremes
+
+        variants = {"default": None, "select per layer": True, "select in the merge": False,
+                    "select in the merge, torch's reductions": False}
         ratios: dict[str, list[float]] = {name: [] for name in variants}
         states = {}
+        kernel = extremes.available
         for _ in range(args.repeats):
             for name, select in variants.items():
+                extremes.available = (lambda c: False) if "torch's" in name else kernel
                 plain, reduce, state = per_batch(select)
+                extremes.available = kernel
                 ratios[name].append(reduce / plain)
                 states[name] = state
                 print(f"per batch, back to back ({name}): forward {plain:.2f} s, forward with reduction and merge "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ffkv.indexing.topk import EMPTY, TopKState, select_top
@@ -95,3 +96,23 @@ def _assert_k_best(state, seen: dict, k: int) -> None:
         assert state.example_id[layer, key].tolist() == [b[1] for b in best]
         assert state.position[layer, key].tolist() == [b[2] for b in best]
         assert state.next_token[layer, key].tolist() == [b[3] for b in best]
+
+
+@pytest.mark.parametrize("block", [1, 5, 24, 1000])
+def test_gpu_merge_in_blocks_of_rows_equals_brute_force(block):
+    """A GPU merges every row at once in blocks that bound its temporaries (`_merge_blocks`): blocks of one row, of
+    rows that do not divide the 24, the 24 exactly and more than all of them keep the same k best per key."""
+    from ffkv.indexing import topk
+
+    g = torch.Generator().manual_seed(4)
+    n_layers, d_m, k = 2, 12, 3
+    state = TopKState.empty(n_layers, d_m, k)
+    seen: dict[tuple[int, int], list] = {}
+    for step in range(8):
+        batch = [_random_candidates(g, d_m, 4, first_id=100 * step) for _ in range(n_layers)]
+        new = [torch.stack(f).reshape(n_layers * d_m, -1) for f in zip(*batch)]
+        new = [new[0].float(), new[1], new[2].to(torch.int32), new[3].to(torch.int32)]
+        own = [t.view(-1, k) for t in (state.values, state.example_id, state.position, state.next_token)]
+        topk._merge_blocks(own, new, step % 2 == 1, block)
+        _record(seen, batch, d_m)
+    _assert_k_best(state, seen, k)

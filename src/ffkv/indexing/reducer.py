@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 
 from ffkv.batching import Batch
+from ffkv.indexing import extremes
 from ffkv.indexing.sparse import best_per_example, top_prefixes
 from ffkv.memories.latent_keys import SparseCoefficients
 from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
@@ -185,6 +186,13 @@ class TriggerReducer:
         if self._directions * d_m != self.state.values.shape[1]:
             raise ValueError(f"a layer of {d_m} keys does not match a state of {self.state.values.shape[1]} rows "
                              f"({'signed' if self.signed else 'positive'} index)")
+        if self.mode == "example" and not self._select and extremes.available(c):
+            # One kernel: both directions, blocked positions skipped, written straight into the buffer.
+            values, positions = (self._buffer.written(field, self._n)[layer] for field in (0, 2))
+            extremes.masked_extremes(c, self.batch.competes, values[:d_m], positions[:d_m],
+                                     *((values[d_m:], positions[d_m:]) if self.signed else ()))
+            self._reduced.add(layer)
+            return
         for block, direction in enumerate((1, -1)[: self._directions]):
             # Blocked positions must lose in this direction: +inf never wins a minimum.
             with one_thread(c.device):
