@@ -93,9 +93,7 @@ class Run:
         with (`MemoryLayout.parse` reads ``3:17``, ``t4:42``); read from the manifest, no model loaded."""
         from ffkv.memories.address import MemoryLayout
 
-        recorded = self.manifest.index.get("dictionary") or {}
-        return MemoryLayout(self.n_layers, self.d_m,
-                            {int(layer): (str(d["kind"]), int(d["n_latents"])) for layer, d in recorded.items()})
+        return MemoryLayout.recorded(self.n_layers, self.d_m, self.manifest.index.get("dictionary"))
 
     def memories(self, of: str = "neurons") -> MemorySet:
         """The run's memories of one source (`ffkv.memories.sets`): ``neurons``, the model's own, or ``latents``,

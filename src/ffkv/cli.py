@@ -500,12 +500,19 @@ def _explain_parser(sub) -> None:
                        description="Show a language model each chosen memory's top trigger examples (even ranks; "
                                    "each token's activation marked 0-10) and its value's top tokens, and store its "
                                    "one-sentence explanation in RUN/metrics/explanations.parquet (both directions "
-                                   "of a signed model, each on its own). Resumable: what is stored is never asked "
-                                   "again. Layers count from 1 (docs/explain.md).")
+                                   "of a signed model, each on its own). With --latents, the latents of the "
+                                   "dictionary the run was indexed with instead (kind latent; their control latents "
+                                   "with --controls). Resumable: what is stored is never asked again. Layers count "
+                                   "from 1 (docs/explain.md).")
     _add_llm_options(p, "--explainer")
     p.add_argument("--layers", default=None, metavar="L,L,...", help="layers to sample from, from 1 (default: all)")
     p.add_argument("--memories", default=None, metavar="L:K,...",
-                   help="explain these memories (layer from 1, key from 0) instead of a sample")
+                   help="explain these memories (layer from 1, key from 0) instead of a sample; a latent of the "
+                        "run's dictionary is tL:J (a transcoder's) or sL:J (an SAE's)")
+    p.add_argument("--latents", action="store_true",
+                   help="sample the latents of the dictionary the run was indexed with (--dictionary), among those "
+                        "that fired, instead of the neurons: --sample per dictionary layer of --layers, and "
+                        "--controls control latents")
     p.add_argument("--sample", type=_positive_int, default=10, help="memories per layer, seeded (default: %(default)s)")
     p.add_argument("--controls", type=int, default=0, metavar="N",
                    help="also explain N random control memories per layer, the baseline (default: %(default)s)")
@@ -875,18 +882,26 @@ def _layer_list(text: str | None, what: str = "--layers") -> list[int] | None:
         raise FfkvError(f"{what} takes layers from 1, comma-separated (e.g. 1,15,30), got {text!r}") from None
 
 
-def _memory_list(text: str | None) -> list[tuple[int, int]]:
-    out = []
+def _memory_list(text: str | None) -> list:
+    """--memories as the library takes it: (layer, key) of a neuron, or a `LatentRef` (tL:J, sL:J); layers from 0.
+    Whether they exist is the library's to say, against the run."""
+    from ffkv.memories.address import LATENT_PREFIX, LatentRef
+
+    out: list = []
+    said = "--memories takes L:K pairs (layer from 1, key from 0), or tL:J / sL:J for a latent"
     for item in (text or "").split(","):
-        if not item.strip():
+        item = item.strip()
+        if not item:
             continue
-        layer, sep, key = item.partition(":")
+        kind = next((k for k, prefix in LATENT_PREFIX.items() if item[:1].lower() == prefix), None)
+        layer, sep, key = (item[1:] if kind else item).partition(":")
         try:
-            out.append((int(layer) - 1, int(key)))
+            pair = (int(layer) - 1, int(key))
         except ValueError:
-            raise FfkvError(f"--memories takes L:K pairs (layer from 1, key from 0), got {item!r}") from None
+            raise FfkvError(f"{said}, got {item!r}") from None
         if not sep:
-            raise FfkvError(f"--memories takes L:K pairs (layer from 1, key from 0), got {item!r}")
+            raise FfkvError(f"{said}, got {item!r}")
+        out.append(LatentRef(*pair, kind) if kind else pair)
     return out
 
 
@@ -912,7 +927,7 @@ def _explain(args: argparse.Namespace) -> int:
                            device=args.device)
     rows = explain(args.run, backend, layers=_layer_list(args.layers), memories=_memory_list(args.memories),
                    sample=args.sample, controls=args.controls, seed=args.seed, direction=args.direction,
-                   projection=args.projection,
+                   latents=args.latents, projection=args.projection,
                    loaded=_run_model(args), progress=not args.no_progress)
     spent = int(rows["prompt_tokens"].sum() + rows["completion_tokens"].sum()) if len(rows) else 0
     print(f"explanations written: {len(rows)} rows in {args.run}/metrics/explanations.parquet "
@@ -938,7 +953,20 @@ def _score(args: argparse.Namespace) -> int:
               f"own - shuffled {r.score_minus_shuffled:.3f} [{r.score_minus_shuffled_ci_low:.3f}, "
               f"{r.score_minus_shuffled_ci_high:.3f}]; "
               f"control {r.control:.3f} [{r.control_ci_low:.3f}, {r.control_ci_high:.3f}] (n {r.n_control})")
-    print(f"scores written: {args.run}/metrics/explanation_scores.parquet and explanation_scores_by_layer.parquet")
+    from ffkv.experiments.explanations import LATENTS
+    from ffkv.store.run import RunDir
+
+    run = RunDir(args.run)
+    latents = run.read_metric(LATENTS) if run.has_metric(LATENTS) else None
+    for r in (latents.itertuples() if latents is not None else ()):
+        by = f" by {r.explainer}" if several or latents["explainer"].nunique() > 1 else ""
+        print(f"layer {r.layer + 1} latents ({r.dictionary}){by}: score {r.score_latents:.3f} "
+              f"[{r.score_latents_ci_low:.3f}, {r.score_latents_ci_high:.3f}] (n {r.n_score_latents}); shuffled "
+              f"{r.shuffled_latents:.3f}; control latents {r.control_latents:.3f} (n {r.n_control_latents}); own - "
+              f"shuffled, latents minus neurons {r.excess_latents_minus_neurons:+.3f} "
+              f"[{r.excess_latents_minus_neurons_ci_low:+.3f}, {r.excess_latents_minus_neurons_ci_high:+.3f}]")
+    print(f"scores written: {args.run}/metrics/explanation_scores.parquet and explanation_scores_by_layer.parquet"
+          + (" and explanation_scores_latents.parquet" if latents is not None else ""))
     return 0
 
 

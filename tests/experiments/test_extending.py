@@ -135,10 +135,11 @@ def test_steps_run_in_the_order_their_needs_allow():
     assert registry.ordered(["d", "a"], every) == ["a", "d"]
     assert registry.ordered(["e", "d"], every) == ["d", "e"]  # after: only between named steps
     assert registry.ordered(["e"], every) == ["e"]
-    # ffkv's own: the order analyze has always run them in.
+    # ffkv's own: the order analyze has always run them in, but that latents_beside reads explanation_scores's
+    # latent table (it computes nothing: moving it first changes no result)
     assert registry.ordered(list(registry.experiments())) == [
         "patterns", "ablations", "values", "translators", "composition", "refinement", "census", "vocabulary_classes",
-        "confidence_neurons", "suppressed", "latents_beside", "membership", "pruning", "lookups", "explanation_scores"]
+        "confidence_neurons", "suppressed", "explanation_scores", "latents_beside", "membership", "pruning", "lookups"]
 
 
 def test_a_cycle_or_an_unknown_need_is_refused_with_one_line():

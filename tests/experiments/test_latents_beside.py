@@ -162,3 +162,25 @@ def test_the_composition_verdict_reads_the_difference_the_right_way_round():
     assert "one neuron's more often" in composition_verdict(-0.107, -0.019, 1000)
     assert composition_verdict(-0.1, 0.1, 1000).startswith("undecided")
     assert composition_verdict(0.01, 0.2, 50).startswith("no verdict")
+
+
+def test_the_explanation_score_row_reads_the_excess_over_shuffled_with_the_verdict_rule():
+    """One row per dictionary layer and explainer of explanation_scores_latents (`ffkv score`): the latents' and the
+    neurons' mean scores, each beside its shuffled baseline, and the difference of their excesses; no verdict under
+    MIN_N scored per kind, nor where a shuffled baseline has fewer."""
+    measure = next(m for m in MEASURES if m.column == "explanation_score")
+    row = {"layer": 0, "explainer": "openai:x#m", "score_latents": 0.4, "score_latents_ci_low": 0.35,
+           "score_latents_ci_high": 0.45, "n_score_latents": 120, "shuffled_latents": 0.1, "n_shuffled_latents": 120,
+           "score_neurons": 0.2, "score_neurons_ci_low": 0.15, "score_neurons_ci_high": 0.25, "n_score_neurons": 150,
+           "shuffled_neurons": 0.05, "n_shuffled_neurons": 150, "excess_latents_minus_neurons": 0.15,
+           "excess_latents_minus_neurons_ci_low": 0.05, "excess_latents_minus_neurons_ci_high": 0.25}
+    got = rows_of(measure, pd.DataFrame([row]), 256)[0]
+    assert (got["latents"], got["n_latents"], got["latents_null"]) == (0.4, 120, 0.1)
+    assert (got["neurons"], got["n_neurons"], got["neurons_null"]) == (0.2, 150, 0.05)
+    assert got["difference"] == 0.15 and got["verdict"] == "latents higher" and "openai:x#m" in got["label"]
+    assert rows_of(measure, pd.DataFrame([{**row, "n_score_latents": MIN_N - 1}]), 256)[0]["verdict"].startswith(
+        "no verdict")
+    assert rows_of(measure, pd.DataFrame([{**row, "n_shuffled_neurons": MIN_N - 1}]), 256)[0]["verdict"].startswith(
+        "no verdict")
+    assert rows_of(measure, pd.DataFrame([{**row, "excess_latents_minus_neurons_ci_low": -0.01}]), 256)[0][
+        "verdict"].startswith("cannot say")

@@ -184,3 +184,33 @@ def test_a_chat_template_that_probes_the_sandbox_is_one_line(fresh, tmp_path, ca
     assert code == TemplateRefused.exit_code == 2
     assert "the model file's chat template is refused" in line and says in line
     assert not RunDir(run_dir).has_metric("explanations")
+
+
+# ------------------------------------------------------------------------------------------- latents' answers
+def test_a_latents_blank_or_malformed_answer_is_checked_as_a_neurons(fresh_latents, capsys):
+    """The same checks for a dictionary's latents (`explain --latents`): a blank explanation is never stored and the
+    warning names the latents by their addresses; a malformed answer is one line, and what was finished is kept."""
+    install()
+    run_dir, _ = fresh_latents
+    with ChatServer(mode="blank", fail_from=3) as server:  # the first two answers are real
+        code, _, err = run(capsys, "explain", run_dir, "--explainer", f"openai:{server.url}#rule", "--latents",
+                           "--sample", "4", "--concurrency", "1", "--no-progress")
+    assert code == 0
+    warning = [line for line in err.splitlines() if line.startswith("ffkv: warning: explain:")]
+    assert len(warning) == 1 and "answered 2 of 4 prompts with no explanation" in warning[0]
+    assert "latent t1:" in warning[0]
+    kept = RunDir(run_dir).read_metric("explanations")
+    assert len(kept) == 2 and set(kept["kind"]) == {"latent"} and (kept["explanation"].str.strip() != "").all()
+    with ChatServer(mode="malformed", fail_from=2) as server:
+        code, _, err = run(capsys, "explain", run_dir, "--explainer", f"openai:{server.url}#rule", "--latents",
+                           "--sample", "4", "--controls", "2", "--concurrency", "1", "--retries", "0",
+                           "--no-progress")
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("ffkv: error: ") and "malformed answer" in line and "Traceback" not in err
+    kept = RunDir(run_dir).read_metric("explanations")
+    assert len(kept) == 3 and (kept["explanation"].str.strip() != "").all()  # one more, finished before the failure
+    with ChatServer() as server:
+        assert run(capsys, "explain", run_dir, "--explainer", f"openai:{server.url}#rule", "--latents", "--sample",
+                   "4", "--controls", "2", "--no-progress")[0] == 0
+        assert len(server.requests) == 3  # only what was missing
+    assert sorted(RunDir(run_dir).read_metric("explanations")["kind"]) == ["latent"] * 4 + ["latent_control"] * 2

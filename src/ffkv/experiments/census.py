@@ -656,23 +656,12 @@ CONTROL_COLUMNS = ["layer", "key", "source_key", "class", "activation_frequency"
 
 
 def latent_keys(ctx: RunContext) -> tuple[LatentKeys | None, list[str]]:
-    """The run's dictionary as the index read it (`ffkv.memories.latent_keys.LatentKeys`: the same activations and the
-    same control latents, redrawn from the run's control seed and checked against latent_control_keys.parquet);
-    None for a run without latents, or one whose dictionary is gone or changed (with `RunContext.latents_for`'s line
-    saying why)."""
+    """The run's dictionary as the index read it (`RunContext.latent_keys`); None for a run without latents, or one
+    whose dictionary is gone or changed (with `RunContext.latents_for`'s line saying why)."""
     latents, unread = ctx.latents_for(f"{NAME}_latents")
     if latents is None:
         return None, unread
-    n_control = ctx.manifest.control_keys if ctx.has_latent_control else 0
-    found = LatentKeys(latents.dictionaries, n_control, ctx.manifest.identity.index.get("control_seed", 0),
-                       ctx.view.device)
-    if n_control:
-        recorded = ctx.latent_control_sources()
-        for layer in found.layers:
-            if not np.array_equal(as_numpy(found.source(layer)), recorded.get(layer, np.zeros(0))):
-                raise FfkvError(f"the control latents of layer {layer + 1} drawn again differ from those of "
-                                f"{ctx.run.table('latent_control_keys')}; index the run again")
-    return found, []
+    return ctx.latent_keys(), []
 
 
 #: What the latents are set beside the neurons on (census_latents): measure -> (the memories judged, the flag).

@@ -376,6 +376,30 @@ class RunContext:
                 warn(line)
             return None, [line]
 
+    def latent_keys(self):
+        """The run's dictionary as the index read it (`ffkv.memories.latent_keys.LatentKeys`: the same activations and
+        the same control latents, redrawn from the run's control seed and checked against
+        latent_control_keys.parquet), once. Refused in one line for a run without latents, or one whose dictionary
+        is gone or changed (`memories`)."""
+        from ffkv.memories.latent_keys import LatentKeys
+
+        def build() -> LatentKeys:
+            if not self.has_latents:
+                raise FfkvError(f"{self.run.path} was indexed without a dictionary: it has no latents (index it again "
+                                "with `ffkv index --dictionary PATH`)")
+            latents = self.memories("latents")
+            n_control = self.manifest.control_keys if self.has_latent_control else 0
+            found = LatentKeys(latents.dictionaries, n_control, self.manifest.identity.index.get("control_seed", 0),
+                               self.view.device)
+            if n_control:
+                recorded = self.latent_control_sources()
+                for layer in found.layers:
+                    if not np.array_equal(as_numpy(found.source(layer)), recorded.get(layer, np.zeros(0))):
+                        raise FfkvError(f"the control latents of layer {layer + 1} drawn again differ from those of "
+                                        f"{self.run.table('latent_control_keys')}; index the run again")
+            return found
+        return self.once("latent_keys", build)
+
     def latent_control_sources(self) -> dict[int, np.ndarray]:
         """Dictionary layer -> (n,) the real latent whose encoder norm, bias and value each control latent of that
         layer borrows (latent_control_keys.parquet)."""

@@ -6,6 +6,11 @@ names and gives them their report section: per layer, the mean score of the memo
 the two baselines, shuffled explanations and the random control memories' explanations. Named alone
 (``ffkv analyze RUN --only explanation_scores``) it draws that figure; it reads what `ffkv score` wrote and
 computes nothing else, so without it the step is skipped: "run ffkv score first".
+
+A run indexed with a sparse dictionary may have its latents explained and scored too (`ffkv explain --latents`):
+kinds "latent" and "latent_control" beside the neurons' "memory" and "control" (`KINDS`), and the table `LATENTS`
+(per dictionary layer, the latents' mean score, shuffled and control baselines beside the neurons'), which this
+section shows with a figure of its own and which `ffkv.experiments.latents_beside` reads as one more measure.
 """
 
 from __future__ import annotations
@@ -23,12 +28,26 @@ NAME = "explanation_scores"
 SCORES = NAME
 BY_LAYER = f"{NAME}_by_layer"
 EXPLANATIONS = "explanations"
+#: Per dictionary layer, the latents' scores beside the neurons' (`ffkv score`, where latents were explained).
+LATENTS = f"{NAME}_latents"
+
+#: The kinds of explained memory (explanations.parquet's ``kind``): the model's neurons ("memory") and their random
+#: control keys; a sparse dictionary's latents and its control latents. Each kind is summarised on its own.
+KINDS = ("memory", "control", "latent", "latent_control")
+NEURON_KINDS = ("memory", "control")
+LATENT_KINDS = ("latent", "latent_control")
+#: Each kind of real memory -> the kind of its control (its baseline).
+CONTROL_OF = {"memory": "control", "latent": "latent_control"}
 
 FINDINGS = {BY_LAYER: Finding("Beyond the paper (Bills et al. 2023)",
                               "An explanation is worth reading when a simulator that sees only "
                               "it predicts the memory's activations on held-out text better than with another "
                               "memory's explanation (shuffled) and better than random key directions' explanations "
-                              "(control).")}
+                              "(control)."),
+            LATENTS: Finding("Beyond the paper (Bills et al. 2023; issue 46)",
+                             "Are a sparse dictionary's latents easier to explain than the layer's neurons? Per "
+                             "dictionary layer, the latents' explanations scored as the neurons' are, each kind "
+                             "beside its own shuffled and control baselines.")}
 
 
 #: What names one explanation: a memory (or control memory) in one direction, by one explainer.
@@ -77,6 +96,32 @@ def memory_explanations(run) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def _latent_figure(table: pd.DataFrame):
+    """Per dictionary layer (and explainer): the latents' and the neurons' own scores, each beside its shuffled and
+    control baselines, with 95% intervals."""
+    fig, ax = new_figure()
+    several = table["explainer"].nunique() > 1
+    series = [(f"{part}_{kind}", f"{label} ({kind})", color, marker)
+              for kind, marker in (("latents", "o"), ("neurons", "s"))
+              for part, label, color in (("score", "own explanation", "#4C72B0"),
+                                         ("shuffled", "shuffled explanation", "#8C8C8C"),
+                                         ("control", "controls' own explanations", "#DD8452"))]
+    rows = list(table.itertuples(index=False))
+    width = 0.8 / len(series)
+    for s, (column, label, color, marker) in enumerate(series):
+        xs = np.arange(len(rows)) + (s - (len(series) - 1) / 2) * width
+        ax.plot(xs, table[column].to_numpy(float), marker, color=color, label=label,
+                fillstyle="full" if column.endswith("latents") else "none")
+        interval_bars(ax, xs, table, column, scale=1.0)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_ylabel("simulation score (correlation)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"layer {r.layer + 1}" + (f"\n{r.explainer}" if several else "") for r in rows])
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    legend_outside(ax)
+    return fig
+
+
 def skip_reason(ctx: RunContext) -> str | None:
     if not ctx.run.has_metric(BY_LAYER):
         return f"run ffkv score first: `ffkv explain {ctx.run.path}`, then `ffkv score {ctx.run.path}`"
@@ -85,8 +130,19 @@ def skip_reason(ctx: RunContext) -> str | None:
 
 def draw(result: Result) -> Figures:
     """Figure: per layer (and explainer), the mean score with its 95% interval beside the shuffled and control
-    baselines, and the paired difference own - shuffled."""
+    baselines, and the paired difference own - shuffled; and where latents were scored, `_latent_figure`."""
+    figures = {}
     table = result.table(BY_LAYER)
+    if len(table):  # empty where only latents were explained
+        figures[NAME] = _neuron_figure(table, result.n_layers)
+    latents = result.inputs.get(LATENTS)
+    if latents is not None and len(latents):
+        figures[LATENTS] = _latent_figure(latents)
+    return figures
+
+
+def _neuron_figure(table: pd.DataFrame, n_layers: int):
+    """The neurons' scores per layer (`draw`)."""
     fig, ax = new_figure()
     explainers = sorted(table["explainer"].unique()) if "explainer" in table else [None]
     series = (("score", "own explanation", "#4C72B0"), ("shuffled", "shuffled explanation", "#8C8C8C"),
@@ -114,19 +170,26 @@ def draw(result: Result) -> Figures:
         ax.set_xticklabels([str(layer + 1) for layer in scored])
         ax.set_xlim(-0.6, len(scored) - 0.4)
     else:
-        layer_axis(ax, result.n_layers)
+        layer_axis(ax, n_layers)
     legend_outside(ax)
-    return {NAME: fig}
+    return fig
 
 
 def compute(ctx: RunContext, options=None) -> Result:
-    """Nothing computed: the per-layer scores `ffkv score` wrote (metrics/explanation_scores_by_layer), read for
-    the figure; its tables are recorded as this step's, not written again."""
-    return Result(ctx.view.n_layers, inputs={BY_LAYER: ctx.run.read_metric(BY_LAYER)},
-                  record={"tables": [SCORES, BY_LAYER], "note": "written by `ffkv score`; this step draws the figure"})
+    """Nothing computed: the per-layer scores `ffkv score` wrote (metrics/explanation_scores_by_layer, and
+    explanation_scores_latents where latents were scored), read for the figures; its tables are recorded as this
+    step's, not written again."""
+    inputs = {BY_LAYER: ctx.run.read_metric(BY_LAYER)}
+    if ctx.run.has_metric(LATENTS):
+        inputs[LATENTS] = ctx.run.read_metric(LATENTS)
+    return Result(ctx.view.n_layers, inputs=inputs,
+                  record={"tables": [SCORES, BY_LAYER, *([LATENTS] if LATENTS in inputs else [])],
+                          "note": "written by `ffkv score`; this step draws the figure"})
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
+    if name == LATENTS and len(table):
+        return _latent_reading(table)
     if name != BY_LAYER or not len(table):
         return None
     several = "explainer" in table and table["explainer"].nunique() > 1
@@ -141,11 +204,26 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
     return " ".join(parts)
 
 
+def _latent_reading(table: pd.DataFrame) -> str:
+    """One sentence per dictionary layer and explainer: both kinds' mean scores and the excess's interval."""
+    parts = []
+    for r in table.itertuples():
+        by = f" by {r.explainer}" if table["explainer"].nunique() > 1 else ""
+        parts.append(f"Layer {r.layer + 1}{by}: latents {r.score_latents:.2f} (n {r.n_score_latents}; shuffled "
+                     f"{r.shuffled_latents:.2f}, control latents {r.control_latents:.2f}), neurons "
+                     f"{r.score_neurons:.2f} (n {r.n_score_neurons}; shuffled {r.shuffled_neurons:.2f}); own - "
+                     f"shuffled, latents minus neurons {r.excess_latents_minus_neurons:+.2f} "
+                     f"[{r.excess_latents_minus_neurons_ci_low:+.2f}, {r.excess_latents_minus_neurons_ci_high:+.2f}].")
+    return " ".join(parts)
+
+
 EXPERIMENT = Experiment(
     name=NAME, title="Explanations of memories, scored by simulation (beyond the paper)",
     section="beyond the paper", order=21, compute=compute, draw=draw, optional=True, skip_reason=skip_reason,
     findings=FINDINGS,
-    reading=reading, how=("simulator", "held_out", "score", "baselines"), module=__name__)
+    latents=(f"{LATENTS}: where `ffkv explain --latents` and `ffkv score` ran, the latents' simulation scores beside "
+             "the neurons' per dictionary layer, each kind with its shuffled and control baselines"),
+    reading=reading, how=("simulator", "held_out", "score", "baselines", "difference"), module=__name__)
 
-__all__ = ["BY_LAYER", "EXPLANATIONS", "NAME", "ONE_PER", "SCORES", "memory_explanations", "read_explanation_rows",
-           "skip_reason"]
+__all__ = ["BY_LAYER", "CONTROL_OF", "EXPLANATIONS", "KINDS", "LATENTS", "LATENT_KINDS", "NAME", "NEURON_KINDS",
+           "ONE_PER", "SCORES", "memory_explanations", "read_explanation_rows", "skip_reason"]

@@ -6,7 +6,8 @@ its own null. This step gathers them, one row per layer and measure, in one sche
 sets the dictionary's fidelity beside them: a latent finding from a dictionary that explains little of its layer
 says little about the layer.
 
-Per row: the latents' share with its 95% interval, n and null; the neurons' share, interval, n and null; the
+Per row: the latents' share (the explanation score: a mean correlation) with its 95% interval, n and null; the
+neurons' share, interval, n and null; the
 difference the study tests (latents minus neurons, or for a measure read beyond its own null, the latents' excess
 minus the neurons' excess) with its interval; and the verdict. **Verdict**: none when either kind has fewer than
 `MIN_N` memories judged (or, for an excess over a null, either null: on SmolLM2 most control latents never fire); "latents higher" or "neurons higher" when the difference's 95% interval excludes 0;
@@ -94,6 +95,12 @@ MEASURES = (
               f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
               f"{c}_share_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression", "partition")),
+    # a mean correlation, not a share: the figure's axis reads it x100 (`ffkv score`; null: the shuffled baseline)
+    Measure("explanation_scores_latents", "explanation_score", "an LLM's explanation simulates the memory (Bills et "
+            "al.; mean correlation), beyond a shuffled explanation", "score_latents", "n_score_latents",
+            "shuffled_latents", "score_neurons", "n_score_neurons", "shuffled_neurons", "excess_latents_minus_neurons",
+            "excess over own shuffled explanations (per memory own - shuffled), latents minus neurons",
+            ("n_shuffled_latents", "n_shuffled_neurons")),
 )
 
 COLUMNS = ["layer", "measure", "label", "study", "latents", "latents_ci_low", "latents_ci_high", "n_latents",
@@ -136,8 +143,10 @@ def rows_of(measure: Measure, table: pd.DataFrame, d_m: int, neurons: pd.DataFra
         latents, neurons, difference = (get(row, c, True) for c in (measure.latents, measure.neurons,
                                                                    measure.difference))
         n_latents = get(row, measure.n_latents)
+        # a table with a row per explainer (explanation_scores_latents) names it: explainers are never pooled
+        label = measure.label + (f" (explained by {row['explainer']})" if "explainer" in row else "")
         out.append(dict(zip(COLUMNS, (
-            int(row["layer"]), measure.column, measure.label, measure.table, *latents, n_latents,
+            int(row["layer"]), measure.column, label, measure.table, *latents, n_latents,
             get(row, measure.null_latents), *neurons, n_neurons,
             null_by_layer.get(int(row["layer"]), math.nan) if own_null else get(row, measure.null_neurons), *difference,
             measure.difference_means, verdict(n_latents, n_neurons, difference[1], difference[2],
@@ -303,7 +312,8 @@ EXPERIMENT = Experiment(
     name=NAME, title="Latents beside neurons: every measure side by side, with the dictionary's fidelity "
                      "(beyond the paper)",
     section="beyond the paper: sparse dictionaries as memories", order=7.5, compute=compute, draw=draw,
-    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed"), held_out=True,
+    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed", "explanation_scores"),
+    held_out=True,
     own_pass="the fidelity's passes replace the FF output by the reconstruction and by its mean: a model the "
              "shared held-out pass does not run",
     latents=("latents_beside, latents_beside_dictionary: every latent measure beside the neurons' in one table with "

@@ -94,6 +94,13 @@ class MemoryLayout:
     d_m: int
     latents: Mapping[int, tuple[str, int]] = field(default_factory=dict)
 
+    @classmethod
+    def recorded(cls, n_layers: int, d_m: int, dictionary: Mapping[str, Mapping] | None) -> "MemoryLayout":
+        """The layout of a run's model and the dictionary its manifest records (``index.dictionary``: FF layer ->
+        its kind and n_latents; None or empty: no dictionary), read without opening the dictionary."""
+        return cls(n_layers, d_m, {int(layer): (str(d["kind"]), int(d["n_latents"]))
+                                   for layer, d in (dictionary or {}).items()})
+
     def parse(self, text: str) -> "MemoryRef | LatentRef":
         """``LAYER:KEY`` (a neuron, `MemoryRef.parse`) or ``tLAYER:LATENT`` / ``sLAYER:LATENT`` (a latent); a
         memory this model and its dictionaries do not have is refused, in one line."""

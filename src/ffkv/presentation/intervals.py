@@ -60,3 +60,18 @@ def paired_mean_interval(difference: np.ndarray, z: float = Z95) -> tuple[float,
         return mean, float("nan"), float("nan")
     half = z * float(d.std(ddof=1)) / np.sqrt(len(d))
     return mean, mean - half, mean + half
+
+
+def mean_difference_interval(a: np.ndarray, b: np.ndarray, z: float = Z95) -> tuple[float, float, float]:
+    """mean(a) - mean(b) of two independent samples and its 95% interval, ± z·sqrt(s_a²/n_a + s_b²/n_b) (the normal
+    approximation to Welch's interval; non-finite values left out). Returns (difference, low, high); NaN when
+    either sample is empty, the interval NaN when either has fewer than 2."""
+    a, b = (np.asarray(x, dtype=np.float64) for x in (a, b))
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not len(a) or not len(b):
+        return float("nan"), float("nan"), float("nan")
+    difference = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return difference, float("nan"), float("nan")
+    half = z * float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
+    return difference, difference - half, difference + half

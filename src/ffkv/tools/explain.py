@@ -14,6 +14,14 @@ largest coefficients and the most negative ones, each explained on its own), the
 and answers with one sentence. The random control memories (`ffkv.memories.controls`) are explained the same
 way when asked (`controls`), as the baseline an explanation must beat.
 
+A run indexed with a sparse dictionary (`ffkv index --dictionary`) has a second kind of memory, its latents (SPEC
+section 11: key e_j, coefficient a_j, value d_j), and their control latents (`ffkv.memories.latent_keys`). Asked
+for (`latents`, or latents named ``tLAYER:LATENT``), they are explained with the same prompt: their trigger
+examples (one direction: a_j is never negative), their activations a_j as the index computes them
+(`ffkv.tools.activations.token_latent_activations`), their decoder row's top tokens; a sample is drawn among the
+latents that fired over the corpus (a dead latent has no example to show). Their rows have their own kinds,
+"latent" and "latent_control" (`ffkv.experiments.explanations.KINDS`), never mixed with the neurons'.
+
 Stored in RUN/metrics/explanations.parquet: one row per (kind, layer, key, direction) with the explanation, the
 explainer's identity, the prompt's SHA-256 and the tokens spent. Rows are kept as they arrive
 (`ffkv.tools.journal`): a killed or failed command loses nothing finished, and a new one sends only the prompts
@@ -34,12 +42,12 @@ import pandas as pd
 
 from ffkv.errors import FfkvError, warn
 from ffkv.experiments.common import Projections, RunContext, open_run, progress_bar
-from ffkv.experiments.explanations import EXPLANATIONS, ONE_PER
-from ffkv.memories.address import MemoryRef
+from ffkv.experiments.explanations import CONTROL_OF, EXPLANATIONS, KINDS, LATENT_KINDS, ONE_PER
+from ffkv.memories.address import LatentRef, MemoryLayout, MemoryRef
 from ffkv.memories.controls import RandomKeys
 from ffkv.memories.projection import scan_values
 from ffkv.store.lock import now_iso
-from ffkv.tools.activations import token_coefficients
+from ffkv.tools.activations import token_coefficients, token_latent_activations
 from ffkv.tools.journal import Journal
 from ffkv.tools.llm_backends import Backend, EmptyAnswer, Message
 
@@ -55,7 +63,6 @@ AFTER = 4
 VALUE_TOKENS = 10
 #: Tokens the explainer may write.
 MAX_TOKENS = 60
-KINDS = ("memory", "control")
 #: The columns every row of the explanations journal holds (a chunk without them is not this journal's).
 JOURNAL_COLUMNS = ("row", "kind", "layer", "key", "direction", "explainer", "prompt_sha256", "explanation")
 
@@ -67,7 +74,8 @@ SYSTEM = ("You are studying the memories of a language model's feed-forward laye
 @dataclass(frozen=True)
 class Target:
     """One thing to explain: memory `key` of `layer` (0-based) in direction +1 or -1; `kind` "control" for the
-    random control memory `key` of that layer."""
+    random control memory `key` of that layer, "latent" for latent `key` of the layer's dictionary (direction +1),
+    "latent_control" for its control latent `key`."""
 
     kind: str
     layer: int
@@ -77,6 +85,16 @@ class Target:
     @property
     def name(self) -> str:
         return f"{self.kind}/{self.layer}/{self.key}/{'+' if self.direction > 0 else '-'}"
+
+    @property
+    def latent(self) -> bool:
+        """Whether it is a dictionary's latent or control latent."""
+        return self.kind in LATENT_KINDS
+
+    @property
+    def control(self) -> bool:
+        """Whether it is a control (a random key direction, or a control latent)."""
+        return self.kind in CONTROL_OF.values()
 
 
 def shown_ranks(top_k: int, shown: int = SHOWN) -> list[int]:
@@ -102,53 +120,106 @@ def prompt_hash(identity: str, messages: Sequence[Message], max_tokens: int) -> 
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def choose_targets(ctx: RunContext, layers: Sequence[int] | None = None, memories: Sequence[tuple[int, int]] = (),
-                   sample: int = DEFAULT_SAMPLE, controls: int = 0, seed: int = 0,
-                   direction: str = "both") -> list[Target]:
+def choose_targets(ctx: RunContext, layers: Sequence[int] | None = None,
+                   memories: Sequence[tuple[int, int] | LatentRef] = (), sample: int = DEFAULT_SAMPLE,
+                   controls: int = 0, seed: int = 0, direction: str = "both", latents: bool = False) -> list[Target]:
     """The memories to explain (layers 0-based), each in every direction the run holds (`direction` "both"), or
-    in one ("positive", "negative").
+    in one ("positive", "negative"); a latent in its one direction, +1.
 
     Args:
-        layers: layers to sample from (default all; ignored when `memories` names some).
-        memories: (layer, key) pairs to explain; when given, no sample is drawn.
+        layers: layers to sample from (default all, or with `latents` every layer with a dictionary; ignored when
+            `memories` names some).
+        memories: (layer, key) pairs of neurons and `LatentRef`s of latents to explain; when given, no sample is
+            drawn.
         sample: memories drawn per layer (seeded by (seed, layer); all when larger than the layer).
-        controls: random control memories drawn per layer the same way (0: none).
+        controls: random control memories drawn per layer the same way (0: none); the layer's control latents for
+            its latents.
+        latents: draw the sample from the dictionary's latents (those that fired over the corpus) instead of the
+            neurons.
     """
     view = ctx.view
     directions = (1, -1) if ctx.manifest.sign == "both" else (1,)
     if direction not in ("both", "positive", "negative"):
         raise FfkvError(f"direction must be both, positive or negative, got {direction!r}")
+    named_latents = [m for m in memories if isinstance(m, LatentRef)]
+    named = [(int(m[0]), int(m[1])) for m in memories if not isinstance(m, LatentRef)]
+    if latents and memories:
+        raise FfkvError("--latents draws a sample of the dictionary's latents and --memories names what to explain "
+                        "(a latent as tLAYER:LATENT): give one of them")
+    layout = _latent_layout(ctx) if latents or named_latents else None
+    if layout is not None and direction == "negative":
+        raise FfkvError("a latent has one direction (its activation is never negative): leave out "
+                        "--direction negative to explain latents")
     if direction == "negative" and -1 not in directions:
         raise FfkvError(f"{ctx.run.path} holds only the positive direction (indexed with --sign positive)")
     if direction != "both":
         directions = (1,) if direction == "positive" else (-1,)
-    if controls and not ctx.has_control:
+    if controls and (named or not (memories or latents)) and not ctx.has_control:
         raise FfkvError(f"{ctx.run.path} holds no random-key control; index again with --control-keys N, or "
                         "leave out --controls")
-    for layer, key in memories:
+    if controls and (latents or named_latents) and not ctx.has_latent_control:
+        raise FfkvError(f"{ctx.run.path} holds no control latents; index again with --control-keys N, or leave out "
+                        "--controls")
+    for layer, key in named:
         if not (0 <= layer < view.n_layers and 0 <= key < view.d_m):
             raise FfkvError(f"memory {layer + 1}:{key} does not exist: this run has layers 1 to {view.n_layers} and "
                             f"memories 0 to {view.d_m - 1}")
-    chosen = [layer for layer in (range(view.n_layers) if layers is None else layers)]
-    for layer in chosen:
-        if not 0 <= layer < view.n_layers:
-            raise FfkvError(f"layer {layer + 1} does not exist: this run has layers 1 to {view.n_layers}")
+    for ref in named_latents:
+        ref = layout.check_latent(ref.layer, ref.latent, ref.kind)
+        if ref.latent not in _live(ctx, "latent", ref.layer):
+            raise FfkvError(f"latent {ref} never fired over the indexed corpus: it has no trigger example to explain")
+    if latents:
+        chosen = sorted(layout.latents) if layers is None else list(layers)
+        for layer in chosen:
+            layout.check_latent(layer, 0)
+    else:
+        chosen = [layer for layer in (range(view.n_layers) if layers is None else layers)]
+        for layer in chosen:
+            if not 0 <= layer < view.n_layers:
+                raise FfkvError(f"layer {layer + 1} does not exist: this run has layers 1 to {view.n_layers}")
     out: list[Target] = []
     if memories:
-        pairs = [("memory", layer, key) for layer, key in memories]
+        pairs = [("memory", layer, key) for layer, key in named]
+        pairs += [("latent", ref.layer, ref.latent) for ref in named_latents]
+    elif latents:
+        pairs = []
+        for layer in chosen:
+            rng = np.random.default_rng([seed, layer, 3])
+            live = _live(ctx, "latent", layer)
+            pairs += [("latent", layer, int(k)) for k in sorted(live[rng.permutation(len(live))[:sample]])]
     else:
         pairs = []
         for layer in chosen:
             rng = np.random.default_rng([seed, layer])
             pairs += [("memory", layer, int(k)) for k in sorted(rng.permutation(view.d_m)[:sample])]
     if controls:
-        for layer in sorted({layer for _, layer, _ in pairs}):
-            rng = np.random.default_rng([seed, layer, 1])
-            n = ctx.manifest.control_keys
-            pairs += [("control", layer, int(k)) for k in sorted(rng.permutation(n)[:controls])]
+        for real, control in CONTROL_OF.items():
+            for layer in sorted({layer for kind, layer, _ in pairs if kind == real}):
+                if real == "memory":
+                    rng = np.random.default_rng([seed, layer, 1])
+                    drawn = rng.permutation(ctx.manifest.control_keys)[:controls]
+                else:
+                    rng = np.random.default_rng([seed, layer, 4])
+                    live = _live(ctx, control, layer)
+                    drawn = live[rng.permutation(len(live))[:controls]]
+                pairs += [(control, layer, int(k)) for k in sorted(drawn)]
     for kind, layer, key in pairs:
-        out += [Target(kind, layer, key, d) for d in directions]
+        out += [Target(kind, layer, key, d) for d in ((1,) if kind in LATENT_KINDS else directions)]
     return out
+
+
+def _latent_layout(ctx: RunContext) -> MemoryLayout:
+    """The latents the run can name, or a refusal naming what to do where it was indexed without a dictionary."""
+    if not ctx.has_latents:
+        raise FfkvError(f"{ctx.run.path} was indexed without a dictionary: it has no latents to explain (index it "
+                        "with `ffkv index --dictionary PATH`, or leave out --latents)")
+    return MemoryLayout.recorded(ctx.view.n_layers, ctx.view.d_m, ctx.manifest.index.get("dictionary"))
+
+
+def _live(ctx: RunContext, kind: str, layer: int) -> np.ndarray:
+    """The latents (or control latents) of `layer` that fired over the indexed corpus: those with trigger rows."""
+    trig = ctx.triggers(1, control=kind != "latent", source="latents")
+    return np.unique(trig.loc[trig["layer"] == layer, "key"].to_numpy(np.int64))
 
 
 @dataclass
@@ -167,7 +238,7 @@ def _control(ctx: RunContext) -> RandomKeys:
 
 def trigger_rows(ctx: RunContext, target: Target, ranks: Sequence[int]) -> pd.DataFrame:
     """The target's trigger rows of the given ranks, in rank order."""
-    trig = ctx.triggers(target.direction, control=target.kind == "control")
+    trig = ctx.triggers(target.direction, control=target.control, source="latents" if target.latent else "neurons")
     index = ctx.once(("trigger_index", target.direction, target.kind),
                      lambda: trig.groupby(["layer", "key"]).indices)
     rows = trig.iloc[index.get((target.layer, target.key), [])]
@@ -176,8 +247,8 @@ def trigger_rows(ctx: RunContext, target: Target, ranks: Sequence[int]) -> pd.Da
 
 def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Callable[[Target], list]) \
         -> dict[Target, list[np.ndarray]]:
-    """d·m of each target at every token of its examples (`token_lists(target)`), one pass per layer and kind, each
-    distinct token list read once (a layer's memories share many of their top examples)."""
+    """d·m of each target at every token of its examples (`token_lists(target)`; a latent's a_j), one pass per
+    layer and kind, each distinct token list read once (a layer's memories share many of their top examples)."""
     out: dict[Target, list[np.ndarray]] = {}
     groups: dict[tuple[str, int], list[Target]] = {}
     for t in targets:
@@ -194,7 +265,12 @@ def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Cal
         distinct: dict[tuple[int, ...], int] = {}
         for text in texts:
             distinct.setdefault(text, len(distinct))
-        m = token_coefficients(ctx.loaded, layer, keys, [list(text) for text in distinct], control=control)
+        lists = [list(text) for text in distinct]
+        if kind in LATENT_KINDS:
+            m = token_latent_activations(ctx.loaded, ctx.latent_keys(), layer, keys, lists,
+                                         control=kind == "latent_control")
+        else:
+            m = token_coefficients(ctx.loaded, layer, keys, lists, control=control)
         column = {k: i for i, k in enumerate(keys)}
         for t, text in zip(owners, texts):
             out.setdefault(t, []).append(t.direction * m[distinct[text]][:, column[t.key]])
@@ -203,7 +279,8 @@ def coefficients_of(ctx: RunContext, targets: Sequence[Target], token_lists: Cal
 
 def value_top_tokens(ctx: RunContext, targets: Sequence[Target], projection: str, n: int = VALUE_TOKENS) \
         -> dict[Target, list[int]]:
-    """Each target's value top tokens (a control memory's borrowed value; -v for the negative direction)."""
+    """Each target's value top tokens (a control memory's borrowed value; -v for the negative direction; a latent's
+    decoder row, a control latent's borrowed one)."""
     out: dict[Target, list[int]] = {}
     groups: dict[tuple[str, int, int], list[Target]] = {}
     for t in targets:
@@ -212,8 +289,11 @@ def value_top_tokens(ctx: RunContext, targets: Sequence[Target], projection: str
         keys = np.array([t.key for t in group])
         if kind == "control":
             keys = ctx.control_sources()[layer][keys]
+        elif kind == "latent_control":
+            keys = ctx.latent_control_sources()[layer][keys]
+        memories = ctx.memories("latents") if kind in LATENT_KINDS else None
         tops = scan_values(ctx.view, layer, projection, np.full(len(keys), -1), top=n, sign=direction,
-                           keys=keys)["top_token_ids"]
+                           keys=keys, memories=memories)["top_token_ids"]
         out.update({t: [int(i) for i in row] for t, row in zip(group, tops)})
     return out
 
@@ -320,15 +400,17 @@ def run_requests(backend: Backend, jobs: Sequence[tuple[str, Callable[[], dict]]
 
 
 def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
-            memories: Sequence[tuple[int, int]] = (), sample: int = DEFAULT_SAMPLE, controls: int = 0,
-            seed: int = 0, direction: str = "both", projection: str | None = None, loaded=None,
-            progress: bool = True, say: Callable[[str], None] | None = None) -> pd.DataFrame:
+            memories: Sequence[tuple[int, int] | LatentRef] = (), sample: int = DEFAULT_SAMPLE, controls: int = 0,
+            seed: int = 0, direction: str = "both", latents: bool = False, projection: str | None = None,
+            loaded=None, progress: bool = True, say: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Explain memories of a complete run (module docstring); the explanations table's rows, every one stored.
 
     Args:
         run: the run directory.
         backend: the explainer (`ffkv.tools.llm_backends.open_backend`).
-        layers, memories, sample, controls, seed, direction: which memories (`choose_targets`; 0-based layers).
+        layers, memories, sample, controls, seed, direction, latents: which memories (`choose_targets`; 0-based
+            layers): the model's neurons, or with `latents` (or latents named in `memories`) the latents of the
+            dictionary the run was indexed with.
         projection: the value projection (`ffkv analyze --projection`; default the run's default, identity).
         say: where the line before starting goes (default stderr).
     """
@@ -337,7 +419,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
     ctx = RunContext(run_dir, manifest, loaded, projections=Projections.choose(projection), progress=progress,
                      seed=seed)
     with run_dir.lock("explain"):
-        targets = choose_targets(ctx, layers, memories, sample, controls, seed, direction)
+        targets = choose_targets(ctx, layers, memories, sample, controls, seed, direction, latents)
         shown = gather(ctx, targets, ctx.projections.values)
         journal = Journal(run_dir, TABLE, metric=True, step="explain", every=max(4, backend.concurrency), key="row",
                           columns=JOURNAL_COLUMNS)
@@ -362,7 +444,7 @@ def explain(run, backend: Backend, *, layers: Sequence[int] | None = None,
                 continue
             sent.add(h)
             tokens += backend.count_tokens(messages)
-            jobs.append((row_key, _ask(backend, messages, base)))
+            jobs.append((row_key, _ask(backend, messages, base, _address(ctx, t))))
         say(f"explain: {len(jobs)} requests to {backend.identity}, about {tokens:,} prompt tokens and at most "
             f"{MAX_TOKENS * len(jobs):,} answer tokens; {len(targets) - len(jobs) - len(reused)} of {len(targets)} "
             "already stored")
@@ -402,12 +484,20 @@ def _superseded_dropped(rows: pd.DataFrame, current: dict[tuple, str], replaced:
     return rows[~stale]
 
 
-def _ask(backend: Backend, messages: list[Message], base: dict) -> Callable[[], dict]:
+def _address(ctx: RunContext, target: Target) -> str:
+    """How a reader names the target: ``3:17`` for a neuron or control memory, ``t4:42`` for a latent."""
+    if target.latent:
+        kind = str(ctx.manifest.index["dictionary"][str(target.layer)]["kind"])
+        return str(LatentRef(target.layer, target.key, kind))
+    return str(MemoryRef(target.layer, target.key))
+
+
+def _ask(backend: Backend, messages: list[Message], base: dict, address: str) -> Callable[[], dict]:
     def ask() -> dict:
         answer = backend.chat(messages, MAX_TOKENS)
         explanation = first_sentence(answer.text)
         if not explanation:
-            raise EmptyAnswer(f"{base['kind']} {MemoryRef(base['layer'], base['key'])}")
+            raise EmptyAnswer(f"{base['kind']} {address}")
         return {**base, "explanation": explanation, "prompt_tokens": answer.prompt_tokens,
                 "completion_tokens": answer.completion_tokens, "created": now_iso()}
     return ask

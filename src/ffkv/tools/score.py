@@ -17,9 +17,16 @@ activations are the same at every token has no score (NaN, left out of the means
 Two baselines, in the same run: every memory scored with the explanation of *another* memory of its layer and
 direction (a seeded shuffle), and the random control memories (`ffkv explain --controls`) scored with their own
 explanations. Written: RUN/metrics/explanation_scores.parquet (one row per explanation and baseline) and
-RUN/metrics/explanation_scores_by_layer.parquet (per layer, the mean score with its 95% interval beside both
-baselines). Simulations are kept as they arrive (RUN/journal/explanation_simulations.parquet, keyed by the
+RUN/metrics/explanation_scores_by_layer.parquet (per layer, the neurons' mean score with its 95% interval beside
+both baselines). Simulations are kept as they arrive (RUN/journal/explanation_simulations.parquet, keyed by the
 prompt's hash), so a resumed `score` sends only what is missing.
+
+A dictionary's latents explained (`ffkv explain --latents`, kinds "latent" and "latent_control") are scored the same
+way, against their true activations a_j (`ffkv.tools.activations.token_latent_activations`), on the same random
+windows as the neurons of their layer; their shuffled baseline shuffles among the latents, their control is the
+control latents. RUN/metrics/explanation_scores_latents.parquet sets them beside the neurons per dictionary
+layer (`latents_by_layer`); the neurons' tables are computed from the neurons' rows alone, so they are the same
+with or without latents.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
-from ffkv.experiments.explanations import BY_LAYER, ONE_PER, SCORES, read_explanation_rows
-from ffkv.presentation.intervals import paired_mean_interval
+from ffkv.experiments.explanations import (BY_LAYER, CONTROL_OF, LATENT_KINDS, LATENTS, NEURON_KINDS, ONE_PER,
+                                           SCORES, read_explanation_rows)
+from ffkv.presentation.intervals import mean_difference_interval, paired_mean_interval
 from ffkv.tools.explain import (TABLE, WINDOW, Target, coefficients_of, held_out_ranks, piece, prompt_hash,
                                 run_requests, shown_ranks, trigger_rows, window)
 from ffkv.tools.journal import KEY, Journal
@@ -100,18 +108,19 @@ def _token_ids(ctx: RunContext, example_ids: Sequence[int]) -> dict[int, np.ndar
 
 
 def shuffled_sources(rows: pd.DataFrame, seed: int) -> np.ndarray:
-    """For each explanation row of a real memory, the row whose explanation it is scored with in the shuffled
-    baseline: another memory of the same layer, direction and explainer (a seeded cyclic shift of a seeded
-    order, so never itself); -1 where the group has one memory."""
+    """For each explanation row of a real memory (or latent), the row whose explanation it is scored with in the
+    shuffled baseline: another memory of the same kind, layer, direction and explainer (a seeded cyclic shift of a
+    seeded order, so never itself); -1 where the group has one memory."""
     out = np.full(len(rows), -1)
-    memory = rows["kind"].to_numpy() == "memory"
-    for g, index in rows[memory].groupby(["layer", "direction", "explainer"]).indices.items():
-        members = np.flatnonzero(memory)[index]
-        if len(members) < 2:
-            continue
-        rng = np.random.default_rng([seed, int(g[0]), int(g[1] > 0)])
-        order = members[rng.permutation(len(members))]
-        out[order] = np.roll(order, 1)
+    for salt, kind in enumerate(CONTROL_OF):  # the neurons' draws are as they were before latents had any
+        real = rows["kind"].to_numpy() == kind
+        for g, index in rows[real].groupby(["layer", "direction", "explainer"]).indices.items():
+            members = np.flatnonzero(real)[index]
+            if len(members) < 2:
+                continue
+            rng = np.random.default_rng([seed, int(g[0]), int(g[1] > 0), *([salt] if salt else [])])
+            order = members[rng.permutation(len(members))]
+            out[order] = np.roll(order, 1)
     return out
 
 
@@ -205,6 +214,12 @@ def score(run, simulator: Backend, *, top_examples: int = TOP_EXAMPLES, random_e
         layer_table = by_layer(table)
         run_dir.write_metric(SCORES, table, description, step="score")
         run_dir.write_metric(BY_LAYER, layer_table, description, step="score")
+        if table["kind"].isin(LATENT_KINDS).any() or run_dir.has_metric(LATENTS):
+            kinds = {int(layer): str(d["kind"]) for layer, d in (manifest.index.get("dictionary") or {}).items()}
+            run_dir.write_metric(LATENTS, latents_by_layer(table, kinds),
+                                 {**description, "difference": "per memory own - shuffled, the latents' mean minus "
+                                                               "the neurons' (independent samples, normal interval)"},
+                                 step="score")
     return table, layer_table
 
 
@@ -245,27 +260,83 @@ def _simulate(simulator: Backend, messages: list[Message], n: int, h: str) -> Ca
     return ask
 
 
+#: The columns of `summary` (each with _ci_low, _ci_high, and n_ for the first three).
+SUMMARY = ("score", "shuffled", "control", "score_minus_shuffled")
+
+
+def summary(t: pd.DataFrame, kind: str = "memory") -> dict:
+    """The scores of one layer and explainer for one kind of real memory ("memory" or "latent"): the mean score of
+    their own explanations with its 95% interval and n, beside the shuffled baseline, their controls' own scores
+    (`CONTROL_OF`), and the paired difference own - shuffled."""
+    own = t[(t["kind"] == kind) & (t["baseline"] == "own")]
+    shuffled = t[(t["kind"] == kind) & (t["baseline"] == "shuffled")]
+    control = t[(t["kind"] == CONTROL_OF[kind]) & (t["baseline"] == "own")]
+    row: dict = {}
+    for name, part in (("score", own), ("shuffled", shuffled), ("control", control)):
+        mean, low, high = paired_mean_interval(part["score"].to_numpy())
+        row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high,
+                    f"n_{name}": int(np.isfinite(part["score"].to_numpy(float)).sum())})
+    mean, low, high = paired_mean_interval(_own_minus_shuffled(own, shuffled))
+    row.update({"score_minus_shuffled": mean, "score_minus_shuffled_ci_low": low,
+                "score_minus_shuffled_ci_high": high})
+    return row
+
+
+def _own_minus_shuffled(own: pd.DataFrame, shuffled: pd.DataFrame) -> np.ndarray:
+    """Per memory, its own explanation's score minus the shuffled one's (paired by memory)."""
+    paired = own.merge(shuffled, on=["key", "direction", "explainer"], suffixes=("", "_s"))
+    return (paired["score"] - paired["score_s"]).to_numpy()
+
+
 def by_layer(table: pd.DataFrame) -> pd.DataFrame:
     """Per layer and explainer (one row per layer where one explainer wrote them all): the mean score of the real
     memories' own explanations with its 95% interval, beside the shuffled baseline, the control memories'
-    scores, and the paired difference own - shuffled. Explainers are never pooled."""
-    out = []
-    for (layer, explainer), t in table.groupby(["layer", "explainer"], sort=True):
-        own = t[(t["kind"] == "memory") & (t["baseline"] == "own")]
-        shuffled = t[(t["kind"] == "memory") & (t["baseline"] == "shuffled")]
-        control = t[(t["kind"] == "control") & (t["baseline"] == "own")]
-        row = {"layer": int(layer), "explainer": str(explainer)}
-        for name, part in (("score", own), ("shuffled", shuffled), ("control", control)):
-            mean, low, high = paired_mean_interval(part["score"].to_numpy())
-            row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high,
-                        f"n_{name}": int(np.isfinite(part["score"].to_numpy(float)).sum())})
-        paired = own.merge(shuffled, on=["key", "direction", "explainer"], suffixes=("", "_s"))
-        mean, low, high = paired_mean_interval((paired["score"] - paired["score_s"]).to_numpy())
-        row.update({"score_minus_shuffled": mean, "score_minus_shuffled_ci_low": low,
-                    "score_minus_shuffled_ci_high": high})
-        out.append(row)
-    return pd.DataFrame(out)
+    scores, and the paired difference own - shuffled. Explainers are never pooled. The neurons' rows alone: a
+    dictionary's latents are summarised apart (`latents_by_layer`)."""
+    neurons = table[table["kind"].isin(NEURON_KINDS)] if len(table) else table
+    out = [{"layer": int(layer), "explainer": str(explainer), **summary(t)}
+           for (layer, explainer), t in neurons.groupby(["layer", "explainer"], sort=True)]
+    return pd.DataFrame(out, columns=["layer", "explainer", *_summary_columns()])
 
 
-__all__ = ["BY_LAYER", "RANDOM_EXAMPLES", "SCORES", "TOP_EXAMPLES", "by_layer", "correlation", "random_windows",
-           "score", "shuffled_sources", "simulation_messages"]
+def _summary_columns() -> list[str]:
+    return [c for name in SUMMARY for c in (name, f"{name}_ci_low", f"{name}_ci_high",
+                                            *([f"n_{name}"] if name != "score_minus_shuffled" else []))]
+
+
+def latents_by_layer(table: pd.DataFrame, dictionaries: dict[int, str]) -> pd.DataFrame:
+    """Per dictionary layer with latents scored, and explainer: the latents' `summary` (columns suffixed _latents)
+    beside the neurons' of the same layer and explainer (suffixed _neurons; NaN and n 0 where none were scored),
+    and the latents' mean own - shuffled minus the neurons' (excess_latents_minus_neurons, with a 95% interval:
+    independent samples). `dictionaries`: layer -> its dictionary's kind (transcoder, sae)."""
+    rows = []
+    latent = table[table["kind"] == "latent"] if len(table) else table
+    for (layer, explainer), _ in latent.groupby(["layer", "explainer"], sort=True):
+        t = table[(table["layer"] == layer) & (table["explainer"] == explainer)]
+        row = {"layer": int(layer), "dictionary": dictionaries.get(int(layer), ""), "explainer": str(explainer)}
+        for kind, suffix in (("latent", "latents"), ("memory", "neurons")):
+            row.update({_suffixed(k, suffix): v for k, v in summary(t, kind).items()})
+        excess = [_own_minus_shuffled(t[(t["kind"] == kind) & (t["baseline"] == "own")],
+                                      t[(t["kind"] == kind) & (t["baseline"] == "shuffled")])
+                  for kind in ("latent", "memory")]
+        mean, low, high = mean_difference_interval(*excess)
+        row.update({"excess_latents_minus_neurons": mean, "excess_latents_minus_neurons_ci_low": low,
+                    "excess_latents_minus_neurons_ci_high": high})
+        rows.append(row)
+    columns = ["layer", "dictionary", "explainer",
+               *(_suffixed(c, s) for s in ("latents", "neurons") for c in _summary_columns()),
+               "excess_latents_minus_neurons", "excess_latents_minus_neurons_ci_low",
+               "excess_latents_minus_neurons_ci_high"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _suffixed(column: str, suffix: str) -> str:
+    """score_ci_low -> score_latents_ci_low: the kind goes before an interval's end, as the studies write it."""
+    for end in ("_ci_low", "_ci_high"):
+        if column.endswith(end):
+            return f"{column[:-len(end)]}_{suffix}{end}"
+    return f"{column}_{suffix}"
+
+
+__all__ = ["BY_LAYER", "LATENTS", "RANDOM_EXAMPLES", "SCORES", "TOP_EXAMPLES", "by_layer", "correlation",
+           "latents_by_layer", "random_windows", "score", "shuffled_sources", "simulation_messages", "summary"]
