@@ -6,13 +6,13 @@ its own null. This step gathers them, one row per layer and measure, in one sche
 sets the dictionary's fidelity beside them: a latent finding from a dictionary that explains little of its layer
 says little about the layer.
 
-Per row: the latents' share (the explanation score: a mean correlation) with its 95% interval, n and null; the
-neurons' share, interval, n and null; the
-difference the study tests (latents minus neurons, or for a measure read beyond its own null, the latents' excess
-minus the neurons' excess) with its interval; and the verdict. **Verdict**: none when either kind has fewer than
-`MIN_N` memories judged (or, for an excess over a null, either null: on SmolLM2 most control latents never fire); "latents higher" or "neurons higher" when the difference's 95% interval excludes 0;
-otherwise "cannot say". `MEASURES` names which column of which study's table each part reads (the one place that
-knows the studies' column names).
+Per row: the latents' share (for the explanation score, a mean correlation instead) with its 95% interval, n and
+null; the neurons' share, interval, n and null; the difference the study tests (latents minus neurons, or for a
+measure read beyond its own null, the latents' excess minus the neurons' excess) with its interval; and the verdict.
+**Verdict**: none when either kind has fewer than `MIN_N` memories judged (or, for an excess over a null, either
+null: on SmolLM2 most control latents never fire); "latents higher" or "neurons higher" when the difference's 95%
+interval excludes 0; otherwise "cannot say". `MEASURES` names which column of which study's table each part reads
+(the one place that knows the studies' column names).
 
 **Fidelity** (`latents_beside_dictionary`), per dictionary layer, over at most `FIDELITY_TOKENS` real tokens of the
 held-out examples: the fraction of the FF output's variance the reconstruction leaves unexplained (FVU), the
