@@ -154,14 +154,23 @@ def test_on_a_run_the_table_reads_the_studies_and_a_run_without_latents_skips_it
 
 
 def test_the_composition_verdict_reads_the_difference_the_right_way_round():
-    """The latents' excess over chance minus the neurons': above 0 favours the latents (the demo's -6.3 points
-    [-10.7, -1.9] was once read as the latents')."""
-    from ffkv.experiments.composition import composition_verdict
+    """From what is observed: the layer's top token is one firing latent's own top token in 90% of the examples
+    (10% with the pairing shuffled), one neuron's in 30% (10% shuffled). So the top prediction is one latent's more
+    often beyond chance: the latents' excess *composition* (the top token being nobody's) minus the neurons' is
+    (0.1 - 0.9) - (0.7 - 0.9) = -0.6, and the verdict names the latents (the demo's -6.3 points [-10.7, -1.9] were
+    once read as the neurons')."""
+    from ffkv.experiments.composition import composition_verdict, excess_composition
 
-    assert "one latent's more often" in composition_verdict(0.01, 0.2, 500)
-    assert "one neuron's more often" in composition_verdict(-0.107, -0.019, 1000)
+    n = 1000
+    rows = np.arange(n)
+    latents, neurons, shuffled = rows % 10 != 0, rows % 10 < 3, rows % 10 == 5
+    found = excess_composition(latents, shuffled, neurons, shuffled, np.ones(n, dtype=bool))
+    assert abs(found["excess_composition_latents_minus_neurons"] - (-0.6)) < 1e-12
+    assert "one latent's more often" in found["verdict_composition"]
+    found = excess_composition(neurons, shuffled, latents, shuffled, np.ones(n, dtype=bool))
+    assert "one neuron's more often" in found["verdict_composition"]
     assert composition_verdict(-0.1, 0.1, 1000).startswith("undecided")
-    assert composition_verdict(0.01, 0.2, 50).startswith("no verdict")
+    assert composition_verdict(-0.2, -0.01, 50).startswith("no verdict")
 
 
 def test_the_explanation_score_row_reads_the_excess_over_shuffled_with_the_verdict_rule():

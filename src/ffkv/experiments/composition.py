@@ -221,13 +221,8 @@ def latent_tables(ctx: RunContext, cap) -> tuple[pd.DataFrame, list[str]]:
         diff_mean, diff_low, diff_high = paired_mean_interval(mine.astype(np.float64) - theirs)
         row.update({"composition_rate_minus_neurons": diff_mean, "composition_rate_minus_neurons_ci_low": diff_low,
                     "composition_rate_minus_neurons_ci_high": diff_high})
-        p = cap.paired
-        excess = (mine[p].astype(np.float64) - mine_chance[p]) - (theirs[p].astype(np.float64) - theirs_chance[p])
-        e_mean, e_low, e_high = paired_mean_interval(excess)
-        row.update({"excess_composition_latents_minus_neurons": e_mean,
-                    "excess_composition_latents_minus_neurons_ci_low": e_low,
-                    "excess_composition_latents_minus_neurons_ci_high": e_high, "n_paired": int(p.sum()),
-                    "verdict_composition": composition_verdict(e_low, e_high, int(p.sum()))})
+        row.update(excess_composition(got["matches"], got["matches_chance"], cap.ff_matches[:, layer],
+                                      cap.ff_matches_chance[:, layer], cap.paired))
         row.update({"mean_active": float(active.mean()), "median_active": float(np.median(active)),
                     "p25_active": float(np.quantile(active, 0.25)), "p75_active": float(np.quantile(active, 0.75)),
                     "share_active": float(active.mean() / n),
@@ -238,16 +233,33 @@ def latent_tables(ctx: RunContext, cap) -> tuple[pd.DataFrame, list[str]]:
     return pd.DataFrame(rows), unread
 
 
+def excess_composition(latents: np.ndarray, latents_chance: np.ndarray, neurons: np.ndarray,
+                       neurons_chance: np.ndarray, paired: np.ndarray) -> dict:
+    """The latents' excess composition over chance minus the neurons', per paired example, with its 95% interval
+    and `composition_verdict`. Arguments: per example, whether the layer's top token is one firing latent's
+    (neuron's) own top token ("matches"; composed is its negation), and the same with the pairing shuffled
+    (chance); `paired`: the examples with a chance partner."""
+    composed = [~np.asarray(m, dtype=bool)[paired] for m in (latents, latents_chance, neurons, neurons_chance)]
+    excess = (composed[0].astype(np.float64) - composed[1]) - (composed[2].astype(np.float64) - composed[3])
+    mean, low, high = paired_mean_interval(excess)
+    n = int(np.asarray(paired, dtype=bool).sum())
+    return {"excess_composition_latents_minus_neurons": mean, "excess_composition_latents_minus_neurons_ci_low": low,
+            "excess_composition_latents_minus_neurons_ci_high": high, "n_paired": n,
+            "verdict_composition": composition_verdict(low, high, n)}
+
+
 def composition_verdict(low: float, high: float, n: int) -> str:
     """Which kind's top prediction is one memory's more often beyond chance, from the 95% interval of the
-    latents' excess composition over chance minus the neurons' (read only on at least `MIN_N` paired examples)."""
+    latents' excess *composition* over chance minus the neurons' (read only on at least `MIN_N` paired examples).
+    Composition is the top token being no single firing memory's, so a difference below 0 (the latents composed
+    less, beyond chance, than the neurons) means the top prediction is one latent's more often."""
     if n < MIN_N:
         return f"no verdict: {n} paired examples, fewer than {MIN_N}"
     if not (np.isfinite(low) and np.isfinite(high)):
         return "no verdict: no chance level"
-    if low > 0:  # the latents' excess over chance minus the neurons' is above 0
+    if high < 0:  # the latents' excess composition over chance is below the neurons'
         return "the layer's top prediction is one latent's more often, beyond chance, than one neuron's"
-    if high < 0:
+    if low > 0:
         return "the layer's top prediction is one neuron's more often, beyond chance, than one latent's"
     return "undecided: the interval of the difference holds 0"
 
