@@ -84,10 +84,11 @@ MEASURES = (
     *(Measure("census_latents", f"share_{c}", f"values of the {c} type (the census's rule)", f"share_{c}",
               "n_latents", "", f"share_{c}_neurons", "n_neurons", "", f"share_{c}_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression")),
-    Measure("composition_latents", "composition_rate", "the layer's top token is one memory's (Figure 8), beyond "
-            "chance", "composition_rate", "n_examples", "composition_rate_chance", "composition_rate_neurons",
-            "n_examples", "composition_rate_neurons_chance", "excess_composition_latents_minus_neurons",
-            "excess over own chance, latents minus neurons"),
+    # composition_rate is Figure 8's share: the layer's top token is NOT the top token of any active memory
+    Measure("composition_latents", "composition_rate", "the layer's top token is no active memory's own "
+            "(composition, Figure 8), beyond chance", "composition_rate", "n_examples", "composition_rate_chance",
+            "composition_rate_neurons", "n_examples", "composition_rate_neurons_chance",
+            "excess_composition_latents_minus_neurons", "excess over own chance, latents minus neurons"),
     Measure("suppressed_latents", "suppressed_rate", "a memory knows the gold token where the model is wrong",
             "suppressed_rate", "n_wrong", "knowing_rate_correct", "suppressed_rate_neurons", "n_wrong",
             "knowing_rate_correct_neurons", "suppressed_rate_minus_neurons", "latents minus neurons"),

@@ -115,7 +115,8 @@ def _read(data: "ExplorerData", name: str, schema: pa.Schema, layers: list[int])
         table = table[schema.names]
         strangers = sorted({int(layer) for layer in table["layer"]} - set(layers))
         if strangers:
-            why = f"it has rows of layer {', '.join(str(s + 1) for s in strangers)}, which has no dictionary in this run"
+            why = (f"it has rows of layer {', '.join(str(s + 1) for s in strangers)}, which has no dictionary in "
+                   "this run")
         elif table.duplicated([c for c in ("layer", "measure") if c in schema.names]).any():
             why = "it repeats a row (the same layer" + (" and measure)" if "measure" in schema.names else ")")
         elif any(table[f.name].map(lambda v: not isinstance(v, str)).any() for f in schema if _kind(f.type) == "text"):
