@@ -31,7 +31,23 @@ def test_the_verdict_rule():
     assert verdict(500, MIN_N - 1, 0.01, 0.2).startswith("no verdict")
     assert verdict(500, 900, math.nan, math.nan).startswith("no verdict")
     assert verdict(500, 900, 0.01, 0.2, 256, 256) == "latents higher"
-    assert verdict(500, 900, 0.01, 0.2, 5, 256).startswith("no verdict")  # an excess over 5 control latents
+    # an excess over 5 control latents: the n beside the shares are enough, the null's is not, and it says so
+    assert verdict(500, 900, 0.01, 0.2, 5, 256) == f"no verdict (fewer than {MIN_N} in a null)"
+    assert verdict(50, 900, 0.01, 0.2, 5, 256) == f"no verdict (fewer than {MIN_N} judged)"
+
+
+def test_the_tables_are_typed_even_when_empty():
+    """An empty table of untyped columns would be written as columns of nulls, which a reader (the explorer's
+    overview) cannot tell from a damaged one."""
+    import pyarrow as pa
+
+    for schema in (latents_beside.SCHEMA, latents_beside.FIDELITY_SCHEMA):
+        written = pa.Table.from_pandas(latents_beside.typed([], schema), preserve_index=False).schema
+        assert written.names == schema.names
+        for f in schema:
+            have = written.field(f.name).type
+            assert (pa.types.is_string(have) or pa.types.is_large_string(have)) if pa.types.is_string(f.type) \
+                else have == f.type, f.name
 
 
 def test_an_excess_over_a_null_of_few_gets_no_verdict():

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from ffkv.batching import collate, length_batches
@@ -84,10 +85,11 @@ MEASURES = (
     *(Measure("census_latents", f"share_{c}", f"values of the {c} type (the census's rule)", f"share_{c}",
               "n_latents", "", f"share_{c}_neurons", "n_neurons", "", f"share_{c}_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression")),
-    Measure("composition_latents", "composition_rate", "the layer's top token is one memory's (Figure 8), beyond "
-            "chance", "composition_rate", "n_examples", "composition_rate_chance", "composition_rate_neurons",
-            "n_examples", "composition_rate_neurons_chance", "excess_composition_latents_minus_neurons",
-            "excess over own chance, latents minus neurons"),
+    # composition_rate is Figure 8's share: the layer's top token is NOT the top token of any active memory
+    Measure("composition_latents", "composition_rate", "the layer's top token is no active memory's own "
+            "(composition, Figure 8), beyond chance", "composition_rate", "n_examples", "composition_rate_chance",
+            "composition_rate_neurons", "n_examples", "composition_rate_neurons_chance",
+            "excess_composition_latents_minus_neurons", "excess over own chance, latents minus neurons"),
     Measure("suppressed_latents", "suppressed_rate", "a memory knows the gold token where the model is wrong",
             "suppressed_rate", "n_wrong", "knowing_rate_correct", "suppressed_rate_neurons", "n_wrong",
             "knowing_rate_correct_neurons", "suppressed_rate_minus_neurons", "latents minus neurons"),
@@ -103,16 +105,41 @@ MEASURES = (
             ("n_shuffled_latents", "n_shuffled_neurons")),
 )
 
-COLUMNS = ["layer", "measure", "label", "study", "latents", "latents_ci_low", "latents_ci_high", "n_latents",
-           "latents_null", "neurons", "neurons_ci_low", "neurons_ci_high", "n_neurons", "neurons_null",
-           "difference", "difference_ci_low", "difference_ci_high", "difference_means", "verdict"]
+#: metrics/latents_beside: one row per layer and measure (docs/run-directory.md). Its reader in the explorer's
+#: overview checks a table's columns against it by kind (whole numbers, numbers, text).
+SCHEMA = pa.schema([
+    ("layer", pa.int64()), ("measure", pa.string()), ("label", pa.string()), ("study", pa.string()),
+    ("latents", pa.float64()), ("latents_ci_low", pa.float64()), ("latents_ci_high", pa.float64()),
+    ("n_latents", pa.float64()), ("latents_null", pa.float64()),
+    ("neurons", pa.float64()), ("neurons_ci_low", pa.float64()), ("neurons_ci_high", pa.float64()),
+    ("n_neurons", pa.float64()), ("neurons_null", pa.float64()),
+    ("difference", pa.float64()), ("difference_ci_low", pa.float64()), ("difference_ci_high", pa.float64()),
+    ("difference_means", pa.string()), ("verdict", pa.string()),
+])
+COLUMNS = SCHEMA.names
+#: metrics/latents_beside_dictionary: the dictionary's fidelity, one row per dictionary layer.
+FIDELITY_SCHEMA = pa.schema([
+    ("layer", pa.int64()), ("kind", pa.string()), ("n_latents", pa.int64()), ("fvu", pa.float64()),
+    ("dead_latents", pa.int64()), ("dead_share", pa.float64()), ("loss_original", pa.float64()),
+    ("loss_spliced", pa.float64()), ("loss_mean_ablated", pa.float64()), ("loss_recovered", pa.float64()),
+    ("eval_tokens", pa.int64()),
+])
+
+
+def typed(rows: list[dict], schema: pa.Schema) -> pd.DataFrame:
+    """`rows` as a table with `schema`'s columns and types, even when there are none (an empty table of untyped
+    columns would be written as columns of nulls, which a reader cannot tell from a damaged one)."""
+    return pd.DataFrame(rows, columns=schema.names).astype(
+        {f.name: "str" if pa.types.is_string(f.type) else f.type.to_pandas_dtype() for f in schema})
 
 
 def verdict(n_latents: float, n_neurons: float, low: float, high: float, *n_nulls: float) -> str:
     """The module's verdict rule for one row (`n_nulls`: the n of each kind's null, where the difference reads an
     excess over it)."""
-    if not all(n >= MIN_N for n in (n_latents, n_neurons, *n_nulls)) or not (math.isfinite(low) and math.isfinite(high)):
+    if not all(n >= MIN_N for n in (n_latents, n_neurons)) or not (math.isfinite(low) and math.isfinite(high)):
         return f"no verdict (fewer than {MIN_N} judged)"
+    if not all(n >= MIN_N for n in n_nulls):  # the n shown beside the shares are enough: say which fell short
+        return f"no verdict (fewer than {MIN_N} in a null)"
     if low > 0:
         return "latents higher"
     if high < 0:
@@ -236,7 +263,7 @@ def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
                      "dead_latents": dead, "dead_share": dead / d.n_latents, "loss_original": lo, "loss_spliced": ls,
                      "loss_mean_ablated": la, "loss_recovered": (la - ls) / (la - lo) if la != lo else math.nan,
                      "eval_tokens": s["n"]})
-    return pd.DataFrame(rows)
+    return typed(rows, FIDELITY_SCHEMA)
 
 
 def compute(ctx: RunContext, options=None) -> Result:
@@ -253,11 +280,11 @@ def compute(ctx: RunContext, options=None) -> Result:
             own = measure.null_neurons.partition(":")[0] if ":" in measure.null_neurons else None
             rows += rows_of(measure, table, ctx.view.d_m, ctx.need(study, own, optional=True) if own else None)
             read.append(measure.table)
-    beside = pd.DataFrame(rows, columns=COLUMNS)
+    beside = typed(rows, SCHEMA)
     result = Result(ctx.view.n_layers)
-    about = {"rule": f"verdict only where both kinds have at least {MIN_N} memories judged; latents or neurons "
-                     "higher where the difference's 95% interval excludes 0", "read": sorted(set(read)),
-             "warnings": warnings}
+    about = {"rule": f"verdict only where both kinds, and each null the difference reads, have at least {MIN_N} "
+                     "memories judged; latents or neurons higher where the difference's 95% interval excludes 0",
+             "read": sorted(set(read)), "warnings": warnings}
     result.add(NAME, beside, **about)
     if latents is not None:
         result.add(f"{NAME}_dictionary", dictionary_fidelity(ctx, latents),

@@ -1,7 +1,8 @@
 """`ffkv serve RUN`: the explorer, a Starlette app with server-rendered pages (no build step).
 
 Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory index):
-    /                                       overview: the run, the paper's findings, per-layer summaries, figures
+    /                                       overview: the run, the paper's findings, per-layer summaries, a
+                                            dictionary's latents beside the neurons (`beside`), figures
     /layer/LAYER?sort=&order=&page=&census=&min_score=   a layer's keys, sortable by any column, filtered
     /layer/tLAYER?sort=&order=&page=        a sparse dictionary's latents (a run indexed with --dictionary), sortable
     /memory/LAYER/KEY?projection=&shown=    a memory: pattern, value (top and bottom tokens), activation

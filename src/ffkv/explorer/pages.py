@@ -15,6 +15,7 @@ import pandas as pd
 from markupsafe import Markup, escape
 
 from ffkv.errors import FfkvError
+from ffkv.explorer.beside import FIGURE as BESIDE_FIGURE, beside_of
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
@@ -205,11 +206,16 @@ def overview(data: ExplorerData, root: str = "") -> str:
     massive = massive_view(data.run.read_metric("composition_massive")) \
         if data.run.has_metric("composition_massive") else None
     positions = data.lookup_info.get("activation_sample", {}).get("positions", 0)
+    figures = figures_of(data)
+    beside = beside_of(data)
+    # the forest figure of latents_beside is shown in its section, beside its table, not again among the figures
+    beside_figure = next((f for f in figures if f["name"] == BESIDE_FIGURE), None) if beside is not None else None
     return render("overview.html", **_common(data, root), run_rows=manifest_summary(data.manifest),
-                  numbering=NUMBERING, layers=layers, fidelity=fidelity, massive=massive, figures=figures_of(data),
-                  has_labels=data.key_metrics is not None, sample_positions=f"{positions:,}",
-                  uniform=1.0 / data.vocab_size,
-                  dictionaries=data.latents.summary() if data.latents is not None else [])
+                  numbering=NUMBERING, layers=layers, fidelity=fidelity, massive=massive,
+                  figures=[f for f in figures if f is not beside_figure], has_labels=data.key_metrics is not None,
+                  sample_positions=f"{positions:,}", uniform=1.0 / data.vocab_size,
+                  dictionaries=data.latents.summary() if data.latents is not None else [],
+                  beside=beside, beside_figure=beside_figure)
 
 
 # ------------------------------------------------------------------------ layer page

@@ -86,6 +86,13 @@ details > summary { cursor: pointer; color: var(--accent); font-size: .85rem; }
 svg text { font: 11px Arial, "Liberation Sans", "DejaVu Sans", sans-serif; fill: var(--muted); }
 .chip.neg { border-color: #e6b8ba; background: #fdf4f4; }
 .chip.latent { border-style: dashed; background: #f7f4fc; }
+.beside .what { display: block; color: var(--muted); font-size: .8em; }
+.beside td.measure { min-width: 13rem; } .beside th.kind { text-align: center; } .beside th { white-space: nowrap; }
+.beside td.difference { min-width: 9rem; } .beside td.verdict { min-width: 9rem; }
+.fidelity-beside { background: var(--soft); border-left: 4px solid var(--accent); padding: .4rem .8rem; margin: .4rem 0; }
+/* the forest figure's colours (latents_beside.draw): orange latents higher, blue neurons higher */
+.verdict-latents { color: #b4561b; font-weight: 600; } .verdict-neurons { color: #35568f; font-weight: 600; }
+.verdict-none { color: var(--muted); }
 """)
 
 #: Layers as a person reads them (figures, the report, the explorer's pages and URLs, CLI output) count
