@@ -23,10 +23,6 @@ DEMO_TOP_K = 50
 #: Default analyses the demo leaves out so that it ends within 2 minutes on an idle 2-core machine, each with
 #: why; it names them and the command that adds them (`ffkv demo --all` runs them too).
 LEFT_OUT = {"pruning": "55 passes of the masked model over held-out text, about a fifth of the demo's time"}
-#: What the command that adds them runs again with them: pruning's census criterion reads a census of the same
-#: call's held-out examples (the command line gives them with the run's length options, the demo with the corpus
-#: defaults: the same verses, another record).
-WITH = {"pruning": ("census",)}
 
 
 def demo_steps(every_step: bool = False) -> list[str]:
@@ -52,15 +48,14 @@ def analyze_steps(every_step: bool = False) -> str:
 
 def left_out_line(out: str | Path, every_step: bool = False, n_eval: int = DEMO_N_EVAL) -> str | None:
     """What the demo leaves out and the command that adds it, on the demo's own held-out verses (None when it
-    leaves out nothing)."""
+    leaves out nothing). The demo reads the held-out verses as the command line does by default (ffkv-tiny's
+    held-out split, with the run's length options), so the command reuses every study the demo ran (pruning's
+    census criterion reads the demo's census)."""
     if every_step or not LEFT_OUT:
         return None
-    from ffkv.models.default_corpus import default_corpus_path
-
-    names = ",".join(dict.fromkeys(n for name in LEFT_OUT for n in (*WITH.get(name, ()), name)))
     why = "; ".join(f"{name}: {reason}" for name, reason in LEFT_OUT.items())
-    return (f"left out to end within 2 minutes ({why}); add with `ffkv analyze {out} --only {names} "
-            f"--eval-corpus {default_corpus_path('heldout')} --n-eval {n_eval}`, or run `ffkv demo --all`")
+    return (f"left out to end within 2 minutes ({why}); add with `ffkv analyze {out} --only {','.join(LEFT_OUT)} "
+            f"--n-eval {n_eval}`, or run `ffkv demo --all`")
 
 
 def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress: bool = True,
@@ -92,8 +87,9 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     left_out = left_out_line(out, every_step, n_eval)
     if left_out:
         print(f"      {left_out}", flush=True)
-    heldout = CorpusSpec(source=str(default_corpus_path("heldout")), unit="line")
-    analyze(out, only=demo_steps(every_step), eval_corpus=heldout, n_eval=n_eval, progress=progress, loaded=loaded,
+    # eval_corpus None: the run's corpus is ffkv-tiny's training text, so its held-out verses are the model's own
+    # held-out split, read with the run's length options (`eval_spec`), the record `ffkv analyze` makes by default.
+    analyze(out, only=demo_steps(every_step), eval_corpus=None, n_eval=n_eval, progress=progress, loaded=loaded,
             options={"membership": {"n": n_eval}})  # ffkv-tiny's own split: n_eval training + n_eval held-out verses
     print("[3/3] report", flush=True)
     report = write_report(out)
