@@ -77,14 +77,16 @@ def merge_top_k(state: list[torch.Tensor] | None, new: list[torch.Tensor], k: in
 
 
 def plain_triggers(lines: list[str], tokenizer, run_layers, n_layers: int, k: int,
-                   batch_size: int, max_batch_tokens: int) -> list[list[torch.Tensor]]:
+                   batch_size: int, max_batch_tokens: int, groups: list[list[int]] | None = None
+                   ) -> list[list[torch.Tensor]]:
     """The streaming top-k around a hook library: `run_layers(input_ids)` returns, per layer, the
-    coefficients' per-example (max, argmax, min, argmin) over real positions, each (B, d_m)."""
+    coefficients' per-example (max, argmax, min, argmin) over real positions, each (B, d_m). `groups`: the
+    examples of each batch (default: every line sorted by length, `length_sorted_batches`)."""
     ids = tokenizer(lines)["input_ids"]
     special = torch.tensor(tokenizer.all_special_ids or [-1])
     state: list = [None] * n_layers
     with torch.inference_mode():
-        for batch in length_sorted_batches(ids, batch_size, max_batch_tokens):
+        for batch in groups or length_sorted_batches(ids, batch_size, max_batch_tokens):
             batch = sorted(batch)
             t = max(len(ids[i]) for i in batch)
             x = torch.tensor([ids[i] + [0] * (t - len(ids[i])) for i in batch])
@@ -108,7 +110,7 @@ def extremes(c: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return hi, hi_pos, lo, lo_pos
 
 
-def nnsight_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens):
+def nnsight_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens, groups=None):
     """The nnsight script: the reduction runs inside the trace, so no layer's coefficients are kept."""
     from nnsight import LanguageModel
 
@@ -124,10 +126,10 @@ def nnsight_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens):
             tracer.stop()
         return out
 
-    return plain_triggers(lines, tokenizer, run_layers, len(blocks), k, batch_size, max_batch_tokens)
+    return plain_triggers(lines, tokenizer, run_layers, len(blocks), k, batch_size, max_batch_tokens, groups)
 
 
-def tl_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens):
+def tl_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens, groups=None):
     """The TransformerLens script: a hook on each block's `mlp.hook_post` (its coefficients)."""
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -140,7 +142,7 @@ def tl_triggers(model, tokenizer, lines, k, batch_size, max_batch_tokens):
         bridge.run_with_hooks(x, fwd_hooks=hooks, stop_at_layer=n)
         return out
 
-    return plain_triggers(lines, tokenizer, run_layers, n, k, batch_size, max_batch_tokens)
+    return plain_triggers(lines, tokenizer, run_layers, n, k, batch_size, max_batch_tokens, groups)
 
 
 # --- the benchmark -------------------------------------------------------------------------------
@@ -274,9 +276,23 @@ def main() -> None:
           f"threads={torch.get_num_threads()}", flush=True)
     reference = index()  # also the warm-up
     if not args.no_check:
+        # The peers sort every line by length; ffkv sorts within windows of consecutive examples (its memory does
+        # not grow with the corpus). Where that makes other batches, each example's padding differs and so do the
+        # last bits of its coefficients: the check then runs again with ffkv's batches, which must agree bitwise.
+        ffkv_groups = [[int(e.example_id) for e in g] for w in windows(examples, batching.batch_size *
+                       batching.window_batches) for g in length_batches(w, batching.batch_size,
+                                                                         batching.max_batch_tokens)]
+        same_batches = sorted(map(sorted, ffkv_groups)) == sorted(map(sorted, length_sorted_batches(
+            [list(e.token_ids) for e in examples], args.batch_size, args.max_batch_tokens)))
         for name in ("nnsight", "tl"):
             if name in sides:
                 print(f"{name}'s trigger table against ffkv's: {agreement(fns[name](), reference)}", flush=True)
+                if not same_batches:
+                    fn = nnsight_triggers if name == "nnsight" else tl_triggers
+                    again = fn(loaded.model if name == "nnsight" else tl_model, hf_tokenizer, lines, args.top_k,
+                               args.batch_size, args.max_batch_tokens, ffkv_groups)
+                    print(f"  in ffkv's batches (windows of {batching.batch_size * batching.window_batches:,} "
+                          f"examples): {agreement(again, reference)}", flush=True)
     shutil.rmtree(reference)
     wall = {s: [] for s in sides}
     cpu = {s: [] for s in sides}

@@ -195,3 +195,15 @@ def test_the_section_in_a_browser(run, tiny):
         assert page.locator("#beside-table-t4 tr[data-measure]").count() == len(
             pd.read_parquet(run / "metrics" / "latents_beside.parquet"))
         assert page.locator("#beside-fidelity-t4").is_visible() and not errors, errors
+
+
+def test_a_mean_is_shown_as_a_mean_and_a_share_as_a_percentage():
+    """The explanation score is a mean correlation: shown with three decimals and its difference in its own units,
+    never as a percentage or in points, as the shares are."""
+    from ffkv.experiments.latents_beside import MEASURES
+    from ffkv.explorer.beside import mean, points, share, signed
+
+    kinds = {m.column: m.share for m in MEASURES}
+    assert kinds["explanation_score"] is False and kinds["any_pattern"] is True
+    assert (mean(0.4), signed(0.15), signed(-0.15), signed(0.0)) == ("0.400", "+0.150", "−0.150", "0.000")
+    assert (share(0.4), points(0.15)) == ("40.0%", "+15.0")

@@ -66,6 +66,7 @@ class Measure:
     difference: str
     difference_means: str
     n_nulls: tuple[str, str] = ("", "")  # where the difference reads each kind's excess over its null: their n
+    share: bool = True  # the parts are shares (shown as %, differences in points); False: a mean (a correlation)
 
 
 #: Every measure the latent studies write, in the report's order.
@@ -102,7 +103,7 @@ MEASURES = (
             "al.; mean correlation), beyond a shuffled explanation", "score_latents", "n_score_latents",
             "shuffled_latents", "score_neurons", "n_score_neurons", "shuffled_neurons", "excess_latents_minus_neurons",
             "excess over own shuffled explanations (per memory own - shuffled), latents minus neurons",
-            ("n_shuffled_latents", "n_shuffled_neurons")),
+            ("n_shuffled_latents", "n_shuffled_neurons"), share=False),
 )
 
 #: metrics/latents_beside: one row per layer and measure (docs/run-directory.md). Its reader in the explorer's

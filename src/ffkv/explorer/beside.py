@@ -46,6 +46,19 @@ def share(value) -> str:
     return "—" if value is None or not math.isfinite(float(value)) else percent(value, 1)
 
 
+def mean(value) -> str:
+    """A mean that is not a share (the explanation score, a correlation), three decimals, "—" for none."""
+    return "—" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
+
+
+def signed(value) -> str:
+    """A difference of two means (not shares), signed, three decimals, "—" for none."""
+    if value is None or not math.isfinite(float(value)):
+        return "—"
+    text = f"{abs(float(value)):.3f}"
+    return text if not text.strip("0.") else ("−" if value < 0 else "+") + text
+
+
 def count(value) -> str:
     """A count (stored as a number, NaN where the study had none), "—" for none."""
     return "—" if value is None or not math.isfinite(float(value)) else f"{int(value):,}"
@@ -163,6 +176,7 @@ def beside_of(data: "ExplorerData") -> Beside | None:
     except FfkvError:
         rule = ""
     out = Beside(rule=rule)
+    shares = {m.column: m.share for m in study.MEASURES}
     by_layer = {int(r["layer"]): r for r in fidelity.to_dict("records")} if fidelity is not None else {}
     for layer in layers:
         mine = table[table["layer"] == layer]
@@ -171,13 +185,15 @@ def beside_of(data: "ExplorerData") -> Beside | None:
         part = LayerBeside(layer, latents.name(layer), latents.kind(layer), fidelity=by_layer.get(layer))
         for r in mine.to_dict("records"):
             verdict = r["verdict"]
+            # shares as percentages and their differences in points; a mean (the explanation score) as it is
+            value, gap = (share, points) if shares.get(r["measure"], True) else (mean, signed)
             part.rows.append({
                 "measure": r["measure"], "label": r["label"], "link": _link(r["study"]), "study": r["study"],
-                **{kind: {"share": share(r[kind]), "low": share(r[f"{kind}_ci_low"]),
-                          "high": share(r[f"{kind}_ci_high"]), "n": count(r[f"n_{kind}"]),
-                          "null": share(r[f"{kind}_null"])} for kind in ("latents", "neurons")},
-                "difference": points(r["difference"]), "difference_low": points(r["difference_ci_low"]),
-                "difference_high": points(r["difference_ci_high"]), "difference_means": r["difference_means"],
+                **{kind: {"share": value(r[kind]), "low": value(r[f"{kind}_ci_low"]),
+                          "high": value(r[f"{kind}_ci_high"]), "n": count(r[f"n_{kind}"]),
+                          "null": value(r[f"{kind}_null"])} for kind in ("latents", "neurons")},
+                "difference": gap(r["difference"]), "difference_low": gap(r["difference_ci_low"]),
+                "difference_high": gap(r["difference_ci_high"]), "difference_means": r["difference_means"],
                 "verdict": verdict,
                 # the verdict's colour is the forest figure's (`latents_beside.draw`): its words are the table's
                 "side": "latents" if verdict.startswith("latents") else "neurons" if verdict.startswith("neurons")
