@@ -67,6 +67,7 @@ class Measure:
     difference_means: str
     n_nulls: tuple[str, str] = ("", "")  # where the difference reads each kind's excess over its null: their n
     share: bool = True  # the parts are shares (shown as %, differences in points); False: a mean (a correlation)
+    first: str = ""  # what must run before `ffkv analyze` can compute the measure ("": nothing)
 
 
 #: Every measure the latent studies write, in the report's order.
@@ -103,7 +104,8 @@ MEASURES = (
             "al.; mean correlation), beyond a shuffled explanation", "score_latents", "n_score_latents",
             "shuffled_latents", "score_neurons", "n_score_neurons", "shuffled_neurons", "excess_latents_minus_neurons",
             "excess over own shuffled explanations (per memory own - shuffled), latents minus neurons",
-            ("n_shuffled_latents", "n_shuffled_neurons"), share=False),
+            ("n_shuffled_latents", "n_shuffled_neurons"), share=False,
+            first="`ffkv explain RUN --latents --controls N` and `ffkv score RUN`"),
 )
 
 #: metrics/latents_beside: one row per layer and measure (docs/run-directory.md). Its reader in the explorer's

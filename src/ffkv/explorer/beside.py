@@ -141,11 +141,12 @@ def _read(data: "ExplorerData", name: str, schema: pa.Schema, layers: list[int])
 
 
 def missing_command(data: "ExplorerData") -> str:
-    """The `ffkv analyze` call that computes the table: latents_beside after the latent studies the run lacks."""
+    """The `ffkv analyze` call that computes the table: latents_beside after the latent studies the run lacks (those
+    `ffkv analyze` computes by itself; a measure that needs another command first is not named)."""
     lacking = []
     for measure in study.MEASURES:
         name = measure.table.removesuffix("_latents")
-        if not data.run.has_metric(measure.table) and name not in lacking:
+        if not measure.first and not data.run.has_metric(measure.table) and name not in lacking:
             lacking.append(name)
     return f"ffkv analyze {data.run.path} --only {','.join([*lacking, study.NAME])}"
 
