@@ -157,7 +157,11 @@ def _latents_in_order(html: str) -> list[int]:
     return [int(k) for k in re.findall(r'<a href="/memory/t4:(\d+)">t4:\d+</a>', html)]
 
 
-@pytest.mark.parametrize("column, sort", [(c, s) for c, _, s in LATENT_COLUMNS])
+#: Columns the latent layer page has once `ffkv explain --latents` ran (tests/explorer/test_latent_explanations.py).
+AFTER_EXPLAIN = ("explanation", "explanation_score")
+
+
+@pytest.mark.parametrize("column, sort", [(c, s) for c, _, s in LATENT_COLUMNS if c not in AFTER_EXPLAIN])
 @pytest.mark.parametrize("order", ["asc", "desc"])
 def test_latent_layer_page_sorts_by_each_column(client, column, sort, order):
     table = client.app.state.data.latents.layer_table(LAYER)
@@ -174,10 +178,11 @@ def test_latent_layer_page_sorts_by_each_column(client, column, sort, order):
 def test_latent_layer_page_shows_what_the_tables_hold(client, run):
     html = client.get("/layer/t4?sort=largest+a&order=desc").text
     headers = [unescape(h) for h in re.findall(r'<th[^>]*><a [^>]*>([^<▲▼]+?)\s*(?:[▲▼])?</a></th>', html)]
-    assert headers == [title for _, title, _ in LATENT_COLUMNS]
+    assert headers == [title for c, title, _ in LATENT_COLUMNS if c not in AFTER_EXPLAIN]  # no explanations here
     strongest = int(_latent_triggers(run).sort_values(["coefficient", "key"], ascending=[False, True])["key"].iloc[0])
     assert _latents_in_order(html)[0] == strongest
     assert client.get("/layer/t4?sort=nothing").status_code == 422
+    assert "ffkv explain RUN --latents" in client.get("/layer/t4?sort=explanation").text
     assert client.get("/layer/t5").status_code == 404 and "it has t4" in client.get("/layer/t5").text
     assert client.get("/layer/t4?page=99").status_code == 404
 

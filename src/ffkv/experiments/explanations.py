@@ -59,8 +59,12 @@ def read_explanation_rows(run, columns: list[str]) -> pd.DataFrame:
     them is named as damaged, `RunDir.read_metric`), checked to hold one explanation per `ONE_PER`: the
     table `ffkv explain` keeps, which replaces a memory's explanation when its prompt changes. A table with two
     (an older ffkv's, or one written by hand) is refused as damaged, naming a memory, since scoring both would
-    count that memory twice."""
+    count that memory twice; so is one whose layer, key or direction are not integers, or whose kind, explainer or
+    explanation are not text (`_check_types`)."""
     rows = run.read_metric(EXPLANATIONS, columns=list(dict.fromkeys([*ONE_PER, *columns])))
+    _check_types(run, EXPLANATIONS, rows, integers=("layer", "key", "direction"),
+                 texts=[c for c in ("kind", "explainer", "explanation") if c in rows.columns],
+                 fix=f"run `ffkv explain {run.path}` again")
     twice = rows[rows.duplicated(ONE_PER, keep=False)]
     if len(twice):
         r = twice.iloc[0]
@@ -73,20 +77,46 @@ def read_explanation_rows(run, columns: list[str]) -> pd.DataFrame:
     return rows
 
 
-def memory_explanations(run) -> pd.DataFrame:
-    """The real memories' explanations of a run (`ffkv.store.run.RunDir`), one row per (layer, key, direction,
+def _check_types(run, name: str, rows: pd.DataFrame, integers=(), texts=(), numbers=(), fix: str = "") -> None:
+    """`DamagedRun` naming RUN/metrics/NAME.parquet, the column and `fix` where a column of `integers` is not of
+    integers (or lacks one), one of `texts` holds a value that is not text, or one of `numbers` is not numeric (a table written by
+    hand or by another program: the pages and `ffkv score` read these as such)."""
+    def damaged(column: str, what: str):
+        return DamagedRun(f"{run.metric_path(name)} is damaged (its column {column!r} holds "
+                          f"{rows[column].dtype} values, not {what}): {fix}")
+
+    for column in integers:
+        if not pd.api.types.is_integer_dtype(rows[column]) or rows[column].isna().any():
+            raise damaged(column, "integers")
+    for column in texts:
+        if not rows[column].map(lambda x: isinstance(x, str)).all():
+            raise damaged(column, "text")
+    for column in numbers:
+        if not (pd.api.types.is_numeric_dtype(rows[column]) and not pd.api.types.is_bool_dtype(rows[column])):
+            raise damaged(column, "numbers")
+
+
+def memory_explanations(run, kind: str = "memory") -> pd.DataFrame:
+    """The explanations of a run's (`ffkv.store.run.RunDir`) real memories of `kind` ("memory": the model's
+    neurons; "latent": a sparse dictionary's latents, `ffkv explain --latents`), one row per (layer, key, direction,
     explainer), with their own score and the shuffled baseline's where `ffkv score` ran (NaN otherwise): columns
-    layer, key, direction, explanation, explainer, score, shuffled_score, simulator. Empty without `ffkv explain`."""
+    layer, key, direction, explanation, explainer, score, shuffled_score, simulator. A control's explanation is
+    never among them (`CONTROL_OF`). Empty without `ffkv explain`. For a latent, ``key`` is its index in the layer's
+    dictionary."""
+    if kind not in CONTROL_OF:
+        raise ValueError(f"kind must be one of {', '.join(CONTROL_OF)}, got {kind!r}")
     columns = ["layer", "key", "direction", "explanation", "explainer", "score", "shuffled_score", "simulator"]
     if not run.has_metric(EXPLANATIONS):
         return pd.DataFrame(columns=columns)
     # the columns read are named, so a table without them is named as damaged (`RunDir.read_metric`), not a KeyError
     rows = read_explanation_rows(run, columns=["explanation"])
-    rows = rows[rows["kind"] == "memory"][["layer", "key", "direction", "explanation", "explainer"]]
+    rows = rows[rows["kind"] == kind][["layer", "key", "direction", "explanation", "explainer"]]
     if run.has_metric(SCORES):
         on = ["layer", "key", "direction", "explainer"]
         scores = run.read_metric(SCORES, columns=["kind", "baseline", *on, "score", "simulator"])
-        scores = scores[scores["kind"] == "memory"]
+        _check_types(run, SCORES, scores, integers=("layer", "key", "direction"), numbers=("score",),
+                     texts=("kind", "baseline", "explainer"), fix=f"run `ffkv score {run.path}` again")
+        scores = scores[scores["kind"] == kind]
         own = scores[scores["baseline"] == "own"][on + ["score", "simulator"]]
         shuffled = scores[scores["baseline"] == "shuffled"][on + ["score"]].rename(columns={"score": "shuffled_score"})
         rows = rows.merge(own, on=on, how="left").merge(shuffled, on=on, how="left")

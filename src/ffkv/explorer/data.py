@@ -26,6 +26,7 @@ from ffkv.experiments.registry import key_columns
 from ffkv.explorer.latents import LatentData
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
+from ffkv.memories.address import LatentRef
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
@@ -178,26 +179,40 @@ class ExplorerData:
         return joined
 
     def _load_explanations(self) -> pd.DataFrame:
-        """Every memory's explanations and scores (`ffkv explain`, `ffkv score`), indexed by (layer, key)."""
+        """Every explained memory's explanations and scores (`ffkv explain`, `ffkv score`): the neurons' (kind
+        "memory") and, for a run indexed with a dictionary, its latents' (kind "latent", `ffkv explain --latents`;
+        never a control's), indexed by (kind, layer, key). A row naming a memory this run does not have (a layer
+        without a dictionary, a latent past its size: a table written by hand) is left out: no page shows it."""
         from ffkv.experiments.explanations import memory_explanations
 
-        return memory_explanations(self.run).set_index(["layer", "key"], drop=False).sort_index()
+        tables = [memory_explanations(self.run).assign(kind="memory")]
+        if self.latents is not None:
+            tables.append(memory_explanations(self.run, kind="latent").assign(kind="latent"))
+        table = pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
+        size = {"memory": {layer: self.d_m for layer in range(self.n_layers)},
+                "latent": {layer: n for layer, (_, n) in self.latents.layout.latents.items()}
+                if self.latents is not None else {}}
+        exists = [0 <= key < size[kind].get(layer, 0)
+                  for kind, layer, key in zip(table["kind"], table["layer"], table["key"])]
+        table = table[np.array(exists, bool)]
+        return table.set_index(["kind", "layer", "key"], drop=False).sort_index()
 
-    def explanations_of(self, layer: int, key: int) -> list[dict]:
+    def explanations_of(self, layer: int, key: int, kind: str = "memory") -> list[dict]:
         """A memory's explanations (one per direction and explainer), with score and shuffled baseline (None
-        before `ffkv score`)."""
-        if (layer, key) not in self.explanations.index:
+        before `ffkv score`); `kind` "latent" for a dictionary's latent (`key` its index)."""
+        if (kind, layer, key) not in self.explanations.index:
             return []
-        rows = self.explanations.loc[[(layer, key)]]
+        rows = self.explanations.loc[[(kind, layer, key)]]
         return [{"direction": int(r.direction), "explanation": r.explanation, "explainer": r.explainer,
                  "score": None if pd.isna(r.score) else float(r.score),
                  "shuffled_score": None if pd.isna(r.shuffled_score) else float(r.shuffled_score),
                  "simulator": r.simulator if isinstance(r.simulator, str) else None} for r in rows.itertuples()]
 
-    def explanation_columns(self, layer: int) -> pd.DataFrame:
-        """Per explained key of a layer (0-based): ``explanation``, its explanations (a negative direction's marked
-        "m < 0:"), and ``explanation_score``, the best simulation score among them (NaN before `ffkv score`)."""
-        rows = self.explanations[self.explanations["layer"] == layer]
+    def explanation_columns(self, layer: int, kind: str = "memory") -> pd.DataFrame:
+        """Per explained key of a layer (0-based; of its dictionary's latents for `kind` "latent"): ``explanation``,
+        its explanations (a negative direction's marked "m < 0:"), and ``explanation_score``, the best simulation
+        score among them (NaN before `ffkv score`)."""
+        rows = self.explanations[(self.explanations["kind"] == kind) & (self.explanations["layer"] == layer)]
         if rows.empty:
             return pd.DataFrame(columns=["key", "explanation", "explanation_score"])
         text = [("m < 0: " if int(d) < 0 else "") + str(x) for d, x in zip(rows["direction"], rows["explanation"])]
@@ -207,9 +222,10 @@ class ExplorerData:
                              "explanation_score": grouped["score"].max()}).reset_index().astype({"key": "int64"})
 
     def explanation_search(self, text: str, limit: int = 50) -> list[dict]:
-        """Memories whose explanation has, for every word of `text` (split at spaces), a word starting with it
-        (case-insensitive: "year" finds "years", "a" does not find "character", "$" finds "'$'"), best simulation
-        score first (unscored last), then by layer and key: layer, key, direction, explanation, score."""
+        """Memories (neurons, and a dictionary's latents) whose explanation has, for every word of `text` (split
+        at spaces), a word starting with it (case-insensitive: "year" finds "years", "a" does not find "character",
+        "$" finds "'$'"), best simulation score first (unscored last), then by layer and key: layer, key,
+        direction, explanation, score, and a latent's ``address`` (``t4:42``; None for a neuron)."""
         words = (text or "").lower().split()
         if not words or self.explanations.empty:
             return []
@@ -218,10 +234,14 @@ class ExplorerData:
         keep = np.ones(len(low), bool)
         for word in words:
             keep &= low.str.contains(r"(?<!\w)" + re.escape(word), regex=True).to_numpy(bool)
-        hits = table[keep].assign(score=lambda t: pd.to_numeric(t["score"], errors="coerce"))
-        hits = hits.sort_values(["score", "layer", "key"], ascending=[False, True, True], na_position="last")
+        hits = table[keep].assign(score=lambda t: pd.to_numeric(t["score"], errors="coerce"),
+                                  latent=lambda t: t["kind"] == "latent")
+        hits = hits.sort_values(["score", "latent", "layer", "key"], ascending=[False, True, True, True],
+                                na_position="last")
         return [{"layer": int(r.layer), "key": int(r.key), "direction": int(r.direction),
-                 "explanation": str(r.explanation), "score": None if pd.isna(r.score) else float(r.score)}
+                 "explanation": str(r.explanation), "score": None if pd.isna(r.score) else float(r.score),
+                 "address": str(LatentRef(int(r.layer), int(r.key), self.latents.kind(int(r.layer))))
+                 if r.kind == "latent" else None}
                 for r in hits.head(limit).itertuples()]
 
     def census_of(self, layer: int, key: int) -> dict | None:

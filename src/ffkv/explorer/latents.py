@@ -222,11 +222,14 @@ class LatentData:
             "coefficient_scale": scale, "window": self.described.get("window") if stored else None,
             "stored": stored is not None,  # per-token activations stored for these rows (else the trigger's alone)
             "dead": not len(trig),
+            # `ffkv explain --latents`, `ffkv score`: the latent's own (never its control's), as a neuron's are read
+            "explanations": data.explanations_of(layer, key, kind="latent"),
         }
 
     def layer_table(self, layer: int) -> pd.DataFrame:
         """One row per latent of a layer (from 0): the latent layer page's columns (statistics, the value's top
-        three tokens, the trigger prefixes' common last token). Built once per layer."""
+        three tokens, the trigger prefixes' common last token; ``explanation`` and ``explanation_score`` where
+        `ffkv explain --latents` ran, as `ExplorerData.explanation_columns` reads a neuron's). Built once per layer."""
         with self._lock:
             table = self._tables.get(layer)
         if table is None:
@@ -237,6 +240,9 @@ class LatentData:
             table["common_last_token"] = np.where(common >= 0, self.data.tokens_of(common), "")
             table["dead"] = table["n_triggers"] == 0
             table = table.drop(columns=["activation_histogram"])
+            explained = self.data.explanation_columns(layer, kind="latent")
+            if len(explained):
+                table = table.merge(explained, on="key", how="left")
             with self._lock:
                 self._tables[layer] = table
         return table

@@ -532,9 +532,12 @@ LATENT_READING_NOTES = {
                            "token's logit per unit of activation.",
     ("final-norm", "logit"): "The raw logits N(d)·Eᵀ (final-norm projection, no softmax).",
 }
-#: Latent layer page columns: (column of `LatentData.layer_table`, header, sort name in the URL).
+#: Latent layer page columns: (column of `LatentData.layer_table`, header, sort name in the URL). The explanation
+#: columns are shown once `ffkv explain --latents` ran (its score once `ffkv score` did), as on a neuron layer page.
 LATENT_COLUMNS = (
     ("key", "latent", "latent"),
+    ("explanation", "explanation", "explanation"),
+    ("explanation_score", "explanation score", "explanation score"),
     ("top_tokens", "value's top tokens", "top token"),
     ("agreement", "agrees", "agreement"),
     ("activation_frequency", "active", "activation frequency"),
@@ -597,6 +600,7 @@ def latent_json(data: ExplorerData, address: str, projection: str = "identity", 
                           for t in value["top"]],
                   "bottom": [{"token_id": t["token_id"], "token": t["token"], value["shown"]: t["value"]}
                              for t in value["bottom"]]},
+        "explanations": lat["explanations"],
         "statistics": {k: _plain(v) for k, v in lat["stats"].items() if k != "activation_histogram"},
         "activation_histogram": lat["histogram"], "stored_window": lat["window"],
         "trigger_examples": [
@@ -615,15 +619,20 @@ def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, or
     layer = latents.check_layer(name)
     name = latents.name(layer)
     sort = sort or "latent"
-    sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in LATENT_COLUMNS}
-    if sort not in sort_column:
-        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}", 422)
     table = latents.layer_table(layer)
+    # the explanation before `ffkv explain --latents`, its score before `ffkv score`, are left out (`layer_page`)
+    present = [c for c in LATENT_COLUMNS if c[0] in table.columns
+               and not (c[0] == "explanation_score" and table[c[0]].isna().all())]
+    sort_column = {s: (c if c != "top_tokens" else "top_token") for c, _, s in present}
+    if sort not in sort_column:
+        hint = "; explanations come from `ffkv explain RUN --latents`, their scores from `ffkv score RUN`" \
+            if sort in ("explanation", "explanation score") else ""
+        raise BadRequest(f"cannot sort by {sort[:40]!r}; choose from {', '.join(sort_column)}{hint}", 422)
     shown, page, n_pages = sorted_page(table, sort_column[sort], order, page, name)
     rows = []
     for r in shown.to_dict("records"):
         row = []
-        for column_name, _, _ in LATENT_COLUMNS:
+        for column_name, _, _ in present:
             value = r.get(column_name)
             cell = {"text": "", "cls": "", "href": None, "tokens": None, "token": None}
             missing = value is None or (isinstance(value, float) and math.isnan(value))
@@ -637,18 +646,21 @@ def latent_layer_page(data: ExplorerData, name: str, sort: str | None = None, or
                 cell.update(text="yes" if value else "no")
             elif missing:
                 pass
+            elif column_name == "explanation":
+                cell.update(text=str(value))
             elif column_name in LATENT_PERCENT:
                 cell.update(text=percent(value), cls="num")
             else:
                 cell.update(text=number(value), cls="num")
             row.append(cell)
         rows.append(row)
-    columns = [{"title": title, "sort": s, "num": c not in ("top_tokens", "common_last_token", "agreement")}
-               for c, title, s in LATENT_COLUMNS]
+    columns = [{"title": title, "sort": s,
+                "num": c not in ("top_tokens", "common_last_token", "agreement", "explanation")}
+               for c, title, s in present]
     return render("latent_layer.html", **_common(data, root), layer=layer, dictionary=name, kind=latents.kind(layer),
                   dictionaries=latents.summary(), sort=sort, order=order, page=page, n_pages=n_pages, rows=rows,
                   columns=columns, n_keys=len(table), first=(page - 1) * PAGE_SIZE + 1,
-                  last=min(page * PAGE_SIZE, len(table)))
+                  last=min(page * PAGE_SIZE, len(table)), explained=any(c[0] == "explanation" for c in present))
 
 
 # ------------------------------------------------------------------------ search

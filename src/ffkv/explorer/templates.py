@@ -87,6 +87,9 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% endblock %}""",
 
 
+"explanations.html": """{% if explanations %}<div id="explanations"><strong>Explanation{% if explanations|length > 1 %}s{% endif %}</strong> (<code>{{ explain_command }}</code>, scored by <code>ffkv score</code>):<ul>{% for x in explanations %}<li>{% if x.direction < 0 %}<span class="chip">negative</span> {% endif %}{{ x.explanation }} <span class="small muted">by {{ x.explainer }}{% if x.score is not none %}; score {{ "%.2f"|format(x.score) }}{% if x.shuffled_score is not none %} (shuffled {{ "%.2f"|format(x.shuffled_score) }}){% endif %} by {{ x.simulator }}{% else %}; not scored yet{% endif %}</span></li>{% endfor %}</ul></div>{% endif %}
+""",
+
 "memory_fragment.html": """<div class="ffkv-memory">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Memory {{ ln(m.layer) }}:{{ m.key }} <span class="muted small">layer {{ ln(m.layer) }} of {{ n_layers }}, key {{ m.key }}</span></h1>
 <p>{% if m.key > 0 %}<a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key - 1 }}">← key {{ m.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ ln(m.layer) }}">layer {{ ln(m.layer) }}</a>{% if m.key + 1 < d_m %} · <a href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key + 1 }}">key {{ m.key + 1 }} →</a>{% endif %}
@@ -100,7 +103,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% if label_reasons %}<ul class="small" id="label-why">{% for r in label_reasons %}<li>{{ r }}</li>{% endfor %}</ul>{% endif %}
 {% else %}<p class="muted">No automatic label yet: <code>ffkv analyze --only patterns</code>.</p>
 <p><strong>Surface:</strong> {{ pct(m.surface.share) }} of the top prefixes end in {{ tok(m.surface.token) }}.</p>{% endif %}
-{% if m.explanations %}<div id="explanations"><strong>Explanation{% if m.explanations|length > 1 %}s{% endif %}</strong> (<code>ffkv explain</code>, scored by <code>ffkv score</code>):<ul>{% for x in m.explanations %}<li>{% if x.direction < 0 %}<span class="chip">negative</span> {% endif %}{{ x.explanation }} <span class="small muted">by {{ x.explainer }}{% if x.score is not none %}; score {{ "%.2f"|format(x.score) }}{% if x.shuffled_score is not none %} (shuffled {{ "%.2f"|format(x.shuffled_score) }}){% endif %} by {{ x.simulator }}{% else %}; not scored yet{% endif %}</span></li>{% endfor %}</ul></div>{% endif %}
+{% with explanations = m.explanations, explain_command = "ffkv explain" %}{% include "explanations.html" %}{% endwith %}
 {% if m.census %}<p id="census-badge"><strong>Census:</strong> <span class="chip label-{{ m.census.census_class }}">{{ m.census.census_class }}</span>
 <span class="chip">value: {{ m.census.census_value_type }}{% if m.census.census_firing_sign < 0 %} (fires with m &lt; 0: reads -v){% endif %}</span>{% if m.census.census_eraser %}<span class="chip">eraser</span>{% endif %}{% if m.census.census_two_way %}<span class="chip">fires both ways</span>{% endif %}
 {% if m.census.census_rule %}<span class="small">best token rule for its strong activations: {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
@@ -159,6 +162,7 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 <p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; SPEC section 11) is a memory of its own: its key is encoder row e_j, its coefficient the
 dictionary's activation a_j (never negative), its value decoder row d_j, read here as a neuron's value is read. Latents are written {{ l.name }}:LATENT; neurons LAYER:KEY.</p>
 <p><strong>Surface:</strong> {{ pct(l.surface.share) }} of the top prefixes end in {{ tok(l.surface.token) }}.</p>
+{% with explanations = l.explanations, explain_command = "ffkv explain --latents" %}{% include "explanations.html" %}{% endwith %}
 <h2>Value</h2>
 {% if l.dictionary_error %}<p class="warn" id="dictionary-error">The dictionary could not be read again ({{ l.dictionary_error }}): the value's top tokens below are those the lookups stored (identity projection).</p>
 {% else %}<p class="switch" id="projection-switch">Read the value {% for p, s, label in projections %}{% if p == l.projection and s == l.value.shown %}<span class="on">{{ label }}</span>{% else %}<a href="?projection={{ p }}&amp;shown={{ s }}#projection-switch">{{ label }}</a>{% endif %}{% endfor %}</p>{% endif %}
@@ -196,7 +200,8 @@ Active (a &gt; 0) at {{ pct(l.stats.activation_frequency, 2) }} of positions. Th
 · <a href="{{ root }}/layer/{{ ln(layer) }}" id="neurons-link">layer {{ ln(layer) }}'s neurons</a></p>
 <p class="note">{{ "{:,}".format(n_keys) }} latents, sorted by {{ sort }} ({{ "descending" if order == "desc" else "ascending" }}); rows {{ first }}–{{ last }}, page {{ page }} of {{ n_pages }}. Click a column's name to sort by it.
 Value: decoder row d_j's top tokens and agreement under the identity projection, as the neurons' values; active: share of positions of a corpus sample where a &gt; 0; largest a: its rank-1 trigger example;
-common last token: the last token most of its trigger prefixes share, and that share. A latent without trigger examples never fired over the indexed corpus (dead).</p>
+common last token: the last token most of its trigger prefixes share, and that share. A latent without trigger examples never fired over the indexed corpus (dead).{% if explained %}
+Explanation: the latent's own (<code>ffkv explain --latents</code>), and its score, the simulation score of <code>ffkv score</code>; docs/explain.md.{% endif %}</p>
 <div class="scroll"><table id="latents"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}><a href="{{ root }}/layer/{{ dictionary }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a></th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.token is not none %}{{ tok(cell.token) }}{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
@@ -223,9 +228,9 @@ common last token: the last token most of its trigger prefixes share, and that s
 </table>{% endif %}{% endif %}
 {% if explained is not none and any_explained %}<h2>Memories whose explanation holds “{{ q }}”</h2>
 {% if not explained %}<p class="muted" id="no-explained">No explanation holds every word of this text.</p>{% else %}
-<p class="note">{{ explained|length }} memor{{ "ies" if explained|length != 1 else "y" }}{% if explained|length >= limit %} (the first {{ limit }}){% endif %}, best simulation score first (<code>ffkv explain</code>, <code>ffkv score</code>; LAYER:KEY, layers from 1).</p>
+<p class="note">{{ explained|length }} memor{{ "ies" if explained|length != 1 else "y" }}{% if explained|length >= limit %} (the first {{ limit }}){% endif %}, best simulation score first (<code>ffkv explain</code>, <code>ffkv score</code>; LAYER:KEY, layers from 1{% if has_latents %}; a latent of the run's dictionary tLAYER:LATENT, <code>ffkv explain --latents</code>{% endif %}).</p>
 <table id="explained"><tr><th>memory</th><th>explanation</th><th class="num">score</th></tr>
-{% for x in explained %}<tr><td><a href="{{ root }}/memory/{{ ln(x.layer) }}/{{ x.key }}">{{ ln(x.layer) }}:{{ x.key }}</a></td><td>{% if x.direction < 0 %}<span class="chip">m &lt; 0</span> {% endif %}{{ x.explanation }}</td><td class="num">{% if x.score is not none %}{{ "%.2f"|format(x.score) }}{% else %}<span class="muted">not scored</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
+{% for x in explained %}<tr><td>{% if x.address %}<a href="{{ root }}/memory/{{ x.address }}">{{ x.address }}</a> <span class="chip">latent</span>{% else %}<a href="{{ root }}/memory/{{ ln(x.layer) }}/{{ x.key }}">{{ ln(x.layer) }}:{{ x.key }}</a>{% endif %}</td><td>{% if x.direction < 0 %}<span class="chip">m &lt; 0</span> {% endif %}{{ x.explanation }}</td><td class="num">{% if x.score is not none %}{{ "%.2f"|format(x.score) }}{% else %}<span class="muted">not scored</span>{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 {% if named %}<p id="named-memory">“{{ q }}” is the address of {{ named.what }} <a href="{{ root }}{{ named.href }}">{{ named.address }}</a> (its value's top token {{ tok(named.top_token) }}).</p>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
