@@ -79,8 +79,8 @@ def read_explanation_rows(run, columns: list[str]) -> pd.DataFrame:
 
 def _check_types(run, name: str, rows: pd.DataFrame, integers=(), texts=(), numbers=(), fix: str = "") -> None:
     """`DamagedRun` naming RUN/metrics/NAME.parquet, the column and `fix` where a column of `integers` is not of
-    integers (or lacks one), one of `texts` holds a value that is not text, or one of `numbers` is not numeric (a table written by
-    hand or by another program: the pages and `ffkv score` read these as such)."""
+    integers (or lacks one), one of `texts` holds a value that is not text, or one of `numbers` is not numeric (a
+    table written by hand or by another program: the pages and `ffkv score` read these as such)."""
     def damaged(column: str, what: str):
         return DamagedRun(f"{run.metric_path(name)} is damaged (its column {column!r} holds "
                           f"{rows[column].dtype} values, not {what}): {fix}")
