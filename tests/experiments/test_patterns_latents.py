@@ -81,7 +81,7 @@ def test_every_study_says_what_it_reads_on_latents(run):
         "values_latents", "values_latents_keys", "patterns_latents", "patterns_latents_keys",
         "vocabulary_classes_latents", "vocabulary_classes_latents_keys", "census_latents", "census_latents_keys",
         "census_latents_control", "composition_latents", "suppressed_latents", "latents_beside",
-        "latents_beside_dictionary"}
+        "latents_beside_dictionary", "explanation_scores_latents"}
 
 
 def test_the_run_summary_names_the_dictionary_in_words(run):
