@@ -70,7 +70,7 @@ class CandidateBuffer:
 
     def write(self, layer: int, rows: slice, candidates: tuple[torch.Tensor | None, ...]) -> None:
         """Place (len(rows), n) candidates of `layer` after the accepted columns (a field given as None is left
-        for `fill`)."""
+        for the caller to write for every layer at once, through `written`)."""
         n = next(c for c in candidates if c is not None).shape[-1]
         for target, source in zip(self.fields, candidates):
             if source is not None:
@@ -78,7 +78,7 @@ class CandidateBuffer:
 
     def written(self, field: int, n: int) -> torch.Tensor:
         """The (L, rows, n) columns of one field (an index into `DTYPES`) after the accepted ones: what `write`
-        placed there, or where `fill` places a field for every layer at once."""
+        placed there, or where a field is written for every layer at once."""
         return self.fields[field][..., self.filled: self.filled + n]
 
     def accept(self, n: int, one_per_example: bool) -> None:
