@@ -201,3 +201,23 @@ def test_a_run_database_connection_reads_no_files(fresh_run, tmp_path):
     with pytest.raises(duckdb.Error, match="locked"):
         con.execute("SET enable_external_access = true")
     assert con.execute("SELECT count(*) FROM triggers").fetchone()[0] > 0
+
+
+def test_a_confined_connection_reads_the_files_it_names_and_no_other(fresh_run, tmp_path):
+    """The connections ffkv opens to read a run's Parquet tables (the lookups' build, the report's layer summary)
+    read the tables they name; any other file, or switching access back on, is refused."""
+    import duckdb
+
+    from ffkv.store.database import confine
+    from ffkv.store.run import RunDir
+
+    run = RunDir(fresh_run[0])
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    con = confine(duckdb.connect(), [run.table("trigger_examples")])
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{run.table('trigger_examples')}')").fetchone()[0] > 0
+    for sql in (f"SELECT content FROM read_text('{secret}')", f"SELECT * FROM read_parquet('{run.table('examples')}')"):
+        with pytest.raises(duckdb.PermissionException):
+            con.execute(sql).fetchall()
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")

@@ -50,7 +50,7 @@ from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
 from ffkv.store import atomic, lookups, schemas
-from ffkv.store.database import open_database
+from ffkv.store.database import confine, open_database
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -108,6 +108,7 @@ def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, 
             con.execute("SET threads TO 2")
             con.execute(f"SET memory_limit = '{DATABASE_MEMORY}'")
             con.execute(f"SET temp_directory = '{_sql_path(spill)}'")
+            confine(con, [run.table("trigger_examples"), run.table("examples"), *([lte] if latents else [])], [spill])
             con.execute(f"""
                 CREATE TABLE texts AS
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')

@@ -31,6 +31,7 @@ from ffkv.presentation.tables import table_html, table_view
 from ffkv.report.content import build_sections
 from ffkv.errors import DamagedRun, FfkvWarning
 from ffkv.store import atomic
+from ffkv.store.database import confine
 from ffkv.store.integrity import Problem, cut_off, survey
 from ffkv.store.annotations import read_labels
 from ffkv.store.manifest import Manifest
@@ -103,7 +104,7 @@ def layer_summary(run: RunDir) -> pd.DataFrame:
     """Per-layer summary of the trigger examples (and of the values experiment, if it ran); 0-based layers."""
     te = str(run.table("trigger_examples")).replace("'", "''")
     positive = "WHERE direction = 1" if "direction" in pq.read_schema(run.table("trigger_examples")).names else ""
-    con = duckdb.connect()
+    con = confine(duckdb.connect(), [run.table("trigger_examples")])
     try:
         summary = con.execute(f"""
             SELECT layer, count(DISTINCT key) AS keys,

@@ -6,13 +6,14 @@ database (`open_database`) switches DuckDB's file access off and locks its confi
 stored or sent, can switch it back; and before the connection is handed out, the database must hold the
 tables ffkv writes with their columns, and nothing else that runs (no views, no macros): one line naming the
 file otherwise (`DamagedRun`). ffkv's own writes (`ffkv.experiments.lookups.build_database`) build a new file
-from the run's Parquet tables and never open an existing one.
+from the run's Parquet tables and never open an existing one; they, and ffkv's in-memory queries of those tables,
+may read exactly the files they name (`confine`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import duckdb
 
@@ -66,6 +67,18 @@ def open_database(path: str | Path, fix: str = REBUILD, tables: Mapping[str, tup
     return con
 
 
+def confine(con: duckdb.DuckDBPyConnection, files: Sequence[str | Path] = (),
+            directories: Sequence[str | Path] = ()) -> duckdb.DuckDBPyConnection:
+    """A connection ffkv opened itself (a new database, or none) that reads a run's Parquet tables: it may read
+    exactly `files` and use `directories` (a spill folder), then its other file access is switched off and its
+    configuration locked (`SAFE_CONFIG`), as on a run's database, so that no query it runs reaches another file."""
+    con.execute("SET allowed_paths = ?", [[str(f) for f in files]])
+    con.execute("SET allowed_directories = ?", [[str(d) for d in directories]])
+    for name, value in SAFE_CONFIG.items():
+        con.execute(f"SET {name} = {str(value).lower()}")
+    return con
+
+
 def _foreign(con: duckdb.DuckDBPyConnection, tables: Mapping[str, tuple[str, ...]]) -> str | None:
     """What in the database ffkv did not write, or None."""
     views = [r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()]
@@ -88,4 +101,4 @@ def _foreign(con: duckdb.DuckDBPyConnection, tables: Mapping[str, tuple[str, ...
     return None
 
 
-__all__ = ["EXPLORER_TABLES", "LATENT_TABLES", "REBUILD", "SAFE_CONFIG", "open_database"]
+__all__ = ["EXPLORER_TABLES", "LATENT_TABLES", "REBUILD", "SAFE_CONFIG", "confine", "open_database"]
