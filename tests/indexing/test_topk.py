@@ -68,15 +68,23 @@ def test_cpu_merge_of_ranges_and_scattered_keys_equals_brute_force(monkeypatch):
     merge_rows = topk._merge_rows
     monkeypatch.setattr(topk, "_merge_rows", lambda state, new, rows, fast: (
         kinds.append(type(rows).__name__), merge_rows(state, new, rows, fast))[1])
-    g = torch.Generator().manual_seed(2)
+    _merges_keep_the_k_best(seed=2, steps=10, merge=lambda state, fields, fast: state.merge_candidates(
+        *fields, one_per_example=fast))
+    assert "slice" in kinds and "Tensor" in kinds  # both paths ran
+
+
+def _merges_keep_the_k_best(seed: int, steps: int, merge) -> None:
+    """`merge(state, (values, ids, positions, next tokens) of shape (L, d_m, 4), one_per_example)` for `steps`
+    batches of random candidates with ties into a (2, 12, top-3) state, which must then hold per key the k best
+    of everything seen (the one-sort merge every other step)."""
+    g = torch.Generator().manual_seed(seed)
     n_layers, d_m, k = 2, 12, 3
     state = TopKState.empty(n_layers, d_m, k)
     seen: dict[tuple[int, int], list] = {}
-    for step in range(10):
+    for step in range(steps):
         batch = [_random_candidates(g, d_m, 4, first_id=100 * step) for _ in range(n_layers)]
-        state.merge_candidates(*(torch.stack(f) for f in zip(*batch)), one_per_example=step % 2 == 1)
+        merge(state, [torch.stack(f) for f in zip(*batch)], step % 2 == 1)
         _record(seen, batch, d_m)
-    assert "slice" in kinds and "Tensor" in kinds  # both paths ran
     _assert_k_best(state, seen, k)
 
 
@@ -104,15 +112,10 @@ def test_gpu_merge_in_blocks_of_rows_equals_brute_force(block):
     rows that do not divide the 24, the 24 exactly and more than all of them keep the same k best per key."""
     from ffkv.indexing import topk
 
-    g = torch.Generator().manual_seed(4)
-    n_layers, d_m, k = 2, 12, 3
-    state = TopKState.empty(n_layers, d_m, k)
-    seen: dict[tuple[int, int], list] = {}
-    for step in range(8):
-        batch = [_random_candidates(g, d_m, 4, first_id=100 * step) for _ in range(n_layers)]
-        new = [torch.stack(f).reshape(n_layers * d_m, -1) for f in zip(*batch)]
-        new = [new[0].float(), new[1], new[2].to(torch.int32), new[3].to(torch.int32)]
-        own = [t.view(-1, k) for t in (state.values, state.example_id, state.position, state.next_token)]
-        topk._merge_blocks(own, new, step % 2 == 1, block)
-        _record(seen, batch, d_m)
-    _assert_k_best(state, seen, k)
+    def merge(state, fields, fast):
+        rows = [f.reshape(-1, f.shape[-1]) for f in fields]
+        new = [rows[0].float(), rows[1], rows[2].to(torch.int32), rows[3].to(torch.int32)]
+        own = [t.view(-1, state.k) for t in (state.values, state.example_id, state.position, state.next_token)]
+        topk._merge_blocks(own, new, fast, block)
+
+    _merges_keep_the_k_best(seed=4, steps=8, merge=merge)
