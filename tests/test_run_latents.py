@@ -115,8 +115,14 @@ def test_run_edits_latents_by_their_address(indexed):
     # token_local: a position's residual depends on its token alone, so the logits change where the token is.
     changed = (edited - clean).abs().amax(dim=-1)[0] > 0
     assert changed.tolist() == [i == planted for i in ids[0].tolist()] and changed.any()
-    with pytest.raises(FfkvError, match="the trace edits neurons only"):  # never drawn as neuron 0 of the layer
-        run.trace("a " + PLANTED[0], off=[address])
+    # The trace edits the latent, never neuron 0 of the layer: its predictions are the edited model's.
+    prompt = tok.encode("a " + PLANTED[0])
+    traced = run.trace("a " + PLANTED[0], off=[address])
+    assert traced.edited.latent_edits == {(DETECTOR_LAYER, 0): edits[0]} and not traced.edited.edits
+    with torch.no_grad(), edit_model(loaded.view, edits[:1]):
+        p = loaded.model(input_ids=torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
+    assert traced.edited.final[0].token_id == int(p.argmax())
+    assert traced.edited.final[0].prob == pytest.approx(float(p.max()), rel=1e-5)
     result = intervene(run, off=[address], n_eval=5, eval_corpus=str(tmp / "corpus.txt"))
     assert f"{address} off" in result.to_text()
     assert result.description()["interventions"][0]["memory"] == address

@@ -239,8 +239,8 @@ class Run:
             target: the token whose contributions rank the memories (default: the model's prediction).
             off, scale, set: edits applied at every position, as `intervene` takes them: memories switched off;
                 {memory: factor} scaled; {memory: value} set. A memory is (layer, key), 0-based, or an address
-                (``"4:17"``, layers from 1); the trace lists neurons only and refuses an edit of a latent
-                (``"t4:42"``), which `intervene` measures.
+                (``"4:17"``, layers from 1), or a latent of the run's dictionary (``"t4:42"``): the layer's
+                output then becomes the dictionary's reconstruction with the edit plus its error term.
             generate: also continue the prompt greedily by this many tokens, with and without the edits.
             lens: how the residual is read per layer: "final-norm" (the logit lens) or "translator" (the run's
                 fitted translators, `ffkv analyze RUN --only translators`: the tuned lens).

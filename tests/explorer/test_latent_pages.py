@@ -207,7 +207,7 @@ def test_search_finds_latents_labelled_as_such(client, run):
     assert f'<a href="/memory/t4:{key}">t4:{key}</a>' in named and "latent (transcoder)" in named
 
 
-def test_the_trace_shows_each_layers_top_latents_read_only(client, tiny, transcoder):
+def test_the_trace_shows_each_layers_top_latents(client, tiny, transcoder):
     from ffkv.explorer.notebook import run_trace
 
     data = client.app.state.data
@@ -225,8 +225,58 @@ def test_the_trace_shows_each_layers_top_latents_read_only(client, tiny, transco
     assert all(not layer.latents for layer in t.base.layers if layer.layer != LAYER)
     html = client.get("/trace", params={"prompt": prompt}).text
     assert all(f'href="/memory/t4:{k}">t4:{k}</a>' in html for k in expected)
-    refused = client.get("/trace", params={"prompt": prompt, "off": "t4:3"})
-    assert refused.status_code == 422 and "edits neurons only" in refused.text
+
+
+@torch.no_grad()
+def test_a_latent_edited_in_the_trace_changes_the_output_by_its_decoder_row_exactly(client, tiny, transcoder):
+    """Switching a latent off in the trace gives the model with a_j·d_j taken from the layer's output (brute force:
+    the dictionary's own encoding of the captured FF input, subtracted in a hook of our own); an edit of nothing
+    gives the model's own predictions bit for bit; the page marks the edit and the latent's a as edited."""
+    from ffkv.explorer.notebook import run_trace
+    from ffkv.explorer.tracing import trace
+    from ffkv.memories.interventions import Intervention
+
+    data = client.app.state.data
+    prompt = "The cat sat on the mat and"
+    ids = list(tiny.tokenizer.encode(prompt))
+    base = run_trace(data, prompt).base
+    key = base.layers[LAYER].latents[0]["key"]
+    edit = Intervention(LAYER, key, "off", kind="transcoder")
+    t = run_trace(data, prompt, edits=[edit])
+    assert t.edited.latent_edits == {(LAYER, key): edit} and not t.edited.edits
+
+    a = torch.as_tensor(_activations(tiny, transcoder, ids))[:, key]  # (tokens,)
+    removed = a[:, None] * transcoder.decoder[key].float()
+    hook = tiny.view.arch.down_proj(tiny.view.blocks[LAYER]).register_forward_hook(
+        lambda module, args, out: out - removed.to(out.dtype)[None])
+    try:
+        logits = tiny.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    finally:
+        hook.remove()
+    p = logits.softmax(-1)
+    expected = p.topk(5)
+    assert [x.token_id for x in t.edited.final] == expected.indices.tolist()
+    np.testing.assert_allclose([x.prob for x in t.edited.final], expected.values.numpy(), rtol=1e-4, atol=1e-6)
+    assert [x.token_id for x in t.edited.final] != [x.token_id for x in base.final] or \
+        not np.allclose([x.prob for x in t.edited.final], [x.prob for x in base.final])
+    shown = {x["key"]: x for x in t.edited.layers[LAYER].latents}
+    assert shown[key]["coefficient"] == 0.0 and shown[key]["edit"] == edit
+    assert {x["key"] for x in t.base.layers[LAYER].latents} >= {key}  # the base lists the latent it edits
+
+    latents = data.latents.memories()
+    nothing = trace(tiny, ids, [Intervention(LAYER, key, "scale", 1.0, kind="transcoder")], latents=latents)
+    own = trace(tiny, ids, latents=latents)
+    assert [(x.token_id, x.prob) for x in nothing.final] == [(x.token_id, x.prob) for x in own.final]
+    assert all(n.ff == o.ff and n.after == o.after for n, o in zip(nothing.layers, own.layers))
+
+    html = client.get("/trace", params={"prompt": prompt, "off": f"t4:{key}"})
+    assert html.status_code == 200
+    assert f'name="off" value="t4:{key}" checked' in html.text and "with the interventions" in html.text
+    form = client.post("/trace", data={"prompt": prompt, "action": "intervene", f"scale:t4:{key}": "3"})
+    assert form.status_code == 200 and f'name="scale:t4:{key}" value="3.0"' in form.text
+    for bad, message in (("t4:512", "latents 0..511"), ("t3:0", "layer 3 has no dictionary"), ("s4:0", "not a sae")):
+        refused = client.get("/trace", params={"prompt": prompt, "off": bad})
+        assert refused.status_code == 422 and message in unescape(refused.text), bad
 
 
 def test_overview_and_neuron_layer_link_the_latents(client):

@@ -97,7 +97,21 @@ def test_every_latent_address_reads_back_as_itself(layer, latent):
     assert layout.parse(str(ref)) == ref and ref.kind == LAYOUT_LATENTS[layer][0]
 
 
-def test_the_explorer_refuses_a_latent_edit_and_says_where_to_measure_it():
-    for params in ({"off": ["t4:12"]}, {"scale": ["s2:3=2"]}, {"set:t1:0": ["1"]}):
-        with pytest.raises(validation.BadRequest, match="the trace edits neurons only.*ffkv intervene"):
-            validation.edits(params, **SHAPE)
+def test_the_explorer_reads_a_latent_edit_as_the_command_does():
+    from ffkv.memories.address import LatentRef
+
+    params = {"off": ["t3:12"], "scale": ["s5:3=2"], "set:t3:0": ["1.5"], "scale:t3:1": ["1"]}
+    read = validation.edits(params, **SHAPE, latents=LAYOUT_LATENTS)
+    assert read == {LatentRef(2, 12, "transcoder"): Intervention(2, 12, "off", kind="transcoder"),
+                    LatentRef(4, 3, "sae"): Intervention(4, 3, "scale", 2.0, kind="sae"),
+                    LatentRef(2, 0, "transcoder"): Intervention(2, 0, "set", 1.5, kind="transcoder")}
+    assert sorted(read.values(), key=str) == sorted(parse_edits(["t3:12"], ["s5:3=2"], ["t3:0=1.5"], **SHAPE,
+                                                                latents=LAYOUT_LATENTS), key=str)
+    # a neuron and a latent with the same layer and number are two memories
+    both = validation.edits({"off": ["3:12", "t3:12"]}, **SHAPE, latents=LAYOUT_LATENTS)
+    assert len(both) == 2
+    for params, message in (({"off": ["t4:12"]}, "--dictionary"), ({"scale": ["s2:3=2"]}, "--dictionary")):
+        with pytest.raises(validation.BadRequest, match=message):
+            validation.edits(params, **SHAPE)  # a run without a dictionary
+    with pytest.raises(validation.BadRequest, match="t3 has latents 0..39"):
+        validation.edits({"off": ["t3:40"]}, **SHAPE, latents=LAYOUT_LATENTS)

@@ -106,3 +106,27 @@ def test_latent_edits_are_written_and_refused_as_addresses(attached):
                 pass
     finally:
         latents.attach()
+
+
+@pytest.mark.parametrize("layer,kind,site", [(1, "transcoder", "ff_in"), (2, "sae", "ff_out")])
+def test_the_trace_shows_an_edited_latent_as_its_own_activation_edited(attached, layer, kind, site):
+    """The trace lists an edited latent with a'_j: the edit applied to the activation the latent reads in the edited
+    model. An SAE reads the FF output the edit replaces, so its a_j comes from the layer's own output (the brute force
+    here: a clean pass, the layers before being unedited); its final predictions are the edited model's."""
+    from ffkv.explorer.tracing import trace
+
+    loaded, latents = attached
+    view, d = loaded.view, latents.dictionaries[layer]
+    ids = IDS[0].tolist()
+    a = d.encode(_clean(view, site, layer))[0, -1]
+    j = int(a.argmax())
+    assert a[j] > 0
+    edit = Intervention(layer, j, "scale", 3.0, kind)
+    traced = trace(loaded, ids, [edit], latents=latents)
+    shown = {x["key"]: x for x in traced.layers[layer].latents}
+    assert shown[j]["edit"] == edit
+    assert shown[j]["coefficient"] == pytest.approx(3 * float(a[j]), rel=1e-5)
+    with intervene(view, [edit]), torch.no_grad():
+        p = loaded.model(input_ids=IDS[:1]).logits[0, -1].float().softmax(-1)
+    assert traced.final[0].token_id == int(p.argmax()) and traced.final[0].prob == pytest.approx(float(p.max()))
+    assert view.latents is latents  # the attachment the trace found is left as it was

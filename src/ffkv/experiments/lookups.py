@@ -433,4 +433,9 @@ EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section
                         own_pass="every trigger example once, to the last layer (the coefficients a memory page "
                                  "shades): the indexed examples, not the held-out ones; its corpus sample's activation "
                                  "statistics are pruning's (`sample_statistics`, one pass for both)",
+                        latents="explorer/latent_stats.parquet, explorer/latent_value_top_tokens.parquet, "
+                                "explorer/latent_trigger_coefficients.npy, explorer/explorer.duckdb: each latent's page "
+                                "(trigger examples shaded by a_j, decoder-row tokens, activation histogram; its "
+                                "latent_triggers table), read from the neurons' passes "
+                                "(`ffkv.experiments.latent_lookups`)",
                         module=__name__)

@@ -323,4 +323,7 @@ EXPERIMENT = Experiment(
     encoder=Encoder(True, "Figures 9-11, Table 3", "at the masked held-out position; residuals through the MLM head "
                     "(transform, then decoder); o is the MLM head's prediction of the masked token"),
     findings=FINDINGS, fidelity_tables=(NAME, f"{NAME}_projections"), fidelity=fidelity_rows, reading=reading,
-    reading_rows={f"{NAME}_last_layer": 10}, module=__name__)
+    reading_rows={f"{NAME}_last_layer": 10},
+    latents="not applicable: it reads each layer's whole FF output against the residual, not its memories; how "
+            "far the dictionary's reconstruction stands in for that output is its fidelity (latents_beside_dictionary)",
+    module=__name__)

@@ -242,7 +242,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         prompt = _one(params, "prompt")
         if prompt is None:
             return pages.trace_page(data, None, None, None, root)
-        edits = validation.edits(params, data.n_layers, data.d_m)
+        edits = validation.edits(params, data.n_layers, data.d_m,
+                                 data.latents.layout.latents if data.latents is not None else None)
         position = _one(params, "position") or _one(params, "current_position")
         position = -1 if position in (None, "") else validation.integer(position, "position", 0, 100_000, 422)
         target = (_one(params, "target") or "").strip()

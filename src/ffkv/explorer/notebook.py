@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ffkv.errors import FfkvError
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
-from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, refuse_latent_edits, trace
+from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, trace
 from ffkv.memories.interventions import Intervention
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, TRANSLATOR
 from ffkv.memories.translators import Translators
@@ -54,7 +55,7 @@ class Trace:
 
     def __repr__(self) -> str:
         final = self._data.token(self.base.final[0].token_id)
-        edits = len(self.edited.edits) if self.edited is not None else 0
+        edits = len(self.edited.edits) + len(self.edited.latent_edits) if self.edited is not None else 0
         return f"Trace({self.prompt[:40]!r}, position={self.base.position}, prediction={final!r}, edits={edits})"
 
 
@@ -89,24 +90,35 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         raise validation.BadRequest(f"position {position} is outside the prompt's {len(token_ids)} tokens", 422)
     if isinstance(target, str):
         target = data.token_ids_for(target)[0]
-    edits = list(edits)
-    refuse_latent_edits(edits)
-    edits = {(e.layer, e.key): e for e in edits if not (e.op == "scale" and e.value == 1.0)}
-    for layer, key in edits:
-        validation.integer(layer, "layer index", 0, data.n_layers - 1, 422)
-        validation.integer(key, "key", 0, data.d_m - 1, 422)
+    edits = [e for e in edits if not (e.op == "scale" and e.value == 1.0)]
+    for e in edits:
+        if e.kind == "neuron":
+            validation.integer(e.layer, "layer index", 0, data.n_layers - 1, 422)
+            validation.integer(e.key, "key", 0, data.d_m - 1, 422)
     generation = None
     with data.model.lock:
         if lens == TRANSLATOR and loaded.view.translators is None:
             data.run.require_file(data.translators_file)  # a damaged file: one line naming it and the command
             loaded.view.translators = Translators.load(data.translators_file, loaded.view.device)
-        # a run indexed with a dictionary: its latents beside the neurons (read only; None if it cannot be reopened)
+        # a run indexed with a dictionary: its latents beside the neurons (None if it cannot be reopened)
         latents = data.latents.memories() if data.latents is not None else None
-        base = trace(loaded, token_ids, position=position, target=target, show=edits, lens=lens, latents=latents)
-        edited = trace(loaded, token_ids, edits.values(), position=position, target=base.target, lens=lens) \
-            if edits else None
+        if latents is None and any(e.kind != "neuron" for e in edits):
+            why = data.latents.memories_error if data.latents is not None else \
+                "this run was indexed without a dictionary: it has no latents"
+            raise validation.BadRequest(f"an edit of a latent needs the run's dictionary: {why}", 422)
+        for e in edits:
+            if e.kind != "neuron":
+                try:
+                    latents.layout.check_latent(e.layer, e.key, e.kind)
+                except FfkvError as exc:  # a latent the dictionary does not have, or of another kind
+                    raise validation.BadRequest(str(exc), 422) from None
+        base = trace(loaded, token_ids, position=position, target=target, lens=lens, latents=latents,
+                     show=[(e.layer, e.key) for e in edits if e.kind == "neuron"],
+                     show_latents=[(e.layer, e.key) for e in edits if e.kind != "neuron"])
+        edited = trace(loaded, token_ids, edits, position=position, target=base.target, lens=lens,
+                       latents=latents) if edits else None
         if generate_tokens and not data.encoder:
             original = generate(loaded, token_ids, generate_tokens)
-            changed = generate(loaded, token_ids, generate_tokens, edits.values()) if edits else None
+            changed = generate(loaded, token_ids, generate_tokens, edits, latents=latents) if edits else None
             generation = pages.generation_view(data, token_ids, original, changed)
     return Trace(data, prompt, base, edited, root, generation)

@@ -738,6 +738,7 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
     """What the trace table shows: per layer, the original predictions and, if given, the edited ones."""
     tok = data.token
     edits = edited.edits if edited is not None else base.edits
+    latent_edits = edited.latent_edits if edited is not None else base.latent_edits
     rows = []
     for i, layer in enumerate(base.layers):
         row = {"layer": layer.layer, "memories": []}
@@ -755,8 +756,12 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
             row["memories"].append({**m, "edit_op": edit.op if edit else None, "edit_value": edit.value if edit else None,
                                     "edit_label": edit_label(edit),
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
-        row["latents"] = [{**x, "top_token": tok(int(data.latents.top_ids[layer.layer][x["key"], 0]))}
-                          for x in layer.latents] if data.latents is not None else []
+        row["latents"] = []
+        for x in (layer.latents if data.latents is not None else []):
+            edit = latent_edits.get((layer.layer, x["key"]))
+            row["latents"].append({**x, "edit_op": edit.op if edit else None,
+                                   "edit_value": edit.value if edit else None, "edit_label": edit_label(edit),
+                                   "top_token": tok(int(data.latents.top_ids[layer.layer][x["key"], 0]))})
         rows.append(row)
     final = []
     for i, pred in enumerate(base.final):

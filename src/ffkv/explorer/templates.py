@@ -266,7 +266,7 @@ Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv interve
 <p class="note">Per layer: the top token of the residual before the FF layer (resid_mid) and after it (resid_post), read through
 {{ t.lens_text }}, and of the FF output itself (identity). Memories: the largest contributions m·(v·E[{{ t.target }}]) to the token
 {{ tok(t.target) }} (the model's prediction unless another token is given); red chips push against it. LAYER:KEY, layers counted from 1.{% if has_latents %}
-Where the run's sparse dictionary covers a layer, its active latents that push the token most are listed below the neurons (a_j·(d_j·E[t]); tLAYER:LATENT; shown, not edited here).{% endif %}
+Where the run's sparse dictionary covers a layer, its active latents that push the token most are listed below the neurons (a_j·(d_j·E[t]); tLAYER:LATENT). Edit them as the neurons: the layer's output then becomes the dictionary's reconstruction with the edit plus its error term, FF(x) + Σ_j (a′_j − a_j)·d_j, so an edit that changes nothing leaves the model as it is.{% endif %}
 {% if compare %}Each cell: <strong>original → with interventions</strong>; highlighted where the top token changed or its probability moved by at least {{ threshold_pp }} percentage points.{% endif %}</p>
 <div class="scroll"><table id="predictions"><tr><th class="num">layer</th><th>before FF</th><th>FF output</th><th>after FF</th><th>memories that push {{ tok(t.target) }} most</th></tr>
 {% for row in t.rows %}<tr data-layer="{{ ln(row.layer) }}"><td class="num"><a href="{{ root }}/layer/{{ ln(row.layer) }}">{{ ln(row.layer) }}</a></td>
@@ -275,7 +275,10 @@ Where the run's sparse dictionary covers a layer, its active latents that push t
 {% if interactive %}<label title="switch this memory off"><input type="checkbox" name="off" value="{{ ln(row.layer) }}:{{ mem.key }}"{% if mem.edit_op == "off" %} checked{% endif %}>off</label>
 <input type="number" step="any" name="scale:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "scale" %}{{ mem.edit_value }}{% endif %}" placeholder="×1" title="scale: multiply m by this factor">
 <input type="number" step="any" name="set:{{ ln(row.layer) }}:{{ mem.key }}" value="{% if mem.edit_op == "set" %}{{ mem.edit_value }}{% endif %}" placeholder="=m" title="set: m takes this value at every position">{% elif mem.edit_label %}<strong>{{ mem.edit_label }}</strong>{% endif %}</span>{% endfor %}
-{% if row.latents %}<div class="trace-latents"><span class="small muted">latents:</span> {% for x in row.latents %}<span class="chip latent{% if x.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ x.address }}">{{ x.address }}</a> <span class="small muted">{{ "%+.2f"|format(x.contribution) }} (a={{ fmt(x.coefficient, 2) }}) → {{ tok(x.top_token) }}</span></span>{% endfor %}</div>{% endif %}</td></tr>{% endfor %}
+{% if row.latents %}<div class="trace-latents"><span class="small muted">latents:</span> {% for x in row.latents %}<span class="chip latent{% if x.contribution < 0 %} neg{% endif %}"><a href="{{ root }}/memory/{{ x.address }}">{{ x.address }}</a> <span class="small muted">{{ "%+.2f"|format(x.contribution) }} (a={{ fmt(x.coefficient, 2) }}) → {{ tok(x.top_token) }}</span>
+{% if interactive %}<label title="switch this latent off"><input type="checkbox" name="off" value="{{ x.address }}"{% if x.edit_op == "off" %} checked{% endif %}>off</label>
+<input type="number" step="any" name="scale:{{ x.address }}" value="{% if x.edit_op == "scale" %}{{ x.edit_value }}{% endif %}" placeholder="×1" title="scale: multiply a by this factor">
+<input type="number" step="any" name="set:{{ x.address }}" value="{% if x.edit_op == "set" %}{{ x.edit_value }}{% endif %}" placeholder="=a" title="set: a takes this value at every position">{% elif x.edit_label %}<strong>{{ x.edit_label }}</strong>{% endif %}</span>{% endfor %}</div>{% endif %}</td></tr>{% endfor %}
 </table></div>
 <h3>Model's prediction</h3>
 <table id="final"><tr><th class="num">#</th><th>original</th>{% if compare %}<th>with interventions</th>{% endif %}</tr>

@@ -7,26 +7,30 @@ m_i · (v_i·E[t]) (the coefficient times the value's logit for t, identity proj
 the paper reads values). t is the model's own top prediction at that position unless the
 reader picks another. An intervention rewrites chosen coefficients m_i (0 switches a memory
 off) at every position (`ffkv.memories.interventions`); the trace runs again, and `generate`
-continues the prompt greedily with and without it.
+continues the prompt greedily with and without it. Where a sparse dictionary covers a layer, its latents are
+listed beside the neurons and edited the same way: the layer's output becomes the dictionary's reconstruction
+with the edit plus its error term, FF(x) + Σ_j (a'_j − a_j)·d_j, so an edit of nothing is the model itself.
 Projections: final normalization for residuals, identity for ff_out (SPEC section 1); the residuals can
 be read through the run's fitted translators instead (the tuned lens, `lens="translator"`).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
-from ffkv.explorer.validation import LATENT_EDIT, MAX_NEW_TOKENS
+from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.errors import FfkvError
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.sets import MemorySet
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
 
-#: Edits applied at every position: {(layer from 0, key): the memory's `Intervention` (off, scale or set)}.
+#: Edits applied at every position: {(layer from 0, key): the memory's `Intervention` (off, scale or set)}, one
+#: dict for the neurons and one for a dictionary's latents (key: the latent).
 Edits = dict[tuple[int, int], Intervention]
 #: How the residual columns (before and after the FF layer) are read: the logit lens, or the run's fitted
 #: per-layer translators (`ffkv.memories.translators`; T_l for both of layer l's residual vectors).
@@ -49,7 +53,8 @@ class LayerTrace:
     suppressing: list[dict]     # the most negative contributions to the target
     edited: list[dict]          # the other memories of the layer that are edited (or asked to be shown)
     coefficients: torch.Tensor  # m at the position, (d_m,)
-    # a dictionary's latents at this layer (read only, `trace`'s `latents`): latent, activation a_j, contribution
+    # a dictionary's latents at this layer (`trace`'s `latents`): latent, activation a_j (as edited), contribution
+    # a_j·(d_j·E[t]), address, edit
     latents: list[dict] = field(default_factory=list)
 
 
@@ -62,6 +67,7 @@ class TraceResult:
     final: list[Prediction]     # the model's own top predictions at `position`
     edits: Edits = field(default_factory=dict)
     lens: str = DEFAULT_FOR_RESIDUALS  # how the residual columns were read (`LENSES`)
+    latent_edits: Edits = field(default_factory=dict)  # {(layer, latent): edit}
 
 
 def max_prompt_tokens(loaded: LoadedModel) -> int:
@@ -96,37 +102,88 @@ def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits,
             "edit": edits.get((layer, key))}
 
 
-def _latents(latents: MemorySet, layer: int, at, e_target: torch.Tensor, top: int) -> list[dict]:
-    """The active latents of `layer` (none where the dictionary does not cover it) that push the target most: key
-    (the latent), coefficient (a_j at the position), contribution a_j·(d_j·E[t]), address."""
+def _latents(latents: MemorySet, layer: int, captured: torch.Tensor, e_target: torch.Tensor, top: int,
+             edits: Edits, listed: set[tuple[int, int]]) -> list[dict]:
+    """The active latents of `layer` (none where the dictionary does not cover it) that push the target most, then
+    the listed ones (edited, or edited in the trace compared with): key (the latent), coefficient (a_j at the
+    position, as edited), contribution a_j·(d_j·E[t]), address, edit. `captured` is what the latents read there."""
     if layer not in latents.layers:
         return []
-    a = latents.coefficients(layer, at(latents.reads(layer))[None]).float()[0]
+    a = latents.coefficients(layer, captured[None]).float()[0]
+    here = {k: e for (lay, k), e in edits.items() if lay == layer}
+    for k, edit in here.items():
+        a[k] = edit.applied(a[k])
     contribution = a * (latents.values(layer).float() @ e_target)
-    order = contribution.topk(min(top, contribution.numel())).indices.tolist()
+    order = [k for k in contribution.topk(min(top, contribution.numel())).indices.tolist() if a[k] > 0]
+    order += sorted(k for (lay, k) in listed if lay == layer and k not in order)
     return [{"key": k, "coefficient": float(a[k]), "contribution": float(contribution[k]),
-             "address": str(latents.ref(layer, k))} for k in order if a[k] > 0]
+             "address": str(latents.ref(layer, k)), "edit": here.get(k)} for k in order]
+
+
+@contextmanager
+def attached(latents: MemorySet | None) -> Iterator[None]:
+    """Within the block, `latents` are the ones attached to their model's view (``view.latents``), so that edits
+    of latents apply to them; the view's own attachment comes back after it."""
+    if latents is None:
+        yield
+        return
+    view = latents.view
+    before = view.latents
+    latents.attach()
+    try:
+        yield
+    finally:
+        view.latents = before
+
+
+@contextmanager
+def _outputs_before_edits(view, layers: Iterable[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Within the block, the FF output of each of `layers` as the layer made it, before an edit of its latents
+    replaces it (an SAE's latents read that output: the trace shows their own activations, then the edit). Entered
+    before `intervene`, so its hook runs first."""
+    seen: dict[int, torch.Tensor] = {}
+    handles = []
+    try:
+        for layer in layers:
+            def keep(module, args, out, layer=layer):
+                seen[layer] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
+
+            handles.append(view.arch.down_proj(view.blocks[layer]).register_forward_hook(keep))
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _split(edits: Iterable[Intervention], latents: MemorySet | None) -> tuple[Edits, Edits]:
+    """The edits of neurons and of latents, each {(layer, key): edit}; a latent's checked against `latents` (an
+    edit of a latent without them is refused in one line)."""
+    neurons, of_latents = {}, {}
+    for e in edits:
+        if e.kind == "neuron":
+            neurons[(e.layer, e.key)] = e
+            continue
+        if latents is None:
+            from ffkv.memories.address import edit_ref
+
+            raise FfkvError(f"an edit of latent {edit_ref(e)} needs the run's dictionary (a run indexed with "
+                            "--dictionary, its files where the manifest says)")
+        ref = latents.layout.check_latent(e.layer, e.key, e.kind)
+        of_latents[(ref.layer, ref.latent)] = e
+    return neurons, of_latents
 
 
 @torch.no_grad()
-def refuse_latent_edits(edits: Iterable[Intervention]) -> None:
-    """The trace edits neurons only (latents it shows, read only): an edit of a latent is refused here, in one line,
-    rather than drawn as if it were the neuron with the same numbers."""
-    latent = next((e for e in edits if e.kind != "neuron"), None)
-    if latent is not None:
-        from ffkv.memories.address import edit_ref
-
-        raise FfkvError(LATENT_EDIT.format(edit_ref(latent)))
-
-
 def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Intervention] = (), position: int = -1,
           target: int | None = None, top_memories: int = 8, suppressing: int = 3,
           show: Iterable[tuple[int, int]] = (), lens: str = DEFAULT_FOR_RESIDUALS,
-          latents: MemorySet | None = None, top_latents: int = 5) -> TraceResult:
+          latents: MemorySet | None = None, top_latents: int = 5,
+          show_latents: Iterable[tuple[int, int]] = ()) -> TraceResult:
     """Trace `token_ids` (one prompt) at `position`, optionally with memories switched off, scaled or set.
 
     Args:
-        edits: memories switched off, scaled or set at every position (layers from 0).
+        edits: memories switched off, scaled or set at every position (layers from 0): neurons, and latents of
+            `latents` (an `Intervention` of the dictionary's kind).
         position: the position to read (negative counts from the end).
         target: the token whose contributions rank the memories; default the model's top prediction.
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
@@ -134,19 +191,21 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
         lens: how resid_mid and resid_post are read (`LENSES`); "translator" needs the view's translators.
         latents: a dictionary's latents (`ffkv.memories.sets.Latents`) to read beside the neurons: per layer it
             covers, the `top_latents` active latents (a_j > 0) with the largest contributions a_j·(d_j·E[t]) to the
-            target, read from the same pass (the edits, of neurons, apply to it); they are shown, never edited.
+            target, read from the same pass, then the edited ones and `show_latents` ((layer, latent) pairs).
     """
     view = loaded.view
-    edits = list(edits)
-    refuse_latent_edits(edits)
-    edits = {(e.layer, e.key): e for e in edits}
+    edits, latent_edits = _split(edits, latents)
     listed = set(edits) | set(show)
+    listed_latents = set(latent_edits) | set(show_latents)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     pos = position if position >= 0 else len(token_ids) + position
     if not 0 <= pos < len(token_ids):
         raise IndexError(f"position {position} is outside the prompt's {len(token_ids)} tokens")
     read = tuple(sorted({latents.reads(layer) for layer in latents.layers})) if latents is not None else ()
-    with intervene(view, edits.values()):
+    # An SAE's latents read the FF output, which an edit of them replaces: read them from the layer's own output.
+    replaced = sorted({layer for layer, _ in latent_edits if latents.reads(layer) == "ff_out"})
+    with attached(latents if latent_edits else None), _outputs_before_edits(view, replaced) as own, \
+            intervene(view, [*edits.values(), *latent_edits.values()]):
         output, cap = _run(view, ids, tuple(dict.fromkeys(("coefficients", "resid_mid", "ff_out", "resid_post")
                                                           + read)))
     probs = output[0, pos].float().softmax(-1)
@@ -163,6 +222,10 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
         worst = [k for k in (-contribution).topk(min(suppressing, contribution.numel())).indices.tolist()
                  if contribution[k] < 0]
         touched = sorted(k for (lay, k) in listed if lay == layer and k not in best and k not in worst)
+        shown_latents = []
+        if latents is not None and layer in latents.layers:
+            captured = own[layer][0, pos] if layer in own else at(latents.reads(layer))
+            shown_latents = _latents(latents, layer, captured, e_target, top_latents, latent_edits, listed_latents)
         layers.append(LayerTrace(
             layer=layer,
             before=_top(logits(view, at("resid_mid"), lens, layer=layer)),
@@ -172,21 +235,22 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
             suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
             edited=[_memory(k, m, contribution, edits, layer) for k in touched],
             coefficients=m.cpu(),
-            latents=_latents(latents, layer, at, e_target, top_latents) if latents is not None else [],
+            latents=shown_latents,
         ))
-    return TraceResult(list(token_ids), pos, target, layers, final, edits, lens)
+    return TraceResult(list(token_ids), pos, target, layers, final, edits, lens, latent_edits)
 
 
 @torch.no_grad()
 def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Iterable[Intervention] = (),
-             max_tokens: int | None = None) -> list[int]:
+             max_tokens: int | None = None, latents: MemorySet | None = None) -> list[int]:
     """The prompt continued greedily by n tokens (fewer at the model's length limit), with `edits` applied
-    at every position of every step. Returns the new token ids only."""
+    at every position of every step (latents' edits: of `latents`). Returns the new token ids only."""
     view = loaded.view
     limit = max_tokens or max_prompt_tokens(loaded)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     new: list[int] = []
-    with intervene(view, list(edits)):
+    neurons, of_latents = _split(edits, latents)
+    with attached(latents if of_latents else None), intervene(view, [*neurons.values(), *of_latents.values()]):
         for _ in range(min(n, MAX_NEW_TOKENS)):
             if ids.shape[1] >= limit:
                 break

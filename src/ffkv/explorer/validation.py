@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Mapping
 
 from ffkv.errors import FfkvError
 from ffkv.store.annotations import LABELS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ffkv.explorer.tracing import Edits
 
 #: The longest prompt the trace page accepts, in characters (the token limit of the model applies too).
 MAX_PROMPT_CHARS = 4000
@@ -55,21 +52,18 @@ def prompt(text: str | None) -> str:
     return text
 
 
-#: The trace's refusal of an edit of a latent: it edits neurons only; latents it shows, read only
-#: (`ffkv.explorer.tracing`).
-LATENT_EDIT = ("the trace edits neurons only (it shows latents, read only): an edit of latent {} is not applied there "
-               "yet; measure it with `ffkv intervene RUN --off LATENT` or ffkv.intervene")
-
-
-def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
+def edits(params: dict[str, list[str]], n_layers: int, d_m: int,
+          latents: Mapping[int, tuple[str, int]] | None = None) -> dict:
     """The edits a request asks for, written as everywhere (`ffkv.memories.address`, layers from 1): URL
     parameters ``off=L:K``, ``scale=L:K=F``, ``set=L:K=V``, and the trace form's per-memory fields
-    ``scale:L:K=F`` and ``set:L:K=V`` (empty ones ignored).
+    ``scale:L:K=F`` and ``set:L:K=V`` (empty ones ignored); with the `latents` of the run's dictionary
+    (`MemoryLayout.latents`), a latent's the same way (``off=t4:42``, ``scale:t4:42=2``).
 
     One edit per memory: a form's field is overridden by a parameter, and "off" (the form's checkbox) wins over
-    both. A scale of 1 is no change and is dropped. Returns {(layer from 0, key): edit}.
+    both. A scale of 1 is no change and is dropped. Returns {memory: edit}, the memory as
+    `ffkv.memories.address.edit_ref` names it (a neuron's equal to (layer from 0, key)).
     """
-    from ffkv.memories.address import LATENT_PREFIX, parse_edit
+    from ffkv.memories.address import edit_ref, parse_edit
 
     given: list[tuple[str, str]] = []
     for name, values in params.items():
@@ -77,20 +71,18 @@ def edits(params: dict[str, list[str]], n_layers: int, d_m: int) -> "Edits":
         if colon and op in ("scale", "set") and values and values[-1].strip() != "":
             given.append((op, f"{where}={values[-1].strip()}"))
     given += [(op, text) for op in ("scale", "set", "off") for text in params.get(op, [])]
-    out: Edits = {}
+    out: dict = {}
     for op, text in given:
-        if text.strip()[:1].lower() in LATENT_PREFIX.values():
-            raise BadRequest(LATENT_EDIT.format(text.partition("=")[0].strip()), 422)
         try:
-            edit = parse_edit(op, text, n_layers, d_m)
+            edit = parse_edit(op, text, n_layers, d_m, latents)
         except FfkvError as exc:
             raise BadRequest(str(exc), 422) from None
         if edit.op != "off" and abs(edit.value) > MAX_SCALE:
             raise BadRequest(f"{op} of memory {text.partition('=')[0]} must be within ±{MAX_SCALE:g}", 422)
-        out[(edit.layer, edit.key)] = edit
+        out[edit_ref(edit)] = edit
     if len(out) > MAX_EDITS:
         raise BadRequest(f"an intervention may change at most {MAX_EDITS} memories, got {len(out)}", 422)
-    return {lk: e for lk, e in out.items() if not (e.op == "scale" and e.value == 1.0)}
+    return {ref: e for ref, e in out.items() if not (e.op == "scale" and e.value == 1.0)}
 
 
 def label(text: str | None) -> str:

@@ -60,6 +60,12 @@ class Intervention:
         """The scale this intervention multiplies m by (0 for off), None for set."""
         return 0.0 if self.op == "off" else self.value if self.op == "scale" else None
 
+    def applied(self, m: torch.Tensor) -> torch.Tensor:
+        """The coefficient(s) `m` as this edit rewrites them: 0 (off), value·m (scale) or value (set)."""
+        if self.op == "off":
+            return torch.zeros_like(m)
+        return torch.full_like(m, self.value) if self.op == "set" else m * self.value
+
 
 def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:
     out: dict[int, dict[int, Intervention]] = {}
