@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pandas as pd
 import torch
 
@@ -51,3 +52,70 @@ def test_ablations_equal_brute_force(tmp_path):
         expect = got[got["variant"] == variant].groupby("layer")["relative_change"].mean()
         np.testing.assert_allclose(per_layer[f"mean_change_{variant}"], expect.reindex(range(view.n_layers)))
     assert (run / "figures" / "ablations.png").exists() and (run / "figures" / "ablations.svg").exists()
+
+
+def test_latent_ablations_equal_brute_force_and_leave_the_neurons_tables_as_they_were(tmp_path):
+    """A run indexed with a transcoder: each sampled latent's activation on its trigger prefixes and their
+    modified copies equals the dictionary's encoding of the captured FF input at the prefix's last token, run
+    alone; the sample is of latents that fired; the per-layer table's means and difference recount from the
+    prefixes; the neurons' tables are byte-identical with and without the dictionary."""
+    from ffkv.dictionaries import open_dictionary, save_sparsify
+    from ffkv.experiments.ablations import VARIANTS
+    from indexing.test_latents import DETECTOR_LAYER, _spec, detector_transcoder, token_local
+    from indexing.test_exactness import write_corpus
+    from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+    from support.helpers import loaded_tiny
+
+    lines = write_corpus(tmp_path / "corpus.txt", n=40)
+    assert lines
+    loaded = token_local(loaded_tiny("gpt2"))  # a position's FF input is its token's alone
+    d = detector_transcoder(loaded, "topk")  # latent i fires exactly where the token is PLANTED[i]
+    folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
+    d = open_dictionary(folder)[DETECTOR_LAYER]
+    tables = {}
+    for name, dictionary in (("with", folder), ("without", None)):
+        build_index(loaded, _spec(tmp_path), tmp_path / name, IndexOptions(top_k=3, control_keys=0),
+                    BatchOptions(batch_size=4), progress=False, dictionary=dictionary)
+        analyze(tmp_path / name, only="ablations", loaded=loaded, progress=False)
+        tables[name] = {t: (tmp_path / name / "metrics" / f"{t}.parquet") for t in
+                        ("ablations", "ablations_prefixes", "ablations_latents", "ablations_latents_prefixes")}
+    for t in ("ablations", "ablations_prefixes"):
+        assert tables["with"][t].read_bytes() == tables["without"][t].read_bytes()
+    assert not tables["without"]["ablations_latents"].exists()
+
+    got = pd.read_parquet(tables["with"]["ablations_latents_prefixes"])
+    fired = set(pd.read_parquet(tmp_path / "with" / "latent_trigger_examples.parquet")["key"])
+    assert len(got) and set(got["key"]) <= fired and got["layer"].eq(DETECTOR_LAYER).all()
+    examples = pd.read_parquet(tmp_path / "with" / "examples.parquet").set_index("example_id")
+    view = loaded.view
+
+    def activation(ids, key):
+        x = torch.tensor([list(ids)])
+        with torch.no_grad(), view.capture(("ff_in",), layers=[DETECTOR_LAYER]) as cap:
+            view.forward(x, torch.ones_like(x))
+        return float(d.encode(cap["ff_in"][DETECTOR_LAYER][0, -1:].float())[0, key])
+
+    for r in got.sample(n=min(40, len(got)), random_state=0).itertuples():
+        prefix = [int(t) for t in examples.at[r.example_id, "token_ids"][: r.position + 1]]
+        a = activation(prefix, r.key)
+        assert abs(r.coefficient - a) < 1e-5 and abs(r.stored_coefficient - a) < 1e-4
+        if r.removed_index >= 0:
+            a2 = activation(prefix[: r.removed_index] + prefix[r.removed_index + 1:], r.key)
+            assert abs(r.coefficient_modified - a2) < 1e-5
+    # Known answer: a detector reads its token alone, so removing any token but the last leaves a_j as it was, and
+    # removing the last one (another token then ends the prefix) switches it off.
+    judged = got[got["relative_change"].notna()]
+    last = judged["variant"] == "last"
+    assert (judged.loc[~last & (judged["removed_index"] < judged["position"]), "relative_change"].abs() < 1e-6).all()
+    assert (judged.loc[last, "coefficient_modified"] == 0).mean() > 0.5
+    beside = pd.read_parquet(tables["with"]["ablations_latents"])
+    neurons = pd.read_parquet(tables["with"]["ablations"]).set_index("layer")
+    assert list(beside["variant"]) == list(VARIANTS)
+    for row in beside.itertuples():
+        v = got.loc[got["variant"] == row.variant, "relative_change"].dropna()
+        assert row.mean_change_latents == pytest.approx(v.mean()) and row.n_latents_prefixes == len(v)
+        assert row.mean_change_neurons == neurons.at[DETECTOR_LAYER, f"mean_change_{row.variant}"]
+        assert row.difference == pytest.approx(row.mean_change_latents - row.mean_change_neurons)
+        assert row.ci_low <= row.difference <= row.ci_high
+        if row.variant != "random":  # a random removal may take the last token too
+            assert row.mean_change_latents < -0.5 if row.variant == "last" else row.mean_change_latents == 0, row

@@ -8,6 +8,11 @@ original and modified, the same way (the prefix run alone, in padded batches), a
 relative change (m' - m) / m is averaged per layer and variant. Prefixes whose original
 coefficient is not positive (the relative change would flip sign) or that would become
 empty are left out and counted.
+
+For a run indexed with a sparse dictionary (SPEC section 11), the same for a seeded sample of the latents that
+fired in each dictionary layer (a dead latent has no trigger prefix), their activation a_j recomputed the same
+way in a pass of their own (the neurons' batches, and so their tables, stay as they were):
+``ablations_latents`` sets each variant's mean change for the latents beside the same layer's neurons.
 """
 
 from __future__ import annotations
@@ -55,25 +60,35 @@ def modified(prefix: np.ndarray, variant: str, special: frozenset, rng: np.rando
 
 
 @torch.no_grad()
-def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """m_key^layer at the last position of each prefix (each run alone; padding never reaches a result).
+def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np.ndarray, keys: np.ndarray,
+                         latents=None) -> np.ndarray:
+    """m_key^layer at the last position of each prefix (each run alone; padding never reaches a result); with
+    `latents` (`ffkv.memories.sets.Latents`), latent `key`'s activation a_j there instead, encoded from what the
+    layer's latents read (the FF input of a transcoder, the FF output of an SAE).
 
     Under torchrun each rank runs its share of the batches; every rank gets every prefix's value.
     """
     view = ctx.view
     values = np.full(len(prefixes), np.nan, dtype=np.float64)
     state: dict = {}
+    needed = sorted(set(int(l) for l in layers))
 
     def sink(name: str, layer: int, t: torch.Tensor) -> None:
         sel = state["by_layer"].get(layer)
-        if sel is not None:
-            rows, last, key = sel
+        if sel is None or (latents is not None and name != latents.reads(layer)):
+            return
+        rows, last, key = sel
+        if latents is None:
             state["out"][layer] = t[rows, last, key].float()
+        else:
+            a = latents.coefficients(layer, t[rows, last])
+            state["out"][layer] = a[torch.arange(len(rows), device=a.device), key].float()
 
+    quantities = ("coefficients",) if latents is None else tuple(sorted({latents.reads(x) for x in needed}))
     mine = ctx.batches(list(enumerate(prefixes)))
-    bar = progress_bar(ctx.progress, len(mine.rows), "ablations", "prefix")
-    needed = sorted(set(int(l) for l in layers))
-    with view.capture(("coefficients",), layers=needed, sink=sink, stop_early=True):
+    bar = progress_bar(ctx.progress, len(mine.rows), "ablations" if latents is None else "ablations (latents)",
+                       "prefix")
+    with view.capture(quantities, layers=needed, sink=sink, stop_early=True):
         for idx, batch in mine:
             last = batch.attention_mask.sum(-1) - 1
             lay = torch.as_tensor(layers[idx], device=view.device)
@@ -96,9 +111,37 @@ def prefix_table(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[
     """Per layer and per prefix variant: the coefficients of the sampled keys on their trigger prefixes, original
     and with one token removed."""
     view = ctx.view
-    special = ctx.special_ids
     chosen = sample_keys(view.n_layers, view.d_m, keys_per_layer, ctx.seed)
-    trig = ctx.triggers().set_index(["layer", "key"]).sort_index()
+    out = _modified_prefixes(ctx, ctx.triggers(), chosen)
+    return {"per_layer": per_layer(out, view.n_layers), "prefixes": out}
+
+
+def sample_latents(triggers: pd.DataFrame, layers, per_layer: int, seed: int) -> list[tuple[int, int]]:
+    """Seeded sample of `per_layer` distinct latents in each dictionary layer among those with trigger examples
+    (all of them when fewer fired)."""
+    out = []
+    for layer in layers:
+        fired = np.unique(triggers.loc[triggers["layer"] == layer, "key"].to_numpy())
+        rng = np.random.default_rng([seed, 46, int(layer)])
+        keys = np.sort(rng.choice(fired, size=min(per_layer, len(fired)), replace=False)) if len(fired) else []
+        out.extend((int(layer), int(k)) for k in keys)
+    return out
+
+
+def latent_prefix_table(ctx: RunContext, latents, keys_per_layer: int = KEYS_PER_LAYER) -> pd.DataFrame:
+    """`prefix_table`'s rows for a seeded sample of each dictionary layer's latents that fired (`sample_latents`),
+    their activations a_j recomputed on the prefixes (`coefficients_at_last` with `latents`)."""
+    triggers = ctx.triggers(source="latents")
+    chosen = sample_latents(triggers, latents.layers, keys_per_layer, ctx.seed)
+    return _modified_prefixes(ctx, triggers, chosen, latents)
+
+
+def _modified_prefixes(ctx: RunContext, triggers: pd.DataFrame, chosen: list[tuple[int, int]],
+                       latents=None) -> pd.DataFrame:
+    """The trigger prefixes of the `chosen` (layer, key) pairs and their three modified copies, each's coefficient
+    (or latent activation, with `latents`) recomputed at its last position: one row per prefix and variant."""
+    special = ctx.special_ids
+    trig = triggers.set_index(["layer", "key"]).sort_index()
     records, prefixes, layers, keys = [], [], [], []
     for layer, key in chosen:
         if (layer, key) not in trig.index:
@@ -119,9 +162,11 @@ def prefix_table(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[
                     layers.append(layer)
                     keys.append(key)
                     records[-1]["_row"] = len(prefixes) - 1
-    m = coefficients_at_last(ctx, prefixes, np.array(layers, dtype=np.int64), np.array(keys, dtype=np.int64))
-    df = pd.DataFrame(records)
-    df["coefficient_recomputed"] = [m[int(r)] if pd.notna(r) else math.nan for r in df.get("_row", [math.nan] * len(df))]
+    m = coefficients_at_last(ctx, prefixes, np.array(layers, dtype=np.int64), np.array(keys, dtype=np.int64),
+                             latents)
+    df = pd.DataFrame(records, columns=["layer", "key", "rank", "example_id", "position", "variant",
+                                        "removed_index", "stored_coefficient", "_row"])
+    df["coefficient_recomputed"] = [m[int(r)] if pd.notna(r) else math.nan for r in df["_row"]]
     original = df[df["variant"] == "original"].set_index(["layer", "key", "rank"])["coefficient_recomputed"]
     out = df[df["variant"] != "original"].drop(columns=["_row"], errors="ignore").copy()
     out["coefficient"] = original.reindex(pd.MultiIndex.from_frame(out[["layer", "key", "rank"]])).to_numpy()
@@ -134,8 +179,7 @@ def prefix_table(ctx: RunContext, keys_per_layer: int = KEYS_PER_LAYER) -> dict[
                       "removed_index": np.int32})
     cols = ["layer", "key", "rank", "example_id", "position", "variant", "removed_index", "stored_coefficient",
             "coefficient", "coefficient_modified", "relative_change", "excluded"]
-    out = out[cols].reset_index(drop=True)
-    return {"per_layer": per_layer(out, view.n_layers), "prefixes": out}
+    return out[cols].reset_index(drop=True)
 
 
 def per_layer(prefixes: pd.DataFrame, n_layers: int) -> pd.DataFrame:
@@ -149,6 +193,27 @@ def per_layer(prefixes: pd.DataFrame, n_layers: int) -> pd.DataFrame:
             row[f"sem_{variant}"] = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
             row[f"n_{variant}"] = int(len(v))
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def latents_beside(latent_prefixes: pd.DataFrame, neurons: pd.DataFrame, latents) -> pd.DataFrame:
+    """metrics/ablations_latents: per dictionary layer and variant, the latents' mean relative change of a_j with
+    its standard error and n (`per_layer` of their prefixes), the same layer's neurons' beside it, and the
+    difference latents − neurons with its 95% interval (normal, from the two standard errors)."""
+    mine = per_layer(latent_prefixes, max(latents.layers) + 1 if latents.layers else 0).set_index("layer")
+    theirs = neurons.set_index("layer")
+    rows = []
+    for layer in latents.layers:
+        for variant in VARIANTS:
+            lat, neu = mine.loc[layer], theirs.loc[layer]
+            a, b = lat[f"mean_change_{variant}"], neu[f"mean_change_{variant}"]
+            se = math.hypot(lat[f"sem_{variant}"], neu[f"sem_{variant}"])
+            rows.append({"layer": int(layer), "kind": latents.dictionaries[layer].kind, "variant": variant,
+                         "n_latents": int(lat["n_keys"]), "mean_change_latents": a,
+                         "sem_latents": lat[f"sem_{variant}"], "n_latents_prefixes": int(lat[f"n_{variant}"]),
+                         "n_neurons": int(neu["n_keys"]), "mean_change_neurons": b,
+                         "sem_neurons": neu[f"sem_{variant}"], "n_neurons_prefixes": int(neu[f"n_{variant}"]),
+                         "difference": a - b, "ci_low": a - b - 1.96 * se, "ci_high": a - b + 1.96 * se})
     return pd.DataFrame(rows)
 
 
@@ -178,6 +243,17 @@ def compute(ctx: RunContext, options=None) -> Result:
     result = Result(ctx.view.n_layers, record=dict(meta))
     result.add(NAME, found["per_layer"], **meta)
     result.add(f"{NAME}_prefixes", found["prefixes"], **meta)
+    latents, unread = ctx.latents_for(f"{NAME}_latents")
+    if unread:  # the dictionary is gone or changed: the neurons' tables stand, and say why the latents' are missing
+        result.meta[NAME] = {**meta, "warnings": unread}
+    if latents is not None:
+        prefixes = latent_prefix_table(ctx, latents, keys_per_layer)
+        about = {**meta, "relative_change": "(a' - a) / a, the latent's activation a_j recomputed on the prefix "
+                                            "alone; a <= 0 left out",
+                 "sample": "per dictionary layer, a seeded sample of the latents with trigger examples",
+                 "difference": "latents minus the same layer's neurons, 95% interval from the two standard errors"}
+        result.add(f"{NAME}_latents", latents_beside(prefixes, found["per_layer"], latents), **about)
+        result.add(f"{NAME}_latents_prefixes", prefixes, **about)
     return result
 
 
@@ -234,4 +310,8 @@ EXPERIMENT = Experiment(
     encoder=Encoder(False, "Figure 3", "not computed: it recomputes the coefficient on the prefix alone and removes "
                     "its last token, but an encoder's trigger coefficient is read over the whole example and its last "
                     "prefix token is the trigger token itself; the figure measures nothing the paper's does"),
-    findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading, module=__name__)
+    latents="ablations_latents, ablations_latents_prefixes: Figure 3 for a seeded sample of the latents that fired "
+            "(their activation recomputed on each trigger prefix with its first, last or a random token removed), "
+            "each variant's mean change beside the same layer's neurons, with the difference and its 95% interval",
+    findings=FINDINGS, fidelity_tables=(NAME,), fidelity=fidelity_rows, reading=reading,
+    reading_rows={f"{NAME}_latents": 30}, module=__name__)
