@@ -121,7 +121,7 @@ def _latents(latents: MemorySet, layer: int, captured: torch.Tensor, e_target: t
 
 
 @contextmanager
-def attached(latents: MemorySet | None) -> Iterator[None]:
+def _attached(latents: MemorySet | None) -> Iterator[None]:
     """Within the block, `latents` are the ones attached to their model's view (``view.latents``), so that edits
     of latents apply to them; the view's own attachment comes back after it."""
     if latents is None:
@@ -204,7 +204,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
     read = tuple(sorted({latents.reads(layer) for layer in latents.layers})) if latents is not None else ()
     # An SAE's latents read the FF output, which an edit of them replaces: read them from the layer's own output.
     replaced = sorted({layer for layer, _ in latent_edits if latents.reads(layer) == "ff_out"})
-    with attached(latents if latent_edits else None), _outputs_before_edits(view, replaced) as own, \
+    with _attached(latents if latent_edits else None), _outputs_before_edits(view, replaced) as own, \
             intervene(view, [*edits.values(), *latent_edits.values()]):
         output, cap = _run(view, ids, tuple(dict.fromkeys(("coefficients", "resid_mid", "ff_out", "resid_post")
                                                           + read)))
@@ -250,7 +250,7 @@ def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Iterable[
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     new: list[int] = []
     neurons, of_latents = _split(edits, latents)
-    with attached(latents if of_latents else None), intervene(view, [*neurons.values(), *of_latents.values()]):
+    with _attached(latents if of_latents else None), intervene(view, [*neurons.values(), *of_latents.values()]):
         for _ in range(min(n, MAX_NEW_TOKENS)):
             if ids.shape[1] >= limit:
                 break
