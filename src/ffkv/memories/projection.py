@@ -194,7 +194,8 @@ def _scan_chunk(view: MemoryView, values: torch.Tensor, layer: int, projection: 
     rank = (z > t_logit).sum(dim=-1) + 1
     # Entropy H = lse - sum p·z, with p built in place over z's own buffer.
     pz = (z - lse[:, None]).exp_().mul_(z).sum(dim=-1)
-    return {"top_token_id": top_ids[:, 0], "bottom_token_id": z.argmin(dim=-1), "top_prob": (top_logits[:, 0] - lse).exp(),
+    return {"top_token_id": top_ids[:, 0], "bottom_token_id": z.argmin(dim=-1),
+            "top_prob": (top_logits[:, 0] - lse).exp(),
             "entropy": lse - pz, "logsumexp": lse, "target_rank": torch.where(has, rank, torch.full_like(rank, -1)),
             "target_prob": torch.where(has, (t_logit[:, 0] - lse).exp(), torch.full_like(lse, float("nan"))),
             "top_token_ids": top_ids, "top_probs": (top_logits - lse[:, None]).exp()}
