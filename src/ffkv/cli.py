@@ -445,8 +445,12 @@ def _train_dictionary_parser(sub) -> None:
     p.set_defaults(device="auto", unit="window", split="train")
     p.add_argument("--layers", required=True, metavar="L,L,...", help="the FF layers, from 1 (e.g. 1,15,30)")
     p.add_argument("--out", required=True, help="the folder of the transcoders (created; or the one to --resume)")
-    p.add_argument("--expansion-factor", type=_positive_int, default=32,
-                   help="latents per model dimension (default: %(default)s, sparsify's)")
+    width = p.add_mutually_exclusive_group()
+    width.add_argument("--expansion-factor", type=_positive_int, default=32,
+                       help="latents per model dimension (default: %(default)s, sparsify's)")
+    width.add_argument("--latents", type=_positive_int, default=None, metavar="N",
+                       help="exactly N latents a layer, for a width that is no multiple of the model's (e.g. 24576 "
+                            "for SmolLM2's 576); instead of --expansion-factor")
     p.add_argument("-k", "--k", type=_positive_int, default=32, help="latents firing per token (default: %(default)s)")
     p.add_argument("--skip", action="store_true", help="a skip transcoder: add a linear path x·W_skipᵀ to the output")
     p.add_argument("--tokens", type=_positive_int, default=1_000_000,
@@ -836,7 +840,7 @@ def _train_dictionary(args: argparse.Namespace) -> int:
     options = TrainDictionaryOptions(layers=tuple(dict.fromkeys(layers)), expansion_factor=args.expansion_factor,
                                      k=args.k, skip=args.skip, tokens=args.tokens, batch_size=args.batch_size,
                                      lr=args.lr, seed=args.init_seed, eval_tokens=args.eval_tokens,
-                                     save_dtype=args.save_dtype)
+                                     save_dtype=args.save_dtype, latents=args.latents)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     spec = _corpus_spec(args, args.corpus)
     if loaded.max_positions is not None and args.max_tokens is None:

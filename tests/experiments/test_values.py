@@ -36,6 +36,26 @@ def test_scan_equals_full_softmax_across_chunk_edges():
             assert got["target_prob"][i] == pytest.approx(p[i, t], rel=1e-4)
 
 
+@pytest.mark.parametrize("sign", [1, -1])
+def test_scan_in_chunks_equals_its_chunks_scanned_alone_byte_for_byte(sign):
+    # each chunk's results are written into arrays allocated once (`scan_values`): the bytes and dtypes of each
+    # chunk scanned on its own, one after another, with a last chunk shorter than the others and repeated keys
+    loaded = loaded_tiny("llama")
+    view = loaded.view
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, view.d_m, size=view.d_m + 5)
+    targets = rng.integers(-1, view.vocab_size, size=len(keys))
+    for chunk in (1, 7, len(keys) - 1, len(keys)):
+        got = scan_values(view, 0, "final-norm", targets, chunk=chunk, top=6, sign=sign, keys=keys)
+        alone = [scan_values(view, 0, "final-norm", targets[s:s + chunk], chunk=chunk, top=6, sign=sign,
+                             keys=keys[s:s + chunk]) for s in range(0, len(keys), chunk)]
+        assert list(got) == list(alone[0])
+        for name, array in got.items():
+            expected = np.concatenate([a[name] for a in alone])
+            assert array.dtype == expected.dtype and array.shape == expected.shape, name
+            assert array.tobytes() == expected.tobytes(), (chunk, name)
+
+
 def test_value_set_to_token_embedding_is_its_argmax(tmp_path):
     loaded = loaded_tiny("gpt2")
     view = loaded.view

@@ -157,6 +157,23 @@ def test_refusals(tmp_path, llama_run):
         _train(loaded, _corpus(tmp_path), result.out)
 
 
+def test_latents_sets_a_width_that_is_no_multiple_of_d_model(tmp_path):
+    loaded = loaded_tiny("llama")
+    result, _ = _train(loaded, _corpus(tmp_path, 200), tmp_path / "out", layers=(1,), latents=37, tokens=600)
+    d = read_sparsify(result.out / "layers.1.mlp")
+    assert d.n_latents == 37 and result.rows[0]["n_latents"] == 37
+    assert json.loads((result.out / "layers.1.mlp" / "cfg.json").read_text())["num_latents"] == 37
+    assert result.record["options"]["latents"] == 37 and result.to_text().startswith("37-latent TopK")
+    assert TrainDictionaryOptions(layers=(0,), latents=37).peak_lr(16) == pytest.approx(2e-4 / (37 / 2 ** 14) ** 0.5)
+    with pytest.raises(FfkvError, match=r"k must be in 1\.\.37 \(37 latents\)"):
+        TrainDictionaryOptions(layers=(0,), latents=37, k=38).validate(3, 16)
+    with pytest.raises(FfkvError, match="latents must be at least 1"):
+        TrainDictionaryOptions(layers=(0,), latents=0).validate(3, 16)
+    both = _cli(["--model", "tiny-gpt2", "--corpus", "x", "--layers", "1", "--out", str(tmp_path / "no"),
+                 "--latents", "37", "--expansion-factor", "4"])
+    assert both.wait(timeout=300) == 2 and "not allowed with argument" in both.stderr.read()
+
+
 def _cli(args: list[str], **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
     return subprocess.Popen([sys.executable, "-m", "support.tiny_cli", "train-dictionary", *args], env=env,

@@ -42,19 +42,28 @@ from ffkv.errors import FfkvError
 
 @dataclass(frozen=True)
 class TranscoderShape:
-    """What a transcoder is: n_latents = expansion_factor · d_model latents, k of them firing per token, and
-    a linear skip path or not."""
+    """What a transcoder is: n_latents = expansion_factor · d_model latents (or exactly `latents` when it is
+    set: a width that is no multiple of d_model, as SmolLM2's 24,576 of 576), k of them firing per token, and a
+    linear skip path or not."""
 
     expansion_factor: int = 32
     k: int = 32
     skip: bool = False
+    latents: int | None = None
+
+    def n_latents(self, d_model: int) -> int:
+        return self.latents if self.latents is not None else self.expansion_factor * d_model
 
     def validate(self, d_model: int) -> None:
         if self.expansion_factor < 1:
             raise FfkvError(f"the expansion factor must be at least 1, got {self.expansion_factor}")
-        if not 0 < self.k <= self.expansion_factor * d_model:
-            raise FfkvError(f"k must be in 1..{self.expansion_factor * d_model} (the latents of an "
-                            f"{self.expansion_factor}x transcoder of width {d_model}), got {self.k}")
+        if self.latents is not None and self.latents < 1:
+            raise FfkvError(f"the latents must be at least 1, got {self.latents}")
+        n = self.n_latents(d_model)
+        what = (f"{n} latents" if self.latents is not None
+                else f"the latents of an {self.expansion_factor}x transcoder of width {d_model}")
+        if not 0 < self.k <= n:
+            raise FfkvError(f"k must be in 1..{n} ({what}), got {self.k}")
 
 
 def default_learning_rate(n_latents: int) -> float:
@@ -80,7 +89,7 @@ class TopKTranscoder(nn.Module):
         super().__init__()
         shape.validate(d_model)
         self.shape = shape
-        n = shape.expansion_factor * d_model
+        n = shape.n_latents(d_model)
         bound = 1.0 / math.sqrt(d_model)  # torch.nn.Linear's draw, from a generator of our own
         weight = torch.empty(n, d_model).uniform_(-bound, bound, generator=torch.Generator().manual_seed(seed))
         self.encoder = nn.Parameter(weight.to(device))

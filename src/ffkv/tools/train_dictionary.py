@@ -71,7 +71,8 @@ class TrainDictionaryOptions:
 
     Attributes:
         layers: the FF layers, 0-based.
-        expansion_factor, k, skip: the transcoder (`TranscoderShape`).
+        expansion_factor, k, skip, latents: the transcoder (`TranscoderShape`); `latents`, when set, is the
+            exact width instead of expansion_factor · d_model.
         tokens: training tokens (per layer) to read; the last step may pass it.
         batch_size: examples per step (sparsify's batch size, in sequences).
         lr: Adam's peak step size (None: sparsify's, 2e-4 / √(n_latents / 2¹⁴)).
@@ -93,10 +94,11 @@ class TrainDictionaryOptions:
     seed: int = 0
     eval_tokens: int = 50_000
     save_dtype: str = "float32"
+    latents: int | None = None
 
     @property
     def shape(self) -> TranscoderShape:
-        return TranscoderShape(self.expansion_factor, self.k, self.skip)
+        return TranscoderShape(self.expansion_factor, self.k, self.skip, self.latents)
 
     def validate(self, n_layers: int, d_model: int) -> None:
         if not self.layers:
@@ -115,7 +117,7 @@ class TrainDictionaryOptions:
             raise FfkvError(f"the warm-up share must be in [0, 1), got {self.warmup}")
 
     def peak_lr(self, d_model: int) -> float:
-        return self.lr if self.lr is not None else default_learning_rate(self.expansion_factor * d_model)
+        return self.lr if self.lr is not None else default_learning_rate(self.shape.n_latents(d_model))
 
 
 @dataclass
@@ -144,7 +146,9 @@ class TrainDictionaryResult:
 
     def to_text(self) -> str:
         r = self.record
-        lines = [f"{r['options']['expansion_factor']}x TopK{' skip' if r['options']['skip'] else ''} transcoders, "
+        width = (f"{r['options']['latents']:,}-latent" if r['options'].get('latents') is not None
+                 else f"{r['options']['expansion_factor']}x")
+        lines = [f"{width} TopK{' skip' if r['options']['skip'] else ''} transcoders, "
                  f"k = {r['options']['k']}: {r['training']['tokens']:,} training tokens in {r['training']['steps']} "
                  f"steps; fidelity on {r['evaluation']['tokens']:,} held-out tokens "
                  f"({r['evaluation']['loss_tokens']:,} predicted)",
@@ -185,7 +189,9 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
     view = loaded.view
     options.validate(view.n_layers, view.d_model)
     out = Path(out)
-    identity = {"format": _FORMAT, "options": _jsonable(asdict(options)), "corpus": corpus or {},
+    settings = {key: value for key, value in asdict(options).items()
+                if not (key == "latents" and value is None)}  # as before --latents: older checkpoints resume
+    identity = {"format": _FORMAT, "options": _jsonable(settings), "corpus": corpus or {},
                 "model": loaded.model_id, "dtype": loaded.dtype}
     if (out / TRAINING).is_file() and not (out / CHECKPOINT).is_file():
         raise FfkvError(f"{str(out)!r} already holds trained transcoders ({TRAINING}); choose another --out")
