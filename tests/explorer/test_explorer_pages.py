@@ -96,7 +96,8 @@ def test_layer_page_is_paginated(tmp_path):
                 assert f"page {page} of 3" in html
                 seen += keys_in_order(html, 1)
             assert seen == list(range(40))
-            assert 'id="next-page"' in c.get("/layer/1?page=2").text
+            middle = c.get("/layer/1?page=2").text
+            assert 'id="next-page"' in middle and 'page=3" id="last-page"' in middle and 'page=1" id="first-page"' in middle
     finally:
         pages.PAGE_SIZE = old
 

@@ -187,6 +187,19 @@ def test_latent_layer_page_shows_what_the_tables_hold(client, run):
     assert client.get("/layer/t4?page=99").status_code == 404
 
 
+def test_latent_layer_page_jumps_to_any_page(client):
+    """A layer of many latents (24,576 at 16x) is hundreds of pages: first and last links, and a page number to go
+    to, which the form sends with the sort kept; the last page holds the last latents of that order."""
+    n_pages = -(-512 // PAGE_SIZE)
+    first = client.get("/layer/t4?sort=latent&order=asc").text
+    assert 'id="first-page"' not in first and f'page={n_pages}" id="last-page"' in first
+    assert re.search(rf'<input type="number" name="page" min="1" max="{n_pages}" value="1"', first)
+    assert '<input type="hidden" name="sort" value="latent">' in first
+    last = client.get("/layer/t4", params={"sort": "latent", "order": "asc", "page": str(n_pages)}).text
+    assert _latents_in_order(last) == list(range((n_pages - 1) * PAGE_SIZE, 512))
+    assert 'id="first-page"' in last and 'id="last-page"' not in last
+
+
 def test_search_finds_latents_labelled_as_such(client, run):
     data = client.app.state.data
     key = 11

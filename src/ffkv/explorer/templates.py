@@ -82,8 +82,10 @@ Value's top tokens and agreement under the identity projection; active: share of
 <div class="scroll"><table id="keys"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}>{% if c.sort %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}{{ kept }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a>{% else %}{{ c.title }}{% endif %}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.label %}<span class="label-{{ cell.label }}">{{ cell.label }}</span>{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}{{ kept }}" id="previous-page">← previous</a>{% endif %}
-{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{{ kept }}" id="next-page">next →</a>{% endif %}</p>
+<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page=1{{ kept }}" id="first-page">« first</a>
+<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}{{ kept }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}{{ kept }}" id="next-page">next →</a>
+<a href="{{ root }}/layer/{{ ln(layer) }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ n_pages }}{{ kept }}" id="last-page">last »</a>{% endif %}</p>
 {% endblock %}""",
 
 
@@ -205,8 +207,12 @@ Explanation: the latent's own (<code>ffkv explain --latents</code>), and its sco
 <div class="scroll"><table id="latents"><tr>{% for c in columns %}<th{% if c.num %} class="num"{% endif %}><a href="{{ root }}/layer/{{ dictionary }}?sort={{ c.sort|urlencode }}&order={{ 'asc' if c.sort == sort and order == 'desc' else 'desc' }}"{% if c.sort == sort %} class="on"{% endif %}>{{ c.title }}{% if c.sort == sort %} {{ "▼" if order == "desc" else "▲" }}{% endif %}</a></th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for cell in row %}<td class="{{ cell.cls }}">{% if cell.href %}<a href="{{ root }}{{ cell.href }}">{{ cell.text }}</a>{% elif cell.tokens %}{% for t in cell.tokens %}{{ tok(t) }} {% endfor %}{% elif cell.token is not none %}{{ tok(cell.token) }}{% else %}{{ cell.text }}{% endif %}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-<p>{% if page > 1 %}<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
-{% if page < n_pages %} <a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>{% endif %}</p>
+<form method="get" action="{{ root }}/layer/{{ dictionary }}" id="pager"><p>{% if page > 1 %}<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page=1" id="first-page">« first</a>
+<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page - 1 }}" id="previous-page">← previous</a>{% endif %}
+{% if page < n_pages %} <a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ page + 1 }}" id="next-page">next →</a>
+<a href="{{ root }}/layer/{{ dictionary }}?sort={{ sort|urlencode }}&order={{ order }}&page={{ n_pages }}" id="last-page">last »</a>{% endif %}
+{% if n_pages > 2 %}<input type="hidden" name="sort" value="{{ sort }}"><input type="hidden" name="order" value="{{ order }}">
+<label>page <input type="number" name="page" min="1" max="{{ n_pages }}" value="{{ page }}" style="width:5em"></label> of {{ "{:,}".format(n_pages) }} <button type="submit">go</button>{% endif %}</p></form>
 {% endblock %}""",
 
 "search.html": """{% extends "base.html" %}{% block title %}search{% endblock %}
