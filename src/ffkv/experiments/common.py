@@ -174,17 +174,19 @@ def excess_beside_neurons(latents: np.ndarray, latent_control: np.ndarray, neuro
     return row
 
 
-def excess_verdict(low: float, high: float, fewest: int) -> str:
-    """Which kind exceeds its own control by more, from the 95% interval [low, high] of the latents' excess minus
-    the neurons': read only where every kind and control has at least `MIN_N` memories judged (`fewest`)."""
+def excess_verdict(low: float, high: float, fewest: int, judged: str = "judged") -> str:
+    """Which kind stands higher against its own control, from the 95% interval [low, high] of the latents' excess
+    minus the neurons': read only where every kind and control has at least `MIN_N` memories `judged` (`fewest`).
+    Said as higher or lower, never as which kind "exceeds" its control: for a share where lower is better (dead
+    memories) the latents lower than the neurons, each against its own control, is the latents' good news."""
     if fewest < MIN_N:
-        return f"no verdict: {int(fewest)} memories of one kind or control are judged, fewer than {MIN_N}"
+        return f"no verdict: {int(fewest)} memories of one kind or control are {judged}, fewer than {MIN_N}"
     if not (np.isfinite(low) and np.isfinite(high)):
         return "no verdict: no control to set it against"
     if low > 0:
-        return "the latents exceed their control by more"
+        return "latents higher than neurons, each against its own control"
     if high < 0:
-        return "the neurons exceed their control by more"
+        return "latents lower than neurons, each against its own control"
     return "undecided: the interval of the difference holds 0"
 
 

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from ffkv.errors import FfkvError
 from ffkv.experiments import semantic
-from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, control_with_interval, progress_bar,
+from ffkv.experiments.common import (RunContext, as_numpy, control_with_interval, excess_verdict, progress_bar,
                                      share_with_interval)
 from ffkv.experiments.dead import dead_keys, largest_coefficients
 from ffkv.experiments.figures import COLORS, kinds_beside, layer_axis, legend_outside
@@ -781,7 +781,8 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 def _latents_text(row) -> str:
     """One layer of patterns_latents in words: each kind's share with a pattern, beside its own random directions,
-    and which kind exceeds its control more, where the interval of the difference excludes 0."""
+    and which kind stands higher against its control (`excess_verdict`), where the interval of the difference
+    excludes 0."""
     def kind(name: str) -> str:
         share = share_ci(getattr(row, f"any_pattern_{name}"), getattr(row, f"n_live_{name}"))
         control = getattr(row, f"any_pattern_{name}_control")
@@ -789,10 +790,7 @@ def _latents_text(row) -> str:
                                     if np.isfinite(control) else " (no control)")
     low, high = row.excess_latents_minus_neurons_ci_low, row.excess_latents_minus_neurons_ci_high
     fewest = min(row.n_control_latents, row.n_control_neurons, row.n_live_latents, row.n_live_neurons)
-    verdict = (f"no verdict: {int(fewest)} memories of one kind or control are labelled, fewer than {MIN_N}"
-               if fewest < MIN_N else "the latents exceed their control by more" if low > 0
-               else "the neurons exceed their control by more" if high < 0
-               else "the data cannot say which kind exceeds its control by more")
+    verdict = excess_verdict(low, high, fewest, judged="labelled")
     excess = (f"; excess over control, latents minus neurons {100 * row.excess_latents_minus_neurons:+.1f} points "
               f"[{100 * low:+.1f}, {100 * high:+.1f}]: {verdict}" if np.isfinite(row.excess_latents_minus_neurons)
               else "")
