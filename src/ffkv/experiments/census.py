@@ -982,7 +982,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
 
 def _latents_text(row: dict) -> str:
     """One layer of census_latents in words: per measure, each kind's share beside its own control, and which kind
-    exceeds its control by more where n carries a verdict."""
+    stands higher against its control (`excess_verdict`) where n carries a verdict."""
     def kind(measure: str, name: str) -> str:
         share = share_ci(row[f"{measure}_{name}"], row[f"n_{measure}_{name}"])
         control = row[f"{measure}_{name}_control"]
