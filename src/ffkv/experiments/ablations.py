@@ -29,6 +29,7 @@ from ffkv.experiments.figures import COLORS, legend_outside, layer_axis, new_fig
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, n_of, n_range, pct, rule_frame, verdict_row, verdict_rows
+from ffkv.presentation.intervals import mean_difference_interval
 
 NAME = "ablations"
 KEYS_PER_LAYER = 10
@@ -196,24 +197,27 @@ def per_layer(prefixes: pd.DataFrame, n_layers: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def latents_beside(latent_prefixes: pd.DataFrame, neurons: pd.DataFrame, latents) -> pd.DataFrame:
+def latents_beside(latent_prefixes: pd.DataFrame, neuron_prefixes: pd.DataFrame, neurons: pd.DataFrame,
+                   latents) -> pd.DataFrame:
     """metrics/ablations_latents: per dictionary layer and variant, the latents' mean relative change of a_j with
-    its standard error and n (`per_layer` of their prefixes), the same layer's neurons' beside it, and the
-    difference latents − neurons with its 95% interval (normal, from the two standard errors)."""
+    its standard error and n (`per_layer` of their prefixes), the same layer's neurons' beside it (`neurons`, their
+    `per_layer`), and the difference latents − neurons with its 95% interval (`mean_difference_interval` of the two
+    kinds' prefixes)."""
     mine = per_layer(latent_prefixes, max(latents.layers) + 1 if latents.layers else 0).set_index("layer")
     theirs = neurons.set_index("layer")
     rows = []
     for layer in latents.layers:
         for variant in VARIANTS:
             lat, neu = mine.loc[layer], theirs.loc[layer]
-            a, b = lat[f"mean_change_{variant}"], neu[f"mean_change_{variant}"]
-            se = math.hypot(lat[f"sem_{variant}"], neu[f"sem_{variant}"])
+            changes = [t.loc[(t["layer"] == layer) & (t["variant"] == variant), "relative_change"].to_numpy()
+                       for t in (latent_prefixes, neuron_prefixes)]
+            difference, low, high = mean_difference_interval(*changes)
             rows.append({"layer": int(layer), "kind": latents.dictionaries[layer].kind, "variant": variant,
-                         "n_latents": int(lat["n_keys"]), "mean_change_latents": a,
+                         "n_latents": int(lat["n_keys"]), "mean_change_latents": lat[f"mean_change_{variant}"],
                          "sem_latents": lat[f"sem_{variant}"], "n_latents_prefixes": int(lat[f"n_{variant}"]),
-                         "n_neurons": int(neu["n_keys"]), "mean_change_neurons": b,
+                         "n_neurons": int(neu["n_keys"]), "mean_change_neurons": neu[f"mean_change_{variant}"],
                          "sem_neurons": neu[f"sem_{variant}"], "n_neurons_prefixes": int(neu[f"n_{variant}"]),
-                         "difference": a - b, "ci_low": a - b - 1.96 * se, "ci_high": a - b + 1.96 * se})
+                         "difference": difference, "ci_low": low, "ci_high": high})
     return pd.DataFrame(rows)
 
 
@@ -251,8 +255,10 @@ def compute(ctx: RunContext, options=None) -> Result:
         about = {**meta, "relative_change": "(a' - a) / a, the latent's activation a_j recomputed on the prefix "
                                             "alone; a <= 0 left out",
                  "sample": "per dictionary layer, a seeded sample of the latents with trigger examples",
-                 "difference": "latents minus the same layer's neurons, 95% interval from the two standard errors"}
-        result.add(f"{NAME}_latents", latents_beside(prefixes, found["per_layer"], latents), **about)
+                 "difference": "latents minus the same layer's neurons, 95% interval: normal approximation to "
+                               "Welch's"}
+        result.add(f"{NAME}_latents", latents_beside(prefixes, found["prefixes"], found["per_layer"], latents),
+                   **about)
         result.add(f"{NAME}_latents_prefixes", prefixes, **about)
     return result
 
