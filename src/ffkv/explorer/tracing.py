@@ -16,7 +16,7 @@ be read through the run's fitted translators instead (the tuned lens, `lens="tra
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -24,7 +24,7 @@ import torch
 
 from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.errors import FfkvError
-from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.interventions import EditedColumns, Intervention, intervene
 from ffkv.memories.sets import MemorySet
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
@@ -111,29 +111,14 @@ def _latents(latents: MemorySet, layer: int, captured: torch.Tensor, e_target: t
         return []
     a = latents.coefficients(layer, captured[None]).float()[0]
     here = {k: e for (lay, k), e in edits.items() if lay == layer}
-    for k, edit in here.items():
-        a[k] = edit.applied(a[k])
+    if here:
+        columns = EditedColumns(here, a.device)
+        a[columns.keys] = columns.edited(a[columns.keys])
     contribution = a * (latents.values(layer).float() @ e_target)
     order = [k for k in contribution.topk(min(top, contribution.numel())).indices.tolist() if a[k] > 0]
     order += sorted(k for (lay, k) in listed if lay == layer and k not in order)
     return [{"key": k, "coefficient": float(a[k]), "contribution": float(contribution[k]),
              "address": str(latents.ref(layer, k)), "edit": here.get(k)} for k in order]
-
-
-@contextmanager
-def _attached(latents: MemorySet | None) -> Iterator[None]:
-    """Within the block, `latents` are the ones attached to their model's view (``view.latents``), so that edits
-    of latents apply to them; the view's own attachment comes back after it."""
-    if latents is None:
-        yield
-        return
-    view = latents.view
-    before = view.latents
-    latents.attach()
-    try:
-        yield
-    finally:
-        view.latents = before
 
 
 @contextmanager
@@ -204,7 +189,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
     read = tuple(sorted({latents.reads(layer) for layer in latents.layers})) if latents is not None else ()
     # An SAE's latents read the FF output, which an edit of them replaces: read them from the layer's own output.
     replaced = sorted({layer for layer, _ in latent_edits if latents.reads(layer) == "ff_out"})
-    with _attached(latents if latent_edits else None), _outputs_before_edits(view, replaced) as own, \
+    with latents.attached() if latent_edits else nullcontext(), _outputs_before_edits(view, replaced) as own, \
             intervene(view, [*edits.values(), *latent_edits.values()]):
         output, cap = _run(view, ids, tuple(dict.fromkeys(("coefficients", "resid_mid", "ff_out", "resid_post")
                                                           + read)))
@@ -250,7 +235,8 @@ def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Iterable[
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     new: list[int] = []
     neurons, of_latents = _split(edits, latents)
-    with _attached(latents if of_latents else None), intervene(view, [*neurons.values(), *of_latents.values()]):
+    with latents.attached() if of_latents else nullcontext(), \
+            intervene(view, [*neurons.values(), *of_latents.values()]):
         for _ in range(min(n, MAX_NEW_TOKENS)):
             if ids.shape[1] >= limit:
                 break

@@ -60,12 +60,6 @@ class Intervention:
         """The scale this intervention multiplies m by (0 for off), None for set."""
         return 0.0 if self.op == "off" else self.value if self.op == "scale" else None
 
-    def applied(self, m: torch.Tensor) -> torch.Tensor:
-        """The coefficient(s) `m` as this edit rewrites them: 0 (off), value·m (scale) or value (set)."""
-        if self.op == "off":
-            return torch.zeros_like(m)
-        return torch.full_like(m, self.value) if self.op == "set" else m * self.value
-
 
 def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:
     out: dict[int, dict[int, Intervention]] = {}
@@ -111,7 +105,7 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place:
     latent_edits = [e for e in interventions if e.kind != "neuron"]
     rewrites = {}
     for layer, edits in _per_layer(view, [e for e in interventions if e.kind == "neuron"]).items():
-        columns = _Columns(edits, view.device)
+        columns = EditedColumns(edits, view.device)
 
         def rewrite(m, columns=columns):
             if not in_place:
@@ -125,9 +119,9 @@ def intervene(view: MemoryView, interventions: Iterable[Intervention], in_place:
     return _both(rewrite_coefficients(view, rewrites), replace_ff_output(view, _latent_edits(view, latent_edits)))
 
 
-class _Columns:
+class EditedColumns:
     """One layer's edits (index -> `Intervention`) as tensors on `device`: the edited columns, in index order, and
-    how each is rewritten."""
+    how each is rewritten (the one rule, for the hooks here and for what the explorer's trace shows)."""
 
     def __init__(self, edits: Mapping[int, Intervention], device: torch.device | str) -> None:
         ordered = [edits[k] for k in sorted(edits)]
@@ -164,7 +158,7 @@ def _latent_edits(view: MemoryView, edits: list[Intervention]
     out = {}
     for layer, chosen in per.items():
         d, reads = latents.dictionaries[layer], latents.reads(layer)
-        columns = _Columns(chosen, d.device)
+        columns = EditedColumns(chosen, d.device)
         decoder = d.decoder[columns.keys]
 
         def edited(x, ff_out, d=d, reads=reads, columns=columns, decoder=decoder):

@@ -23,7 +23,8 @@ holds:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -177,6 +178,17 @@ class Latents(MemorySet):
         (`ffkv.memories.interventions.intervene`, ``t4:42`` on the command line) apply to them. Returns self."""
         self.view.latents = self
         return self
+
+    @contextmanager
+    def attached(self) -> Iterator["Latents"]:
+        """`attach` within the block only: the view's own attachment (another dictionary's, or none) comes back
+        after it, also on an error."""
+        before = self.view.latents
+        self.attach()
+        try:
+            yield self
+        finally:
+            self.view.latents = before
 
     @property
     def layout(self) -> MemoryLayout:

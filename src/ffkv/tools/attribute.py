@@ -38,6 +38,7 @@ gradients, the size of the FF values; with latents, the same per dictionary laye
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -426,13 +427,8 @@ def attribute(loaded: LoadedModel, examples_factory, target: Target, options: At
         checks += [Intervention(int(latent_table.layer[i]), int(latent_table.latent[i]), "off",
                                 kind=kinds[int(latent_table.layer[i])]) for i in picked]
     if checks:
-        before = view.latents
-        if latents is not None:
-            latents.attach()
-        try:
+        with latents.attached() if latents is not None else nullcontext():
             exact = exact_effects(loaded, examples_factory(), target, checks, options, progress, total)
-        finally:
-            view.latents = before
         n_neurons = len(checks) - (len(picked) if latent_table is not None else 0)
         index = [e.layer * d_m + e.key for e in checks[:n_neurons]]
         table.loc[index, "exact_off_effect"] = exact[:n_neurons]
