@@ -30,18 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from memory_first_view import summary
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 FIRST_VIEW_BUDGET = 0.5
 LAYER_PAGE_BUDGET = 1.0
-
-
-def summary(seconds: list[float]) -> str:
-    ordered = sorted(seconds)
-    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
-    return (f"median {statistics.median(ordered):.3f} s, p90 {p90:.3f} s, max {ordered[-1]:.3f} s "
-            f"(n = {len(ordered)})")
 
 
 def sizes(values: list[int]) -> str:

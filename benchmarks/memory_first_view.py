@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 
 def summary(seconds: list[float]) -> str:
+    """Median, p90 and max of page times, with n (also `latent_pages.py`'s)."""
     ordered = sorted(seconds)
     p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
     return (f"median {statistics.median(ordered):.3f} s, p90 {p90:.3f} s, max {ordered[-1]:.3f} s "
