@@ -15,6 +15,9 @@
 #     bash benchmarks/gpu_session.sh compile   # torch.compile and the capture
 #     bash benchmarks/gpu_session.sh select    # the GPU tests, GPT-2 small and the 8B shape: the candidates selected
 #                                              # once in the merge against once per layer (issue 44, item 6)
+#     bash benchmarks/gpu_session.sh pass      # the GPU tests; GPT-2 small's whole pass on 1x and 4x the corpus
+#                                              # with a host profile; the 8B shape's pass and peak memory with
+#                                              # the merge in blocks (issue 44, item 6)
 #
 # Every part prints its figures and also writes them to $OUT/PART.log when $OUT is set.
 set -euo pipefail
@@ -63,7 +66,7 @@ case "$part" in
         timeout 150 python3 -m pytest -p no:cacheprovider -q -rA tests/indexing/test_gpu_index.py \
             tests/indexing/test_signed.py tests/indexing/test_sparse.py tests/indexing/test_extremes.py \
             > /tmp/tests.log 2>&1 || true
-        { grep -E "^(FAILED|ERROR)|^E " /tmp/tests.log | head -n 30
+        { grep -E "^(FAILED|ERROR)|^E " /tmp/tests.log | head -n 30 || true
           echo "GPU tests: $(grep -c '^PASSED' /tmp/tests.log) passed, $(grep -cE '^(FAILED|ERROR)' /tmp/tests.log)" \
                "failed, skipped: $(grep '^SKIPPED' /tmp/tests.log | tr '\n' ' ')"; } | tee -a "$log"
         timeout 150 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 \
@@ -73,11 +76,27 @@ case "$part" in
             --sign both --unit line --max-tokens 95 --sentences 20000 --batch-size 256 --max-batch-tokens 32768 \
             --repeats 1 --per-batch --timeline /tmp/timeline-8b 2>&1 | tee -a "$log" || true
         ;;
+    pass)
+        timeout 120 python3 -m pytest -p no:cacheprovider -q -rA tests/indexing/test_gpu_index.py \
+            tests/indexing/test_signed.py tests/indexing/test_sparse.py tests/indexing/test_extremes.py \
+            tests/indexing/test_topk.py > /tmp/tests.log 2>&1 || true
+        { grep -E "^(FAILED|ERROR)|^E " /tmp/tests.log | head -n 30 || true
+          echo "GPU tests: $(grep -c '^PASSED' /tmp/tests.log) passed, $(grep -cE '^(FAILED|ERROR)' /tmp/tests.log)" \
+               "failed, skipped: $(grep '^SKIPPED' /tmp/tests.log | tr '\n' ' ')"; } | tee -a "$log"
+        for repeats in 1 4; do
+            timeout 100 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --sentences 20000 \
+                --corpus-repeats $repeats --batch-size 512 --max-batch-tokens 65536 --repeats 3 \
+                --host-profile $(( repeats == 1 ? 25 : 0 )) 2>&1 | tee -a "$log" || true
+        done
+        timeout 240 python3 benchmarks/index_overhead.py --device cuda --dtype bfloat16 --shape llama-8b --top-k 100 \
+            --sign both --unit line --max-tokens 95 --sentences 20000 --batch-size 256 --max-batch-tokens 32768 \
+            --repeats 1 2>&1 | tee -a "$log" || true
+        ;;
     compile)
         python3 benchmarks/compile_capture.py --device cuda --dtype bfloat16 --layers 12 --sentences 2048 2>&1 | tee -a "$log"
         ;;
     *)
-        echo "usage: bash benchmarks/gpu_session.sh pack|tests|ratios|llama|compile|select" >&2
+        echo "usage: bash benchmarks/gpu_session.sh pack|tests|ratios|llama|compile|select|pass" >&2
         exit 2
         ;;
 esac

@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--timeline", type=Path, default=None,
                         help="also profile a few batches, plain and indexed, into this folder (Chrome traces) "
                              "and print the operations that take the most time")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="also run one more index under cProfile and print its N costliest functions (own time "
+                             "and cumulative): where the host's time in the pass goes")
     parser.add_argument("--per-batch", action="store_true",
                         help="also time each batch's forward with and without the index's reduction, back to back")
     args = parser.parse_args()
@@ -207,6 +210,15 @@ def main() -> None:
               f"forward {hours(f) * scale:.2f} h, index pass {hours(s) * scale:.2f} h")
     if args.timeline is not None:
         timeline(args.timeline)
+    if args.host_profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(index)
+        print(f"host profile of one more index (its pass {streaming[-1]:.2f} s, under cProfile):")
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler).sort_stats(order).print_stats(args.host_profile)
     if args.per_batch:
         # The index's default on this device, and each way of selecting the candidates (per layer and direction
         # as each layer is reduced, or once in the merge), taking turns; their states must be equal.

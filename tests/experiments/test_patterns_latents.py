@@ -76,7 +76,8 @@ def test_every_study_says_what_it_reads_on_latents(run):
     assert (run / "metrics" / "patterns_latents.parquet").is_file()
     assert not said.at["translators", "applies"] and said.at["translators", "statement"].startswith("not applicable")
     assert said.at["refinement", "statement"].startswith("not applicable") and not said.at["refinement", "applies"]
-    assert said.at["membership", "statement"] == NOT_YET and not said.at["membership", "applies"]
+    assert said.at["membership", "applies"] and said.at["membership", "statement"].startswith("membership_latents")
+    assert said.at["pruning", "statement"] == NOT_YET and not said.at["pruning", "applies"]
     assert said.at["lookups", "applies"]
     assert said.at["census", "applies"] and said.at["census", "statement"].startswith("census_latents")
     assert set(said.loc[said["applies"], "statement"].str.split(":").str[0].str.split(", ").sum()) <= {
@@ -84,7 +85,7 @@ def test_every_study_says_what_it_reads_on_latents(run):
         "vocabulary_classes_latents", "vocabulary_classes_latents_keys", "census_latents", "census_latents_keys",
         "census_latents_control", "composition_latents", "suppressed_latents", "latents_beside",
         "latents_beside_dictionary", "explanation_scores_latents", "ablations_latents", "ablations_latents_prefixes",
-        "explorer/latent_stats.parquet",
+        "membership_latents", "explorer/latent_stats.parquet",
         "explorer/latent_value_top_tokens.parquet", "explorer/latent_trigger_coefficients.npy",
         "explorer/explorer.duckdb"}
 

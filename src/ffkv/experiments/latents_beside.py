@@ -99,6 +99,11 @@ MEASURES = (
               f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
               f"{c}_share_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression", "partition")),
+    # an AUC, not a share (no signal: 0.5); the difference's interval is DeLong's, paired over the same examples
+    Measure("membership_latents", "membership_auc", "fires differently on training text (membership ROC AUC; "
+            "further from 0.5 is more signal)", "auc_latents", "n_examples", "auc_chance", "auc_neurons",
+            "n_examples", "auc_chance", "auc_latents_minus_neurons", "latents minus neurons (paired DeLong)",
+            share=False),
     # a mean correlation, not a share: the figure's axis reads it x100 (`ffkv score`; null: the shuffled baseline)
     Measure("explanation_scores_latents", "explanation_score", "an LLM's explanation simulates the memory (Bills et "
             "al.; mean correlation), beyond a shuffled explanation", "score_latents", "n_score_latents",
@@ -342,7 +347,8 @@ EXPERIMENT = Experiment(
     name=NAME, title="Latents beside neurons: every measure side by side, with the dictionary's fidelity "
                      "(beyond the paper)",
     section="beyond the paper: sparse dictionaries as memories", order=7.5, compute=compute, draw=draw,
-    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed", "explanation_scores"),
+    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed", "membership",
+           "explanation_scores"),
     held_out=True,
     own_pass="the fidelity's passes replace the FF output by the reconstruction and by its mean: a model the "
              "shared held-out pass does not run",

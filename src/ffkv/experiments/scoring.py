@@ -12,13 +12,15 @@ predicts token t+1 from x_1..x_{t+1} at every position t that has a next token (
 - ``top_coefficients``: per layer, the mean over the example's non-special positions of the mean of the
   `top_k` largest |m_i| at the position (|m_i|: the signed rule of `ffkv.memories.active` reads
   magnitudes, so a gated or GELU model's negative coefficients count as much as positive ones).
+- ``latent_top_coefficients``: with a dictionary's latents (`ffkv.memories.sets.Latents`), the same statistic of
+  the latents' activations a_j (never negative) at each layer the dictionary covers, read in the same pass.
 
 The final distribution is the model's own LM head applied to its captured input (bias included).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -42,13 +44,15 @@ class Scores:
     """Per example (rows, in input order): see the module's docstring.
 
     nll: (N,) mean token NLL; n_predicted: (N,) predictions it averages; mass: (N,) mean p(S), NaN without S;
-    top_coefficients: (N, L) per-layer statistic, None when not asked for.
+    top_coefficients: (N, L) per-layer statistic, None when not asked for; latent_top_coefficients: dictionary
+    layer -> (N,) the same of its latents, empty without latents.
     """
 
     nll: np.ndarray
     n_predicted: np.ndarray
     mass: np.ndarray
     top_coefficients: np.ndarray | None
+    latent_top_coefficients: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def perplexity(scores: Scores) -> float:
@@ -61,7 +65,7 @@ def perplexity(scores: Scores) -> float:
 def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, token_set: Iterable[int] = (),
                    coefficients: bool = False, top_k: int = TOP_K,
                    interventions: Sequence[Intervention] = (), progress: bool = False,
-                   desc: str = "scoring") -> Scores:
+                   desc: str = "scoring", latents=None) -> Scores:
     """Score each example in one forward pass (batched by length; under torchrun each rank its share).
 
     Args:
@@ -69,6 +73,8 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
         token_set: the token ids of S for ``mass`` (empty: ``mass`` is NaN).
         coefficients: also compute the per-layer ``top_coefficients`` statistic.
         interventions: memories rewritten at every position during the pass (`ffkv.memories.intervene`).
+        latents: with ``coefficients``, a dictionary's latents (`ffkv.memories.sets.Latents`) whose
+            ``latent_top_coefficients`` are read from the same pass (the quantity each layer's latents read).
     """
     from ffkv.batching import row_batches
 
@@ -87,13 +93,22 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     count = np.zeros(N, np.int64)
     mass = np.full(N, np.nan, np.float64)
     stat = np.zeros((N, L), np.float64) if coefficients else None
+    latent_layers = latents.layers if coefficients and latents is not None else []
+    latent_stat = {layer: np.zeros(N, np.float64) for layer in latent_layers}
+    latent_reads = tuple(dict.fromkeys(latents.reads(layer) for layer in latent_layers))
     state: dict = {}
 
+    def top_mean(t: torch.Tensor, n: int) -> torch.Tensor:
+        """Per example (B,): the mean over its competing positions of the mean of the n largest |t|."""
+        top = t.float().abs().topk(n, dim=-1).values.mean(-1)  # (B, T)
+        w = state["competes"]
+        return (top * w).sum(-1) / w.sum(-1).clamp(min=1)
+
     def sink(name: str, layer: int, t: torch.Tensor) -> None:
+        if name in latent_reads and layer in latent_stat and latents.reads(layer) == name:
+            state[("latents", layer)] = top_mean(latents.coefficients(layer, t), min(top_k, latents.size(layer)))
         if name == "coefficients":
-            top = t.float().abs().topk(k, dim=-1).values.mean(-1)  # (B, T)
-            w = state["competes"]
-            state[(name, layer)] = (top * w).sum(-1) / w.sum(-1).clamp(min=1)
+            state[(name, layer)] = top_mean(t, k)
         elif name == "head_in" or layer == L - 1:  # resid_post: only the last layer's, for models without a head module
             state[(name, layer)] = t
 
@@ -106,6 +121,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     try:
         with intervene(view, interventions, in_place=True), \
                 view.capture(("coefficients",) if coefficients else (), sink=sink), \
+                view.capture(latent_reads, layers=latent_layers, sink=sink), \
                 view.capture(("head_in", "resid_post"), layers=[L - 1], sink=sink):
             for idx, batch in mine:
                 state.clear()
@@ -134,9 +150,13 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 if stat is not None:
                     for layer in range(L):
                         stat[idx, layer] = as_numpy(state[("coefficients", layer)])
+                for layer, values in latent_stat.items():
+                    values[idx] = as_numpy(state[("latents", layer)])
                 bar.update(len(idx))
     finally:
         bar.close()
-    arrays = {"nll": nll, "count": count, "mass": mass, **({"stat": stat} if stat is not None else {})}
+    arrays = {"nll": nll, "count": count, "mass": mass, **({"stat": stat} if stat is not None else {}),
+              **{f"latents/{layer}": values for layer, values in latent_stat.items()}}
     arrays = gather_rows(arrays, mine.rows)
-    return Scores(arrays["nll"], arrays["count"], arrays["mass"], arrays.get("stat"))
+    return Scores(arrays["nll"], arrays["count"], arrays["mass"], arrays.get("stat"),
+                  {layer: arrays[f"latents/{layer}"] for layer in latent_stat})

@@ -23,6 +23,22 @@ def _midranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _auc_components(positive: np.ndarray, negative: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeLong's structural components (V10 per positive, V01 per negative) from midranks; their means are the AUC."""
+    x = np.asarray(positive, dtype=np.float64)
+    y = np.asarray(negative, dtype=np.float64)
+    m, n = len(x), len(y)
+    all_ranks = _midranks(np.concatenate([x, y]))
+    v10 = (all_ranks[:m] - _midranks(x)) / n        # share of negatives below X_i (ties half)
+    v01 = 1.0 - (all_ranks[m:] - _midranks(y)) / m  # share of positives above Y_j (ties half)
+    return v10, v01
+
+
+def _delong_variance(v10: np.ndarray, v01: np.ndarray) -> float:
+    m, n = len(v10), len(v01)
+    return (v10.var(ddof=1) / m if m > 1 else 0.0) + (v01.var(ddof=1) / n if n > 1 else 0.0)
+
+
 def auc_interval(positive: np.ndarray, negative: np.ndarray, z: float = Z95) -> tuple[float, float, float]:
     """ROC AUC of scores where `positive` should score higher, and its DeLong 95% interval (clipped to [0, 1]).
 
@@ -32,19 +48,28 @@ def auc_interval(positive: np.ndarray, negative: np.ndarray, z: float = Z95) -> 
     (sample variances); the interval is AUC ± z·sqrt(Var). Computed from midranks, O((m+n) log(m+n)).
     Returns (auc, low, high); NaN when either group is empty.
     """
-    x = np.asarray(positive, dtype=np.float64)
-    y = np.asarray(negative, dtype=np.float64)
-    m, n = len(x), len(y)
-    if m == 0 or n == 0:
+    if len(positive) == 0 or len(negative) == 0:
         return float("nan"), float("nan"), float("nan")
-    all_ranks = _midranks(np.concatenate([x, y]))
-    rx, ry = _midranks(x), _midranks(y)
-    v10 = (all_ranks[:m] - rx) / n          # share of negatives below X_i (ties half)
-    v01 = 1.0 - (all_ranks[m:] - ry) / m    # share of positives above Y_j (ties half)
+    v10, v01 = _auc_components(positive, negative)
     auc = float(v10.mean())
-    var = (v10.var(ddof=1) / m if m > 1 else 0.0) + (v01.var(ddof=1) / n if n > 1 else 0.0)
-    half = z * float(np.sqrt(var))
+    half = z * float(np.sqrt(_delong_variance(v10, v01)))
     return auc, max(0.0, auc - half), min(1.0, auc + half)
+
+
+def auc_difference_interval(positive_a: np.ndarray, negative_a: np.ndarray, positive_b: np.ndarray,
+                            negative_b: np.ndarray, z: float = Z95) -> tuple[float, float, float]:
+    """AUC(a) - AUC(b) of two scores of the same examples (row i of `positive_a` and `positive_b` is the same
+    positive example, likewise the negatives) and its paired DeLong 95% interval: the variance of the difference is
+    s²(V10_a - V10_b)/m + s²(V01_a - V01_b)/n (DeLong et al. 1988: the two AUCs' covariance counted).
+    Returns (difference, low, high); NaN when either group is empty or the rows do not pair."""
+    m, n = len(positive_a), len(negative_a)
+    if m == 0 or n == 0 or len(positive_b) != m or len(negative_b) != n:
+        return float("nan"), float("nan"), float("nan")
+    a10, a01 = _auc_components(positive_a, negative_a)
+    b10, b01 = _auc_components(positive_b, negative_b)
+    difference = float(a10.mean() - b10.mean())
+    half = z * float(np.sqrt(_delong_variance(a10 - b10, a01 - b01)))
+    return difference, difference - half, difference + half
 
 
 def paired_mean_interval(difference: np.ndarray, z: float = Z95) -> tuple[float, float, float]:
