@@ -5,6 +5,8 @@ exact null space) and a planted token-frequency memory, classed right, their eff
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -161,32 +163,44 @@ def test_planted_entropy_and_token_frequency_memories_are_classed_right(tmp_path
 
 def _check_effects_by_brute_force(loaded, corpus, layer: int, key: int, measured: pd.DataFrame) -> None:
     """TE and DE of the planted memory recomputed from the model's full forward passes and the LayerNorm's formula."""
+    from ffkv.memories.interventions import Intervention, intervene
+
+    view = loaded.view
+    grab = {}
+
+    def coefficients(ids):
+        hook = view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(
+            lambda mod, args: grab.__setitem__("m", args[0][0, :, key].clone()))
+        try:
+            return loaded.model(ids).logits[0], grab["m"]
+        finally:
+            hook.remove()
+
+    _effects_by_brute_force(loaded, corpus, layer, view.values(layer)[key], coefficients,
+                            lambda mean: intervene(view, [Intervention(layer, key, "set", mean)]),
+                            measured.loc[(layer, key)])
+
+
+def _effects_by_brute_force(loaded, corpus, layer: int, value: torch.Tensor, coefficients, ablated_to,
+                            row: pd.Series) -> None:
+    """TE and DE of mean-ablating one memory, from the model's full forward passes, one held-out example at a time:
+    `coefficients(ids)` gives (logits, the memory's coefficient at each position), `ablated_to(mean)` a context in
+    which the memory's coefficient is `mean` everywhere; DE through the final LayerNorm's formula, its scale frozen."""
     from ffkv.corpus import CorpusSpec
     from ffkv.experiments.common import select_held_out
-    from ffkv.memories.interventions import Intervention, intervene
     from support.runs import N_LINES
 
     spec = CorpusSpec(source=str(corpus), unit="line", split="all", max_examples=N_LINES, shuffle_seed=0)
     held = select_held_out(loaded, spec, 0)
     model, view = loaded.model, loaded.view
-    coefficient, clean_logits = [], []
-    grab = {}
-    hook = view.arch.down_proj(view.blocks[layer]).register_forward_pre_hook(
-        lambda mod, args: grab.__setitem__("m", args[0][0, :, key].clone()))
-    try:
-        for e in held.examples:
-            out = model(torch.tensor([e.token_ids]))
-            coefficient.append(grab["m"])
-            clean_logits.append(out.logits[0])
-    finally:
-        hook.remove()
+    found = [coefficients(torch.tensor([e.token_ids])) for e in held.examples]
     rows = np.arange(len(held.examples))
-    m = torch.stack([coefficient[i][j] for i, j in zip(rows, held.positions)]).double()
+    m = torch.stack([found[i][1][j] for i, j in zip(rows, held.positions)]).double()
     mean = float(m.mean())
     targets = torch.as_tensor(held.targets)
-    clean = torch.stack([clean_logits[i][j] for i, j in zip(rows, held.positions)]).double()
+    clean = torch.stack([found[i][0][j] for i, j in zip(rows, held.positions)]).double()
     loss = torch.nn.functional.cross_entropy(clean, targets, reduction="none")
-    with intervene(view, [Intervention(layer, key, "set", mean)]):
+    with ablated_to(mean):
         ablated = torch.stack([model(torch.tensor([e.token_ids])).logits[0, j]
                                for e, j in zip(held.examples, held.positions)]).double()
     te = (torch.nn.functional.cross_entropy(ablated, targets, reduction="none") - loss).abs().mean()
@@ -200,13 +214,99 @@ def _check_effects_by_brute_force(loaded, corpus, layer: int, key: int, measured
         hook.remove()
     h = torch.stack([h_pre[i][j] for i, j in zip(rows, held.positions)]).double()
     sigma = (h.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
-    delta = (mean - m)[:, None] * view.values(layer)[key].double()
+    delta = (mean - m)[:, None] * value.double()
     shift = ln.weight.double() * (delta - delta.mean(-1, keepdim=True)) / sigma @ view.unembedding.double().T
     de = (torch.nn.functional.cross_entropy(clean + shift, targets, reduction="none") - loss).abs().mean()
-    row = measured.loc[(layer, key)]
     assert row["mean_coefficient"] == pytest.approx(mean, rel=1e-5)
     assert row["total_effect"] == pytest.approx(float(te), rel=1e-4, abs=1e-7)
     assert row["direct_effect"] == pytest.approx(float(de), rel=1e-4, abs=1e-7)
+
+
+def test_planted_entropy_and_token_frequency_latents_are_classed_right_beside_the_neurons(tmp_path):
+    """A hand-built transcoder at the last layer of the tiny GPT-2 whose latent 3 writes 30·e (e an exact null
+    direction of the unembedding), latent 7 the unigram log-frequency direction and latents 8-13 small multiples of it,
+    latent 4 a large vector along one token: 3 is an entropy latent whose effects match a brute-force hook on the FF
+    output (the mean ablation of a_3, the dictionary's error term kept), 7-13 token-frequency latents; the neurons'
+    tables are the same as without the dictionary; the latents stand beside the layer's neurons, each kind against
+    random mixtures of its own values."""
+    from ffkv.corpus import CorpusSpec
+    from ffkv.dictionaries import Dictionary
+    from ffkv.dictionaries.npz_layout import save_npz
+    from ffkv.experiments import analyze
+    from ffkv.indexing.indexer import IndexOptions, build_index
+    from ffkv.store.run import RunDir
+    from support.runs import N_LINES, index_run
+
+    first, loaded = index_run(tmp_path / "plain")
+    counts = cn.unigram_counts([RunDir(first).table("examples")], loaded.view.vocab_size)
+    view = loaded.view
+    last = view.n_layers - 1
+    e = torch.zeros(view.d_model)
+    e[0], e[1] = 1 / np.sqrt(2), -1 / np.sqrt(2)
+    n = 24
+    g = torch.Generator().manual_seed(5)
+    encoder, decoder = torch.randn(n, view.d_model, generator=g), torch.randn(n, view.d_model, generator=g)
+    with torch.no_grad():
+        view.unembedding.sub_(torch.outer(view.unembedding @ e, e))
+        units = vc.prepared_unembedding(view)
+        frequency = cn.frequency_direction(units, counts).float()
+    decoder[3] = 30.0 * e
+    encoder[3] = 3.0 * torch.nn.functional.normalize(torch.arange(view.d_model).float() - 7.5, dim=0)
+    decoder[4] = 30.0 * units[11] / units[11].norm()
+    for j in range(7, 14):
+        decoder[j] = frequency * (1.0 + 0.1 * j)
+    d = Dictionary(kind="transcoder", layer=last, encoder=encoder, encoder_bias=torch.zeros(n), decoder=decoder,
+                   decoder_bias=torch.zeros(view.d_model), activation="relu")
+    run = tmp_path / "run"
+    corpus = tmp_path / "plain" / "corpus.txt"
+    build_index(loaded, CorpusSpec(source=str(corpus), unit="line"), run, IndexOptions(top_k=5, control_keys=16),
+                progress=False, dictionary=save_npz(d, tmp_path / "planted.npz"))
+    analyze(run, only=["vocabulary_classes", cn.NAME], eval_corpus=str(corpus), n_eval=N_LINES, progress=False,
+            loaded=loaded)
+    analyze(first, only=["vocabulary_classes", cn.NAME], eval_corpus=str(corpus), n_eval=N_LINES, progress=False,
+            loaded=loaded)
+    rd = RunDir(run)
+    for table in (cn.NAME, f"{cn.NAME}_keys", f"{cn.NAME}_measured"):  # the neurons' tables: no latent changes them
+        pd.testing.assert_frame_equal(rd.read_metric(table), RunDir(first).read_metric(table), check_exact=True)
+    keys = rd.read_metric(f"{cn.LATENTS}_keys").set_index("key")
+    assert list(keys["layer"].unique()) == [last] and len(keys) == n
+    assert keys.loc[3, "entropy_candidate"] and keys.loc[3, "class"] == "entropy"
+    assert not keys.loc[4, "entropy_candidate"]  # large, but along a token
+    assert set(keys.index[keys["class"] == "token_frequency"]) == set(range(7, 14))
+    assert keys.loc[3, "total_effect"] > 1e-2 and keys.loc[3, "direct_effect"] < 1e-3 * keys.loc[3, "total_effect"]
+
+    def latent(ids):
+        grab = {}
+        mlp = view.blocks[last].mlp
+        hook = mlp.register_forward_hook(lambda mod, args, out: grab.__setitem__("x", args[0][0].clone()))
+        try:
+            logits = loaded.model(ids).logits[0]
+        finally:
+            hook.remove()
+        return logits, torch.relu(grab["x"] @ encoder[3] + 0.0)
+
+    @contextlib.contextmanager
+    def ablated_to(mean):
+        """a_3 set to `mean`: the FF output moves by (mean - a_3)·d_3, the rest (the error term) untouched."""
+        hook = view.blocks[last].mlp.register_forward_hook(
+            lambda mod, args, out: out + (mean - torch.relu(args[0] @ encoder[3]))[..., None] * decoder[3])
+        try:
+            yield
+        finally:
+            hook.remove()
+
+    row = rd.read_metric(cn.LATENTS).iloc[0]
+    assert row["layer"] == last and row["n_latents"] == n and row["n_measured_latents"] >= 1
+    assert row["token_frequency_share_latents"] == pytest.approx(7 / n)
+    neuron_keys = rd.read_metric(f"{cn.NAME}_keys")
+    assert row["token_frequency_share_neurons"] == pytest.approx(
+        neuron_keys.loc[neuron_keys["layer"] == last, "moves_unigram"].mean())
+    excess = (row["token_frequency_share_latents"] - row["token_frequency_share_latents_control"]) - (
+        row["token_frequency_share_neurons"] - row["token_frequency_share_neurons_control"])
+    assert row["excess_token_frequency_share_latents_minus_neurons"] == pytest.approx(excess)
+    assert row["entropy_share"] == pytest.approx(keys["entropy"].mean())
+    measured = rd.read_metric(f"{cn.LATENTS}_measured").set_index(["layer", "key"])
+    _effects_by_brute_force(loaded, corpus, last, decoder[3], latent, ablated_to, measured.loc[(last, 3)])
 
 
 def test_a_model_without_a_gate_shows_no_glu_column(fresh_run):

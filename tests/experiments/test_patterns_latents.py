@@ -85,7 +85,8 @@ def test_every_study_says_what_it_reads_on_latents(run):
         "vocabulary_classes_latents", "vocabulary_classes_latents_keys", "census_latents", "census_latents_keys",
         "census_latents_control", "composition_latents", "suppressed_latents", "latents_beside",
         "latents_beside_dictionary", "explanation_scores_latents", "ablations_latents", "ablations_latents_prefixes",
-        "membership_latents", "explorer/latent_stats.parquet",
+        "membership_latents", "confidence_neurons_latents", "confidence_neurons_latents_keys",
+        "confidence_neurons_latents_measured", "explorer/latent_stats.parquet",
         "explorer/latent_value_top_tokens.parquet", "explorer/latent_trigger_coefficients.npy",
         "explorer/explorer.duckdb"}
 

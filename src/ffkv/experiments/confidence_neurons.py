@@ -34,6 +34,7 @@ coefficient to ablate; for the GLU classes, the random direction in place of v_i
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterable
 
 import numpy as np
@@ -43,17 +44,21 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments import vocabulary_classes as vc
-from ffkv.experiments.common import RunContext, as_numpy, progress_bar, sample_size_warnings, share_with_interval
-from ffkv.experiments.figures import share_curves
+from ffkv.experiments import common
+from ffkv.experiments.common import (RunContext, as_numpy, excess_beside_neurons, progress_bar, sample_size_warnings,
+                                     share_with_interval)
+from ffkv.experiments.figures import kinds_beside, share_curves
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, KeyColumn, Result
 from ffkv.memories.controls import layer_generator
 from ffkv.memories.interventions import Intervention, intervene
 from ffkv.memories.projection import final_logits
+from ffkv.memories.sets import Latents, MemorySet, Neurons
 from ffkv.memories.view import MemoryView
 from ffkv.parallel import gather_rows
 from ffkv.presentation.findings import layer_ends, pct, share_ci
 
 NAME = "confidence_neurons"
+LATENTS = f"{NAME}_latents"
 #: Large value: ‖v_i‖ above this quantile of the layer's value norms (ffkv's judgment: Stolfo et al. 2024 pick the
 #: entropy neurons among the largest norms of the last layer without a number).
 NORM_QUANTILE = 0.9
@@ -165,10 +170,13 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.DataFrame:
+def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]], source: MemorySet | None = None
+                     ) -> pd.DataFrame:
     """The total and direct effects of mean-ablating each memory (layer, key) on the held-out examples' loss at
     their analysed positions (module docstring): a coefficient pass for the means, a clean pass for the loss and
-    the direct effects, then one pass per memory for the total effect.
+    the direct effects, then one pass per memory for the total effect. `source`: whose memories (default the
+    model's neurons; a dictionary's `Latents`: a_j set to its mean, the layer's output then the reconstruction
+    with that edit plus the dictionary's error term, `ffkv.memories.interventions`).
 
     Returns one row per memory: layer, key, mean_coefficient, total_effect, direct_effect, n_examples, why; the
     direct effect is NaN (and `why` says why) where the final normalization's scale cannot be frozen or the LM head
@@ -180,15 +188,18 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
     columns = ["layer", "key", "mean_coefficient", "total_effect", "direct_effect", "n_examples", "why"]
     if not memories:
         return pd.DataFrame(columns=columns)
+    source = source or Neurons(view)
     frozen = _frozen_norm(view)
     targets = torch.as_tensor(held.targets, device=view.device)
-    values = torch.stack([view.values(layer)[key] for layer, key in memories]).double()
+    values = torch.stack([source.values(layer)[key] for layer, key in memories]).double()
     unembedding = view.unembedding.double()
     mine = ctx.batches(held_out_rows(ctx))
 
     m = np.zeros((N, C))
-    for idx, got in analysed_positions(ctx, mine, ("coefficients",), f"{NAME}: coefficients"):
-        m[idx] = as_numpy(torch.stack([got[("coefficients", layer)][:, key] for layer, key in memories], dim=1))
+    reads = tuple(dict.fromkeys(source.reads(layer) for layer, _ in memories))
+    for idx, got in analysed_positions(ctx, mine, reads, f"{NAME}: coefficients"):
+        m[idx] = as_numpy(torch.stack([source.coefficients(layer, got[(source.reads(layer), layer)])[:, key]
+                                       for layer, key in memories], dim=1))
     m = gather_rows(m, mine.rows)
     means = m.mean(axis=0)
 
@@ -211,14 +222,17 @@ def ablation_effects(ctx: RunContext, memories: list[tuple[int, int]]) -> pd.Dat
 
     total = np.zeros((N, C))
     bar = progress_bar(ctx.progress, C, f"{NAME}: mean ablations", "memory")
-    for c, (layer, key) in enumerate(memories):
-        with intervene(view, [Intervention(layer, key, "set", float(means[c]))]):
-            for idx, got in analysed_positions(ctx, mine, ("resid_post", "head_in"), f"{NAME}: {layer}:{key}",
-                                               with_head=True):
-                ablated = _loss(final_logits(view, got.get(("head_in", -1)), got[("resid_post", L - 1)]),
-                                targets[idx])
-                total[idx, c] = np.abs(as_numpy(ablated) - found["clean"][idx])
-        bar.update(1)
+    attached = source.attached() if isinstance(source, Latents) else contextlib.nullcontext()
+    with attached:
+        for c, (layer, key) in enumerate(memories):
+            kind = source.dictionaries[layer].kind if isinstance(source, Latents) else "neuron"
+            with intervene(view, [Intervention(layer, key, "set", float(means[c]), kind)]):
+                for idx, got in analysed_positions(ctx, mine, ("resid_post", "head_in"), f"{NAME}: {layer}:{key}",
+                                                   with_head=True):
+                    ablated = _loss(final_logits(view, got.get(("head_in", -1)), got[("resid_post", L - 1)]),
+                                    targets[idx])
+                    total[idx, c] = np.abs(as_numpy(ablated) - found["clean"][idx])
+            bar.update(1)
     bar.close()
     total = gather_rows(total, mine.rows)
     why = ("the final normalization is neither a LayerNorm nor an RMSNorm: its scale cannot be frozen"
@@ -236,48 +250,57 @@ def _slug(name: str) -> str:
 
 def confidence_classes(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.ndarray,
             effects: Callable[[list[tuple[int, int]]], pd.DataFrame] | None = None, seed: int = 0,
-            n_control: int = vc.N_CONTROL, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """The per-key table (``keys``), the per-layer table (``layers``) and the measured candidates (``measured``).
+            n_control: int = vc.N_CONTROL, progress: bool = False,
+            memories: MemorySet | None = None) -> dict[str, pd.DataFrame]:
+    """The per-key table (``keys``), the per-layer table (``layers``), the measured candidates (``measured``), and
+    per layer the null's random directions judged by the same rules (``controls``: layer -> {"entropy_candidate",
+    "token_frequency"} boolean arrays).
 
     Args:
-        vocab_keys: `vocabulary_classes`'s per-key table of this model (its moments, norms, cosines, shares).
+        vocab_keys: `vocabulary_classes`'s per-key table of these memories (its moments, norms, cosines, shares).
         counts: (|V|,) unigram counts (`unigram_counts`).
         effects: measures candidates on text (`ablation_effects` bound to a run); None: none is measured, so no
             memory is called an entropy memory (the candidates are still marked).
+        memories: whose values (default the model's neurons; a dictionary's `Latents`: its decoder rows on the layers
+            it covers, the null random mixtures of them, and no GLU classes, which read a gated layer's own rows).
     """
+    memories = memories or Neurons(view)
+    neurons = isinstance(memories, Neurons)
     units = vc.prepared_unembedding(view)
     basis = vc.null_space(units)
     frequency = frequency_direction(units, counts)
     tau = glu_tau(view.d_model)
-    keys_out, layers_out, chosen = [], [], []
-    bar = progress_bar(progress, view.n_layers, NAME, "layer")
-    for layer in range(view.n_layers):
+    keys_out, layers_out, chosen, null = [], [], [], {}
+    bar = progress_bar(progress, len(memories.layers), NAME, "layer")
+    for layer in memories.layers:
+        size = memories.size(layer)
         own = vocab_keys[vocab_keys["layer"] == layer].sort_values("key").reset_index(drop=True)
-        if len(own) != view.d_m:
+        if len(own) != size:
             raise FfkvError(f"{NAME}: the vocabulary classes' table has {len(own)} rows for layer {layer}, not "
-                            f"{view.d_m}; run `ffkv analyze RUN --only vocabulary_classes,{NAME}`")
-        values = view.values(layer)
+                            f"{size}; run `ffkv analyze RUN --only vocabulary_classes,{NAME}`")
+        values = memories.values(layer)
         is_candidate = candidates(own)
         cos_f = _cos(values, frequency)
-        controls = vc.random_directions(view.values(layer), layer, n_control, seed)
+        controls = vc.random_directions(values, layer, n_control, seed)
         control_cos_f = _cos(controls, frequency)
         f_cut = float(np.quantile(np.abs(control_cos_f), FREQUENCY_QUANTILE))
         control_candidate = ((controls.norm(dim=1).numpy() > np.quantile(own["value_norm"], NORM_QUANTILE))
                              & (vc.moments(controls, units)[:, 1] < np.quantile(own["vocab_var"], VARIANCE_QUANTILE))
                              & (vc.null_space_share(controls, basis) > NULL_SPACE_MOST))
-        table = pd.DataFrame({"layer": layer, "key": np.arange(view.d_m), "entropy_candidate": is_candidate,
+        null[layer] = {"entropy_candidate": control_candidate, "token_frequency": np.abs(control_cos_f) > f_cut}
+        table = pd.DataFrame({"layer": layer, "key": np.arange(size), "entropy_candidate": is_candidate,
                               "unigram_cos": cos_f, "moves_unigram": np.abs(cos_f) > f_cut,
-                              "glu_class": pd.Series([None] * view.d_m, dtype=object)})
+                              "glu_class": pd.Series([None] * size, dtype=object)})
         ranked = np.flatnonzero(is_candidate)
         ranked = ranked[np.argsort(-(own["value_norm"].to_numpy() * own["null_space_share"].to_numpy())[ranked],
                                    kind="stable")][:MAX_MEASURED]
         chosen += [(layer, int(k)) for k in ranked]
-        row = {"layer": layer, "n_keys": view.d_m, "n_control": n_control, "unigram_cos_cut": f_cut}
+        row = {"layer": layer, "n_keys": size, "n_control": n_control, "unigram_cos_cut": f_cut}
         row.update(share_with_interval(is_candidate, "entropy_candidate_share"))
         row.update(share_with_interval(control_candidate, "entropy_candidate_share_control"))
         row.update(share_with_interval(table["moves_unigram"].to_numpy(), "token_frequency_share"))
         row.update(share_with_interval(np.abs(control_cos_f) > f_cut, "token_frequency_share_control"))
-        if view.gated:
+        if view.gated and neurons:
             kinds = glu_classes(own["cos_key_value"], own["cos_up_value"], tau)
             pick = torch.randint(0, view.d_m, (n_control,), generator=layer_generator(seed, layer, salt=31))
             control_kinds = glu_classes(vc._cos_rows(view.keys(layer)[pick], controls),
@@ -307,7 +330,7 @@ def confidence_classes(view: MemoryView, vocab_keys: pd.DataFrame, counts: np.nd
             layers.loc[i, k] = v
         layers.loc[i, "n_measured"] = int(own["total_effect"].notna().sum())
     layers["n_measured"] = layers["n_measured"].astype(int)
-    return {"keys": keys, "layers": layers, "measured": measured}
+    return {"keys": keys, "layers": layers, "measured": measured, "controls": null}
 
 
 def draw(result: Result) -> Figures:
@@ -324,6 +347,13 @@ def draw(result: Result) -> Figures:
         figures[f"{NAME}_glu"] = share_curves(
             layers, [(f"{_slug(k)}_share", k, c) for k, c in zip(GLU_CLASSES, colors)],
             "GLU classes from cos(gate, value) and cos(up, value) (Gerstner and Schütze 2025)")
+    if LATENTS in result.tables and not result.tables[LATENTS].empty:
+        figures[LATENTS] = kinds_beside(
+            result.tables[LATENTS],
+            tuple((kind, f"token_frequency_share_{kind}", f"token_frequency_share_{kind}_control", None)
+                  for kind in ("neurons", "latents")),
+            "% token-frequency memories\n(|cos(value, unigram direction)| above the null's 99%)",
+            "Token-frequency values: neurons vs. the dictionary's latents, each beside random mixtures of its values")
     return figures
 
 
@@ -351,7 +381,45 @@ def compute(ctx: RunContext, options=None) -> Result:
     result.add(NAME, found["layers"], **meta)
     result.add(f"{NAME}_keys", found["keys"], **meta)
     result.add(f"{NAME}_measured", found["measured"], **meta)
+    latents, unread = ctx.latents_for(LATENTS)
+    if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
+        result.meta[NAME] = {**meta, "warnings": [*meta["warnings"], *unread]}
+    if latents is not None:
+        latent_keys = ctx.need(vc.NAME, f"{vc.NAME}_latents_keys")
+        mine = confidence_classes(ctx.view, latent_keys, counts,
+                                  lambda chosen: ablation_effects(ctx, chosen, latents), ctx.seed, memories=latents)
+        meta_latents = {**meta, "memories": "the decoder rows of the dictionary the run was indexed with, on the "
+                        "layers it covers, by the same rules with the latent layer's own quantiles; the null: random "
+                        "mixtures of its decoder rows; a candidate measured with a_j set to its mean (the layer's "
+                        "output the reconstruction with that edit plus the dictionary's error term)",
+                        "neurons": "*_neurons: the same layer's neurons, each kind beside its own null; "
+                                   "excess_*_latents_minus_neurons: the latents' excess over their null minus the "
+                                   "neurons' over theirs (MOVER 95% interval)", "warnings": []}
+        result.add(LATENTS, beside_neurons(mine, found), **meta_latents)
+        result.add(f"{LATENTS}_keys", mine["keys"].drop(columns=["glu_class"]), **meta_latents)
+        result.add(f"{LATENTS}_measured", mine["measured"], **meta_latents)
     return result
+
+
+def beside_neurons(latents: dict, neurons: dict) -> pd.DataFrame:
+    """confidence_neurons_latents: per dictionary layer, the latents' entropy-candidate and token-frequency shares
+    and the neurons' of that layer, each beside its own null, with the excess difference and its verdict
+    (`ffkv.experiments.common.excess_beside_neurons`); the measured entropy memories' shares beside each other."""
+    rows = []
+    for layer, null in latents["controls"].items():
+        mine = latents["keys"][latents["keys"]["layer"] == layer]
+        theirs = neurons["keys"][neurons["keys"]["layer"] == layer]
+        row = {"layer": int(layer), "n_latents": len(mine), "n_neurons": len(theirs),
+               "n_measured_latents": int(mine["total_effect"].notna().sum()),
+               "n_measured_neurons": int(theirs["total_effect"].notna().sum())}
+        for name, column in (("entropy_candidate", "entropy_candidate"), ("token_frequency", "moves_unigram")):
+            row.update(excess_beside_neurons(mine[column].to_numpy(bool), null[name], theirs[column].to_numpy(bool),
+                                             neurons["controls"][layer][name], f"{name}_share"))
+        row.update(share_with_interval(mine["entropy"].to_numpy(bool), "entropy_share"))
+        row.update(common.beside_neurons(mine["entropy"].to_numpy(bool), theirs["entropy"].to_numpy(bool),
+                                         "entropy_share"))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 FINDING = Finding("Beyond the paper", (
@@ -360,11 +428,26 @@ FINDING = Finding("Beyond the paper", (
     "11.2378, 11.2870, 11.2123, 11.1611, 11.2910); token-frequency neurons move the prediction along the unigram "
     "log-frequency direction. Gerstner and Schütze 2025: in gated FF layers enrichment neurons dominate the early "
     "and middle layers, depletion neurons the late ones."))
-FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING, f"{NAME}_measured": FINDING, f"{NAME}_glu": FINDING}
+FINDING_LATENTS = Finding("Beyond the paper (issue 46)", (
+    "The same confidence-regulation classes for a sparse dictionary's decoder rows, beside the layer's neurons: "
+    "does the dictionary isolate entropy or token-frequency directions more often than the neurons do, each kind "
+    "beyond random mixtures of its own values?"))
+FINDINGS = {NAME: FINDING, f"{NAME}_keys": FINDING, f"{NAME}_measured": FINDING, f"{NAME}_glu": FINDING,
+            LATENTS: FINDING_LATENTS, f"{LATENTS}_keys": FINDING_LATENTS, f"{LATENTS}_measured": FINDING_LATENTS}
 
 
 def reading(name: str, table: pd.DataFrame) -> str | None:
     """The entropy and token-frequency shares of the last layer against the null's (and the GLU classes' ends)."""
+    if name == LATENTS and "token_frequency_share_latents" in table:
+        return " ".join(
+            f"Layer {int(r.layer) + 1}: token-frequency latents {share_ci(r.token_frequency_share_latents, r.n_latents)}"
+            f" (their null {pct(r.token_frequency_share_latents_control)}) against neurons "
+            f"{share_ci(r.token_frequency_share_neurons, r.n_neurons)} (null {pct(r.token_frequency_share_neurons_control)})"
+            f": {r.verdict_token_frequency_share}; entropy candidates {pct(r.entropy_candidate_share_latents)} of latents "
+            f"against {pct(r.entropy_candidate_share_neurons)} of neurons: {r.verdict_entropy_candidate_share}; "
+            f"measured entropy memories {int(round(r.entropy_share * r.n_latents))} of {int(r.n_measured_latents)} "
+            f"latents measured, {int(round(r.entropy_share_neurons * r.n_neurons))} of {int(r.n_measured_neurons)} "
+            "neurons." for r in table.sort_values("layer").itertuples())
     if name != NAME or "entropy_share" not in table:
         return None
     t, first, last, n_first, n_last = layer_ends(table)
@@ -389,6 +472,8 @@ EXPERIMENT = Experiment(
     needs=("vocabulary_classes",), held_out=True,
     encoder=Encoder(False, "confidence classes (beyond the paper)", "not computed: they read the vocabulary classes, "
                     "which an encoder does not have"),
+    latents=(f"{LATENTS}, {LATENTS}_keys, {LATENTS}_measured: the decoder rows' entropy candidates, measured entropy memories and "
+             "token-frequency directions, each kind beside its own null and the neurons of the layer"),
     findings=FINDINGS, reading=reading, how=("rule", "frequency", "control"),
     key_columns=(KeyColumn(f"{NAME}_keys", "class", "confidence class", "confidence class"),
                  KeyColumn(f"{NAME}_keys", "glu_class", "GLU class", "GLU class")),

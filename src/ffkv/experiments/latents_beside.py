@@ -99,6 +99,12 @@ MEASURES = (
               f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
               f"{c}_share_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression", "partition")),
+    *(Measure("confidence_neurons_latents", f"{m}_share", f"{label} values (Stolfo et al.), beyond random mixtures "
+              "of own values", f"{m}_share_latents", f"n_{m}_share_latents", f"{m}_share_latents_control",
+              f"{m}_share_neurons", f"n_{m}_share_neurons", f"{m}_share_neurons_control",
+              f"excess_{m}_share_latents_minus_neurons", "excess over own control, latents minus neurons",
+              (f"n_{m}_share_latents_control", f"n_{m}_share_neurons_control"))
+      for m, label in (("token_frequency", "token-frequency"), ("entropy_candidate", "entropy-candidate"))),
     # an AUC, not a share (no signal: 0.5); the difference's interval is DeLong's, paired over the same examples
     Measure("membership_latents", "membership_auc", "fires differently on training text (membership ROC AUC; "
             "further from 0.5 is more signal)", "auc_latents", "n_examples", "auc_chance", "auc_neurons",
@@ -347,8 +353,8 @@ EXPERIMENT = Experiment(
     name=NAME, title="Latents beside neurons: every measure side by side, with the dictionary's fidelity "
                      "(beyond the paper)",
     section="beyond the paper: sparse dictionaries as memories", order=7.5, compute=compute, draw=draw,
-    after=("patterns", "values", "composition", "census", "vocabulary_classes", "suppressed", "membership",
-           "explanation_scores"),
+    after=("patterns", "values", "composition", "census", "vocabulary_classes", "confidence_neurons", "suppressed",
+           "membership", "explanation_scores"),
     held_out=True,
     own_pass="the fidelity's passes replace the FF output by the reconstruction and by its mean: a model the "
              "shared held-out pass does not run",
