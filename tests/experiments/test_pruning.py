@@ -448,3 +448,59 @@ def test_prune_by_activation_frequency_on_a_signed_model_uses_the_runs_held_out_
         assert info["removed"][str(layer)] == expected.tolist(), layer
         by_sign += set(np.argsort((m > 0).mean(0), kind="stable")[:n]) != set(expected)
     assert by_sign > 0  # the rule matters here: the ReLU rule m > 0 would remove other keys
+
+
+def test_pruning_latents_against_a_brute_force_model_and_latents_that_write_nothing(tmp_path):
+    """A ReLU transcoder at layer 1 of the tiny GPT-2 whose 8 smallest decoder rows are 0: by value norm, removing up
+    to half of its latents changes nothing (perplexity exactly the model's); every value-norm row's perplexity equals
+    a copy of the model whose layer-1 MLP output loses Σ a_j·d_j of the removed latents, and the neurons' beside it a
+    copy with that layer's removed values zeroed (only that layer); the neurons' own curve is the run's without
+    the dictionary."""
+    from ffkv.dictionaries import Dictionary
+    from ffkv.dictionaries.npz_layout import save_npz
+    from ffkv.experiments import analyze
+    from ffkv.experiments.common import select_held_out
+    from ffkv.memories.pruning import removal_count
+    from support.runs import N_LINES, index_run
+
+    plain, loaded = index_run(tmp_path / "plain")
+    view, layer, n = loaded.view, 1, 16
+    g = torch.Generator().manual_seed(2)
+    decoder = torch.randn(n, view.d_model, generator=g) * torch.linspace(1.0, 2.0, n)[:, None]
+    decoder[:8] = 0.0
+    d = Dictionary(kind="transcoder", layer=layer, encoder=torch.randn(n, view.d_model, generator=g),
+                   encoder_bias=torch.zeros(n), decoder=decoder, decoder_bias=torch.zeros(view.d_model),
+                   activation="relu")
+    corpus = tmp_path / "plain" / "corpus.txt"
+    run = tmp_path / "run"
+    build_index(loaded, CorpusSpec(source=str(corpus), unit="line"), run, IndexOptions(top_k=5),
+                progress=False, dictionary=save_npz(d, tmp_path / "d.npz"))
+    for folder in (run, plain):
+        analyze(folder, only=["pruning"], eval_corpus=str(corpus), n_eval=N_LINES, progress=False, loaded=loaded)
+    for table in ("pruning", "pruning_summary"):  # the neurons' curves: no latent changes them
+        pd.testing.assert_frame_equal(RunDir(run).read_metric(table), RunDir(plain).read_metric(table),
+                                      check_exact=True)
+    table = RunDir(run).read_metric(pruning.LATENTS)
+    assert set(table["criterion"]) == set(pruning.LATENT_CRITERIA) and set(table["layer"]) == {layer}
+    by_norm = table[table["criterion"] == "value_norm"].set_index("share")
+    for share in (0.1, 0.3, 0.5):
+        assert by_norm.loc[share, "perplexity_latents"] == by_norm.loc[share, "perplexity_base"]
+
+    held = select_held_out(loaded, CorpusSpec(source=str(corpus), unit="line", split="all", max_examples=N_LINES,
+                                              shuffle_seed=0), 0)
+    tokens = [list(ids) for _, ids in pruning.heldout_rows([e.token_ids for e in held.examples], pruning.MAX_TOKENS)]
+    base, _ = brute_force_perplexity(loaded.model, tokens)
+    assert by_norm["perplexity_base"].iloc[0] == pytest.approx(base, rel=1e-6)
+    latent_order = np.argsort(decoder.norm(dim=1).double().numpy(), kind="stable")
+    neuron_order = np.argsort(view.values(layer).float().norm(dim=1).double().numpy(), kind="stable")
+    for share, row in by_norm.iterrows():
+        gone = torch.as_tensor(np.sort(latent_order[:removal_count(n, share)]))
+        other = copy.deepcopy(loaded.model)
+        mlp = type(view)(other).blocks[layer].mlp
+        mlp.register_forward_hook(lambda mod, args, out, gone=gone: out - torch.relu(
+            args[0] @ d.encoder[gone].T + d.encoder_bias[gone]) @ d.decoder[gone])
+        assert row["perplexity_latents"] == pytest.approx(brute_force_perplexity(other, tokens)[0], rel=1e-5)
+        neurons = {layer: np.sort(neuron_order[:removal_count(view.d_m, share)])}
+        assert row["perplexity_neurons"] == pytest.approx(
+            brute_force_perplexity(zero_values(loaded, neurons), tokens)[0], rel=1e-5)
+    assert by_norm.loc[0.9, "perplexity_latents"] != by_norm.loc[0.9, "perplexity_base"]  # the rows that write

@@ -194,15 +194,16 @@ def _passes(loaded: LoadedModel, latents: Latents, batches: list, each) -> None:
 def activation_stats(loaded: LoadedModel, latents: Latents, sample: list[list[int]], bins: int = HISTOGRAM_BINS
                      ) -> dict:
     """Per layer of the dictionary (in `latents.layers` order), over every real position of the sample: the share
-    of positions where each latent is active (a_j > 0), the smallest and largest a_j, and a histogram of a_j in
-    `bins` equal-width bins from the smallest to the largest (the last bin includes it); two passes, so memory
-    holds one batch's activations at a time. ``positions`` counts the positions."""
+    of positions where each latent is active (a_j > 0), its mean a_j (``mean``), the smallest and largest a_j, and a
+    histogram of a_j in `bins` equal-width bins from the smallest to the largest (the last bin includes it); two
+    passes, so memory holds one batch's activations at a time. ``positions`` counts the positions."""
     batches = _batches(loaded, dict(enumerate(sample)))
     index = {layer: i for i, layer in enumerate(latents.layers)}
     n = [latents.size(layer) for layer in latents.layers]
     lo = [torch.full((k,), float("inf"), dtype=torch.float64) for k in n]
     hi = [torch.full((k,), float("-inf"), dtype=torch.float64) for k in n]
     active = [torch.zeros(k, dtype=torch.float64) for k in n]
+    total = [torch.zeros(k, dtype=torch.float64) for k in n]
     hist = [torch.zeros(k * bins, dtype=torch.int64) for k in n]
 
     def real(batch, a: torch.Tensor) -> torch.Tensor:
@@ -213,6 +214,7 @@ def activation_stats(loaded: LoadedModel, latents: Latents, sample: list[list[in
         lo[i] = torch.minimum(lo[i], x.amin(0))
         hi[i] = torch.maximum(hi[i], x.amax(0))
         active[i] += (x > 0).sum(0)
+        total[i] += x.sum(0)
 
     def second(batch, layer: int, a: torch.Tensor) -> None:
         i, x = index[layer], real(batch, a)
@@ -225,6 +227,7 @@ def activation_stats(loaded: LoadedModel, latents: Latents, sample: list[list[in
     _passes(loaded, latents, batches, second)
     empty = positions == 0
     return {"frequency": [(a / max(positions, 1)).float().numpy() for a in active],
+            "mean": [(t / max(positions, 1)).numpy() for t in total],
             "lo": [(torch.zeros_like(x) if empty else x).float().numpy() for x in lo],
             "hi": [(torch.zeros_like(x) if empty else x).float().numpy() for x in hi],
             "histogram": [h.view(k, bins).numpy() for h, k in zip(hist, n)], "positions": positions}

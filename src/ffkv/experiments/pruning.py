@@ -29,6 +29,18 @@ so no criterion is chosen on the test set. Perplexity is exp of the mean next-to
 log-likelihood over every position of the held-out examples read (token-weighted: each predicted token counts
 once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked`). The curve reads at most
 `MAX_TOKENS` predicted tokens: held-out examples in a seeded random order until the next would pass it.
+
+Latents (SPEC section 11; a run indexed with ``--dictionary``): ``pruning_latents`` removes a share of one
+dictionary layer's latents (switched off, a_j = 0: the layer's output is the reconstruction without them plus the
+dictionary's error term, `ffkv.memories.interventions`) and, beside it, the same share of the same layer's neurons
+(masked in that layer only), each by the same criterion read for its own kind, on the same held-out tokens:
+``activation_frequency`` (a_j > 0 over the same corpus sample, `ffkv.experiments.latent_lookups.activation_stats`),
+``value_norm`` (‖d_j‖), ``contribution`` (mean a_j·‖d_j‖) and ``random`` (a seeded permutation, numpy's
+default_rng([seed, layer, 1]) for latents). ``redundancy`` is left out for latents (greedy over all pairs of a
+16x dictionary's decoder rows: hundreds of millions of cosines per step) and ``census`` too (the census classes
+no latent). At `LATENT_SHARES`; per row the paired difference of the per-example mean NLL, latents minus neurons,
+with its 95% interval (`ffkv.presentation.intervals.paired_mean_interval`): a positive difference means removing the
+latents costs more than removing as large a share of the neurons.
 """
 
 from __future__ import annotations
@@ -56,6 +68,10 @@ from ffkv.models.loading import LoadedModel
 from ffkv.store.run import RunDir
 
 NAME = "pruning"
+LATENTS = f"{NAME}_latents"
+#: The criteria read for latents, and the shares of a dictionary layer's latents (and of its neurons) removed.
+LATENT_CRITERIA = ("activation_frequency", "value_norm", "contribution", "random")
+LATENT_SHARES = (0.1, 0.3, 0.5, 0.7, 0.9)
 #: The criteria, in the order of the table and the figure's legend.
 CRITERIA = ("activation_frequency", "value_norm", "contribution", "redundancy", "census", "random")
 #: Criteria that read the statistics of the corpus sample (the others read the weights alone, or the census).
@@ -390,7 +406,69 @@ def compute(ctx: RunContext, options=None) -> Result:
                                            "n_tokens": base.n_tokens})
     result.add(NAME, table, **description)
     result.add(f"{NAME}_summary", summary, **description)
+    latents, unread = ctx.latents_for(LATENTS)
+    if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
+        result.meta[NAME] = {**description, "warnings": [*warnings, *unread]}
+    if latents is not None:
+        result.add(LATENTS, latent_curves(ctx, latents, rows, stats, sample), **{
+            **description, "criteria": list(LATENT_CRITERIA), "shares": list(LATENT_SHARES),
+            "removal": "a share of one dictionary layer's latents switched off (a_j = 0, the dictionary's error term "
+                       "kept), beside the same share of that layer's neurons masked (that layer only), each ordered "
+                       "by the criterion read for its own kind",
+            "difference": "per-example mean next-token NLL, latents removed minus neurons removed, paired over the "
+                          "same examples: mean and 95% interval (normal approximation)", "warnings": []})
     return result
+
+
+def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray]], stats: KeyStatistics,
+                  sample: list[list[int]]) -> pd.DataFrame:
+    """pruning_latents: per dictionary layer, criterion and share, the held-out perplexity with that share of the
+    layer's latents switched off and with as large a share of its neurons masked (module docstring)."""
+    from ffkv.experiments.latent_lookups import activation_stats as latent_activation_stats
+    from ffkv.memories.interventions import Intervention
+    from ffkv.presentation.intervals import paired_mean_interval
+
+    view, tokens = ctx.view, [ids for _, ids in rows]
+    act = latent_activation_stats(ctx.loaded, latents, sample)
+
+    def scored(interventions: list[Intervention]):
+        with latents.attached():
+            return score_examples(ctx.loaded, tokens, interventions=interventions)
+
+    base = score_examples(ctx.loaded, tokens)
+    n = base.n_predicted.astype(np.float64)
+    out = []
+    steps = len(latents.layers) * len(LATENT_CRITERIA) * len(LATENT_SHARES)
+    bar = progress_bar(ctx.progress, steps, "pruning latents", "share")
+    try:
+        for i, layer in enumerate(latents.layers):
+            size, kind = latents.size(layer), latents.dictionaries[layer].kind
+            norm = latents.values(layer).detach().double().norm(dim=1).cpu().numpy()
+            scores = {"activation_frequency": np.asarray(act["frequency"][i], dtype=np.float64), "value_norm": norm,
+                      "contribution": act["mean"][i] * norm}
+            for criterion in LATENT_CRITERIA:
+                order = (np.random.default_rng([ctx.seed, layer, 1]).permutation(size) if criterion == "random"
+                         else ascending(scores[criterion]))
+                neuron_order = removal_orders(criterion, view, stats, seed=ctx.seed)[layer]
+                for share in LATENT_SHARES:
+                    gone = np.sort(order[:removal_count(size, share)])
+                    mine = scored([Intervention(layer, int(j), "off", kind=kind) for j in gone])
+                    theirs = score_examples(ctx.loaded, tokens, interventions=removal_edits(
+                        view, {layer: np.sort(neuron_order[:removal_count(view.d_m, share)])}))
+                    diff, low, high = paired_mean_interval(mine.nll - theirs.nll)
+                    out.append({"layer": layer, "kind": kind, "criterion": criterion, "share": share,
+                                "n_latents": size, "n_removed_latents": len(gone),
+                                "perplexity_latents": float(np.exp((mine.nll * n).sum() / n.sum())),
+                                "d_m": view.d_m, "n_removed_neurons": removal_count(view.d_m, share),
+                                "perplexity_neurons": float(np.exp((theirs.nll * n).sum() / n.sum())),
+                                "perplexity_base": float(np.exp((base.nll * n).sum() / n.sum())),
+                                "nll_latents_minus_neurons": diff, "nll_latents_minus_neurons_ci_low": low,
+                                "nll_latents_minus_neurons_ci_high": high, "n_examples": len(rows),
+                                "n_tokens": int(n.sum())})
+                    bar.update(1)
+    finally:
+        bar.close()
+    return pd.DataFrame(out)
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -419,7 +497,42 @@ def draw(result: Result) -> Figures:
     ax.set_ylabel("held-out perplexity (log scale)")
     ax.set_title(f"Pruning memories (n = {n_tokens:,} held-out tokens)", fontsize=9)
     legend_outside(ax)
-    return {NAME: fig}
+    figures = {NAME: fig}
+    latents = result.tables.get(LATENTS)
+    if latents is not None and not latents.empty:
+        figures[LATENTS] = _draw_latents(latents)
+    return figures
+
+
+def _draw_latents(table: pd.DataFrame):
+    """figures/pruning_latents: per dictionary layer, perplexity against the share removed, latents solid and the
+    layer's neurons dashed, one colour per criterion."""
+    import matplotlib.pyplot as plt
+
+    from ffkv.experiments.figures import legend_outside
+
+    layers = sorted(table["layer"].unique())
+    fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers) + 2.0, 3.6), constrained_layout=True,
+                             squeeze=False)
+    axes = axes[0]
+    colors = dict(zip(LATENT_CRITERIA, ("tab:blue", "tab:orange", "tab:green", "tab:gray")))
+    for ax, layer in zip(axes, layers):
+        own = table[table["layer"] == layer]
+        for criterion, rows in own.groupby("criterion", sort=False):
+            share = 100 * rows["share"]
+            ax.plot(share, rows["perplexity_latents"], marker="o", markersize=3, color=colors[criterion],
+                    label=f"{criterion.replace('_', ' ')}, latents")
+            ax.plot(share, rows["perplexity_neurons"], marker="x", markersize=3, linestyle="--",
+                    color=colors[criterion], label=f"{criterion.replace('_', ' ')}, neurons")
+        ax.axhline(float(own["perplexity_base"].iloc[0]), color="black", linewidth=0.6, label="nothing removed")
+        ax.set_xlabel(f"share of layer {int(layer) + 1}'s memories removed (%)")
+        ax.set_title(f"layer {int(layer) + 1}: {int(own['n_latents'].iloc[0]):,} latents ({own['kind'].iloc[0]}), "
+                     f"{int(own['d_m'].iloc[0]):,} neurons", fontsize=8)
+    axes[0].set_ylabel("held-out perplexity")
+    fig.suptitle(f"Pruning latents beside neurons (n = {int(table['n_tokens'].iloc[0]):,} held-out tokens)",
+                 fontsize=9)
+    legend_outside(axes[-1])
+    return fig
 
 
 
@@ -440,7 +553,28 @@ FINDING = Finding("Beyond the paper", (
     "The paper leaves pruning open. Held-out perplexity as a growing share of every "
     "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
     "criterion must beat."))
-FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING}
+FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING, LATENTS: Finding("Beyond the paper (issue 46)", (
+    "Is a sparse dictionary's layer more prunable than the layer's neurons? Held-out perplexity as a growing share "
+    "of one layer's latents is switched off (the dictionary's error term kept), beside as large a share of the same "
+    "layer's neurons removed by the same criterion."))}
+
+
+def reading(name: str, table: pd.DataFrame) -> str | None:
+    """pruning_latents at half of each dictionary layer removed: per criterion the two perplexities and the paired
+    difference of the per-example NLL. Layers count from 1."""
+    if name != LATENTS or "perplexity_latents" not in table:
+        return None
+    half = table[table["share"] == 0.5]
+    parts = []
+    for layer, own in half.groupby("layer"):
+        cells = "; ".join(
+            f"{r.criterion.replace('_', ' ')}: {r.perplexity_latents:.2f} against {r.perplexity_neurons:.2f} "
+            f"(NLL difference {r.nll_latents_minus_neurons:+.3f} [{r.nll_latents_minus_neurons_ci_low:+.3f}, "
+            f"{r.nll_latents_minus_neurons_ci_high:+.3f}])" for r in own.itertuples())
+        parts.append(f"layer {int(layer) + 1} (nothing removed: {own['perplexity_base'].iloc[0]:.2f}), half of the "
+                     f"latents against half of the neurons removed, {cells}")
+    return ("Held-out perplexity, " + "; ".join(parts) + ". A positive difference: removing the latents costs "
+            "more than removing as many of the layer's neurons (proportionally).")
 
 
 EXPERIMENT = Experiment(
@@ -452,7 +586,9 @@ EXPERIMENT = Experiment(
     after=("census",),  # its census criterion reads the census of this call
     encoder=Encoder(False, "pruning curves (beyond the paper)", "not computed: perplexity is a causal LM's; `ffkv "
                     "prune` still writes a smaller encoder"),
-    findings=FINDINGS, reading_rows={f"{NAME}_summary": 10}, module=__name__)
+    latents=(f"{LATENTS}: a share of each dictionary layer's latents switched off, beside the same share of its "
+             "neurons, held-out perplexity per criterion (activation frequency, value norm, contribution, random)"),
+    findings=FINDINGS, reading=reading, reading_rows={f"{NAME}_summary": 10}, module=__name__)
 
 
 __all__ = ["CENSUS_GROUPS", "CRITERIA", "KeyStatistics", "Perplexity", "SHARES", "census_order",
