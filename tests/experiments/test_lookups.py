@@ -108,20 +108,52 @@ def test_the_most_common_last_token_is_the_same_on_every_build(tmp_path):
     (DuckDB's arg_max broke ties by chance: two builds of the demo run differed in 1,296 of 6,144 keys)."""
     import duckdb
 
-    from ffkv.experiments.lookups import _trigger_summaries
+    from ffkv.experiments.lookups import trigger_summaries
 
     rows = [(0, 0, 7), (0, 0, 3), (0, 0, 9), (0, 1, 5), (0, 1, 2), (0, 1, 5), (1, 0, 4), (1, 0, 1)]
     db = tmp_path / "explorer.duckdb"
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE triggers (layer SMALLINT, key INTEGER, rank SMALLINT, direction TINYINT, "
-                "next_token_id INTEGER, last_token_id INTEGER)")
-    con.executemany("INSERT INTO triggers VALUES (?, ?, ?, 1, 0, ?)",
+                "coefficient REAL, next_token_id INTEGER, last_token_id INTEGER)")
+    con.executemany("INSERT INTO triggers VALUES (?, ?, ?, 1, 1.0, 0, ?)",
                     [(layer, key, rank, token) for rank, (layer, key, token) in enumerate(rows)])
     con.close()
-    got = [_trigger_summaries(db, 2, 2, False)[1].sort_values(["layer", "key"]) for _ in range(5)]
+    got = [trigger_summaries(db, "triggers", {0: 2, 1: 2}, False)[1].sort_values(["layer", "key"]) for _ in range(5)]
     assert got[0][["layer", "key", "common_last_token_id"]].values.tolist() == [[0, 0, 3], [0, 1, 5], [1, 0, 1]]
     np.testing.assert_allclose(got[0]["shallow_share"], [1 / 3, 2 / 3, 0.5], rtol=1e-6)
     assert all(g.equals(got[0]) for g in got)
+
+
+def test_trigger_summaries_read_the_neurons_positive_rows_and_every_latent_row(tmp_path):
+    """One query for both tables: a neuron's rows of direction -1 are not its trigger examples, a latent's table has
+    no direction; the top-1 row's trigger target lands at its key (-1 where a key has none)."""
+    import duckdb
+
+    from ffkv.experiments.lookups import trigger_summaries
+
+    db = tmp_path / "explorer.duckdb"
+    con = duckdb.connect(str(db))
+    for table, direction in (("triggers", "direction TINYINT, "), ("latent_triggers", "")):
+        con.execute(f"CREATE TABLE {table} (layer SMALLINT, key INTEGER, rank SMALLINT, {direction}"
+                    "coefficient REAL, next_token_id INTEGER, last_token_id INTEGER)")
+    # layer, key, rank, direction, coefficient, next token, last token
+    rows = [(0, 1, 0, 1, 3.0, 11, 5), (0, 1, 1, 1, 2.0, 12, 6), (0, 1, 0, -1, -4.0, 13, 6), (0, 1, 1, -1, -3.0, 14, 6),
+            (2, 0, 0, 1, 1.5, 15, 7)]
+    con.executemany("INSERT INTO triggers VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.executemany("INSERT INTO latent_triggers VALUES (?, ?, ?, ?, ?, ?)",
+                    [(0, 1, 0, 3.0, 11, 5), (0, 1, 1, 2.0, 12, 6), (0, 1, 2, 1.0, 13, 6)])
+    con.close()
+    top1, neurons = trigger_summaries(db, "triggers", {0: 3, 2: 2}, False)
+    assert {layer: t.tolist() for layer, t in top1.items()} == {0: [-1, 11, -1], 2: [15, -1]}
+    neurons = neurons.sort_values(["layer", "key"]).reset_index(drop=True)
+    assert neurons[["layer", "key", "common_last_token_id", "n_triggers"]].values.tolist() == [[0, 1, 5, 2], [2, 0, 7, 1]]
+    assert neurons["shallow_share"].tolist() == [0.5, 1.0] and neurons["top_coefficient"].tolist() == [3.0, 1.5]
+    top1, latents = trigger_summaries(db, "latent_triggers", {0: 2}, True)  # an encoder's target: the trigger token
+    assert top1[0].tolist() == [-1, 5]
+    assert latents[["common_last_token_id", "n_triggers", "top_coefficient"]].values.tolist() == [[6, 3, 3.0]]
+    assert latents["shallow_share"].tolist() == pytest.approx([2 / 3])
+    with pytest.raises(ValueError, match="no trigger table"):
+        trigger_summaries(db, "texts", {}, False)
 
 
 def test_the_stored_window_never_exceeds_max_cells():

@@ -21,11 +21,9 @@ import torch
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.dictionaries.dictionary import Dictionary
 from ffkv.dictionaries.sparsify_layout import read_sparsify
-from ffkv.dictionaries.train import (FiringTally, TopKTranscoder, TranscoderShape, VarianceTally,
-                                     fraction_of_variance_unexplained, learning_rate, train_step)
+from ffkv.dictionaries.train import TopKTranscoder, TranscoderShape, learning_rate, train_step
 from ffkv.errors import FfkvError
-from ffkv.tools.train_dictionary import (TrainDictionaryOptions, loss_recovered, measure_fidelity,
-                                         train_dictionaries)
+from ffkv.tools.train_dictionary import TrainDictionaryOptions, measure_fidelity, train_dictionaries
 from support.helpers import loaded_tiny
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -96,18 +94,6 @@ def test_fvu_and_dead_latents_equal_a_brute_force_recomputation(llama_run):
         assert row["dead_latents"] == int(((acts > 0).sum(0) == 0).sum())
 
 
-def test_variance_tally_streams_exactly():
-    torch.manual_seed(0)
-    y, r = torch.randn(300, 8) + 3, torch.randn(300, 8)
-    tally = VarianceTally(8)
-    for a, b in zip(y.split(77), r.split(77)):
-        tally.add(a, b)
-    assert tally.fvu == pytest.approx(float(fraction_of_variance_unexplained(y.double(), r.double())), rel=1e-12)
-    firing = FiringTally(5)
-    firing.add(torch.tensor([[1.0, 0.0]]), torch.tensor([[3, 1]]))
-    assert firing.dead == 4  # latent 1 was chosen at zero: it did not fire
-
-
 def test_a_transcoder_that_is_the_ff_layer_recovers_all_the_loss_and_the_mean_none(tmp_path):
     # OPT's FF is relu(x·W1ᵀ + b1)·W2ᵀ + b2: a topk transcoder keeping all d_m latents is exactly that layer.
     loaded = loaded_tiny("opt")
@@ -126,7 +112,6 @@ def test_a_transcoder_that_is_the_ff_layer_recovers_all_the_loss_and_the_mean_no
         _, (row,) = measure_fidelity(loaded, examples, {layer: planted}, {layer: mean}, eval_tokens=10_000)
         assert row["loss_mean_ablated"] > row["loss_original"]
         assert row["loss_recovered"] == pytest.approx(recovered, abs=1e-5)
-    assert loss_recovered(2.0, 2.5, 3.0) == 0.5
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():

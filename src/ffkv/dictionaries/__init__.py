@@ -9,6 +9,7 @@
     npz_layout.py       one .npz file (ffkv's arrays or Gemma Scope's): read, and `save_npz`
     layouts.py          `open_dictionary`: detect the layout, read a model's dictionaries by layer; `reopen`
                         a run's, checked to be the files it was indexed with
+    fidelity.py         a dictionary's fidelity to its layer (FVU, dead latents, loss recovered): the measures
 
 A model's dictionaries are a plain ``dict[int, Dictionary]`` keyed by FF layer. This package sits below
 `ffkv.memories` and does not import it: checks against a model take plain ints (`check_against`).

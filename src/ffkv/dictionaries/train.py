@@ -22,8 +22,8 @@ AuxK (Gao et al.'s auxiliary loss that revives dead latents) is off, as sparsify
 Nothing here draws random numbers after the initialisation, which takes its own generator: a checkpoint of
 the weights, the optimizer and the data position is the whole state of a run.
 
-The measures of a trained dictionary over held-out tokens: `VarianceTally` (the fraction of variance
-unexplained, streamed) and `FiringTally` (the latents that never fired: dead).
+The measures of a trained dictionary over held-out tokens (FVU, dead latents, loss recovered) are
+`ffkv.dictionaries.fidelity`'s.
 """
 
 from __future__ import annotations
@@ -166,46 +166,3 @@ def fired_mask(values: torch.Tensor, indices: torch.Tensor, n_latents: int) -> t
     fired = torch.zeros(n_latents, dtype=torch.bool, device=indices.device)
     fired[indices[values > 0]] = True
     return fired
-
-
-class VarianceTally:
-    """The fraction of variance unexplained over a stream of batches, exactly as over their concatenation:
-    Σ‖y − ŷ‖² / (Σ‖y‖² − N‖ȳ‖²), ȳ the mean of all N rows (float64 sums)."""
-
-    def __init__(self, d_model: int) -> None:
-        self.n = 0
-        self.sum = torch.zeros(d_model, dtype=torch.float64)
-        self.sum_squares = 0.0
-        self.error = 0.0
-
-    def add(self, target: torch.Tensor, reconstruction: torch.Tensor) -> None:
-        y = target.detach().double()
-        self.n += int(y.shape[0])
-        self.sum += y.sum(0).cpu()
-        self.sum_squares += float(y.pow(2).sum())
-        self.error += float((y - reconstruction.detach().double()).pow(2).sum())
-
-    @property
-    def fvu(self) -> float:
-        if self.n == 0:
-            return float("nan")
-        total = self.sum_squares - float(self.sum.pow(2).sum()) / self.n
-        return self.error / total if total > 0 else float("nan")
-
-
-class FiringTally:
-    """Which latents fired (activation > 0) at least once over the tokens seen; the rest are dead."""
-
-    def __init__(self, n_latents: int) -> None:
-        self.fired = torch.zeros(n_latents, dtype=torch.bool)
-
-    def add(self, values: torch.Tensor, indices: torch.Tensor) -> None:
-        self.fired |= fired_mask(values, indices, len(self.fired)).cpu()
-
-    @property
-    def dead(self) -> int:
-        return int((~self.fired).sum())
-
-    @property
-    def dead_share(self) -> float:
-        return self.dead / len(self.fired)

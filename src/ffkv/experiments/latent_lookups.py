@@ -33,12 +33,11 @@ from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import progress_bar
+from ffkv.experiments.lookups import trigger_summaries
 from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.sets import Latents
-from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic, lookups, schemas
-from ffkv.store.database import open_database
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -69,7 +68,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sa
     store = cells is not None and cells <= trigger_contexts.MAX_CELLS
     texts = trigger_contexts.texts_of(db) if store and activations is None else {}
     bar = progress_bar(progress, len(latents.layers) + 2, "latent lookups", "step")
-    top1, summaries = _trigger_summaries(db, latents, loaded.view.encoder)
+    top1, summaries = trigger_summaries(db, "latent_triggers", {layer: latents.size(layer) for layer in latents.layers},
+                                        loaded.view.encoder)
     tops, stats = [], []
     for layer in latents.layers:
         tables = _value_tables(loaded, latents, layer, top1[layer])
@@ -115,31 +115,6 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sa
     record["layers"] = {str(layer): {"kind": latents.dictionaries[layer].kind,
                                      "n_latents": latents.size(layer)} for layer in latents.layers}
     return record
-
-
-def _trigger_summaries(db: Path, latents: Latents, encoder: bool) -> tuple[dict[int, np.ndarray], pd.DataFrame]:
-    """Per layer, the trigger target of each latent's top-1 trigger example (-1: none, a latent that never
-    fired); and per (layer, key) that fired: its most common last token (ties: the lowest id), its share, the
-    number of its trigger rows and its largest activation."""
-    con = open_database(db, tables={"latent_triggers": ("layer", "key", "rank", "coefficient", "next_token_id",
-                                                        "last_token_id")})
-    try:
-        first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM latent_triggers "
-                            "WHERE rank = 0").fetchnumpy()
-        summaries = con.execute("""
-            SELECT layer, key, first(last_token_id ORDER BY n DESC, last_token_id) AS common_last_token_id,
-                   CAST(max(n) AS FLOAT) / sum(n) AS shallow_share, CAST(sum(n) AS INTEGER) AS n_triggers,
-                   max(top) AS top_coefficient
-            FROM (SELECT layer, key, last_token_id, count(*) AS n, max(coefficient) AS top FROM latent_triggers
-                  GROUP BY ALL)
-            GROUP BY layer, key""").df()
-    finally:
-        con.close()
-    top1 = {layer: np.full(latents.size(layer), -1, dtype=np.int64) for layer in latents.layers}
-    targets = trigger_targets(first["next_token_id"], first["last_token_id"], encoder)
-    for layer, key, target in zip(first["layer"], first["key"], targets):
-        top1[int(layer)][int(key)] = int(target)
-    return top1, summaries.astype({"layer": "int16", "key": "int32"})
 
 
 def _value_tables(loaded: LoadedModel, latents: Latents, layer: int, targets: np.ndarray

@@ -18,8 +18,9 @@ interval excludes 0; otherwise "cannot say". `MEASURES` names which column of wh
 held-out examples: the fraction of the FF output's variance the reconstruction leaves unexplained (FVU), the
 latents that never fire there, and the next-token loss with the layer's FF output replaced by the reconstruction
 (spliced) and by its mean over those tokens (mean-ablated) at the real tokens: loss recovered =
-(L_mean − L_spliced) / (L_mean − L_original), as `ffkv train-dictionary` measures it (there on its own held-out
-tokens, with the training tokens' mean).
+(L_mean − L_spliced) / (L_mean − L_original). `ffkv.dictionaries.fidelity` computes these (through
+`ffkv.memories.dictionary_fidelity`'s passes), as for `ffkv train-dictionary` (there on its own held-out tokens,
+with the training tokens' mean).
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
 from ffkv.experiments.common import MIN_N, RunContext
 from ffkv.experiments.figures import COLORS, new_figure
 from ffkv.experiments.registry import Experiment, Figures, Finding, Result
-from ffkv.memories.interventions import replace_ff_output
+from ffkv.memories.dictionary_fidelity import measure_fidelity
 
 NAME = "latents_beside"
 #: Real held-out tokens the fidelity reads (the model's own loss, a pass up to the deepest dictionary layer, and two
@@ -210,74 +210,12 @@ def _real_batches(ctx: RunContext, budget: int):
             for group in length_batches(chosen, BATCH_SIZE)]
 
 
-def _nll(ctx: RunContext, batch) -> float:
-    """The summed next-token negative log-likelihood of a padded batch (right padding)."""
-    logits = ctx.loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    logits = (logits.logits if hasattr(logits, "logits") else logits[0])[:, :-1].float()
-    real = batch.attention_mask.bool()
-    chosen = real[:, 1:] & real[:, :-1]
-    gold = batch.input_ids[:, 1:][chosen]
-    return float(-torch.log_softmax(logits[chosen], -1).gather(1, gold[:, None]).sum())
-
-
-@torch.no_grad()
 def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
     """metrics/latents_beside_dictionary: per dictionary layer, FVU, dead latents and loss recovered over the
-    held-out tokens (the module's docstring)."""
-    view, layers = ctx.view, latents.layers
-    batches = _real_batches(ctx, FIDELITY_TOKENS)
-    d_model = view.d_model
-    sums = {layer: {"out": torch.zeros(d_model, dtype=torch.float64), "out2": torch.zeros((), dtype=torch.float64),
-                    "err2": torch.zeros((), dtype=torch.float64), "fired": None, "n": 0} for layer in layers}
-    original = 0.0
-    for batch in batches:
-        keep = (batch.competes & batch.attention_mask.bool()).to(view.device)
-        original += _nll(ctx, batch)
-        with view.capture(("ff_in", "ff_out"), layers=layers, stop_early=True) as cap:
-            view.forward(batch.input_ids, batch.attention_mask)
-        for layer in layers:
-            d, s = latents.dictionaries[layer], sums[layer]
-            x = cap["ff_in"][layer].reshape(*keep.shape, -1)[keep]
-            out = cap["ff_out"][layer].reshape(*keep.shape, -1)[keep].double()
-            read = x if latents.reads(layer) == "ff_in" else out.to(x.dtype)
-            a = d.encode(read)
-            s["out"] += out.sum(0).cpu()
-            s["out2"] += out.square().sum().cpu()
-            s["err2"] += (out - d.decode(a, read).double()).square().sum().cpu()
-            fired = (a > 0).any(0).cpu()
-            s["fired"] = fired if s["fired"] is None else s["fired"] | fired
-            s["n"] += int(keep.sum())
-    predicted = sum(int((b.attention_mask.bool()[:, 1:] & b.attention_mask.bool()[:, :-1]).sum()) for b in batches)
-    rows = []
-    for layer in layers:
-        d, s = latents.dictionaries[layer], sums[layer]
-        n = max(s["n"], 1)
-        mean = s["out"] / n
-        variance = float(s["out2"] - n * mean.square().sum())
-        spliced = ablated = 0.0
-        for batch in batches:
-            keep = (batch.competes & batch.attention_mask.bool()).to(view.device)
-
-            def at_real(new):
-                def replace(x, ff_out):
-                    shaped = ff_out.reshape(*keep.shape, -1)
-                    read = x.reshape(*keep.shape, -1) if latents.reads(layer) == "ff_in" else shaped
-                    swapped = torch.where(keep[..., None], new(read).to(shaped.dtype), shaped)
-                    return swapped.reshape(ff_out.shape)
-                return replace
-
-            with replace_ff_output(view, {layer: at_real(lambda r, d=d: d.decode(d.encode(r), r))}):
-                spliced += _nll(ctx, batch)
-            with replace_ff_output(view, {layer: at_real(lambda r, m=mean: m.to(r.device).expand(*r.shape[:-1], -1))}):
-                ablated += _nll(ctx, batch)
-        lo, ls, la = (v / max(predicted, 1) for v in (original, spliced, ablated))
-        dead = int((~s["fired"]).sum()) if s["fired"] is not None else d.n_latents
-        rows.append({"layer": layer, "kind": d.kind, "n_latents": d.n_latents,
-                     "fvu": float(s["err2"]) / variance if variance > 0 else math.nan,
-                     "dead_latents": dead, "dead_share": dead / d.n_latents, "loss_original": lo, "loss_spliced": ls,
-                     "loss_mean_ablated": la, "loss_recovered": (la - ls) / (la - lo) if la != lo else math.nan,
-                     "eval_tokens": s["n"]})
-    return typed(rows, FIDELITY_SCHEMA)
+    held-out tokens (the module's docstring), measured by `ffkv.memories.dictionary_fidelity`."""
+    fidelity = measure_fidelity(ctx.view, _real_batches(ctx, FIDELITY_TOKENS), latents.dictionaries)
+    return typed([{**row, "kind": latents.dictionaries[row["layer"]].kind} for row in fidelity.rows()],
+                 FIDELITY_SCHEMA)
 
 
 def compute(ctx: RunContext, options=None) -> Result:

@@ -29,6 +29,7 @@ import math
 import shutil
 import time
 from pathlib import Path
+from typing import Mapping
 
 import duckdb
 import numpy as np
@@ -311,25 +312,44 @@ def sample_statistics(ctx: RunContext, bar=None) -> tuple[list[list[int]], dict[
     return ctx.once("sample_statistics", compute)
 
 
-def _trigger_summaries(db_path: Path, L: int, d_m: int, encoder: bool) -> tuple[np.ndarray, pd.DataFrame]:
-    """(L, d_m) trigger target of each key's top-1 trigger, and each key's most common last token (ties: the lowest
-    id, so that the table is the same on every build) and its share."""
-    con = open_database(db_path, tables={"triggers": ("layer", "key", "rank", "direction", "next_token_id",
-                                                      "last_token_id")})
+def trigger_summaries(db_path: Path, table: str, sizes: Mapping[int, int], encoder: bool
+                      ) -> tuple[dict[int, np.ndarray], pd.DataFrame]:
+    """What the explorer's lookups read of the positive trigger examples of explorer.duckdb's `table` ("triggers":
+    the neurons', direction 1; "latent_triggers": every row, a latent's a_j >= 0 goes one way): the neurons' and
+    the latents' tables both build from here.
+
+    Returns:
+        per layer of `sizes` (layer -> its number of keys), the trigger target of each key's top-1 trigger example
+        (-1: none); and per (layer, key) with trigger rows, its most common last token (ties: the lowest id, so
+        that the table is the same on every build), that token's share (shallow_share), its rows (n_triggers) and
+        its largest coefficient (top_coefficient).
+    """
+    if table not in ("triggers", "latent_triggers"):
+        raise ValueError(f"no trigger table {table!r} in explorer.duckdb")
+    signed = table == "triggers"  # a neuron's trigger examples go both ways
+    positive = "direction = 1" if signed else "true"
+    con = open_database(db_path, tables={table: ("layer", "key", "rank", "coefficient", "next_token_id",
+                                                 "last_token_id", *(("direction",) if signed else ()))})
     try:
-        first = con.execute("SELECT layer, key, next_token_id, last_token_id FROM triggers "
-                            "WHERE rank = 0 AND direction = 1").fetchnumpy()
-        shallow = con.execute("""
+        first = con.execute(f"SELECT layer, key, next_token_id, last_token_id FROM {table} "
+                            f"WHERE rank = 0 AND {positive}").fetchnumpy()
+        summaries = con.execute(f"""
             SELECT layer, key, first(last_token_id ORDER BY n DESC, last_token_id) AS common_last_token_id,
-                   CAST(max(n) AS FLOAT) / sum(n) AS shallow_share
-            FROM (SELECT layer, key, last_token_id, count(*) AS n FROM triggers WHERE direction = 1 GROUP BY ALL)
+                   CAST(max(n) AS FLOAT) / sum(n) AS shallow_share, CAST(sum(n) AS INTEGER) AS n_triggers,
+                   max(top) AS top_coefficient
+            FROM (SELECT layer, key, last_token_id, count(*) AS n, max(coefficient) AS top FROM {table}
+                  WHERE {positive} GROUP BY ALL)
             GROUP BY layer, key""").df()
     finally:
         con.close()
-    top1 = np.full((L, d_m), -1, dtype=np.int64)
-    top1[first["layer"].astype(int), first["key"].astype(int)] = trigger_targets(
-        first["next_token_id"], first["last_token_id"], encoder)
-    return top1, shallow.astype({"layer": "int16", "key": "int32"})
+    layers, keys = np.asarray(first["layer"], dtype=np.int64), np.asarray(first["key"], dtype=np.int64)
+    targets = trigger_targets(first["next_token_id"], first["last_token_id"], encoder)
+    top1 = {}
+    for layer, n in sizes.items():
+        top1[layer] = np.full(n, -1, dtype=np.int64)
+        here = layers == layer
+        top1[layer][keys[here]] = targets[here]
+    return top1, summaries.astype({"layer": "int16", "key": "int32"})
 
 
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
@@ -356,8 +376,9 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     context_batches = trigger_contexts.batches_needed(rows, texts) if store_contexts else 0
     bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches) + context_batches, "explorer lookups", "step")
     bar.update(1)
-    top1, shallow = _trigger_summaries(folder / "explorer.duckdb", view.n_layers, view.d_m, view.encoder)
-    top_table, stats = value_tables(loaded, top1, bar=bar)
+    top1, shallow = trigger_summaries(folder / "explorer.duckdb", "triggers",
+                                      {layer: view.d_m for layer in range(view.n_layers)}, view.encoder)
+    top_table, stats = value_tables(loaded, np.stack([top1[layer] for layer in range(view.n_layers)]), bar=bar)
     act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
     contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_ROWS:,} trigger rows, or "
                                                         f"more than {trigger_contexts.MAX_CELLS:,} token coefficients "
@@ -390,7 +411,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS):  # an older build's, of another index
             (folder / name).unlink(missing_ok=True)
     stats["activation_frequency"] = act["frequency"].ravel()
-    stats = stats.merge(shallow, on=["layer", "key"], how="left")
+    stats = stats.merge(shallow[["layer", "key", "common_last_token_id", "shallow_share"]], on=["layer", "key"],
+                        how="left")
     stats["shallow_share"] = stats["shallow_share"].fillna(0).astype("float32")
     stats["common_last_token_id"] = stats["common_last_token_id"].fillna(-1).astype("int32")
     stats["activation_lo"] = act["lo"].ravel()

@@ -8,6 +8,7 @@
     controls.py       random key directions of each layer's shape: the control of every key-side finding
     interventions.py  switch memories off, scale or set their coefficients
     pruning.py        remove memories: masked (m_i = 0) or cut out of the weights (a smaller model)
+    dictionary_fidelity.py  the model's passes for a dictionary's fidelity (`ffkv.dictionaries.fidelity`)
 """
 
 from ffkv.memories.architectures import ARCHITECTURES, Architecture, architecture_of, supported_families

@@ -23,6 +23,9 @@ Fidelity, per layer, over held-out tokens (the corpus's held-out split), the mod
   splice costs nothing, 0 when it is no better than the mean. Replacements apply at the tokens the
   transcoder is trained on (real, non-special), one layer at a time.
 
+These are `ffkv.dictionaries.fidelity`'s measures, through `ffkv.memories.dictionary_fidelity`'s passes: the
+latents_beside study measures a run's dictionary with the same code.
+
 Outputs in `out`: one folder per layer named after its hookpoint (``layers.3.mlp``: ``cfg.json`` +
 ``sae.safetensors``, `ffkv.dictionaries.sparsify_layout.save_sparsify`, which sparsify's
 ``SparseCoder.load_many(out, local=True)`` reads), ``fidelity.parquet`` (one row per layer) and
@@ -47,16 +50,15 @@ from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.dictionaries.dictionary import Dictionary
 from ffkv.dictionaries.hookpoints import ff_site
 from ffkv.dictionaries.sparsify_layout import read_sparsify, save_sparsify
-from ffkv.dictionaries.train import (FiringTally, TopKTranscoder, TranscoderShape, VarianceTally,
-                                     default_learning_rate, learning_rate, train_step)
+from ffkv.dictionaries.train import (TopKTranscoder, TranscoderShape, default_learning_rate, learning_rate,
+                                     train_step)
 from ffkv.errors import FfkvError, Interrupted
 from ffkv.experiments.common import progress_bar
 from ffkv.indexing.interrupt import deferred_interrupt
-from ffkv.memories.interventions import replace_ff_output
+from ffkv.memories import dictionary_fidelity
 from ffkv.models.loading import LoadedModel
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
-from ffkv.tools.attribute import Target, target_value
 
 CHECKPOINT = "checkpoint.pt"
 TRAINING = "training.json"
@@ -372,83 +374,28 @@ def _eval_batches(loaded: LoadedModel, examples: Iterable, budget: int, batch_si
             yield _positions(loaded, group)
 
 
-def _loss(loaded: LoadedModel, batch: Batch) -> float:
-    out = loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return float(target_value(logits, batch.input_ids, batch.attention_mask, Target()))
-
-
-def _where(keep: torch.Tensor, new: Callable[[torch.Tensor], torch.Tensor]):
-    """A replacement of the FF output at the kept positions only (shapes as the model holds them)."""
-    def replace(x: torch.Tensor, ff_out: torch.Tensor) -> torch.Tensor:
-        mask = keep.reshape(ff_out.shape[:-1]).unsqueeze(-1)
-        return torch.where(mask, new(x).to(ff_out.dtype), ff_out)
-    return replace
-
-
-@torch.no_grad()
 def measure_fidelity(loaded: LoadedModel, examples: Iterable, dictionaries: dict[int, Dictionary],
                      means: dict[int, torch.Tensor], eval_tokens: int, batch_size: int = 32, progress: bool = False
                      ) -> tuple[dict, list[dict]]:
-    """Each transcoder's fidelity (module docstring) over `examples` (whole examples of two or more tokens, up to
-    `eval_tokens` real tokens): returns the evaluation's counts and one row per layer.
+    """Each transcoder's fidelity (module docstring; measured by `ffkv.memories.dictionary_fidelity`) over
+    `examples` (whole examples of two or more tokens, up to `eval_tokens` real tokens): returns the evaluation's
+    counts and one row per layer.
 
     Args:
         dictionaries: 0-based layer -> its transcoder, on the model's device.
         means: 0-based layer -> the FF output's mean (d_model,) that mean ablation writes instead.
     """
-    view = loaded.view
-    layers = sorted(dictionaries)
-    variance = {layer: VarianceTally(view.d_model) for layer in layers}
-    firing = {layer: FiringTally(dictionaries[layer].n_latents) for layer in layers}
-    original = 0.0
-    spliced = {layer: 0.0 for layer in layers}
-    ablated = {layer: 0.0 for layer in layers}
-    n_tokens = n_predicted = 0
+    batches = list(_eval_batches(loaded, examples, eval_tokens, batch_size))
     bar = progress_bar(progress, eval_tokens, "fidelity", "tok")
     try:
-        for batch in _eval_batches(loaded, examples, eval_tokens, batch_size):
-            keep = batch.competes
-            with view.capture(("ff_in", "ff_out"), layers=layers) as cap:
-                original += _loss(loaded, batch)
-            for layer in layers:
-                d = dictionaries[layer]
-                x = _at(cap["ff_in"][layer], keep)
-                values, indices = d.encode_sparse(x)
-                variance[layer].add(_at(cap["ff_out"][layer], keep), d.decode_sparse(values, indices, x))
-                firing[layer].add(values, indices)
-            del cap
-            for layer in layers:
-                with replace_ff_output(view, {layer: _where(keep, dictionaries[layer])}):
-                    spliced[layer] += _loss(loaded, batch)
-                mean = means[layer]
-                with replace_ff_output(view, {layer: _where(keep, lambda x, mean=mean: mean.expand_as(x))}):
-                    ablated[layer] += _loss(loaded, batch)
-            n_tokens += batch.n_tokens
-            real = batch.attention_mask.bool()
-            n_predicted += int((real[:, 1:] & real[:, :-1]).sum())
-            bar.update(batch.n_tokens)
+        fidelity = dictionary_fidelity.measure_fidelity(loaded.view, batches, dictionaries, means, bar.update)
     finally:
         bar.close()
-    if n_predicted == 0:
+    if fidelity.predicted == 0:
         raise FfkvError("the corpus's held-out split gave no example of two or more tokens to measure on")
-    rows = []
-    for layer in layers:
-        orig, spl, abl = original / n_predicted, spliced[layer] / n_predicted, ablated[layer] / n_predicted
-        d = dictionaries[layer]
-        rows.append({"layer": layer, "n_latents": d.n_latents, "k": d.k, "skip": d.skip is not None,
-                     "fvu": variance[layer].fvu, "dead_latents": firing[layer].dead,
-                     "dead_share": firing[layer].dead_share, "loss_original": orig, "loss_spliced": spl,
-                     "loss_mean_ablated": abl, "loss_recovered": loss_recovered(orig, spl, abl),
-                     "eval_tokens": variance[layer].n})
-    return {"tokens": n_tokens, "loss_tokens": n_predicted, "split": "heldout"}, rows
-
-
-def loss_recovered(original: float, spliced: float, mean_ablated: float) -> float:
-    """(L_mean − L_spliced) / (L_mean − L_original): 1 when the splice loses nothing, 0 when it is no better than
-    mean ablation (NaN when mean ablation itself costs nothing)."""
-    gap = mean_ablated - original
-    return (mean_ablated - spliced) / gap if gap != 0 else float("nan")
+    rows = [{"layer": row["layer"], "n_latents": row["n_latents"], "k": dictionaries[row["layer"]].k,
+             "skip": dictionaries[row["layer"]].skip is not None, **row} for row in fidelity.rows()]
+    return {"tokens": fidelity.tokens, "loss_tokens": fidelity.predicted, "split": "heldout"}, rows
 
 
 def _jsonable(value: Any) -> Any:
