@@ -137,6 +137,13 @@ def share_curves(layers, curves, title: str, null: str | None = None):
 KIND_COLORS = {"neurons": "#4C72B0", "latents": "#DD8452"}
 
 
+def latent_figure(result, name: str, draw) -> dict:
+    """{name: draw(table)} for a study's latent table `name` where the result holds it with rows (a run indexed with
+    a dictionary), else {}: the figure beside the neurons' that a latent study adds."""
+    table = result.tables.get(name)
+    return {name: draw(table)} if table is not None and not table.empty else {}
+
+
 def kinds_beside(table, kinds, ylabel: str, title: str):
     """Neurons and a dictionary's latents on one axis, per layer of `table` (its ``layer`` column, from 0): for
     each kind (name, column, control column, chance column or None), a bar of the share in % with its 95%

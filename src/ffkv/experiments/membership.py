@@ -38,7 +38,7 @@ import pandas as pd
 from ffkv.corpus import iter_examples
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, eval_spec, sample_size_warnings
-from ffkv.experiments.figures import COLORS, KIND_COLORS, layer_axis, legend_outside, new_figure
+from ffkv.experiments.figures import COLORS, KIND_COLORS, latent_figure, layer_axis, legend_outside, new_figure
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
 from ffkv.experiments.scoring import TOP_K, score_examples
 from ffkv.models.default_corpus import KNOWN_SPLITS
@@ -191,11 +191,7 @@ def draw(result: Result) -> Figures:
                  f"n = {loss['n_member']:,} training + {loss['n_nonmember']:,} held-out examples")
     layer_axis(ax, result.n_layers)
     legend_outside(ax)
-    figures = {NAME: fig}
-    latents = result.tables.get(LATENTS)
-    if latents is not None and not latents.empty:
-        figures[LATENTS] = _draw_latents(latents)
-    return figures
+    return {NAME: fig, **latent_figure(result, LATENTS, _draw_latents)}
 
 
 def _draw_latents(table: pd.DataFrame):

@@ -484,7 +484,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 def draw(result: Result) -> Figures:
     """figures/pruning: perplexity against the share of each layer's keys removed, one curve per criterion."""
-    from ffkv.experiments.figures import COLORS, legend_outside, new_figure
+    from ffkv.experiments.figures import COLORS, latent_figure, legend_outside, new_figure
 
     table, n_tokens = result.tables[NAME], result.meta[NAME]["n_tokens"]
     fig, ax = new_figure(5.5, 3.8)
@@ -497,11 +497,7 @@ def draw(result: Result) -> Figures:
     ax.set_ylabel("held-out perplexity (log scale)")
     ax.set_title(f"Pruning memories (n = {n_tokens:,} held-out tokens)", fontsize=9)
     legend_outside(ax)
-    figures = {NAME: fig}
-    latents = result.tables.get(LATENTS)
-    if latents is not None and not latents.empty:
-        figures[LATENTS] = _draw_latents(latents)
-    return figures
+    return {NAME: fig, **latent_figure(result, LATENTS, _draw_latents)}
 
 
 def _draw_latents(table: pd.DataFrame):
