@@ -352,8 +352,9 @@ def draw(result: Result) -> Figures:
             result.tables[LATENTS],
             tuple((kind, f"token_frequency_share_{kind}", f"token_frequency_share_{kind}_control", None)
                   for kind in ("neurons", "latents")),
-            "% token-frequency memories\n(|cos(value, unigram direction)| above the null's 99%)",
-            "Token-frequency values: neurons vs. the dictionary's latents, each beside random mixtures of its values")
+            "% token-frequency memories",
+            "Token-frequency values (|cos(value, unigram direction)| above the null's 99%):\nneurons vs. the "
+            "dictionary's latents, each beside random mixtures of its values")
     return figures
 
 
@@ -397,7 +398,9 @@ def compute(ctx: RunContext, options=None) -> Result:
                                    "neurons' over theirs (MOVER 95% interval)", "warnings": []}
         result.add(LATENTS, beside_neurons(mine, found), **meta_latents)
         result.add(f"{LATENTS}_keys", mine["keys"].drop(columns=["glu_class"]), **meta_latents)
-        result.add(f"{LATENTS}_measured", mine["measured"], **meta_latents)
+        result.add(f"{LATENTS}_measured", mine["measured"], **meta_latents, **(
+            {"empty_because": "no latent passed the entropy candidates' weight rule, so none was measured on text"}
+            if mine["measured"].empty else {}))
     return result
 
 

@@ -570,7 +570,9 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
         parts.append(f"layer {int(layer) + 1} (nothing removed: {own['perplexity_base'].iloc[0]:.2f}), half of the "
                      f"latents against half of the neurons removed, {cells}")
     return ("Held-out perplexity, " + "; ".join(parts) + ". A positive difference: removing the latents costs "
-            "more than removing as many of the layer's neurons (proportionally).")
+            "more than removing as large a share of the layer's neurons. The dictionary's error term stays in, so "
+            "removing every latent still leaves the part of the layer its reconstruction misses: read it beside "
+            "the dictionary's fidelity (latents_beside_dictionary).")
 
 
 EXPERIMENT = Experiment(
