@@ -139,7 +139,7 @@ def test_steps_run_in_the_order_their_needs_allow():
     # latent table (it computes nothing: moving it first changes no result)
     assert registry.ordered(list(registry.experiments())) == [
         "patterns", "ablations", "values", "translators", "composition", "refinement", "census", "vocabulary_classes",
-        "confidence_neurons", "suppressed", "explanation_scores", "latents_beside", "membership", "pruning", "lookups"]
+        "confidence_neurons", "suppressed", "membership", "explanation_scores", "latents_beside", "pruning", "lookups"]
 
 
 def test_a_cycle_or_an_unknown_need_is_refused_with_one_line():

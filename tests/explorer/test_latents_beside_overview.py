@@ -119,14 +119,16 @@ def test_a_dictionary_run_without_the_table_names_the_command(indexed, tiny):
     run = shutil.copytree(indexed, indexed.parent / "not_analyzed")
     html = _overview(run, tiny)
     assert 'id="latents-beside"' in html and "beside-table" not in html
-    every = f"ffkv analyze {run} --only patterns,values,census,composition,suppressed,vocabulary_classes,latents_beside"
+    every = (f"ffkv analyze {run} --only patterns,values,census,composition,suppressed,vocabulary_classes,"
+             "confidence_neurons,latents_beside")
     assert unescape(re.search(r'id="beside-missing">(.*?)</p>', html, re.S).group(1)).count(every) == 1
     _analyze(run, tiny, ["latents_beside"])
     assert pd.read_parquet(run / "metrics" / "latents_beside.parquet").empty
     html = _overview(run, tiny)
     assert "beside-table" not in html and every in unescape(html)
     _analyze(run, tiny, ["values"])
-    assert "--only patterns,census,composition,suppressed,vocabulary_classes,latents_beside" in _overview(run, tiny)
+    assert "--only patterns,census,composition,suppressed,vocabulary_classes,confidence_neurons,latents_beside" \
+        in _overview(run, tiny)
 
 
 def test_a_run_without_a_dictionary_has_no_section(indexed, tiny):

@@ -109,7 +109,8 @@ MEASURES = (
     Measure("membership_latents", "membership_auc", "fires differently on training text (membership ROC AUC; "
             "further from 0.5 is more signal)", "auc_latents", "n_examples", "auc_chance", "auc_neurons",
             "n_examples", "auc_chance", "auc_latents_minus_neurons", "latents minus neurons (paired DeLong)",
-            share=False),
+            share=False, first="`ffkv analyze RUN --only membership` with the model's training text named "
+                               "(--member-corpus, --nonmember-corpus; ffkv-tiny knows its own)"),
     # a mean correlation, not a share: the figure's axis reads it x100 (`ffkv score`; null: the shuffled baseline)
     Measure("explanation_scores_latents", "explanation_score", "an LLM's explanation simulates the memory (Bills et "
             "al.; mean correlation), beyond a shuffled explanation", "score_latents", "n_score_latents",
