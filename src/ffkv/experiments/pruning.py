@@ -60,7 +60,7 @@ from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.lookups import (SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample,
                                      sample_batches, sample_statistics)
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
-from ffkv.experiments.scoring import score_examples
+from ffkv.experiments.scoring import Scores, score_examples
 from ffkv.memories.active import RULE
 from ffkv.memories.pruning import Removed, removal_count, removal_edits
 from ffkv.memories.view import MemoryView
@@ -306,6 +306,12 @@ class Perplexity:
     def perplexity(self) -> float:
         return math.exp(self.nll / self.n_tokens) if self.n_tokens else float("nan")
 
+    @classmethod
+    def of(cls, scores: Scores) -> "Perplexity":
+        """The token-weighted perplexity of `score_examples`' per-example scores."""
+        n = scores.n_predicted.astype(np.float64)
+        return cls(float((scores.nll * n).sum()), int(n.sum()))
+
 
 def perplexity(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], removed: Removed | None = None) -> Perplexity:
     """Token-weighted perplexity of the (masked) model on every position of `rows` (`heldout_rows`).
@@ -314,10 +320,8 @@ def perplexity(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], remo
     pass of `ffkv.experiments.scoring` (the model's own head, bias included; under torchrun each rank runs its
     batches and the per-row sums are gathered).
     """
-    scores = score_examples(loaded, [ids for _, ids in rows],
-                            interventions=removal_edits(loaded.view, removed or {}))
-    n = scores.n_predicted.astype(np.float64)
-    return Perplexity(float((scores.nll * n).sum()), int(n.sum()))
+    return Perplexity.of(score_examples(loaded, [ids for _, ids in rows],
+                                        interventions=removal_edits(loaded.view, removed or {})))
 
 
 def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = None,
@@ -371,7 +375,8 @@ def compute(ctx: RunContext, options=None) -> Result:
     n_passes = 1 + len(criteria) * (len(SHARES) - 1)
     bar = progress_bar(ctx.progress, n_passes, "pruning curves", "pass")
     try:
-        base = perplexity(ctx.loaded, rows)
+        base_scores = score_examples(ctx.loaded, [ids for _, ids in rows])  # the latents' curves read it too
+        base = Perplexity.of(base_scores)
         bar.update(1)
         records = []
         for criterion in criteria:
@@ -410,7 +415,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
         result.meta[NAME] = {**description, "warnings": [*warnings, *unread]}
     if latents is not None:
-        result.add(LATENTS, latent_curves(ctx, latents, rows, stats, sample), **{
+        result.add(LATENTS, latent_curves(ctx, latents, rows, stats, sample, base_scores), **{
             **description, "criteria": list(LATENT_CRITERIA), "shares": list(LATENT_SHARES),
             "removal": "a share of one dictionary layer's latents switched off (a_j = 0, the dictionary's error term "
                        "kept), beside the same share of that layer's neurons masked (that layer only), each ordered "
@@ -421,9 +426,10 @@ def compute(ctx: RunContext, options=None) -> Result:
 
 
 def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray]], stats: KeyStatistics,
-                  sample: list[list[int]]) -> pd.DataFrame:
+                  sample: list[list[int]], base: Scores) -> pd.DataFrame:
     """pruning_latents: per dictionary layer, criterion and share, the held-out perplexity with that share of the
-    layer's latents switched off and with as large a share of its neurons masked (module docstring)."""
+    layer's latents switched off and with as large a share of its neurons masked (module docstring); `base`: the
+    rows scored with nothing removed."""
     from ffkv.experiments.latent_lookups import activation_stats as latent_activation_stats
     from ffkv.memories.interventions import Intervention
     from ffkv.presentation.intervals import paired_mean_interval
@@ -436,8 +442,6 @@ def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray
             return score_examples(ctx.loaded, tokens, interventions=interventions)
 
     neuron_orders = {criterion: removal_orders(criterion, view, stats, seed=ctx.seed) for criterion in LATENT_CRITERIA}
-    base = score_examples(ctx.loaded, tokens)
-    n = base.n_predicted.astype(np.float64)
     out = []
     steps = len(latents.layers) * len(LATENT_CRITERIA) * len(LATENT_SHARES)
     bar = progress_bar(ctx.progress, steps, "pruning latents", "share")
@@ -459,13 +463,13 @@ def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray
                     diff, low, high = paired_mean_interval(mine.nll - theirs.nll)
                     out.append({"layer": layer, "kind": kind, "criterion": criterion, "share": share,
                                 "n_latents": size, "n_removed_latents": len(gone),
-                                "perplexity_latents": float(np.exp((mine.nll * n).sum() / n.sum())),
+                                "perplexity_latents": Perplexity.of(mine).perplexity,
                                 "d_m": view.d_m, "n_removed_neurons": removal_count(view.d_m, share),
-                                "perplexity_neurons": float(np.exp((theirs.nll * n).sum() / n.sum())),
-                                "perplexity_base": float(np.exp((base.nll * n).sum() / n.sum())),
+                                "perplexity_neurons": Perplexity.of(theirs).perplexity,
+                                "perplexity_base": Perplexity.of(base).perplexity,
                                 "nll_latents_minus_neurons": diff, "nll_latents_minus_neurons_ci_low": low,
                                 "nll_latents_minus_neurons_ci_high": high, "n_examples": len(rows),
-                                "n_tokens": int(n.sum())})
+                                "n_tokens": Perplexity.of(base).n_tokens})
                     bar.update(1)
     finally:
         bar.close()
