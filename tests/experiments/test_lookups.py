@@ -175,3 +175,66 @@ def test_the_stored_window_never_exceeds_max_cells():
     assert widths == sorted(widths, reverse=True)  # more rows, a narrower window
     assert tc.window_for(4_608_000) == (10, 2)  # SmolLM2 on 300 WikiText lines at the default top-50: 13 tokens
     assert tc.window_for(tc.MAX_ROWS + 1) is None
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_tokens_multiply_adds_count_the_blocks_matrices(family):
+    """`trigger_contexts.token_macs`: one multiply-add per weight of each block's attention projections and FF
+    matrices (a tiny GPT-2's, and a gated Llama's whose query heads share key and value heads), plus a dictionary's
+    encoder."""
+    from ffkv.experiments.trigger_contexts import token_macs
+    from support.helpers import loaded_tiny
+
+    loaded = loaded_tiny(family)
+    view = loaded.view
+    d, d_m, kv = view.d_model, view.d_m, loaded.model.config.num_key_value_heads if family == "llama" else None
+    attention = 4 * d * d if kv is None else 2 * d * d + 2 * d * kv * (d // loaded.model.config.num_attention_heads)
+    matrices = [attention + (3 if view.gated else 2) * d * d_m] * view.n_layers
+    assert token_macs(view, view.n_layers) == sum(matrices)
+    assert token_macs(view, 2, latents=37) == sum(matrices[:2]) + 37 * view.d_model
+
+
+def test_a_pages_multiply_adds_are_the_costliest_tenths_examples(analyzed):
+    """`trigger_contexts.page_macs`: the 90th percentile over the memories of their trigger examples' tokens (both
+    directions, whole examples), against the run's own tables."""
+    from ffkv.experiments.trigger_contexts import page_macs
+
+    run, _ = analyzed
+    rd = RunDir(run)
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    lengths = pd.read_parquet(run / "examples.parquet").set_index("example_id")["token_ids"].map(len)
+    te["tokens"] = te["example_id"].map(lengths)
+    per_memory = te.groupby(["layer", "key"])["tokens"].sum().to_numpy(dtype=np.float64)
+    assert page_macs(rd.cache_dir / "explorer.duckdb", 3.0) == pytest.approx(3.0 * np.quantile(per_memory, 0.9))
+
+
+def test_a_small_models_pages_compute_their_own_coefficients(fresh_run):
+    """A model whose pages cost at most `LIVE_MACS` (a tiny GPT-2's: well under 1G) gets no coefficient file: the
+    lookups say why, and a memory page's per-token coefficients equal the model's, captured over each example alone."""
+    from ffkv.experiments import trigger_contexts
+    from ffkv.explorer.data import ExplorerData
+
+    run, loaded = fresh_run
+    rd = RunDir(run)
+    (rd.cache_dir / lookups.INFO).unlink()  # built again, with the build's own rule
+    data = ExplorerData(run, loaded)
+    try:
+        info = lookups.read_info(rd.cache_dir)["trigger_coefficients"]
+        assert info["file"] is None and 0 < info["page_macs"] <= trigger_contexts.LIVE_MACS
+        assert not (rd.cache_dir / lookups.COEFFICIENTS).exists()
+        examples = pd.read_parquet(run / "examples.parquet").set_index("example_id")["token_ids"]
+        view = loaded.view
+        for layer, key in [(0, 3), (2, 11)]:
+            page = data.memory(layer, key)
+            assert page["window"] is None
+            for group in page["triggers"]:
+                for shown in group["examples"]:
+                    ids = torch.tensor([list(examples[shown["example_id"]])])
+                    with view.capture(("coefficients",), layers=[layer]) as cap:
+                        view.forward(ids)
+                    m = cap["coefficients"][layer][0, :, key].double().numpy()
+                    first = shown["first"]
+                    got = np.array([t["m"] for t in shown["tokens"] if not t.get("gap")], dtype=np.float64)
+                    np.testing.assert_allclose(got, m[first:first + len(got)], rtol=1e-4, atol=1e-5)
+    finally:
+        data.close()

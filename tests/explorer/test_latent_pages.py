@@ -6,6 +6,7 @@ latent files; a damaged latent file is named."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from html import unescape
@@ -21,6 +22,7 @@ from starlette.testclient import TestClient
 from ffkv.corpus import CorpusSpec
 from ffkv.dictionaries import open_dictionary
 from ffkv.errors import DamagedRun
+from ffkv.experiments import trigger_contexts
 from ffkv.experiments.lookups import build
 from ffkv.explorer import create_app
 from ffkv.explorer.latents import read_table
@@ -31,16 +33,18 @@ from ffkv.models.default_corpus import default_corpus_path
 from ffkv.models.tiny_lm import tiny_transcoders_path
 from ffkv.store import lookups, schemas
 from ffkv.store.run import RunDir
+from support.runs import storing_coefficients
 
 LAYER = 3  # the shipped transcoder's FF layer, from 0 (t4 as addresses write it)
 
 
-def _run(folder, loaded, dictionary: bool):
+def _run(folder, loaded, dictionary: bool, stored: bool = True):
     spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=40, shuffle_seed=0)
     build_index(loaded, spec, folder, IndexOptions(top_k=4, control_keys=0), progress=False,
                 dictionary=tiny_transcoders_path() if dictionary else None)
     run = RunDir(folder)
-    build(run, run.manifest(), loaded, run.cache_dir, np.zeros(loaded.view.n_layers))
+    with storing_coefficients() if stored else contextlib.nullcontext():
+        build(run, run.manifest(), loaded, run.cache_dir, np.zeros(loaded.view.n_layers))
     return folder
 
 
@@ -59,6 +63,12 @@ def client(run, tiny):
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=tiny),
                     raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory, tiny):
+    """The same run with the lookups' own rule: ffkv-tiny's pages cost little, so no activation is stored."""
+    return _run(tmp_path_factory.mktemp("latent_pages_live") / "run", tiny, dictionary=True, stored=False)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +95,23 @@ def _activations(loaded, transcoder, token_ids: list[int]) -> np.ndarray:
 
 
 def test_latent_page_shades_each_token_by_the_latents_activation(client, run, tiny, transcoder):
+    # stored as float16 (three significant digits); the trigger position's is the index's own
+    _check_shading(client, run, tiny, transcoder, tolerance=2e-3)
+
+
+def test_a_latent_page_computes_its_activations_where_none_are_stored(live_run, tiny, transcoder):
+    """ffkv-tiny's latent pages cost a forward pass of a few G multiply-adds: the build stores no activations and
+    says why, and the page computes them (float32) from the model and the dictionary."""
+    info = lookups.read_info(RunDir(live_run).cache_dir)["latent_trigger_coefficients"]
+    assert info["file"] is None and 0 < info["page_macs"] <= trigger_contexts.LIVE_MACS
+    assert "computed at its first view" in info["reason"]
+    assert not (RunDir(live_run).cache_dir / lookups.LATENT_COEFFICIENTS).exists()
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(live_run, loaded=tiny),
+                    raise_server_exceptions=False) as c:
+        _check_shading(c, live_run, tiny, transcoder, tolerance=1e-4)
+
+
+def _check_shading(client, run, tiny, transcoder, tolerance: float) -> None:
     trig, examples = _latent_triggers(run), _examples(run)
     counts = trig.groupby("key").size()
     keys = [int(k) for k in counts[counts >= 3].index[:3]]
@@ -102,8 +129,7 @@ def test_latent_page_shades_each_token_by_the_latents_activation(client, run, ti
             shown = np.array(e["coefficients"], dtype=np.float64)
             first = e["first_position"]
             expected = a[first:first + len(shown)]
-            # stored as float16 (three significant digits); the trigger position's is the index's own
-            np.testing.assert_allclose(shown, expected, rtol=2e-3, atol=2e-3)
+            np.testing.assert_allclose(shown, expected, rtol=tolerance, atol=tolerance)
             assert e["coefficient"] == pytest.approx(float(row.coefficient))
             assert float(row.coefficient) == pytest.approx(float(a[row.position]), rel=1e-4, abs=1e-5)
             assert (shown >= 0).all() and shown[row.position - first] == pytest.approx(float(row.coefficient))
@@ -332,13 +358,15 @@ def test_a_damaged_latent_file_is_named(run, tiny, tmp_path):
     assert not lookups.is_current(RunDir(copy), RunDir(copy).manifest(), folder)
 
 
-def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(run, tiny):
+def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(run, tiny, monkeypatch):
     """The stored latent activations come from the neurons' pass over their trigger examples (the passenger),
     plus passes of their own for examples that pass does not read; the same values as passes of their own only."""
     from ffkv.experiments import latent_lookups, trigger_contexts
 
     rd = RunDir(run)
     folder = rd.cache_dir
+    assert latent_lookups.plan_activations(rd, rd.manifest(), tiny, folder) is None  # ffkv-tiny's pages compute them
+    monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)  # as for a model of a real size
     riders = latent_lookups.plan_activations(rd, rd.manifest(), tiny, folder)
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     texts = trigger_contexts.texts_of(folder / "explorer.duckdb")

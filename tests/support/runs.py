@@ -7,6 +7,7 @@ explorer and notebook tests read what these write, never hand-made tables.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -50,15 +51,31 @@ def index_run(folder: Path, family: str = "gpt2", top_k: int = 5):
 
 def analyzed_run(folder: Path, family: str = "gpt2", top_k: int = 5):
     """`index_run`, then every experiment of `ffkv analyze` (held out: the same lines; membership: the corpus
-    as members, other lines as non-members; an encoder skips it); (run, loaded)."""
+    as members, other lines as non-members; an encoder skips it); (run, loaded). The explorer's lookups store the
+    trigger examples' coefficients (`storing_coefficients`), as they do for a model of a real size."""
     run, loaded = index_run(folder, family, top_k)
     unseen = folder / "unseen.txt"
     unseen.write_text("\n".join(f"{line} again" for line in reversed(corpus_lines())) + "\n")
     only = [name for name in EXPERIMENTS if not (name == "membership" and loaded.view.encoder)]
-    analyze(run, only=only, eval_corpus=str(folder / "corpus.txt"), n_eval=N_LINES, progress=False,
-            loaded=loaded, options={"membership": {"member_corpus": str(folder / "corpus.txt"),
-                                                   "nonmember_corpus": str(unseen)}})
+    with storing_coefficients():
+        analyze(run, only=only, eval_corpus=str(folder / "corpus.txt"), n_eval=N_LINES, progress=False,
+                loaded=loaded, options={"membership": {"member_corpus": str(folder / "corpus.txt"),
+                                                       "nonmember_corpus": str(unseen)}})
     return run, loaded
+
+
+@contextlib.contextmanager
+def storing_coefficients():
+    """Within the block the explorer's lookups store the trigger examples' per-token coefficients whatever the
+    model's size (`ffkv.experiments.trigger_contexts.LIVE_MACS` at 0): a test model's pages would compute their own,
+    and the stored path is the one a model of a real size takes."""
+    import pytest
+
+    from ffkv.experiments import trigger_contexts
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trigger_contexts, "LIVE_MACS", 0.0)
+        yield
 
 
 def copy_run(src: Path, dst: Path) -> Path:

@@ -371,7 +371,10 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     window = windows["triggers"]
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     cells = int(rows["m_length"].sum()) if rows is not None else None
-    store_contexts = cells is not None and cells <= trigger_contexts.MAX_CELLS
+    fits = cells is not None and cells <= trigger_contexts.MAX_CELLS
+    macs = trigger_contexts.page_macs(folder / "explorer.duckdb", trigger_contexts.token_macs(view, view.n_layers)) \
+        if fits else None
+    store_contexts = fits and macs > trigger_contexts.LIVE_MACS
     texts = trigger_contexts.texts_of(folder / "explorer.duckdb") if store_contexts else {}
     context_batches = trigger_contexts.batches_needed(rows, texts) if store_contexts else 0
     bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches) + context_batches, "explorer lookups", "step")
@@ -383,6 +386,10 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_ROWS:,} trigger rows, or "
                                                         f"more than {trigger_contexts.MAX_CELLS:,} token coefficients "
                                                         "in the narrowest window"}
+    if fits and not store_contexts:
+        contexts = {"file": None, "cells": cells, "page_macs": macs,
+                    "reason": f"a page's own forward pass costs {macs / 1e9:.1f}G multiply-adds, at most "
+                              f"{trigger_contexts.LIVE_MACS / 1e9:.0f}G: computed at its first view"}
     riders = None  # the latents' trigger activations, read in the same pass where their examples are these
     if latents and store_contexts:
         from ffkv.experiments import latent_lookups

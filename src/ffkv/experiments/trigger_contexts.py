@@ -3,8 +3,8 @@
 A memory page shades each token of a key's trigger examples by the key's coefficient m_i there
 (the prefix ending at that token for a causal model, the whole example for an encoder, as the
 index reads it). Computing them when the page is first asked for costs a forward pass over the
-key's examples (1-4 s on a CPU); here one pass over every example the trigger rows use, capturing
-every layer, computes them for all keys at once, and the page reads a slice of a file.
+key's examples (SmolLM2-135M: 1-57 s on a CPU); here one pass over every example the trigger rows use,
+capturing every layer, computes them for all keys at once, and the page reads a slice of a file.
 
 Stored in RUN/explorer/ as `FILE` (read by `ffkv.store.lookups.read_coefficients`, which checks it against
 info.json's record and names it when it differs): one flat float16 array (float32 when some |m| exceeds float16's
@@ -14,8 +14,11 @@ example, or, where every row's whole example would exceed `MAX_CELLS`, as long a
 row's ``m_offset``, ``m_start`` and ``m_length`` point into it. The file therefore holds at most
 min(Σ whole examples, rows × window width) ≤ `MAX_CELLS` values: 120 MB in float16 (240 MB in the float32 case).
 float16 keeps three significant digits (the page shows three; the trigger position's own coefficient is the
-index's, exact). Skipped (the explorer then computes a page's coefficients when it is asked for) only for an index
-of more than `MAX_ROWS` rows.
+index's, exact). Skipped (the explorer then computes a page's coefficients when it is asked for) for an index of
+more than `MAX_ROWS` rows, and for a model whose pages cost little to compute: where a page's forward pass over
+one memory's trigger examples (`page_macs`, the costliest tenth of the memories) stays within `LIVE_MACS`, the
+pass over every example would cost the build more than all first views together save (ffkv-tiny's demo: 21 s
+of its lookups' 24 s, for first views of 0.1 s instead of 0.03 s).
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ MIN_BEFORE = 2
 #: Examples per forward pass, and padded tokens per batch.
 BATCH_SIZE = 16
 MAX_BATCH_TOKENS = 8192
+#: Multiply-adds of a page's own forward pass (`page_macs`) at or under which nothing is stored. On this project's
+#: 2-core CPU at a load of 2, ffkv-tiny's demo pages (11 G: 50 verses through 6 layers of 4.7M weights) took 0.11 s
+#: (median; 0.18 s at most), where SmolLM2-135M's over WikiText lines (800 G at top-20) took 7 s: 25 G keeps a
+#: first view near 0.25 s, half the explorer's 0.5 s.
+LIVE_MACS = 25e9
 
 
 def window_for(rows: int) -> tuple[int, int] | None:
@@ -71,6 +79,29 @@ def window_for(rows: int) -> tuple[int, int] | None:
     width = MAX_CELLS // rows
     after = max(1, min(after, (width - 1) * after // (before + after)))
     return width - 1 - after, after
+
+
+def token_macs(view, through: int, latents: int = 0) -> float:
+    """Multiply-adds per token of a forward pass through the first `through` blocks of `view`'s model (one per
+    weight of each block's matrices: attention's projections, the FF layer's two or three) and a dictionary's
+    encoder of `latents` latents; attention's own products, norms and biases left out."""
+    weights = sum(p.numel() for block in view.blocks[:through] for p in block.parameters() if p.dim() == 2)
+    return float(weights + view.d_model * latents)
+
+
+def page_macs(db_path: Path, per_token: float, table: str = "triggers") -> float:
+    """Multiply-adds of the forward pass a page runs over one memory's trigger examples when none are stored: the
+    tokens of a memory's examples (the 90th percentile over the memories of `table`), times `per_token`
+    (`token_macs`)."""
+    if table not in ("triggers", "latent_triggers"):
+        raise ValueError(f"no trigger table {table!r} in explorer.duckdb")
+    con = open_database(db_path, tables={table: ("layer", "key", "example_id"), "texts": ("example_id", "token_ids")})
+    try:
+        tokens = con.execute(f"SELECT quantile_cont(n, 0.9) FROM (SELECT sum(len(x.token_ids)) AS n FROM {table} t "
+                             "JOIN texts x USING (example_id) GROUP BY t.layer, t.key)").fetchone()[0]
+    finally:
+        con.close()
+    return float(tokens or 0.0) * per_token
 
 
 def plan(db_path: Path, table: str = "triggers") -> dict[str, np.ndarray] | None:

@@ -117,7 +117,7 @@ class ExplorerData:
         self._tokens: list[str] | None = None
         self._token_array: np.ndarray | None = None
         self._summary: pd.DataFrame | None = None  # per-layer aggregates of the (fixed) lookup tables
-        self._contexts: dict[tuple[int, int], list] = {}  # guarded by model.lock, like the forward passes
+        self._contexts: dict[tuple[bool, int, int], list] = {}  # guarded by model.lock, like the forward passes
         self._token_index: dict[str, list[int]] | None = None
 
     # ------------------------------------------------------------ preparation
@@ -383,15 +383,18 @@ class ExplorerData:
         """The per-token coefficients of a key's trigger examples as the build stored them (`stored_context`)."""
         return stored_context(self.coefficients, trig)
 
-    def _context(self, layer: int, key: int, token_lists: list[list[int]]) -> list:
-        """`live.context_coefficients` of a key's trigger examples, kept for the last `CONTEXT_CACHE` keys
-        (a reader switching the projection, or coming back to a memory, costs no second forward pass)."""
+    def _context(self, layer: int, key: int, token_lists: list[list[int]], latents=None) -> list:
+        """`live.context_coefficients` of a key's trigger examples (with `latents`, `ffkv.memories.sets.Latents`:
+        `live.latent_context` of latent `key`), kept for the last `CONTEXT_CACHE` memories (a reader switching the
+        projection, or coming back to a memory, costs no second forward pass)."""
         from ffkv.explorer import live
 
-        cached = self._contexts.pop((layer, key), None)
+        address = (latents is not None, layer, key)
+        cached = self._contexts.pop(address, None)
         if cached is None:
-            cached = live.context_coefficients(self.loaded, layer, key, token_lists)
-        self._contexts[(layer, key)] = cached  # most recent last
+            cached = live.context_coefficients(self.loaded, layer, key, token_lists) if latents is None else \
+                live.latent_context(self.loaded, latents, layer, key, token_lists)
+        self._contexts[address] = cached  # most recent last
         while len(self._contexts) > CONTEXT_CACHE:
             self._contexts.pop(next(iter(self._contexts)))
         return cached

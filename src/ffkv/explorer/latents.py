@@ -168,7 +168,8 @@ class LatentData:
                n_tokens: int = VALUE_TOKENS) -> dict:
         """Everything a latent's page shows: statistics, value tokens under `projection` read as `shown`
         (`ffkv.explorer.live.check_reading`), the activation histogram, the trigger examples with per-token
-        activations (stored: no model runs; None where the build stored none) and their next tokens."""
+        activations (stored: no model runs; computed here where the build stored none, None without the model or
+        the dictionary) and their next tokens."""
         from ffkv.explorer import live
         from ffkv.explorer.data import stored_context
 
@@ -198,6 +199,8 @@ class LatentData:
         else:
             with data.model.lock:
                 value = live.value_tokens(data.loaded, layer, key, projection, n_tokens, target, shown, memories)
+                if stored is None and token_lists:  # a build that stored none (a small model's pages compute them)
+                    per_token = data._context(layer, key, token_lists, latents=memories)
         scale, groups = data.shown_examples(trig, token_lists, per_token)
         examples = groups.get(1, [])
         next_counts = Counter(e["next_token_id"] for e in examples)

@@ -15,9 +15,9 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.memories.projection import PROJECTIONS, logits
-from ffkv.memories.sets import MemorySet, Neurons
+from ffkv.memories.sets import Latents, MemorySet, Neurons
 from ffkv.models.loading import LoadedModel
-from ffkv.tools.activations import token_coefficients
+from ffkv.tools.activations import token_coefficients, token_latent_activations
 
 #: How a value's tokens are read: their probabilities p, or the raw logits.
 SHOWN = ("p", "logit")
@@ -69,3 +69,14 @@ def context_coefficients(loaded: LoadedModel, layer: int, key: int, token_lists:
     trigger position's value equals the stored one; an encoder sees the whole example, as the index does.
     """
     return [m[:, 0] for m in token_coefficients(loaded, layer, [key], token_lists, batch_size=batch_size)]
+
+
+def latent_context(loaded: LoadedModel, latents: Latents, layer: int, key: int, token_lists: list[list[int]],
+                   batch_size: int = 16) -> list[np.ndarray]:
+    """a_j of latent `key` of the dictionary at `layer` at every position of each whole example (float32 arrays, in
+    input order; `ffkv.tools.activations.token_latent_activations`, the owner): what a latent page shades where the
+    build stored no activations."""
+    from ffkv.memories.latent_keys import LatentKeys
+
+    keys = LatentKeys({layer: latents.dictionaries[layer]}, n_control=0, seed=0, device=loaded.view.device)
+    return [a[:, 0] for a in token_latent_activations(loaded, keys, layer, [key], token_lists, batch_size=batch_size)]
