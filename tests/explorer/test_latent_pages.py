@@ -135,6 +135,7 @@ def _check_shading(client, run, tiny, transcoder, tolerance: float) -> None:
             assert (shown >= 0).all() and shown[row.position - first] == pytest.approx(float(row.coefficient))
         html = client.get(f"/memory/t4:{key}").text
         assert f"Latent t4:{key}" in html and 'id="triggers"' in html
+        assert 'id="not-stored"' not in html  # shaded, stored or computed: no note that nothing is
         assert f'href="/layer/4" id="neurons-link"' in html and 'href="/layer/t4"' in html
         # the shading: every shown example's tokens carry their activation as a title
         titles = [float(x) for x in re.findall(r'title="m = ([-0-9.e+]+)"', html)]

@@ -223,7 +223,8 @@ class LatentData:
             # [before, after]: the tokens around each trigger whose activations the build stored, where it stored a
             # window rather than whole examples; None otherwise
             "coefficient_scale": scale, "window": self.described.get("window") if stored else None,
-            "stored": stored is not None,  # per-token activations stored for these rows (else the trigger's alone)
+            # per-token activations shown for these rows, stored or computed (else the trigger's alone)
+            "shaded": any(a is not None for a in per_token),
             "dead": not len(trig),
             # `ffkv explain --latents`, `ffkv score`: the latent's own (never its control's), as a neuron's are read
             "explanations": data.explanations_of(layer, key, kind="latent"),
