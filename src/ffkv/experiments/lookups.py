@@ -460,8 +460,10 @@ def compute(ctx: RunContext, options=None) -> Result:
 EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11,
                         compute=compute, held_out=True,  # the active rule's s_l, for a signed model
                         own_pass="every trigger example once, to the last layer (the coefficients a memory page "
-                                 "shades): the indexed examples, not the held-out ones; its corpus sample's activation "
-                                 "statistics are pruning's (`sample_statistics`, one pass for both)",
+                                 "shades), where a page's own pass would cost more than `trigger_contexts.LIVE_MACS` "
+                                 "(a small model's pages compute their own): the indexed examples, not the held-out "
+                                 "ones; its corpus sample's activation statistics are pruning's (`sample_statistics`, "
+                                 "one pass for both)",
                         latents="explorer/latent_stats.parquet, explorer/latent_value_top_tokens.parquet, "
                                 "explorer/latent_trigger_coefficients.npy, explorer/explorer.duckdb: each latent's page "
                                 "(trigger examples shaded by a_j, decoder-row tokens, activation histogram; its "
