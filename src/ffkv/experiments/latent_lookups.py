@@ -63,8 +63,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sa
     """
     latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
     db = folder / "explorer.duckdb"
-    rows, cells, macs = _planned(loaded, latents, db)
-    store = _worth_storing(cells, macs)
+    storing = _planned(loaded, latents, db)
+    rows, cells, store = storing.rows, storing.cells, storing.store
     texts = trigger_contexts.texts_of(db) if store and activations is None else {}
     bar = progress_bar(progress, len(latents.layers) + 2, "latent lookups", "step")
     top1, summaries = trigger_summaries(db, "latent_triggers", {layer: latents.size(layer) for layer in latents.layers},
@@ -78,13 +78,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sa
     stats = pd.concat(stats, ignore_index=True)
     act = activation_stats(loaded, latents, sample)
     bar.update(1)
-    record: dict = {"file": None, "cells": cells,
-                    "reason": f"more than {trigger_contexts.MAX_ROWS:,} latent trigger rows, or more than "
-                              f"{trigger_contexts.MAX_CELLS:,} activations in the narrowest window"}
-    if macs is not None and not store:
-        record = {"file": None, "cells": cells, "page_macs": macs,
-                  "reason": f"a page's own forward pass costs {macs / 1e9:.1f}G multiply-adds, at most "
-                            f"{trigger_contexts.LIVE_MACS / 1e9:.0f}G: computed at its first view"}
+    record = storing.not_stored("latent trigger", "activations")
     path = folder / lookups.LATENT_COEFFICIENTS
     if store:
         begun = time.perf_counter()
@@ -270,28 +264,18 @@ def plan_activations(run: RunDir, manifest: Manifest, loaded: LoadedModel, folde
     stored (more than `trigger_contexts.MAX_CELLS`, no window fits, or a page computes its own cheaply)."""
     latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
     db = folder / "explorer.duckdb"
-    rows, cells, macs = _planned(loaded, latents, db)
-    if not _worth_storing(cells, macs):
+    storing = _planned(loaded, latents, db)
+    if not storing.store:
         return None
-    return TriggerActivations(latents, rows, trigger_contexts.texts_of(db))
+    return TriggerActivations(latents, storing.rows, trigger_contexts.texts_of(db))
 
 
-def _planned(loaded: LoadedModel, latents: Latents, db: Path) -> tuple[dict | None, int | None, float | None]:
-    """The latent trigger rows whose activations would be stored (`trigger_contexts.plan`), their cells, and the
-    multiply-adds of a latent page's own pass over one latent's examples (None where they do not fit `MAX_CELLS`):
-    through the deepest dictionary's layer and its encoder."""
-    rows = trigger_contexts.plan(db, "latent_triggers")
-    cells = int(rows["m_length"].sum()) if rows is not None else None
-    if cells is None or cells > trigger_contexts.MAX_CELLS:
-        return rows, cells, None
+def _planned(loaded: LoadedModel, latents: Latents, db: Path) -> trigger_contexts.Storing:
+    """What the build stores of the latent trigger rows (`trigger_contexts.planned`), a latent page's own pass
+    running through the deepest dictionary's layer and its encoder."""
     per_token = trigger_contexts.token_macs(loaded.view, max(latents.layers) + 1,
                                             max(latents.size(layer) for layer in latents.layers))
-    return rows, cells, trigger_contexts.page_macs(db, per_token, "latent_triggers")
-
-
-def _worth_storing(cells: int | None, macs: float | None) -> bool:
-    """Whether the latents' activations are stored: they fit, and a page would not compute them cheaply."""
-    return cells is not None and macs is not None and macs > trigger_contexts.LIVE_MACS
+    return trigger_contexts.planned(db, per_token, "latent_triggers")
 
 
 __all__ = ["TOP_TOKENS", "HISTOGRAM_BINS", "TriggerActivations", "build", "activation_stats", "plan_activations",

@@ -369,12 +369,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     latents = lookups.has_latents(run, manifest)
     windows = build_database(run, folder / "explorer.duckdb", latents=latents)
     window = windows["triggers"]
-    rows = trigger_contexts.plan(folder / "explorer.duckdb")
-    cells = int(rows["m_length"].sum()) if rows is not None else None
-    fits = cells is not None and cells <= trigger_contexts.MAX_CELLS
-    macs = trigger_contexts.page_macs(folder / "explorer.duckdb", trigger_contexts.token_macs(view, view.n_layers)) \
-        if fits else None
-    store_contexts = fits and macs > trigger_contexts.LIVE_MACS
+    storing = trigger_contexts.planned(folder / "explorer.duckdb", trigger_contexts.token_macs(view, view.n_layers))
+    rows, cells, store_contexts = storing.rows, storing.cells, storing.store
     texts = trigger_contexts.texts_of(folder / "explorer.duckdb") if store_contexts else {}
     context_batches = trigger_contexts.batches_needed(rows, texts) if store_contexts else 0
     bar = progress_bar(progress, 1 + view.n_layers + 2 * len(batches) + context_batches, "explorer lookups", "step")
@@ -383,13 +379,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
                                       {layer: view.d_m for layer in range(view.n_layers)}, view.encoder)
     top_table, stats = value_tables(loaded, np.stack([top1[layer] for layer in range(view.n_layers)]), bar=bar)
     act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
-    contexts = {"file": None, "cells": cells, "reason": f"more than {trigger_contexts.MAX_ROWS:,} trigger rows, or "
-                                                        f"more than {trigger_contexts.MAX_CELLS:,} token coefficients "
-                                                        "in the narrowest window"}
-    if fits and not store_contexts:
-        contexts = {"file": None, "cells": cells, "page_macs": macs,
-                    "reason": f"a page's own forward pass costs {macs / 1e9:.1f}G multiply-adds, at most "
-                              f"{trigger_contexts.LIVE_MACS / 1e9:.0f}G: computed at its first view"}
+    contexts = storing.not_stored("trigger", "token coefficients")
     riders = None  # the latents' trigger activations, read in the same pass where their examples are these
     if latents and store_contexts:
         from ffkv.experiments import latent_lookups

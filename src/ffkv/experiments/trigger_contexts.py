@@ -24,6 +24,7 @@ of its lookups' 24 s, for first views of 0.1 s instead of 0.03 s).
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -102,6 +103,41 @@ def page_macs(db_path: Path, per_token: float, table: str = "triggers") -> float
     finally:
         con.close()
     return float(tokens or 0.0) * per_token
+
+
+@dataclass(frozen=True)
+class Storing:
+    """Whether a build stores the per-token values of a trigger table's rows (`planned`): the rows `plan` locates,
+    their cells, and a page's own pass over one memory's examples (`page_macs`; None where the rows do not fit
+    `MAX_CELLS`)."""
+
+    rows: dict[str, np.ndarray] | None
+    cells: int | None
+    macs: float | None
+
+    @property
+    def store(self) -> bool:
+        """They fit `MAX_CELLS`, and a page would not compute them cheaply (more than `LIVE_MACS`)."""
+        return self.macs is not None and self.macs > LIVE_MACS
+
+    def not_stored(self, rows: str, values: str) -> dict:
+        """info.json's record of values not stored, with why; `rows` and `values` name them (``trigger``,
+        ``token coefficients``)."""
+        if self.macs is not None:
+            return {"file": None, "cells": self.cells, "page_macs": self.macs,
+                    "reason": f"a page's own forward pass costs {self.macs / 1e9:.1f}G multiply-adds, at most "
+                              f"{LIVE_MACS / 1e9:.0f}G: computed at its first view"}
+        return {"file": None, "cells": self.cells, "reason": f"more than {MAX_ROWS:,} {rows} rows, or more than "
+                                                             f"{MAX_CELLS:,} {values} in the narrowest window"}
+
+
+def planned(db_path: Path, per_token: float, table: str = "triggers") -> Storing:
+    """What a build of explorer.duckdb's `table` stores (`Storing`), a page's pass costing `per_token` multiply-adds
+    a token (`token_macs`)."""
+    rows = plan(db_path, table)
+    cells = int(rows["m_length"].sum()) if rows is not None else None
+    fits = cells is not None and cells <= MAX_CELLS
+    return Storing(rows, cells, page_macs(db_path, per_token, table) if fits else None)
 
 
 def plan(db_path: Path, table: str = "triggers") -> dict[str, np.ndarray] | None:
