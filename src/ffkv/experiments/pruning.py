@@ -375,8 +375,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     n_passes = 1 + len(criteria) * (len(SHARES) - 1)
     bar = progress_bar(ctx.progress, n_passes, "pruning curves", "pass")
     try:
-        base_scores = score_examples(ctx.loaded, [ids for _, ids in rows])  # the latents' curves read it too
-        base = Perplexity.of(base_scores)
+        base = perplexity(ctx.loaded, rows)  # the latents' curves read it too
         bar.update(1)
         records = []
         for criterion in criteria:
@@ -415,7 +414,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     if unread:  # the dictionary's files are gone or changed: the neurons' tables stand, and say so
         result.meta[NAME] = {**description, "warnings": [*warnings, *unread]}
     if latents is not None:
-        result.add(LATENTS, latent_curves(ctx, latents, rows, stats, sample, base_scores), **{
+        result.add(LATENTS, latent_curves(ctx, latents, rows, stats, sample, base), **{
             **description, "criteria": list(LATENT_CRITERIA), "shares": list(LATENT_SHARES),
             "removal": "a share of one dictionary layer's latents switched off (a_j = 0, the dictionary's error term "
                        "kept), beside the same share of that layer's neurons masked (that layer only), each ordered "
@@ -426,10 +425,10 @@ def compute(ctx: RunContext, options=None) -> Result:
 
 
 def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray]], stats: KeyStatistics,
-                  sample: list[list[int]], base: Scores) -> pd.DataFrame:
+                  sample: list[list[int]], base: Perplexity) -> pd.DataFrame:
     """pruning_latents: per dictionary layer, criterion and share, the held-out perplexity with that share of the
-    layer's latents switched off and with as large a share of its neurons masked (module docstring); `base`: the
-    rows scored with nothing removed."""
+    layer's latents switched off and with as large a share of its neurons masked (module docstring); `base`: their
+    perplexity with nothing removed."""
     from ffkv.experiments.latent_lookups import activation_stats as latent_activation_stats
     from ffkv.memories.interventions import Intervention
     from ffkv.presentation.intervals import paired_mean_interval
@@ -466,10 +465,10 @@ def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray
                                 "perplexity_latents": Perplexity.of(mine).perplexity,
                                 "d_m": view.d_m, "n_removed_neurons": removal_count(view.d_m, share),
                                 "perplexity_neurons": Perplexity.of(theirs).perplexity,
-                                "perplexity_base": Perplexity.of(base).perplexity,
+                                "perplexity_base": base.perplexity,
                                 "nll_latents_minus_neurons": diff, "nll_latents_minus_neurons_ci_low": low,
                                 "nll_latents_minus_neurons_ci_high": high, "n_examples": len(rows),
-                                "n_tokens": Perplexity.of(base).n_tokens})
+                                "n_tokens": base.n_tokens})
                     bar.update(1)
     finally:
         bar.close()
