@@ -119,3 +119,41 @@ def test_latent_ablations_equal_brute_force_and_leave_the_neurons_tables_as_they
         assert row.ci_low <= row.difference <= row.ci_high
         if row.variant != "random":  # a random removal may take the last token too
             assert row.mean_change_latents < -0.5 if row.variant == "last" else row.mean_change_latents == 0, row
+
+
+def test_each_batch_stops_at_its_deepest_layer_with_the_bits_of_a_whole_pass(tmp_path):
+    """`coefficients_at_last` ends each batch after the deepest layer its rows read: its values equal, bit for bit,
+    the same batches run through every layer, and the last block runs only for the batches that read it."""
+    from ffkv.experiments.ablations import coefficients_at_last
+    from ffkv.experiments.common import RunContext
+    from ffkv.store.run import RunDir
+
+    run, loaded = make_run(tmp_path, "llama", n=40, top_k=4)
+    r = RunDir(run)
+    ctx = RunContext(r, r.require_complete(), loaded, progress=False)
+    view = loaded.view
+    examples = pd.read_parquet(run / "examples.parquet")["token_ids"]
+    rng = np.random.default_rng(0)
+    long = [np.asarray(t) for t in examples if len(t) >= 6][:40]
+    # short prefixes read at layer 0, whole examples at the last layer: batches by length keep most apart
+    prefixes = [t[: 2 + i % 3] for i, t in enumerate(long)] + long
+    last_layer = view.n_layers - 1
+    layers = np.array([0] * 40 + [last_layer] * 40, dtype=np.int64)
+    keys = rng.integers(0, view.d_m, size=80)
+    calls = []
+    hook = view.blocks[last_layer].register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        got = coefficients_at_last(ctx, prefixes, layers, keys)
+    finally:
+        hook.remove()
+    expect = np.full(80, np.nan)
+    batches = list(ctx.batches(list(enumerate(prefixes))))
+    for idx, batch in batches:
+        with torch.no_grad(), view.capture(("coefficients",)) as cap:
+            view.forward(batch.input_ids, batch.attention_mask)
+        last = (batch.attention_mask.sum(-1) - 1).numpy()
+        for j, i in enumerate(idx):
+            expect[i] = float(cap["coefficients"][int(layers[i])][j, last[j], keys[i]])
+    np.testing.assert_array_equal(got, expect)
+    deep = sum(bool((layers[idx] == last_layer).any()) for idx, _ in batches)
+    assert 0 < deep < len(batches) and len(calls) == deep

@@ -67,6 +67,9 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
     `latents` (`ffkv.memories.sets.Latents`), latent `key`'s activation a_j there instead, encoded from what the
     layer's latents read (the FF input of a transcoder, the FF output of an SAE).
 
+    Each padded batch (`RunContext.batches`: by length) stops after the deepest layer its own rows read; the layers
+    above it cannot change what it read, so every value has the bits of the batch run through every layer.
+
     Under torchrun each rank runs its share of the batches; every rank gets every prefix's value.
     """
     view = ctx.view
@@ -89,21 +92,21 @@ def coefficients_at_last(ctx: RunContext, prefixes: list[np.ndarray], layers: np
     mine = ctx.batches(list(enumerate(prefixes)))
     bar = progress_bar(ctx.progress, len(mine.rows), "ablations" if latents is None else "ablations (latents)",
                        "prefix")
-    with view.capture(quantities, layers=needed, sink=sink, stop_early=True):
-        for idx, batch in mine:
-            last = batch.attention_mask.sum(-1) - 1
-            lay = torch.as_tensor(layers[idx], device=view.device)
-            key = torch.as_tensor(keys[idx], device=view.device)
-            state["by_layer"] = {}
-            for layer in needed:
-                r = torch.nonzero(lay == layer)[:, 0]
-                if len(r):
-                    state["by_layer"][layer] = (r, last[r], key[r])
-            state["out"] = {}
+    for idx, batch in mine:
+        last = batch.attention_mask.sum(-1) - 1
+        lay = torch.as_tensor(layers[idx], device=view.device)
+        key = torch.as_tensor(keys[idx], device=view.device)
+        state["by_layer"] = {}
+        for layer in needed:
+            r = torch.nonzero(lay == layer)[:, 0]
+            if len(r):
+                state["by_layer"][layer] = (r, last[r], key[r])
+        state["out"] = {}
+        with view.capture(quantities, layers=sorted(state["by_layer"]), sink=sink, stop_early=True):
             view.forward(batch.input_ids, batch.attention_mask)
-            for layer, (r, _, _) in state["by_layer"].items():
-                values[idx[as_numpy(r)]] = as_numpy(state["out"][layer])
-            bar.update(len(idx))
+        for layer, (r, _, _) in state["by_layer"].items():
+            values[idx[as_numpy(r)]] = as_numpy(state["out"][layer])
+        bar.update(len(idx))
     bar.close()
     return gather_rows(values, mine.rows)
 
