@@ -143,7 +143,7 @@ class Run:
         if self._data is None:
             from ffkv.explorer.data import ExplorerData
 
-            self._data = ExplorerData(self.path, self.model)
+            self._data = ExplorerData(self.path, self.model, dictionary_at=self._dictionary_at)
         return self._data
 
     # ------------------------------------------------------------------ tables

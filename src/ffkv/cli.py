@@ -309,11 +309,19 @@ def _analyze_parser(sub, experiments: bool) -> None:
                    help="load the model in this dtype (default: the run's)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampled keys, held-out positions and corpus samples (default: %(default)s)")
+    _add_dictionary_at(p)
     p.add_argument("--no-progress", action="store_true", help="hide the progress lines and bars")
     if experiments:
         _add_experiment_options(p)
     p.epilog = ("Several processes: `torchrun --nproc-per-node N -m ffkv.cli analyze RUN ...` (Gloo on CPU, NCCL "
                 "on GPU with --device cuda) shares the forward passes; the tables equal one process's.")
+
+
+def _add_dictionary_at(p) -> None:
+    """--dictionary of a command that reads a run: where the dictionary it was indexed with lies now."""
+    p.add_argument("--dictionary", default=None, metavar="PATH",
+                   help="where the sparse dictionary the run was indexed with lies now, if its files moved (any "
+                        "path `ffkv index --dictionary` reads; checked to be the same files)")
 
 
 def _intervene_parser(sub) -> None:
@@ -564,6 +572,7 @@ def _serve_parser(sub) -> None:
                    help="the access token to require (default beyond loopback: a random one, printed in the URL)")
     p.add_argument("--no-token", action="store_true",
                    help="require no access token even beyond loopback (anyone who can reach the port gets in)")
+    _add_dictionary_at(p)
 
 
 def _locate_parser(sub) -> None:
@@ -724,7 +733,7 @@ def _analyze(args: argparse.Namespace) -> int:
     done = analyze(args.run, only=args.only, eval_corpus=args.eval_corpus, eval_split=args.eval_split,
                    n_eval=args.n_eval, projection=args.projection,
                    progress=not args.no_progress, device=args.device, dtype=args.dtype, seed=args.seed,
-                   options=_experiment_options(args))
+                   options=_experiment_options(args), dictionary_at=args.dictionary)
     if os.environ.get("RANK", "0") == "0":  # one line for a torchrun job
         ran = [name for name, info in done.items() if not info.get("skipped")]
         print(f"analyses written to {args.run}/metrics and {args.run}/figures: {', '.join(ran) or 'none'}")
@@ -989,7 +998,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.no_token and args.token:
         raise FfkvError("give --token or --no-token, not both")
     serve(args.run, host=args.host, port=args.port, allow_hosts=tuple(args.allow_host), token=args.token,
-          require_token=False if args.no_token else None)
+          require_token=False if args.no_token else None, dictionary_at=args.dictionary)
     return 0
 
 

@@ -99,8 +99,46 @@ def test_a_run_whose_dictionary_is_gone_keeps_its_neuron_tables_and_says_why(cor
     folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
     build_index(loaded, _spec(tmp_path), tmp_path / "run", IndexOptions(top_k=3, control_keys=4),
                 BatchOptions(batch_size=4), progress=False, dictionary=folder)
-    shutil.rmtree(tmp_path / "dicts")
-    with pytest.warns(Warning, match="values_latents not computed.*is gone"):
-        analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False)
+    analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False)
     run = RunDir(tmp_path / "run")
+    before = run.read_metric("values_latents")
+    shutil.move(str(tmp_path / "dicts"), str(tmp_path / "moved"))
+    run.metric_path("values_latents").unlink()
+    with pytest.warns(Warning, match=r"values_latents not computed.*is gone.*--dictionary PATH"):
+        analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False)
     assert run.has_metric("values") and not run.has_metric("values_latents")
+    # where the message points: `ffkv analyze RUN --dictionary PATH`, the same files read from where they lie now
+    analyze(tmp_path / "run", only=["values"], loaded=loaded, progress=False, dictionary_at=tmp_path / "moved")
+    pd.testing.assert_frame_equal(run.read_metric("values_latents"), before)
+
+
+def test_serve_and_the_lookups_read_a_moved_dictionary_from_where_it_lies_now(corpus, tmp_path, capsys):
+    """The explorer's lookups refuse a run whose dictionary is gone, naming --dictionary; given where it lies now,
+    they build its latents' tables and a latent page shows its trigger examples."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from ffkv.cli import main
+    from ffkv.errors import FfkvError
+    from ffkv.explorer import create_app
+
+    loaded, _, d = _detectors(corpus, tmp_path)
+    folder = save_sparsify(d, tmp_path / "dicts" / f"h.{DETECTOR_LAYER}.mlp")
+    build_index(loaded, _spec(tmp_path), tmp_path / "run", IndexOptions(top_k=3, control_keys=4),
+                BatchOptions(batch_size=4), progress=False, dictionary=folder)
+    shutil.move(str(tmp_path / "dicts"), str(tmp_path / "moved"))
+    with pytest.raises(FfkvError, match=r"is gone; name where it lies now \(--dictionary PATH\)"):
+        create_app(tmp_path / "run", loaded=loaded)
+    app = create_app(tmp_path / "run", loaded=loaded, dictionary_at=tmp_path / "moved" / folder.name)
+    with TestClient(base_url="http://127.0.0.1:8000", app=app) as client:
+        trig = pd.read_parquet(tmp_path / "run" / "latent_trigger_examples.parquet")
+        key = int(trig["key"].iloc[0])
+        page = client.get(f"/memory/t{DETECTOR_LAYER + 1}:{key}.json")
+        assert page.status_code == 200, page.text
+        assert [e["example_id"] for e in page.json()["trigger_examples"]] == \
+            trig[trig["key"] == key].sort_values("rank")["example_id"].tolist()
+    for command in ("analyze", "serve"):  # both commands take the option the message names
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--dictionary PATH" in capsys.readouterr().out

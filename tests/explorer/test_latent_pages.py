@@ -364,11 +364,14 @@ def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(ru
     plus passes of their own for examples that pass does not read; the same values as passes of their own only."""
     from ffkv.experiments import latent_lookups, trigger_contexts
 
+    from ffkv.memories.sets import Latents
+
     rd = RunDir(run)
     folder = rd.cache_dir
-    assert latent_lookups.plan_activations(rd, rd.manifest(), tiny, folder) is None  # ffkv-tiny's pages compute them
+    latents = Latents.of_run(tiny.view, rd.manifest().index["dictionary"])
+    assert latent_lookups.plan_activations(latents, tiny, folder) is None  # ffkv-tiny's pages compute them
     monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)  # as for a model of a real size
-    riders = latent_lookups.plan_activations(rd, rd.manifest(), tiny, folder)
+    riders = latent_lookups.plan_activations(latents, tiny, folder)
     rows = trigger_contexts.plan(folder / "explorer.duckdb")
     texts = trigger_contexts.texts_of(folder / "explorer.duckdb")
     kept = np.unique(rows["example_id"])[::2]  # the neurons' pass reads half the examples: finish runs the rest

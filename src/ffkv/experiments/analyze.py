@@ -45,6 +45,7 @@ def analyze(
     dtype: str | None = None,
     seed: int = 0,
     options: dict[str, dict] | None = None,
+    dictionary_at: str | Path | None = None,
 ) -> dict[str, dict]:
     """Run experiments on a complete run and add their tables and figures to it.
 
@@ -73,6 +74,8 @@ def analyze(
             "nonmember_corpus": B, "n": 1000}}. An experiment with a ``skip_reason(ctx)`` that gives a
             reason is skipped with a note when it was not named in `only`, and refused (the reason as the
             error) when it was.
+        dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved
+            (`ffkv.dictionaries.reopen`: checked to be the same files); default: where the run records it.
 
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
@@ -87,7 +90,7 @@ def analyze(
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
-                     options=dict(options or {}))
+                     options=dict(options or {}), dictionary_at=dictionary_at)
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
     ctx.steps = tuple(name for name in names if name not in skipped)
     if skipped and only is not None:  # asked for by name: refused before anything runs

@@ -248,6 +248,9 @@ class RunContext:
     eval_spec: CorpusSpec | None = None
     #: experiment name -> its own options (e.g. membership's corpora), from `analyze(options=...)`.
     options: dict = field(default_factory=dict)
+    #: where the dictionary the run was indexed with lies now, if its files moved (`ffkv.dictionaries.reopen`);
+    #: None: where the run records it.
+    dictionary_at: str | Path | None = None
     analyses: dict = field(default_factory=dict)
     #: the experiment running now (`analyze` sets it): the step each table is recorded as written by.
     step: str | None = None
@@ -362,7 +365,8 @@ class RunContext:
         if source == "neurons":
             return Neurons(self.view)
         return self.once(("memories", source),
-                         lambda: Latents.of_run(self.view, self.manifest.index.get("dictionary"), run=self.run.path))
+                         lambda: Latents.of_run(self.view, self.manifest.index.get("dictionary"), self.dictionary_at,
+                                                self.run.path))
 
     def latents_for(self, table: str):
         """The run's latents (`memories`) for a study's latent `table`, as (latents, []); (None, []) for a run

@@ -38,8 +38,6 @@ from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.sets import Latents
 from ffkv.models.loading import LoadedModel
 from ffkv.store import atomic, lookups, schemas
-from ffkv.store.manifest import Manifest
-from ffkv.store.run import RunDir
 
 #: Top tokens kept per decoder row (as the neurons' `ffkv.experiments.lookups.TOP_TOKENS`).
 TOP_TOKENS = 10
@@ -50,18 +48,18 @@ HISTOGRAM_BINS = 24
 MAX_BATCH_TOKENS = 2048
 
 
-def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, sample: list[list[int]],
-          window: list[int] | None, progress: bool = False, activations: TriggerActivations | None = None) -> dict:
+def build(latents: Latents, loaded: LoadedModel, folder: Path, sample: list[list[int]], window: list[int] | None,
+          progress: bool = False, activations: TriggerActivations | None = None) -> dict:
     """Write the latents' tables into `folder` (explorer.duckdb, with its latent_triggers, already written by
     `ffkv.experiments.lookups.build_database`); returns info.json's ``latent_trigger_coefficients`` record.
 
     Args:
+        latents: the run's (`ffkv.memories.sets.Latents.of_run`).
         sample: token ids of the corpus sample the neurons' activation statistics read.
         window: [before, after] of the stored activations around each trigger, or None (whole examples).
         activations: `plan_activations`'s, already fed by the neurons' pass over their trigger examples (the
             examples it did not run get their own passes here); None: every example in passes of its own.
     """
-    latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
     db = folder / "explorer.duckdb"
     storing = _planned(loaded, latents, db)
     rows, cells, store = storing.rows, storing.cells, storing.store
@@ -259,10 +257,9 @@ def trigger_coefficients(loaded: LoadedModel, latents: Latents, rows: dict[str, 
     return TriggerActivations(latents, rows, texts).finish(loaded)
 
 
-def plan_activations(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path) -> TriggerActivations | None:
+def plan_activations(latents: Latents, loaded: LoadedModel, folder: Path) -> TriggerActivations | None:
     """The latent trigger activations `build` stores, ready to ride on the neurons' pass; None where none are
     stored (more than `trigger_contexts.MAX_CELLS`, no window fits, or a page computes its own cheaply)."""
-    latents = Latents.of_run(loaded.view, manifest.index.get("dictionary"), run=run.path)
     db = folder / "explorer.duckdb"
     storing = _planned(loaded, latents, db)
     if not storing.store:

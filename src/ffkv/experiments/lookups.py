@@ -354,20 +354,26 @@ def trigger_summaries(db_path: Path, table: str, sizes: Mapping[int, int], encod
 
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
           progress: bool = False, seed: int = 0, threshold_source: dict | None = None,
-          sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None) -> Path:
+          sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None,
+          dictionary_at: str | Path | None = None) -> Path:
     """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder.
 
     `threshold`: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of the
     activation frequencies; `threshold_source` says where it came from (info.json's activation_sample).
     `sampled`: the corpus sample of `seed` and its `activation_stats` under `threshold`, when the caller has them
-    (`sample_statistics`); else computed here."""
+    (`sample_statistics`); else computed here. `dictionary_at`: where the dictionary the run was indexed with lies
+    now, if its files moved (`ffkv.dictionaries.reopen`)."""
     started = time.perf_counter()
     view = loaded.view
     folder.mkdir(parents=True, exist_ok=True)
     sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample) if sampled is None else []
-    latents = lookups.has_latents(run, manifest)
-    windows = build_database(run, folder / "explorer.duckdb", latents=latents)
+    latents = None
+    if lookups.has_latents(run, manifest):  # read again and checked before anything is written
+        from ffkv.memories.sets import Latents
+
+        latents = Latents.of_run(view, manifest.index.get("dictionary"), dictionary_at, run.path)
+    windows = build_database(run, folder / "explorer.duckdb", latents=latents is not None)
     window = windows["triggers"]
     storing = trigger_contexts.planned(folder / "explorer.duckdb", trigger_contexts.token_macs(view, view.n_layers))
     rows, cells, store_contexts = storing.rows, storing.cells, storing.store
@@ -381,10 +387,10 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
     contexts = storing.not_stored("trigger", "token coefficients")
     riders = None  # the latents' trigger activations, read in the same pass where their examples are these
-    if latents and store_contexts:
+    if latents is not None and store_contexts:
         from ffkv.experiments import latent_lookups
 
-        riders = latent_lookups.plan_activations(run, manifest, loaded, folder)
+        riders = latent_lookups.plan_activations(latents, loaded, folder)
     if store_contexts:
         begun = time.perf_counter()
         flat = trigger_contexts.compute(loaded, rows, texts, bar=bar, passenger=riders)
@@ -398,11 +404,11 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         (folder / trigger_contexts.FILE).unlink()  # an older build's, for other rows
     bar.close()
     latent_info = {}
-    if latents:  # a run indexed with a sparse dictionary: its latents' tables too
+    if latents is not None:  # a run indexed with a sparse dictionary: its latents' tables too
         from ffkv.experiments import latent_lookups
 
         latent_info = {"latent_trigger_coefficients": latent_lookups.build(
-            run, manifest, loaded, folder, sample, windows["latent_triggers"], progress=progress,
+            latents, loaded, folder, sample, windows["latent_triggers"], progress=progress,
             activations=riders)}
     else:
         for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS):  # an older build's, of another index
@@ -437,7 +443,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
-              threshold_source=source, sampled=sample_statistics(ctx))
+              threshold_source=source, sampled=sample_statistics(ctx), dictionary_at=ctx.dictionary_at)
     latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
                                              "tables": list(lookups.FILES) + latent_tables,

@@ -161,7 +161,8 @@ class ModelQueue:
 
 
 def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: str = "",
-               hosts: tuple[str, ...] = (), token: str | None = None) -> Starlette:
+               hosts: tuple[str, ...] = (), token: str | None = None,
+               dictionary_at: str | Path | None = None) -> Starlette:
     """The explorer's web app for a run.
 
     Args:
@@ -171,9 +172,10 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         root: URL prefix when mounted below another path.
         hosts: host names answered besides the loopback names (``"*"``: any; only with a token).
         token: an access token every request must carry (`security.Guard`), or None.
+        dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved.
     """
     run_dir = Path(run_dir)
-    data = ExplorerData(run_dir, loaded, progress=progress)
+    data = ExplorerData(run_dir, loaded, progress=progress, dictionary_at=dictionary_at)
     data.model.after_load(lambda: (data.warm(), pages.warm()))  # a model loaded in the background: warm up
     page_pool, model_queue, admission = anyio.CapacityLimiter(PAGE_THREADS), ModelQueue(), Admission(MAX_IN_FLIGHT)
 
@@ -404,7 +406,8 @@ class LoadModelAfterFirstResponse:
 
 
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None,
-          allow_hosts: tuple[str, ...] = (), token: str | None = None, require_token: bool | None = None) -> None:
+          allow_hosts: tuple[str, ...] = (), token: str | None = None, require_token: bool | None = None,
+          dictionary_at: str | Path | None = None) -> None:
     """Start the explorer on http://HOST:PORT (blocks until Ctrl-C); the model loads while it serves.
 
     Args:
@@ -413,6 +416,7 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
         allow_hosts: further host names the server answers to (e.g. the machine's DNS name behind a tunnel).
         token: the access token (default: a random one when a token is required).
         require_token: default: only when `host` is not a loopback address.
+        dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved.
     """
     import uvicorn
 
@@ -434,7 +438,8 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
                  "can read the run and post labels (no access token: --no-token)"), flush=True)
     listening = bind(host, port)  # before anything is built or printed: a taken port is one line, at once
     try:
-        app = create_app(run_dir, loaded=loaded, progress=True, hosts=hosts, token=token)
+        app = create_app(run_dir, loaded=loaded, progress=True, hosts=hosts, token=token,
+                         dictionary_at=dictionary_at)
         port = listening.getsockname()[1]  # the port the system gave, for --port 0
         shown = f"[{host}]" if ":" in host else host
         if host in ("0.0.0.0", "::"):

@@ -80,10 +80,14 @@ class ExplorerData:
         run_dir: a complete run directory.
         loaded: the run's model, a `ModelHandle`, or None to load it in the background.
         progress: print a line per preparation step (a first start on a run `ffkv analyze` has not prepared).
+        dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved
+            (`ffkv.dictionaries.reopen`); default: where the run records it.
     """
 
-    def __init__(self, run_dir: str | Path, loaded: Any = None, progress: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, loaded: Any = None, progress: bool = False,
+                 dictionary_at: str | Path | None = None) -> None:
         self.run = RunDir(run_dir)
+        self.dictionary_at = dictionary_at
         self.manifest = self.run.require_complete()
         model = self.manifest.model
         self.n_layers, self.d_m, self.vocab_size = model.n_layers, model.d_m, model.vocab_size
@@ -145,7 +149,7 @@ class ExplorerData:
                   f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
         threshold, source = run_threshold(self.run, self.manifest, self.loaded, progress=self.progress)
         return build(self.run, self.manifest, self.loaded, folder, threshold, progress=self.progress,
-                     threshold_source=source)
+                     threshold_source=source, dictionary_at=self.dictionary_at)
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
         """The automatic pattern label, description and scores of every key (`ffkv analyze --only

@@ -140,7 +140,7 @@ class LatentData:
 
                 try:
                     self._memories = Latents.of_run(self.data.loaded.view, self.data.manifest.index.get("dictionary"),
-                                                    run=self.data.run.path)
+                                                    self.data.dictionary_at, self.data.run.path)
                 except FfkvError as exc:
                     self._memories_error = str(exc)
             return self._memories
