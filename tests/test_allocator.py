@@ -65,3 +65,36 @@ def test_the_executable_and_python_m_enter_through_console():
     assert 'if __name__ == "__main__":\n    sys.exit(console())' in text
     pyproject = os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")
     assert 'ffkv = "ffkv.cli:console"' in open(pyproject, encoding="utf-8").read()
+
+
+#: Frees blocks of growing size (40 to 130 MiB, each filled) while a small block of each round outlives it, then
+#: prints how much the process grew (MiB of resident memory) over the 10 rounds, with `release` after each round
+#: when asked (argv[2]), under `ffkv.cli.console`'s setting.
+GROWTH = textwrap.dedent("""
+    import sys, torch
+    from ffkv.allocator import keep_freed_memory, release
+    keep_freed_memory()
+    def rss():
+        return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) / 1024
+    kept, before = [], rss()
+    for round in range(10):
+        x = torch.empty((40 + 10 * round) * 2**20 // 4); x.fill_(1.0)
+        kept.append(torch.ones(2**16))  # outlives the round, beside the freed block
+        del x
+        if sys.argv[1] == "release":
+            release()
+    print(rss() - before)
+""")
+
+
+def growth(how: str) -> float:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    return float(subprocess.run([sys.executable, "-c", GROWTH, how], capture_output=True, text=True, check=True,
+                                env=clean).stdout.split()[-1])
+
+
+def test_release_hands_back_what_rounds_of_large_temporaries_freed():
+    """Kept freed blocks pinned apart by survivors make the process grow round after round; `release` after each
+    round keeps it near one round's working set."""
+    assert growth("keep") > 500
+    assert growth("release") < 200

@@ -22,6 +22,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from ffkv.allocator import release
 from ffkv.experiments import latent_kinds, registry
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run, text_measured
 from ffkv.experiments.encoders import applicability_table, skipped_reason
@@ -153,6 +154,7 @@ def run_step(ctx: RunContext, experiment: registry.Experiment) -> registry.Resul
         wait_for_writer()  # a later step that reads these tables from disk (pruning the census) finds them on every rank
     finally:
         ctx.step = None
+        release()  # what the step freed goes back to the system before the next one (`ffkv.allocator`)
     return result
 
 

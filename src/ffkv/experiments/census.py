@@ -69,6 +69,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ffkv.allocator import release
 from ffkv.batching import RowBatches, length_batches
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import (MIN_N, RunContext, as_numpy, beside_neurons, control_with_interval,
@@ -450,6 +451,7 @@ def value_statistics(view, layer: int, projection: str, signs: np.ndarray, rule_
         tz = (zr.gather(1, t.clamp(min=0)[:, None])[:, 0] - mr) / sr
         out["trigger_z"].append(torch.where(t >= 0, tz, torch.full_like(tz, float("nan"))))
         del z, centred, zr
+    release()  # the chunks' |V|-wide temporaries, freed (`ffkv.allocator`)
     return {k: as_numpy(torch.cat(v)) for k, v in out.items()}
 
 

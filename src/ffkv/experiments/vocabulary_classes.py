@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ffkv.allocator import release
 from ffkv.experiments import common
 from ffkv.experiments.common import RunContext, progress_bar, sample_size_warnings, share_with_interval
 from ffkv.experiments.figures import kinds_beside, share_curves
@@ -86,6 +87,7 @@ def moments(directions: torch.Tensor, units: torch.Tensor) -> np.ndarray:
         skew = centred.pow(3).mean(dim=1) / sd**3
         kurtosis = centred.pow(4).mean(dim=1) / sd**4
         out.append(torch.stack([mean[:, 0], var, skew, kurtosis], dim=1).cpu())
+    release()  # the blocks' |V|-wide cosines, freed (`ffkv.allocator`)
     return torch.cat(out).numpy()
 
 

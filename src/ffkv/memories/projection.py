@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from jaxtyping import Float, Int
 
+from ffkv.allocator import release
 from ffkv.errors import FfkvError
 from ffkv.memories.view import MemoryView
 
@@ -180,6 +181,7 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
                 out[name] = torch.empty((d_m, *value.shape[1:]), dtype=value.dtype, device=value.device)
             out[name][start:end] = value
         del part
+    release()  # the chunks' |V|-wide temporaries, freed: not pinned apart by the next layer's (`ffkv.allocator`)
     return {k: _numpy(v) for k, v in out.items()}
 
 
