@@ -68,6 +68,8 @@ def keep_freed_memory() -> bool:
 def release() -> None:
     """Hand the free memory of this process's heap back to the system (glibc's ``malloc_trim``), where
     `keep_freed_memory` set it to keep freed memory; elsewhere nothing. Called after a round of work whose large
-    temporaries are freed (module docstring): it changes no result, only what the process holds between rounds."""
+    temporaries are freed (module docstring). It moves where later blocks lie, not what is computed; MKL's matrix
+    products may round by their buffers' alignment, which any earlier allocation moves as well (SmolLM2-135M's
+    values_keys differ by up to 1e-5 relative between `--only values` and a whole analyze, with or without it)."""
     if _keeping:
         ctypes.CDLL(None).malloc_trim(0)
