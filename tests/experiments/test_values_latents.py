@@ -138,6 +138,12 @@ def test_serve_and_the_lookups_read_a_moved_dictionary_from_where_it_lies_now(co
         assert page.status_code == 200, page.text
         assert [e["example_id"] for e in page.json()["trigger_examples"]] == \
             trig[trig["key"] == key].sort_values("rank")["example_id"].tolist()
+    plain = tmp_path / "plain"  # a run without a dictionary: --dictionary would read nothing, so it is refused
+    build_index(loaded, _spec(tmp_path), plain, IndexOptions(top_k=2, control_keys=0), progress=False)
+    for refused in (lambda: analyze(plain, only=["values"], loaded=loaded, progress=False, dictionary_at=folder),
+                    lambda: create_app(plain, loaded=loaded, dictionary_at=folder)):
+        with pytest.raises(FfkvError, match="indexed without a dictionary, so --dictionary .* would be read by nothing"):
+            refused()
     for command in ("analyze", "serve"):  # both commands take the option the message names
         with pytest.raises(SystemExit):
             main([command, "--help"])

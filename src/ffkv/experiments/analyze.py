@@ -28,6 +28,7 @@ from ffkv.experiments.common import Projections, RunContext, check_only, eval_sp
 from ffkv.experiments.encoders import applicability_table, skipped_reason
 from ffkv.experiments.fidelity import write_fidelity
 from ffkv.errors import DamagedRun, FfkvError, one_line
+from ffkv.memories.sets import refuse_unused_dictionary
 from ffkv.parallel import is_writer, local_device, process_group, wait_for_writer
 from ffkv.store import integrity
 from ffkv.store.run import RunDir
@@ -88,6 +89,7 @@ def analyze(
     projections = Projections.choose(projection)
     run = RunDir(run_dir)
     refuse_damaged(run, run.require_complete(), names)  # before the model loads
+    refuse_unused_dictionary(run.manifest().index.get("dictionary"), dictionary_at, run.path)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,

@@ -27,6 +27,7 @@ from ffkv.explorer.latents import LatentData
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
 from ffkv.memories.address import LatentRef
+from ffkv.memories.sets import refuse_unused_dictionary
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
@@ -89,6 +90,7 @@ class ExplorerData:
         self.run = RunDir(run_dir)
         self.dictionary_at = dictionary_at
         self.manifest = self.run.require_complete()
+        refuse_unused_dictionary(self.manifest.index.get("dictionary"), dictionary_at, self.run.path)
         model = self.manifest.model
         self.n_layers, self.d_m, self.vocab_size = model.n_layers, model.d_m, model.vocab_size
         self.encoder = model.encoder

@@ -196,6 +196,16 @@ class Latents(MemorySet):
                             {layer: (d.kind, d.n_latents) for layer, d in self.dictionaries.items()})
 
 
+def refuse_unused_dictionary(recorded: Mapping[str, Mapping] | None, where: str | Path | None,
+                             run: str | Path = "the run") -> None:
+    """Refuse, in one line naming `run`, a `where` (``--dictionary``: where the dictionary a run was indexed with lies
+    now) for a run indexed without one (`recorded` empty), which would otherwise read nothing of it."""
+    if where is not None and not recorded:
+        raise FfkvError(f"{run} was indexed without a dictionary, so --dictionary {str(where)[:200]} would be read by "
+                        "nothing: it names where a run's dictionary lies now (to read latents, index with --dictionary "
+                        "PATH)")
+
+
 def memories_of(view: MemoryView, kind: str) -> MemorySet:
     """The memories an edit of `kind` (`ffkv.memories.interventions.EDIT_KINDS`) names: the view's neurons, or
     the latents attached to it (refused in one line where none are)."""
