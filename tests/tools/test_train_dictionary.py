@@ -187,7 +187,7 @@ def test_kill_9_then_resume_gives_the_same_bytes(tmp_path):
     assert not (tmp_path / "killed" / "training.json").exists()
     refused = _cli([*common, "--out", str(tmp_path / "killed")])
     assert refused.wait(timeout=300) == 2 and "--resume" in refused.stderr.read()
-    # where the kill landed, for the failure's message (seen once in a full run, never reproduced since)
+    # where the kill landed, for the failure's message
     at = torch.load(checkpoint, weights_only=True)["step"]
 
     resumed = _cli([*common, "--out", str(tmp_path / "killed"), "--resume"])
@@ -195,10 +195,23 @@ def test_kill_9_then_resume_gives_the_same_bytes(tmp_path):
     assert resumed.returncode == 0, err
     record = json.loads((tmp_path / "killed" / "training.json").read_text())
     assert record["training"]["steps"] == steps
-    for layer in ("h.0.mlp", "h.2.mlp"):
-        for name in ("sae.safetensors", "cfg.json"):
-            assert (tmp_path / "whole" / layer / name).read_bytes() == (tmp_path / "killed" / layer / name).read_bytes(), \
-                f"{layer}/{name} differs after a resume from step {at} of {steps}"
+
+    def differing(a: str, b: str) -> list[str]:
+        return [f"{layer}/{name}" for layer in ("h.0.mlp", "h.2.mlp") for name in ("sae.safetensors", "cfg.json")
+                if (tmp_path / a / layer / name).read_bytes() != (tmp_path / b / layer / name).read_bytes()]
+
+    differs = differing("whole", "killed")
+    if differs:
+        # Seen twice in full suites on 2 busy cores (a resume from step 47 of 132), never on an idle machine (12
+        # resumes from steps 16 to 118 byte-identical). A second uninterrupted run tells a resume that lost state
+        # from training that did not repeat its own bits in this process's conditions.
+        again = _cli([*common, "--out", str(tmp_path / "again")])
+        out, err = again.communicate(timeout=600)
+        assert again.returncode == 0, err
+        if differing("whole", "again"):
+            pytest.skip(f"two uninterrupted trainings differ here ({', '.join(differing('whole', 'again'))}): the "
+                        f"resume from step {at} of {steps} cannot be judged bit for bit")
+    assert not differs, f"{', '.join(differs)} differ after a resume from step {at} of {steps}"
     assert pd.read_parquet(tmp_path / "whole" / "fidelity.parquet").equals(
         pd.read_parquet(tmp_path / "killed" / "fidelity.parquet"))
 
