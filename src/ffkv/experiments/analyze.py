@@ -88,8 +88,9 @@ def analyze(
     names = (registry.ordered(check_only(only, tuple(every))) if only is not None else registry.default_names())
     projections = Projections.choose(projection)
     run = RunDir(run_dir)
-    refuse_damaged(run, run.require_complete(), names)  # before the model loads
-    refuse_unused_dictionary(run.manifest().index.get("dictionary"), dictionary_at, run.path)
+    recorded = run.require_complete()
+    refuse_damaged(run, recorded, names)  # before the model loads
+    refuse_unused_dictionary(recorded.index.get("dictionary"), dictionary_at, run.path)
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
