@@ -69,7 +69,7 @@ def test_the_executable_and_python_m_enter_through_console():
 
 #: Frees blocks of growing size (40 to 130 MiB, each filled) while a small block of each round outlives it, then
 #: prints how much the process grew (MiB of resident memory) over the 10 rounds, with `release` after each round
-#: when asked (argv[2]), under `ffkv.cli.console`'s setting.
+#: when asked (argv[1]), under `ffkv.cli.console`'s setting.
 GROWTH = textwrap.dedent("""
     import sys, torch
     from ffkv.allocator import keep_freed_memory, release

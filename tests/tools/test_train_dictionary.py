@@ -208,9 +208,10 @@ def test_kill_9_then_resume_gives_the_same_bytes(tmp_path):
         again = _cli([*common, "--out", str(tmp_path / "again")])
         out, err = again.communicate(timeout=600)
         assert again.returncode == 0, err
-        if differing("whole", "again"):
-            pytest.skip(f"two uninterrupted trainings differ here ({', '.join(differing('whole', 'again'))}): the "
-                        f"resume from step {at} of {steps} cannot be judged bit for bit")
+        unrepeated = differing("whole", "again")
+        if unrepeated:
+            pytest.skip(f"two uninterrupted trainings differ here ({', '.join(unrepeated)}): the resume from step "
+                        f"{at} of {steps} cannot be judged bit for bit")
     assert not differs, f"{', '.join(differs)} differ after a resume from step {at} of {steps}"
     assert pd.read_parquet(tmp_path / "whole" / "fidelity.parquet").equals(
         pd.read_parquet(tmp_path / "killed" / "fidelity.parquet"))
