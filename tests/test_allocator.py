@@ -67,22 +67,24 @@ def test_the_executable_and_python_m_enter_through_console():
     assert 'ffkv = "ffkv.cli:console"' in open(pyproject, encoding="utf-8").read()
 
 
-#: Frees blocks of growing size (40 to 130 MiB, each filled) while a small block of each round outlives it, then
-#: prints how much the process grew (MiB of resident memory) over the 10 rounds, with `release` after each round
-#: when asked (argv[1]), under `ffkv.cli.console`'s setting.
+#: Frees a filled 200 MiB block (below `MMAP_THRESHOLD`, so from the heap) while a 16 MiB block allocated after it
+#: outlives it, then prints how much the process grew (MiB of resident memory), with `release` after the free when
+#: asked (argv[1]), under `ffkv.cli.console`'s setting. Rounds of growing blocks beside small survivors show the same
+#: growth round after round, but where glibc puts a small survivor varies from process to process (in a freed hole,
+#: or at the heap's top: 172 to 852 MiB over 10 rounds, seen here); one block and a survivor too large for the
+#: startup's holes gives the same answer in every process.
 GROWTH = textwrap.dedent("""
     import sys, torch
     from ffkv.allocator import keep_freed_memory, release
     keep_freed_memory()
     def rss():
         return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) / 1024
-    kept, before = [], rss()
-    for round in range(10):
-        x = torch.empty((40 + 10 * round) * 2**20 // 4); x.fill_(1.0)
-        kept.append(torch.ones(2**16))  # outlives the round, beside the freed block
-        del x
-        if sys.argv[1] == "release":
-            release()
+    before = rss()
+    x = torch.empty(200 * 2**20 // 4); x.fill_(1.0)
+    kept = torch.ones(16 * 2**20 // 4)  # outlives x, beside it or at the top
+    del x
+    if sys.argv[1] == "release":
+        release()
     print(rss() - before)
 """)
 
@@ -93,8 +95,8 @@ def growth(how: str) -> float:
                                 env=clean).stdout.split()[-1])
 
 
-def test_release_hands_back_what_rounds_of_large_temporaries_freed():
-    """Kept freed blocks pinned apart by survivors make the process grow round after round; `release` after each
-    round keeps it near one round's working set."""
-    assert growth("keep") > 500
-    assert growth("release") < 200
+def test_release_hands_back_a_freed_block_that_a_survivor_pins():
+    """The kept freed block stays resident (the process grows by it and the survivor); `release` hands it back,
+    leaving the survivor."""
+    assert growth("keep") > 150
+    assert growth("release") < 50
