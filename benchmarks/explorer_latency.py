@@ -6,13 +6,15 @@ tables of `ffkv analyze` that the layer page shows (patterns, census), then the 
 tables beside it, and times:
 
 - the lookups' database build (`ffkv.experiments.lookups.build_database`, the part that grows with the
-  trigger table; the per-key tables are written synthetic): time, disk size, peak memory of its process;
+  trigger table; the per-key tables are written synthetic, and so is the per-token coefficient file of the rows
+  the database locates, `ffkv.experiments.trigger_contexts`: random values, as many as a model's build writes):
+  time, disk size, peak memory of its process;
 - in another process, the explorer's start and each page type through its ASGI app: the overview,
   the layer page sorted by each of its columns, the memory page, token and full-text search, the
-  concepts of a layer, and the trace page, all with a tokenizer but no model weights (a model's
-  memory page adds one forward pass over its trigger examples; a trace needs the weights and says
-  so); "first" is each page type's first request after the start, "warm" the median of the
-  following ones (other layers, keys, sorts); the process's peak memory;
+  concepts of a layer, and the trace page, all with a tokenizer but no model weights (a memory page
+  reads its stored coefficients, as with a model; a trace needs the weights and says so); "first" is
+  each page type's first request after the start, "warm" the median of the following ones (other
+  layers, keys, sorts); the process's peak memory;
 - `ffkv report RUN` in its own process: time, report size, peak memory.
 
 Shapes: ``paper`` (16 x 4,096 keys, top-50, one direction, GPT-2's vocabulary size, 400k examples)
@@ -183,6 +185,7 @@ def write_lookups(run: Path, shape: str, seed: int = 0) -> None:
     the per-key tables synthetic (they need the model's weights)."""
     import pandas as pd
 
+    from ffkv.experiments import trigger_contexts
     from ffkv.experiments.lookups import HISTOGRAM_BINS, TOP_TOKENS, build_database
     from ffkv.store.lookups import write_info
 
@@ -192,8 +195,16 @@ def write_lookups(run: Path, shape: str, seed: int = 0) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     t = time.perf_counter()
-    build_database(RunDir(run), folder / "explorer.duckdb")
+    located = build_database(RunDir(run), folder / "explorer.duckdb")["triggers"]
     seconds = time.perf_counter() - t
+    rows = trigger_contexts.plan(folder / "explorer.duckdb")
+    coefficients = {"file": None, "reason": "no rows located"}
+    if rows is not None:  # what a model's build writes there, with random values
+        cells = int(rows["m_length"].sum())
+        values = rng.gamma(2.0, 1.0, cells).astype(np.float32)
+        dtype = trigger_contexts.write(folder / trigger_contexts.FILE, values)
+        coefficients = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype, **located,
+                        "max_cells": trigger_contexts.MAX_CELLS, "synthetic": True}
     n = layers * keys
     probs = -np.sort(-rng.dirichlet(np.ones(TOP_TOKENS), n).astype(np.float32), axis=1)
     atomic.write_parquet(folder / "value_top_tokens.parquet", pa.table({
@@ -214,18 +225,20 @@ def write_lookups(run: Path, shape: str, seed: int = 0) -> None:
     atomic.write_parquet(folder / "key_stats.parquet",
                          pa.Table.from_pandas(stats, schema=schemas.KEY_STATS, preserve_index=False))
     write_info(RunDir(run), RunDir(run).manifest(), folder, projection="identity", top_tokens=TOP_TOKENS,
-               activation_sample={"examples": 256, "positions": 8192})
-    print(json.dumps({"step": "lookups", "database_seconds": round(seconds, 1),
+               activation_sample={"examples": 256, "positions": 8192}, trigger_coefficients=coefficients)
+    print(json.dumps({"step": "lookups", "database_seconds": round(seconds, 1), "located": located,
+                      "coefficient_cells": coefficients.get("cells"),
                       "database_gib": round(disk_gib(folder / "explorer.duckdb"), 3),
                       "lookups_gib": round(disk_gib(folder), 3), "peak_rss_gib": round(peak_rss_gib(), 2)}))
 
 
-def timed_get(client, url: str, status: int = 200) -> float:
+def timed_get(client, url: str, status: int = 200) -> tuple[float, int]:
+    """Seconds to answer `url`, and the answer's bytes."""
     t = time.perf_counter()
     r = client.get(url)
     elapsed = time.perf_counter() - t
     assert r.status_code == status, (url, r.status_code, r.text[-300:])
-    return elapsed
+    return elapsed, len(r.content)
 
 
 def serve_pages(run: Path, shape: str, requests: int) -> None:
@@ -241,9 +254,13 @@ def serve_pages(run: Path, shape: str, requests: int) -> None:
     rng = np.random.default_rng(1)
     layer = lambda: 1 + int(rng.integers(layers))  # noqa: E731 - pages count layers from 1
     times: dict[str, list[float]] = {}
+    sizes: dict[str, list[int]] = {}
 
     def page(kind: str, urls, status: int = 200) -> None:
-        times.setdefault(kind, []).extend(timed_get(client, url, status) for url in urls)
+        for url in urls:
+            seconds, size = timed_get(client, url, status)
+            times.setdefault(kind, []).append(seconds)
+            sizes.setdefault(kind, []).append(size)
 
     with TestClient(app, base_url="http://127.0.0.1:8000") as client:
         page("overview", ["/"] * (1 + requests // 10))
@@ -260,7 +277,8 @@ def serve_pages(run: Path, shape: str, requests: int) -> None:
         page("trace, model absent", [f"/trace?prompt=w{rng.integers(vocab)}+w{rng.integers(vocab)}"] * 4, 503)
     out = {kind: {"first_ms": round(1e3 * xs[0], 1),
                   "warm_median_ms": round(1e3 * statistics.median(xs[1:]), 1) if len(xs) > 1 else None,
-                  "warm_max_ms": round(1e3 * max(xs[1:]), 1) if len(xs) > 1 else None, "n": len(xs)}
+                  "warm_max_ms": round(1e3 * max(xs[1:]), 1) if len(xs) > 1 else None, "n": len(xs),
+                  "median_kb": round(statistics.median(sizes[kind]) / 1e3, 1)}
            for kind, xs in times.items()}
     print(json.dumps({"step": "serve", "start_seconds": round(started, 2), "pages": out,
                       "peak_rss_gib": round(peak_rss_gib(), 2)}))

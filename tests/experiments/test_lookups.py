@@ -177,6 +177,21 @@ def test_the_stored_window_never_exceeds_max_cells():
     assert tc.window_for(tc.MAX_ROWS + 1) is None
 
 
+def test_an_index_of_more_than_max_rows_locates_its_strongest_ranks():
+    """`trigger_contexts.located_ranks`: every rank while the whole table gets a window; else the most leading ranks
+    whose rows do (Llama-3.1-8B's shape: 32 x 14,336 keys x 2 directions a rank, top-100, 92M rows: 6 ranks, 5.5M
+    rows, in a window of 10 tokens); none where rank 0's rows alone are too many."""
+    from ffkv.experiments import trigger_contexts as tc
+
+    assert tc.located_ranks([]) == 0 and tc.located_ranks([100] * 5) == 5
+    assert tc.located_ranks([tc.MAX_ROWS // 2] * 2) == 2
+    assert tc.located_ranks([tc.MAX_ROWS // 2] * 2 + [1]) == 2
+    per_rank = 32 * 14_336 * 2
+    assert tc.located_ranks([per_rank] * 100) == 6
+    assert tc.window_for(6 * per_rank) == (7, 2) and 6 * per_rank * 10 <= tc.MAX_CELLS
+    assert tc.located_ranks([tc.MAX_ROWS + 1, 5]) == 0
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_a_tokens_multiply_adds_count_the_blocks_matrices(family):
     """`trigger_contexts.token_macs`: one multiply-add per weight of each block's attention projections and FF

@@ -294,6 +294,70 @@ def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, mon
         d.close()
 
 
+@pytest.mark.parametrize("case", ["whole examples", "windows"])
+def test_an_index_too_large_for_every_row_stores_its_strongest_ranks(fresh_run, monkeypatch, case):
+    """Issue 44, item 5: an index of more than MAX_ROWS rows (an 8B model's: 92M) stored no coefficients, so each
+    first view ran the model over the memory's 200 examples (minutes on a CPU). Now the build stores them for the
+    strongest ranks of every memory that fit (here 2 of 5, in each direction): there the page's coefficients equal a
+    brute-force forward pass (to float16's precision); below them only the trigger position's, the index's own;
+    the file holds exactly the located rows' cells, the page says which examples are shaded, and no model runs."""
+    from ffkv.experiments import trigger_contexts
+    from ffkv.explorer import live, pages
+    from ffkv.store import lookups
+
+    run, loaded = fresh_run
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    ex = pd.read_parquet(run / "examples.parquet").set_index("example_id")
+    strong = te[te["rank"] < 2]
+    assert 0 < len(strong) < len(te)
+    monkeypatch.setattr(trigger_contexts, "MAX_ROWS", len(strong))
+    if case == "windows":  # the strongest rows' whole examples do not fit: the narrowest window, (2, 1)
+        monkeypatch.setattr(trigger_contexts, "MAX_CELLS", len(strong) * (trigger_contexts.MIN_BEFORE + 2))
+    before, after = (2, 1) if case == "windows" else (10**9, 10**9)
+    monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)  # stored as for a model of a real size
+    assert trigger_contexts.located_ranks(te.groupby("rank").size().sort_index().tolist()) == 2
+    (run / "explorer" / lookups.INFO).unlink()  # rebuilt
+    calls = []
+    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
+    d = ExplorerData(run, loaded)
+    try:
+        info = lookups.read_info(run / "explorer")["trigger_coefficients"]
+        expected = sum(min(p + after + 1, len(ex.at[e, "token_ids"])) - max(p - before, 0)
+                       for e, p in zip(strong.example_id, strong.position))
+        assert info["file"] == lookups.COEFFICIENTS and info["ranks"] == 2
+        assert info["window"] == ([before, after] if case == "windows" else None)
+        assert info["cells"] == expected <= trigger_contexts.MAX_CELLS
+        shaded = bare = 0
+        for layer, key in [(0, 3), (2, 11)]:
+            m = d.memory(layer, key)
+            assert m["stored_ranks"] == 2
+            for group in m["triggers"]:
+                for e in group["examples"]:
+                    token_ids = list(ex.at[e["example_id"], "token_ids"])
+                    with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
+                        loaded.view.forward(torch.tensor([token_ids]))
+                    truth = cap["coefficients"][layer][0, :, key].numpy()
+                    p, first = e["position"], e["first"]
+                    for j, t in enumerate(t for t in e["tokens"] if not t.get("gap")):
+                        at = first + j
+                        if at == p:  # the index's own coefficient, whatever the rank
+                            assert t["m"] == e["coefficient"] and not t["outside"]
+                        elif e["rank"] < 2 and p - before <= at <= p + after:
+                            assert t["m"] == pytest.approx(float(truth[at]), rel=2e-3, abs=1e-4), (layer, key, at)
+                            assert not t["outside"]
+                            shaded += 1
+                        else:
+                            assert t["m"] is None and t["outside"], (e["rank"], at)
+                            bare += e["rank"] >= 2
+            html = pages.memory_page(d, layer + 1, key)
+            assert "they are stored for the 2 strongest examples of each direction" in html
+            assert pages.memory_json(d, layer + 1, key)["stored_ranks"] == 2
+        assert shaded > 0 and bare > 0
+        assert calls == []  # no forward pass for a page
+    finally:
+        d.close()
+
+
 def test_a_run_that_stores_whole_examples_marks_no_token(data):
     """Where the build stored whole examples (the demo, this run), every shown token has its coefficient: no token
     is marked as outside a window, and the page says nothing of one."""

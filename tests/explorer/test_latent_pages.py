@@ -361,7 +361,10 @@ def test_a_damaged_latent_file_is_named(run, tiny, tmp_path):
 
 def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(run, tiny, monkeypatch):
     """The stored latent activations come from the neurons' pass over their trigger examples (the passenger),
-    plus passes of their own for examples that pass does not read; the same values as passes of their own only."""
+    plus passes of their own for examples that pass does not read; the same values as passes of their own only, to
+    one unit in the last place of the dictionary's float16 (the two passes batch the examples differently, so the
+    model's float32 input to the encoder differs in its last bits, and a value near a float16 rounding boundary
+    lands on either side: 1 of 74,844 on one machine here, none on another)."""
     from ffkv.experiments import latent_lookups, trigger_contexts
 
     from ffkv.memories.sets import Latents
@@ -380,5 +383,5 @@ def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(ru
     trigger_contexts.compute(tiny, half, texts, passenger=riders)
     assert 0 < len(riders.done) < len(riders.needed)
     alone = latent_lookups.trigger_coefficients(tiny, riders.latents, riders.rows, texts)
-    np.testing.assert_allclose(riders.finish(tiny), alone, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(riders.finish(tiny), alone, rtol=2**-10, atol=1e-6)
     assert riders.done >= set(riders.needed) and np.abs(alone).max() > 0

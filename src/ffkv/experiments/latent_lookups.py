@@ -48,7 +48,7 @@ HISTOGRAM_BINS = 24
 MAX_BATCH_TOKENS = 2048
 
 
-def build(latents: Latents, loaded: LoadedModel, folder: Path, sample: list[list[int]], window: list[int] | None,
+def build(latents: Latents, loaded: LoadedModel, folder: Path, sample: list[list[int]], located: dict,
           progress: bool = False, activations: TriggerActivations | None = None) -> dict:
     """Write the latents' tables into `folder` (explorer.duckdb, with its latent_triggers, already written by
     `ffkv.experiments.lookups.build_database`); returns info.json's ``latent_trigger_coefficients`` record.
@@ -56,7 +56,9 @@ def build(latents: Latents, loaded: LoadedModel, folder: Path, sample: list[list
     Args:
         latents: the run's (`ffkv.memories.sets.Latents.of_run`).
         sample: token ids of the corpus sample the neurons' activation statistics read.
-        window: [before, after] of the stored activations around each trigger, or None (whole examples).
+        located: `ffkv.experiments.lookups.build_database`'s record of latent_triggers: the window ([before, after]
+            of the stored activations around each trigger, or None: whole examples) and the ranks located (None:
+            every rank).
         activations: `plan_activations`'s, already fed by the neurons' pass over their trigger examples (the
             examples it did not run get their own passes here); None: every example in passes of its own.
     """
@@ -83,7 +85,7 @@ def build(latents: Latents, loaded: LoadedModel, folder: Path, sample: list[list
         flat = activations.finish(loaded) if activations is not None else trigger_coefficients(loaded, latents,
                                                                                                 rows, texts)
         dtype = trigger_contexts.write(path, flat)
-        record = {"file": lookups.LATENT_COEFFICIENTS, "cells": cells, "dtype": dtype, "window": window,
+        record = {"file": lookups.LATENT_COEFFICIENTS, "cells": cells, "dtype": dtype, **located,
                   "max_cells": trigger_contexts.MAX_CELLS, "bytes": path.stat().st_size,
                   "seconds": round(time.perf_counter() - begun, 3)}
     elif path.exists():
@@ -137,7 +139,7 @@ def _value_tables(loaded: LoadedModel, latents: Latents, layer: int, targets: np
     return top, stats
 
 
-def _batches(loaded: LoadedModel, token_lists: dict[int, list[int]]) -> list:
+def _batches(loaded: LoadedModel, token_lists: dict[int, np.ndarray]) -> list:
     """Padded batches of the examples (id -> token ids), grouped by length, at most `MAX_BATCH_TOKENS` each."""
     examples = [Example(int(e), np.asarray(t, dtype=np.int64), "") for e, t in sorted(token_lists.items()) if len(t)]
     groups = length_batches(examples, trigger_contexts.BATCH_SIZE, MAX_BATCH_TOKENS)
@@ -209,7 +211,7 @@ class TriggerActivations:
     forward pass captures what the latents read: the neurons' pass over their trigger examples
     (`trigger_contexts.compute`'s passenger), and `finish`'s own over the examples it did not run."""
 
-    def __init__(self, latents: Latents, rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> None:
+    def __init__(self, latents: Latents, rows: dict[str, np.ndarray], texts: dict[int, np.ndarray]) -> None:
         self.latents, self.rows = latents, rows
         self.quantities = tuple(sorted({latents.reads(layer) for layer in latents.layers}))
         total = int(rows["m_length"].sum()) if len(rows["m_length"]) else 0
@@ -252,7 +254,7 @@ class TriggerActivations:
 
 
 def trigger_coefficients(loaded: LoadedModel, latents: Latents, rows: dict[str, np.ndarray],
-                         texts: dict[int, list[int]]) -> np.ndarray:
+                         texts: dict[int, np.ndarray]) -> np.ndarray:
     """`TriggerActivations` computed in passes of their own (no other pass reads the examples)."""
     return TriggerActivations(latents, rows, texts).finish(loaded)
 

@@ -15,8 +15,9 @@ the contract in docs/run-directory.md). Per key of every layer:
 - explorer.duckdb: the trigger examples (with each prefix's last token) and the texts of the
   examples they use, indexed for point queries;
 - trigger_coefficients.npy: the key's coefficient at every token of each trigger example, or at a window of tokens
-  around its trigger where the whole examples would not fit (`ffkv.experiments.trigger_contexts`: at most
-  `MAX_CELLS` values), so that a memory page runs no model to shade them;
+  around its trigger where the whole examples would not fit, and only for each memory's strongest ranks where even
+  the narrowest windows of every row would not (`ffkv.experiments.trigger_contexts`: at most `MAX_CELLS` values), so
+  that a memory page runs no model to shade them;
 - for a run indexed with a sparse dictionary (`ffkv.store.lookups.has_latents`), the same for its latents
   (`ffkv.experiments.latent_lookups`); nothing of them for a run without one.
 
@@ -73,7 +74,7 @@ def _sql_path(path: Path) -> str:
 DATABASE_MEMORY = "1GB"
 
 
-def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, list[int] | None]:
+def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, dict]:
     """Write explorer.duckdb atomically: triggers (with each prefix's last token) in (layer, key) order,
     the same triggers' (memory, coefficient) in example order, and texts.
 
@@ -81,17 +82,18 @@ def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, 
     zone maps of tables stored in that order (DuckDB's planner chose sequential scans over the
     indexes anyway), and an ART index must fit in memory while it is built.
 
-    While the index has at most `trigger_contexts.MAX_ROWS` trigger rows, each row also holds ``m_start`` and
-    ``m_length`` (the first of its example's tokens whose coefficients are stored, and how many: the whole example,
-    or a window around the trigger where the whole would not fit; `_located`) and ``m_offset`` (where they start
-    in `trigger_contexts.FILE`); NULL beyond.
+    Each row whose coefficients are stored (every row while the index has at most `trigger_contexts.MAX_ROWS`, else
+    those of its strongest ranks: `trigger_contexts.located_ranks`) also holds ``m_start`` and ``m_length`` (the
+    first of its example's tokens whose coefficients are stored, and how many: the whole example, or a window around
+    the trigger where the whole would not fit; `_located`) and ``m_offset`` (where they start in
+    `trigger_contexts.FILE`); NULL in the other rows.
 
     With `latents` (a run indexed with a sparse dictionary: `ffkv.store.lookups.has_latents`), also the latents'
     rows of latent_trigger_examples.parquet, located the same way on their own (latent_triggers,
     latent_triggers_by_example; ``key`` is the latent), and the texts of their examples.
 
-    Returns the window of each table's stored coefficients (`_located`): {"triggers": [before, after] or None,
-    "latent_triggers": ... (with `latents`)}.
+    Returns where each table's coefficients are stored (`_located`): {"triggers": {"window": [before, after] or None,
+    "ranks": the ranks located, or None for all}, "latent_triggers": ... (with `latents`)}.
     """
     te, ex = run.table("trigger_examples"), _sql_path(run.table("examples"))
     lte = run.table("latent_trigger_examples") if latents else None
@@ -115,9 +117,9 @@ def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, 
                 SELECT example_id, token_ids, text FROM read_parquet('{ex}')
                 WHERE example_id IN ({used})
                 ORDER BY example_id""")
-            windows = {"triggers": _triggers_table(con, te, "triggers", direction)}
+            located = {"triggers": _triggers_table(con, te, "triggers", direction)}
             if latents:
-                windows["latent_triggers"] = _triggers_table(con, lte, "latent_triggers", None)
+                located["latent_triggers"] = _triggers_table(con, lte, "latent_triggers", None)
             con.execute("CREATE UNIQUE INDEX texts_id ON texts (example_id)")
             con.execute("CHECKPOINT")
         finally:
@@ -126,16 +128,15 @@ def build_database(run: RunDir, path: Path, latents: bool = False) -> dict[str, 
         wal = Path(str(tmp) + ".wal")
         if wal.exists():
             wal.unlink()
-    return windows
+    return located
 
 
-def _triggers_table(con, path: Path, name: str, direction: str | None) -> list[int] | None:
+def _triggers_table(con, path: Path, name: str, direction: str | None) -> dict:
     """Create the table `name` (and `name`_by_example) from the trigger rows of the Parquet file `path`,
     located as `_located` decides; `direction` None: a table without that column (latents, positive only).
-    Returns the window of `_located`."""
-    located = pq.ParquetFile(path).metadata.num_rows <= trigger_contexts.MAX_ROWS
+    Returns `_located`'s window and ranks."""
     triggers = _sql_path(path)
-    start, length, window = _located(con, triggers, located)
+    start, length, located = _located(con, triggers)
     signed = direction is not None
     con.execute(f"""
         CREATE TABLE {name} AS
@@ -151,26 +152,34 @@ def _triggers_table(con, path: Path, name: str, direction: str | None) -> list[i
         CREATE TABLE {name}_by_example AS
         SELECT example_id, layer, key, {"direction, " if signed else ""}rank, coefficient FROM {name}
         ORDER BY example_id, layer, key{", direction DESC" if signed else ""}""")
-    return window
+    return located
 
 
-def _located(con, triggers: str, located: bool) -> tuple[str, str, list[int] | None]:
-    """SQL for where each trigger row's stored coefficients start in its example and how many there are, and the
-    window that decides them: the whole example (window None) while every row's whole example fits
-    `trigger_contexts.MAX_CELLS`, else `trigger_contexts.window_for` the rows around the trigger (the tokens a page
-    shows shaded); NULL beyond `trigger_contexts.MAX_ROWS` rows (or where no window fits)."""
-    if not located:
-        return "NULL", "NULL", None
-    rows, whole = con.execute(f"SELECT count(*), coalesce(sum(len(x.token_ids)), 0) FROM read_parquet('{triggers}') t "
-                              "JOIN texts x USING (example_id)").fetchone()
-    if whole <= trigger_contexts.MAX_CELLS:
-        return "0", "len(x.token_ids)", None
-    window = trigger_contexts.window_for(int(rows))
+def _located(con, triggers: str) -> tuple[str, str, dict]:
+    """SQL for where each trigger row's stored coefficients start in its example and how many there are, and what
+    decides them: the rows of the ranks `trigger_contexts.located_ranks` gives (every rank while the index has at
+    most `trigger_contexts.MAX_ROWS` rows; NULL in the others), each its whole example (window None) while those
+    rows' whole examples fit `trigger_contexts.MAX_CELLS`, else `trigger_contexts.window_for` those rows around the
+    trigger (the tokens a page shows shaded). Returns (start, length, {"window": ..., "ranks": how many ranks are
+    located, None for all})."""
+    per_rank = con.execute(f"SELECT t.rank, count(*), coalesce(sum(len(x.token_ids)), 0) "
+                           f"FROM read_parquet('{triggers}') t JOIN texts x USING (example_id) "
+                           "GROUP BY t.rank ORDER BY t.rank").fetchall()
+    ranks = trigger_contexts.located_ranks([n for _, n, _ in per_rank])
+    if ranks == 0:
+        return "NULL", "NULL", {"window": None, "ranks": 0 if per_rank else None}
+    rows, whole = sum(n for _, n, _ in per_rank[:ranks]), sum(w for _, _, w in per_rank[:ranks])
+    window = None if whole <= trigger_contexts.MAX_CELLS else list(trigger_contexts.window_for(int(rows)))
     if window is None:
-        return "NULL", "NULL", None
-    before, after = window
-    start = f"greatest(t.position - {before}, 0)"
-    return start, f"least(t.position + {after + 1}, len(x.token_ids)) - {start}", [before, after]
+        start, length = "0", "len(x.token_ids)"
+    else:
+        before, after = window
+        start = f"greatest(t.position - {before}, 0)"
+        length = f"least(t.position + {after + 1}, len(x.token_ids)) - {start}"
+    if ranks == len(per_rank):
+        return start, length, {"window": window, "ranks": None}
+    only = f"WHEN t.rank <= {int(per_rank[ranks - 1][0])}"
+    return f"CASE {only} THEN {start} END", f"CASE {only} THEN {length} END", {"window": window, "ranks": ranks}
 
 
 def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = TOP_TOKENS,
@@ -373,8 +382,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         from ffkv.memories.sets import Latents
 
         latents = Latents.of_run(view, manifest.index.get("dictionary"), dictionary_at, run.path)
-    windows = build_database(run, folder / "explorer.duckdb", latents=latents is not None)
-    window = windows["triggers"]
+    located = build_database(run, folder / "explorer.duckdb", latents=latents is not None)
     storing = trigger_contexts.planned(folder / "explorer.duckdb", trigger_contexts.token_macs(view, view.n_layers))
     rows, cells, store_contexts = storing.rows, storing.cells, storing.store
     texts = trigger_contexts.texts_of(folder / "explorer.duckdb") if store_contexts else {}
@@ -396,7 +404,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         flat = trigger_contexts.compute(loaded, rows, texts, bar=bar, passenger=riders)
         dtype = trigger_contexts.write(folder / trigger_contexts.FILE, flat)
         contexts = {"file": trigger_contexts.FILE, "cells": cells, "dtype": dtype,
-                    "window": window, "max_cells": trigger_contexts.MAX_CELLS,
+                    **located["triggers"], "max_cells": trigger_contexts.MAX_CELLS,
                     "bytes": (folder / trigger_contexts.FILE).stat().st_size,
                     "seconds": round(time.perf_counter() - begun, 3)}
         del flat, texts
@@ -408,7 +416,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
         from ffkv.experiments import latent_lookups
 
         latent_info = {"latent_trigger_coefficients": latent_lookups.build(
-            latents, loaded, folder, sample, windows["latent_triggers"], progress=progress,
+            latents, loaded, folder, sample, located["latent_triggers"], progress=progress,
             activations=riders)}
     else:
         for name in (*lookups.LATENT_FILES, lookups.LATENT_COEFFICIENTS):  # an older build's, of another index

@@ -14,8 +14,11 @@ example, or, where every row's whole example would exceed `MAX_CELLS`, as long a
 row's ``m_offset``, ``m_start`` and ``m_length`` point into it. The file therefore holds at most
 min(Σ whole examples, rows × window width) ≤ `MAX_CELLS` values: 120 MB in float16 (240 MB in the float32 case).
 float16 keeps three significant digits (the page shows three; the trigger position's own coefficient is the
-index's, exact). Skipped (the explorer then computes a page's coefficients when it is asked for) for an index of
-more than `MAX_ROWS` rows, and for a model whose pages cost little to compute: where a page's forward pass over
+index's, exact). An index of more than `MAX_ROWS` rows (an 8B model's: 92M) stores them for the strongest ranks of
+every memory in each direction, as many as fit (`located_ranks`: at Llama-3.1-8B's shape, ranks 0-5 of 100, in a
+window of 10 tokens); its other rows' pages show the trigger position's coefficient alone, and no page runs the
+model. Skipped (the explorer then computes a page's coefficients when it is asked for) for a model whose pages cost
+little to compute: where a page's forward pass over
 one memory's trigger examples (`page_macs`, the costliest tenth of the memories) stays within `LIVE_MACS`, the
 pass over every example would cost the build more than all first views together save (ffkv-tiny's demo: 21 s
 of its lookups' 24 s, for first views of 0.1 s instead of 0.03 s).
@@ -26,7 +29,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -42,7 +45,7 @@ FILE = lookups.COEFFICIENTS
 #: Most token coefficients stored (float16: 2 bytes each; the build holds them as float32, 4 bytes).
 MAX_CELLS = 60_000_000
 #: Most trigger rows for which explorer.duckdb locates coefficients (more rows cannot stay under `MAX_CELLS`
-#: with examples of a few tokens; the 8B-scale index, 92M rows, is never located).
+#: with examples of a few tokens); an index of more locates its strongest ranks (`located_ranks`).
 MAX_ROWS = 6_000_000
 #: Tokens before and after the trigger position whose coefficients are stored, where every row's whole example
 #: would exceed `MAX_CELLS` (SmolLM2-135M, 30 layers x 1,536 keys x 2 directions x top-20 over WikiText lines: 1.8M
@@ -80,6 +83,15 @@ def window_for(rows: int) -> tuple[int, int] | None:
     width = MAX_CELLS // rows
     after = max(1, min(after, (width - 1) * after // (before + after)))
     return width - 1 - after, after
+
+
+def located_ranks(per_rank: Sequence[int]) -> int:
+    """How many of a trigger table's ranks (0, 1, ...: the strongest rows of every memory, in each direction) get
+    stored coefficients, given the table's rows at each rank: all of them while `window_for` the whole table gives a
+    window, else the most leading ranks whose rows do (at most `MAX_ROWS`; 0 where not even rank 0's fit). Every
+    memory's page then shades the same strongest examples, and the stored cells stay within `MAX_CELLS`."""
+    counts = np.cumsum(np.asarray(per_rank, dtype=np.int64))
+    return int(sum(window_for(int(rows)) is not None for rows in counts))
 
 
 def token_macs(view, through: int, latents: int = 0) -> float:
@@ -127,8 +139,9 @@ class Storing:
             return {"file": None, "cells": self.cells, "page_macs": self.macs,
                     "reason": f"a page's own forward pass costs {self.macs / 1e9:.1f}G multiply-adds, at most "
                               f"{LIVE_MACS / 1e9:.0f}G: computed at its first view"}
-        return {"file": None, "cells": self.cells, "reason": f"more than {MAX_ROWS:,} {rows} rows, or more than "
-                                                             f"{MAX_CELLS:,} {values} in the narrowest window"}
+        return {"file": None, "cells": self.cells, "reason": f"more than {MAX_ROWS:,} {rows} rows of rank 0, or "
+                                                             f"more than {MAX_CELLS:,} {values} in the narrowest "
+                                                             "window"}
 
 
 def planned(db_path: Path, per_token: float, table: str = "triggers") -> Storing:
@@ -141,31 +154,31 @@ def planned(db_path: Path, per_token: float, table: str = "triggers") -> Storing
 
 
 def plan(db_path: Path, table: str = "triggers") -> dict[str, np.ndarray] | None:
-    """The rows of explorer.duckdb's triggers table (or `table`: ``latent_triggers``) in the order of their
-    coefficients: layer, key, example_id, m_offset, m_start, m_length (numpy arrays); None when the table locates
-    none (more than `MAX_ROWS` rows, or no window fits: `window_for`)."""
+    """The rows of explorer.duckdb's triggers table (or `table`: ``latent_triggers``) whose coefficients it locates,
+    in the order of their coefficients: layer, key, example_id, m_offset, m_start, m_length (numpy arrays); None when
+    it locates none (not even rank 0's rows fit: `located_ranks`)."""
     if table not in ("triggers", "latent_triggers"):
         raise ValueError(f"no trigger table {table!r} in explorer.duckdb")
     con = open_database(db_path, tables={table: ("layer", "key", "example_id", "m_offset", "m_start", "m_length")})
     try:
         rows = con.execute(f"SELECT layer, key, example_id, m_offset, m_start, m_length FROM {table} "
                            "WHERE m_offset IS NOT NULL ORDER BY m_offset").fetchnumpy()
-        located = con.execute(f"SELECT count(*) = count(m_offset) FROM {table}").fetchone()[0]
     finally:
         con.close()
-    if not located:
+    if not len(rows["m_offset"]):
         return None
     return {name: np.asarray(column) for name, column in rows.items()}
 
 
-def texts_of(db_path: Path) -> dict[int, list[int]]:
-    """Token ids of every example the trigger rows use (explorer.duckdb's texts table)."""
+def texts_of(db_path: Path) -> dict[int, np.ndarray]:
+    """Token ids of every example the trigger rows use (explorer.duckdb's texts table), each a numpy array (as
+    Python lists, the 1.2M examples of an 8B model's index held 4 GB)."""
     con = open_database(db_path, tables={"texts": ("example_id", "token_ids")})
     try:
         table = con.execute("SELECT example_id, token_ids FROM texts").fetchnumpy()
     finally:
         con.close()
-    return {int(e): list(t) for e, t in zip(table["example_id"], table["token_ids"])}
+    return {int(e): np.asarray(t) for e, t in zip(table["example_id"], table["token_ids"])}
 
 
 class Passenger(Protocol):
@@ -179,7 +192,7 @@ class Passenger(Protocol):
 
 
 @torch.no_grad()
-def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, list[int]], bar=None,
+def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, np.ndarray], bar=None,
             passenger: Passenger | None = None) -> np.ndarray:
     """m of each row's key at the stored positions of its example (``m_start`` on, ``m_length`` of them), the rows
     one after another (`plan`'s order).
@@ -232,7 +245,7 @@ def compute(loaded: LoadedModel, rows: dict[str, np.ndarray], texts: dict[int, l
     return flat
 
 
-def batches_needed(rows: dict[str, np.ndarray], texts: dict[int, list[int]]) -> int:
+def batches_needed(rows: dict[str, np.ndarray], texts: dict[int, np.ndarray]) -> int:
     """How many forward passes `compute` makes (for a progress bar)."""
     examples = [Example(int(e), np.zeros(len(texts[int(e)]), dtype=np.int64), "") for e in np.unique(rows["example_id"])]
     return len(length_batches(examples, BATCH_SIZE, MAX_BATCH_TOKENS))

@@ -62,14 +62,17 @@ DIRECTIONS = {Direction.POSITIVE: "largest coefficients", Direction.NEGATIVE: "m
 
 def stored_context(coefficients: np.ndarray | None, trig: pd.DataFrame) -> list | None:
     """The per-token coefficients of trigger rows (``m_offset``, ``m_start``, ``m_length``, ``token_ids``) as the
-    build stored them in the flat array `coefficients`, each as long as its example (NaN outside the stored window:
-    `ffkv.experiments.trigger_contexts.window_for`), or None when it stored none for these rows."""
-    if coefficients is None or trig["m_offset"].isna().any():
+    build stored them in the flat array `coefficients`, each as long as its example (NaN outside the stored window,
+    `ffkv.experiments.trigger_contexts.window_for`, and in every token of a row it did not locate, beyond the ranks
+    an index of more than `trigger_contexts.MAX_ROWS` rows stores: `trigger_contexts.located_ranks`), or None when
+    the build stored no coefficients (then the explorer computes them)."""
+    if coefficients is None:
         return None
     out = []
     for offset, start, n, ids in zip(trig["m_offset"], trig["m_start"], trig["m_length"], trig["token_ids"]):
         full = np.full(len(ids), np.nan, dtype=np.float32)
-        full[int(start):int(start) + int(n)] = coefficients[int(offset):int(offset) + int(n)]
+        if not pd.isna(offset):
+            full[int(start):int(start) + int(n)] = coefficients[int(offset):int(offset) + int(n)]
         out.append(full)
     return out
 
@@ -464,6 +467,9 @@ class ExplorerData:
             # [before, after]: the tokens around each trigger whose coefficients the build stored, where it stored a
             # window rather than whole examples (`ffkv.experiments.trigger_contexts.window_for`); None otherwise.
             "window": (self.lookup_info.get("trigger_coefficients") or {}).get("window") if stored else None,
+            # How many of each direction's strongest examples have stored coefficients, where the build stored them
+            # for those ranks only (`ffkv.experiments.trigger_contexts.located_ranks`); None: every example's.
+            "stored_ranks": (self.lookup_info.get("trigger_coefficients") or {}).get("ranks") if stored else None,
             "census": self.census_of(layer, key),
             "explanations": self.explanations_of(layer, key),
             # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.

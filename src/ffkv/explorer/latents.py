@@ -223,6 +223,8 @@ class LatentData:
             # [before, after]: the tokens around each trigger whose activations the build stored, where it stored a
             # window rather than whole examples; None otherwise
             "coefficient_scale": scale, "window": self.described.get("window") if stored else None,
+            # how many of the strongest examples have stored activations, where the build stored those ranks' only
+            "stored_ranks": self.described.get("ranks") if stored else None,
             # per-token activations shown for these rows, stored or computed (else the trigger's alone)
             "shaded": any(a is not None for a in per_token),
             "dead": not len(trig),

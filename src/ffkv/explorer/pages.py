@@ -61,8 +61,10 @@ def heat_class(shade: float) -> str:
     return " neg" if shade and math.isfinite(shade) and shade < 0 else ""
 
 
-#: The title of a run of tokens whose coefficients the build did not store (outside the window around the trigger).
-OUTSIDE_TITLE = "no coefficient stored for these tokens: outside the window kept around the trigger"
+#: The title of a run of tokens whose coefficients the build did not store (outside the window around the trigger, or
+#: an example beyond the strongest ranks stored); the note above the examples says which. Short: a page of 200
+#: examples at an 8B model's shape holds about 400 of them.
+OUTSIDE_TITLE = "no coefficient stored"
 
 
 def strip_html(tokens: list[dict]) -> Markup:
@@ -512,6 +514,9 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         # [before, after]: where the run stored coefficients only for a window of tokens around each trigger
         # (a real model's index), those it stored; a trigger example's coefficients are null outside it
         "stored_window": m["window"],
+        # where the run stored coefficients for each direction's strongest examples only (an index of more than
+        # `ffkv.experiments.trigger_contexts.MAX_ROWS` rows), how many; the others' are null but at the trigger
+        "stored_ranks": m["stored_ranks"],
         "trigger_examples": [
             {"direction": e["direction"], "rank": e["rank"], "coefficient": e["coefficient"],
              "example_id": e["example_id"], "position": e["position"], "next_token_id": e["next_token_id"],
@@ -603,6 +608,7 @@ def latent_json(data: ExplorerData, address: str, projection: str = "identity", 
         "explanations": lat["explanations"],
         "statistics": {k: _plain(v) for k, v in lat["stats"].items() if k != "activation_histogram"},
         "activation_histogram": lat["histogram"], "stored_window": lat["window"],
+        "stored_ranks": lat["stored_ranks"],
         "trigger_examples": [
             {"rank": e["rank"], "coefficient": e["coefficient"], "example_id": e["example_id"],
              "position": e["position"], "next_token_id": e["next_token_id"], "text": e["text"],
