@@ -80,7 +80,7 @@ def main() -> None:
             values.gather(1, top), buffer.copy_(ids.gather(1, top))
 
     def select_one_thread():
-        with one_thread(cpu):
+        with one_thread(cpu, always=True):
             select()
 
     def merge(block: int, single: bool):
@@ -94,7 +94,7 @@ def main() -> None:
             zeros = torch.zeros(new.shape, dtype=torch.int32)
             c0, t0 = time.process_time(), time.perf_counter()
             if single:
-                with one_thread(cpu):
+                with one_thread(cpu, always=True):
                     state.merge_candidates(new, new_ids, zeros, zeros, one_per_example=True)
             else:
                 state.merge_candidates(new, new_ids, zeros, zeros, one_per_example=True)

@@ -141,3 +141,65 @@ def test_ties_break_by_lower_example_then_position(tmp_path):
         values = g["coefficient"].to_numpy()
         keys = list(zip(-values, g["example_id"], g["position"]))
         assert keys == sorted(keys)
+
+
+@pytest.fixture
+def two_threads():
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(n)
+
+
+def machine_load(monkeypatch, load: float) -> None:
+    """Make `reducer.contended` read this 1-minute load average from now on."""
+    from ffkv.indexing import reducer
+
+    monkeypatch.setattr(reducer.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setitem(reducer._load_read, "at", -float("inf"))
+
+
+def test_the_small_operations_take_one_thread_only_on_a_shared_machine(monkeypatch, two_threads):
+    """`reducer.one_thread`: one thread while the load average exceeds CONTENDED_LOAD per torch thread (a machine
+    shared with other work), torch's threads otherwise (switching then costs more than it saves), one thread with
+    `always`; torch's threads again after it."""
+    from ffkv.indexing import reducer
+
+    cpu = torch.device("cpu")
+    for load, inside in [(0.5, 2), (2.9, 2), (3.1, 1), (9.0, 1)]:  # 2 threads: shared above 3.0
+        machine_load(monkeypatch, load)
+        with reducer.one_thread(cpu):
+            assert torch.get_num_threads() == inside, load
+        with reducer.one_thread(cpu, always=True):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    monkeypatch.setattr(reducer.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
+    monkeypatch.setitem(reducer._load_read, "at", -float("inf"))
+    assert reducer.contended()  # unknown: as before, one thread
+
+
+def test_the_index_is_the_same_bytes_on_one_thread_or_two(tmp_path, monkeypatch, two_threads):
+    """Whether the reduction's small operations run on one thread (a shared machine) or on two (an idle one), every
+    table the index writes is the same, and the reducer took the path asked for."""
+    from ffkv.indexing import reducer
+
+    write_corpus(tmp_path / "corpus.txt", n=60)
+    loaded = loaded_tiny("llama", bos=True)
+    spec = CorpusSpec(source=str(tmp_path / "corpus.txt"), unit="line")
+    seen = []
+    original = reducer.one_thread
+
+    def watched(device, always=False):
+        seen.append(reducer.contended())
+        return original(device, always)
+
+    monkeypatch.setattr(reducer, "one_thread", watched)
+    tables = []
+    for load in (9.0, 0.5):
+        machine_load(monkeypatch, load)
+        seen.clear()
+        run = build_index(loaded, spec, tmp_path / f"run-{load}", IndexOptions(top_k=5, control_keys=16),
+                          BatchOptions(batch_size=8), progress=False)
+        assert seen and all(s == (load > 3.0) for s in seen)
+        tables.append({name: run.table(name).read_bytes() for name in ("trigger_examples", "control_trigger_examples")})
+    assert tables[0] == tables[1]

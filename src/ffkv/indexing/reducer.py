@@ -7,6 +7,9 @@ layer's activations, whatever the corpus size.
 
 from __future__ import annotations
 
+import math
+import os
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -21,19 +24,43 @@ from ffkv.indexing.topk import EMPTY, ID_LIMIT, TopKState, select_top
 MODES = ("example", "prefix")
 
 
+#: The 1-minute load average per torch thread above which `contended` reads the machine as shared. The index's own
+#: threads count in it: an idle machine running the index reads about 1 per thread.
+CONTENDED_LOAD = 1.5
+#: Seconds between two readings of the load average.
+LOAD_EVERY = 1.0
+_load_read = {"at": -math.inf, "contended": True}
+
+
+def contended() -> bool:
+    """Whether other work competes for this machine's cores: the 1-minute load average above `CONTENDED_LOAD` per
+    torch thread (read at most every `LOAD_EVERY` seconds; True where the system gives no load average)."""
+    now = time.monotonic()
+    if now - _load_read["at"] >= LOAD_EVERY:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            load = math.inf
+        _load_read.update(at=now, contended=load > CONTENDED_LOAD * torch.get_num_threads())
+    return _load_read["contended"]
+
+
 @contextmanager
-def one_thread(device: torch.device) -> Iterator[None]:
-    """Run the enclosed CPU operations on one thread.
+def one_thread(device: torch.device, always: bool = False) -> Iterator[None]:
+    """Run the enclosed CPU operations on one thread while the machine is shared (`contended`; `always`: whatever
+    the load).
 
     The reduction's selections, gathers, writes and merges are many operations on (keys, batch)
     tensors: each is split over torch's threads, and on a shared machine each split waits for its
     other threads to be scheduled: one layer's selections and writes at SmolLM2's shape took 256 ms
-    on 2 threads at load average 5.5 and 7 ms on one (`benchmarks/reduction_threads.py`). The passes
-    over a layer's whole (B, T, d_m) coefficients stay parallel. Results do not depend on the number
-    of threads.
+    on 2 threads at load average 5.5 and 7 ms on one (`benchmarks/reduction_threads.py`). On an idle
+    machine the switch costs more than it saves: the next parallel operation (the model's own) waits
+    for torch's threads to start again, and SmolLM2's index over 1,200 short sentences took 7% longer
+    switching than not (54.4 s against 50.7 s, median of 3, load 1.3-1.8). The passes over a layer's
+    whole (B, T, d_m) coefficients stay parallel. Results do not depend on the number of threads.
     """
     n = torch.get_num_threads()
-    if device.type != "cpu" or n == 1:
+    if device.type != "cpu" or n == 1 or not (always or contended()):
         yield
         return
     torch.set_num_threads(1)
