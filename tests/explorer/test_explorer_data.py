@@ -231,6 +231,42 @@ def test_the_explorer_says_why_it_builds_its_lookup_tables(tmp_path, capsys):
     assert "ffkv serve: its lookup tables are missing or out of date" in capsys.readouterr().out
 
 
+def rebuilt_as_for_a_real_model(run, loaded, monkeypatch):
+    """The run's lookups built again, storing coefficients as for a model whose pages cost more than `LIVE_MACS`, and
+    opened: (ExplorerData, info.json's trigger_coefficients, the (layer, key) of every page that ran the model)."""
+    from ffkv.experiments import trigger_contexts
+    from ffkv.explorer import live
+    from ffkv.store import lookups
+
+    monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)
+    (run / "explorer" / lookups.INFO).unlink()
+    calls = []
+    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
+    d = ExplorerData(run, loaded)
+    return d, lookups.read_info(run / "explorer")["trigger_coefficients"], calls
+
+
+def stored_cells(rows: pd.DataFrame, examples: pd.DataFrame, before: int, after: int) -> int:
+    """The coefficients stored for trigger `rows` in a window of `before` and `after` tokens around each trigger."""
+    return sum(min(p + after + 1, len(examples.at[e, "token_ids"])) - max(p - before, 0)
+               for e, p in zip(rows.example_id, rows.position))
+
+
+def shown_tokens(loaded, examples: pd.DataFrame, m: dict):
+    """Every token a memory page (`ExplorerData.memory`'s `m`) shows of its trigger examples, beside the truth: (the
+    example, the token's position in it, the token, the key's coefficient there from a forward pass over the example
+    alone)."""
+    layer, key = m["layer"], m["key"]
+    for group in m["triggers"]:
+        for e in group["examples"]:
+            token_ids = list(examples.at[e["example_id"], "token_ids"])
+            with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
+                loaded.view.forward(torch.tensor([token_ids]))
+            truth = cap["coefficients"][layer][0, :, key].numpy()
+            for j, t in enumerate(t for t in e["tokens"] if not t.get("gap")):
+                yield e, e["first"] + j, t, float(truth[e["first"] + j])
+
+
 @pytest.mark.parametrize("case", ["whole examples do not fit", "the windows do not fit either"])
 def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, monkeypatch, case):
     """Issue 44: on SmolLM2 the index's whole trigger examples held more than MAX_CELLS coefficients, so none were
@@ -240,7 +276,7 @@ def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, mon
     MAX_CELLS values, and no model runs; outside it no token is shaded, and the page marks those tokens and says
     why."""
     from ffkv.experiments import trigger_contexts
-    from ffkv.explorer import live, pages
+    from ffkv.explorer import pages
     from ffkv.store import lookups
 
     run, loaded = fresh_run
@@ -254,37 +290,22 @@ def test_a_window_of_coefficients_where_whole_examples_do_not_fit(fresh_run, mon
     assert max_cells < whole
     monkeypatch.setattr(trigger_contexts, "WINDOW", window)
     monkeypatch.setattr(trigger_contexts, "MAX_CELLS", max_cells)
-    monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)  # stored as for a model of a real size
     assert trigger_contexts.window_for(len(te)) == (before, after)
-    (run / "explorer" / lookups.INFO).unlink()  # rebuilt
-    calls = []
-    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
-    d = ExplorerData(run, loaded)
+    d, info, calls = rebuilt_as_for_a_real_model(run, loaded, monkeypatch)
     try:
-        info = lookups.read_info(run / "explorer")["trigger_coefficients"]
-        expected = sum(min(p + after + 1, len(ex.at[e, "token_ids"])) - max(p - before, 0)
-                       for e, p in zip(te.example_id, te.position))
         assert info["file"] == lookups.COEFFICIENTS and info["window"] == [before, after]
-        assert info["cells"] == expected <= max_cells and info["max_cells"] == max_cells
+        assert info["cells"] == stored_cells(te, ex, before, after) <= max_cells and info["max_cells"] == max_cells
         outside = 0
         for layer, key in [(0, 3), (2, 11)]:
             m = d.memory(layer, key)
             assert m["window"] == [before, after]
-            for group in m["triggers"]:
-                for e in group["examples"]:
-                    token_ids = list(ex.at[e["example_id"], "token_ids"])
-                    with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
-                        loaded.view.forward(torch.tensor([token_ids]))
-                    truth = cap["coefficients"][layer][0, :, key].numpy()
-                    p, first = e["position"], e["first"]
-                    for j, t in enumerate(t for t in e["tokens"] if not t.get("gap")):
-                        at = first + j
-                        if p - before <= at <= p + after:
-                            assert t["m"] == pytest.approx(float(truth[at]), rel=2e-3, abs=1e-4), (layer, key, at)
-                            assert not t["outside"]
-                        else:
-                            assert t["m"] is None and t["outside"]
-                            outside += 1
+            for e, at, t, truth in shown_tokens(loaded, ex, m):
+                if e["position"] - before <= at <= e["position"] + after:
+                    assert t["m"] == pytest.approx(truth, rel=2e-3, abs=1e-4), (layer, key, at)
+                    assert not t["outside"]
+                else:
+                    assert t["m"] is None and t["outside"]
+                    outside += 1
             html = pages.memory_page(d, layer + 1, key)
             assert f"this run stores m for {before} tokens before each trigger and {after} after it" in html
             assert html.count('<span class="nm') >= 1
@@ -302,7 +323,7 @@ def test_an_index_too_large_for_every_row_stores_its_strongest_ranks(fresh_run, 
     brute-force forward pass (to float16's precision); below them only the trigger position's, the index's own;
     the file holds exactly the located rows' cells, the page says which examples are shaded, and no model runs."""
     from ffkv.experiments import trigger_contexts
-    from ffkv.explorer import live, pages
+    from ffkv.explorer import pages
     from ffkv.store import lookups
 
     run, loaded = fresh_run
@@ -314,41 +335,27 @@ def test_an_index_too_large_for_every_row_stores_its_strongest_ranks(fresh_run, 
     if case == "windows":  # the strongest rows' whole examples do not fit: the narrowest window, (2, 1)
         monkeypatch.setattr(trigger_contexts, "MAX_CELLS", len(strong) * (trigger_contexts.MIN_BEFORE + 2))
     before, after = (2, 1) if case == "windows" else (10**9, 10**9)
-    monkeypatch.setattr(trigger_contexts, "LIVE_MACS", 0.0)  # stored as for a model of a real size
     assert trigger_contexts.located_ranks(te.groupby("rank").size().sort_index().tolist()) == 2
-    (run / "explorer" / lookups.INFO).unlink()  # rebuilt
-    calls = []
-    monkeypatch.setattr(live, "context_coefficients", lambda *a, **k: calls.append(a[1:3]))
-    d = ExplorerData(run, loaded)
+    d, info, calls = rebuilt_as_for_a_real_model(run, loaded, monkeypatch)
     try:
-        info = lookups.read_info(run / "explorer")["trigger_coefficients"]
-        expected = sum(min(p + after + 1, len(ex.at[e, "token_ids"])) - max(p - before, 0)
-                       for e, p in zip(strong.example_id, strong.position))
         assert info["file"] == lookups.COEFFICIENTS and info["ranks"] == 2
         assert info["window"] == ([before, after] if case == "windows" else None)
-        assert info["cells"] == expected <= trigger_contexts.MAX_CELLS
+        assert info["cells"] == stored_cells(strong, ex, before, after) <= trigger_contexts.MAX_CELLS
         shaded = bare = 0
         for layer, key in [(0, 3), (2, 11)]:
             m = d.memory(layer, key)
             assert m["stored_ranks"] == 2
-            for group in m["triggers"]:
-                for e in group["examples"]:
-                    token_ids = list(ex.at[e["example_id"], "token_ids"])
-                    with loaded.view.capture(("coefficients",), layers=[layer]) as cap:
-                        loaded.view.forward(torch.tensor([token_ids]))
-                    truth = cap["coefficients"][layer][0, :, key].numpy()
-                    p, first = e["position"], e["first"]
-                    for j, t in enumerate(t for t in e["tokens"] if not t.get("gap")):
-                        at = first + j
-                        if at == p:  # the index's own coefficient, whatever the rank
-                            assert t["m"] == e["coefficient"] and not t["outside"]
-                        elif e["rank"] < 2 and p - before <= at <= p + after:
-                            assert t["m"] == pytest.approx(float(truth[at]), rel=2e-3, abs=1e-4), (layer, key, at)
-                            assert not t["outside"]
-                            shaded += 1
-                        else:
-                            assert t["m"] is None and t["outside"], (e["rank"], at)
-                            bare += e["rank"] >= 2
+            for e, at, t, truth in shown_tokens(loaded, ex, m):
+                p = e["position"]
+                if at == p:  # the index's own coefficient, whatever the rank
+                    assert t["m"] == e["coefficient"] and not t["outside"]
+                elif e["rank"] < 2 and p - before <= at <= p + after:
+                    assert t["m"] == pytest.approx(truth, rel=2e-3, abs=1e-4), (layer, key, at)
+                    assert not t["outside"]
+                    shaded += 1
+                else:
+                    assert t["m"] is None and t["outside"], (e["rank"], at)
+                    bare += e["rank"] >= 2
             html = pages.memory_page(d, layer + 1, key)
             assert "they are stored for the 2 strongest examples of each direction" in html
             assert pages.memory_json(d, layer + 1, key)["stored_ranks"] == 2

@@ -26,7 +26,6 @@ Only the writing rank builds them (they are small next to the experiments' passe
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
