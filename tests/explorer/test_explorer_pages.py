@@ -274,7 +274,7 @@ def test_the_histogram_note_quotes_the_strongest_trigger_with_its_sign(tmp_path)
     key = int(negative.index[0])
     with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=loaded)) as c:
         page = c.get(f"/memory/1/{key}").text
-    assert f"The strongest trigger example reaches m = {number(negative.loc[key, 'min'])}." in page
+    assert f"The strongest trigger example (largest |m|) reaches m = {number(negative.loc[key, 'min'])}." in page
     assert number(negative.loc[key, "min"]).startswith("-")
 
 

@@ -128,7 +128,7 @@ where m &lt; 0 ({% if strongest.negative is not none and strongest.negative < 0 
 <h2>Activation over a corpus sample</h2>
 {% if m.histogram.positions %}<div id="histogram">{{ histogram }}</div>
 <p class="note">m of this key at every position of {{ m.histogram.examples }} examples sampled from the run ({{ "{:,}".format(m.histogram.positions) }} positions);
-bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReLU models; docs/definitions.md) at {{ pct(m.stats.activation_frequency, 2) }} of positions. The strongest trigger example reaches m = {{ fmt(top_coefficient) }}.</p>
+bar heights on a log scale. Active (|m| &gt; tau·s_l, which is m &gt; 0 for ReLU models; docs/definitions.md) at {{ pct(m.stats.activation_frequency, 2) }} of positions. The strongest trigger example (largest |m|) reaches m = {{ fmt(top_coefficient) }}.</p>
 {% else %}<p class="muted">No corpus sample.</p>{% endif %}
 <h2>Next tokens of the trigger examples</h2>
 <p id="next-tokens">{% for t in m.next_tokens %}<span class="chip">{{ tok(t.token) }} ×{{ t.count }}</span>{% endfor %}</p>
