@@ -143,6 +143,41 @@ def _check_shading(client, run, tiny, transcoder, tolerance: float) -> None:
                                                             for c in e["coefficients"] if c is not None), rel=1e-2)
 
 
+def test_a_latent_page_of_an_index_too_large_for_every_row_shades_its_strongest_examples(tmp_path, tiny, transcoder,
+                                                                                         monkeypatch):
+    """Where the latents' rank-0 rows alone fit `MAX_ROWS` (an 8B model's index: none of the neurons' would, here),
+    the build stores each latent's strongest example's activations: they equal the dictionary's encoding at every
+    token; the other examples show the trigger position's activation alone, and the page says so."""
+    folder = _run(tmp_path / "run", tiny, dictionary=True, stored=False)
+    trig, examples = _latent_triggers(folder), _examples(folder)
+    monkeypatch.setattr(trigger_contexts, "MAX_ROWS", int((trig["rank"] == 0).sum()))
+    run = RunDir(folder)
+    with storing_coefficients():
+        build(run, run.manifest(), tiny, run.cache_dir, np.zeros(tiny.view.n_layers))
+    info = lookups.read_info(run.cache_dir)
+    assert info["trigger_coefficients"]["file"] is None  # the neurons' rank 0: more rows than MAX_ROWS
+    assert info["latent_trigger_coefficients"]["ranks"] == 1
+    counts = trig.groupby("key").size()
+    keys = [int(k) for k in counts[counts >= 3].index[:3]]
+    assert keys
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(folder, loaded=tiny),
+                    raise_server_exceptions=False) as c:
+        for key in keys:
+            page = c.get(f"/memory/t4:{key}.json").json()
+            assert page["stored_ranks"] == 1
+            for e in page["trigger_examples"]:
+                shown, at = e["coefficients"], e["position"] - e["first_position"]
+                assert shown[at] == pytest.approx(e["coefficient"])
+                if e["rank"] == 0:
+                    a = _activations(tiny, transcoder, [int(t) for t in examples[e["example_id"]]])[:, key]
+                    np.testing.assert_allclose(np.array(shown, dtype=np.float64),
+                                               a[e["first_position"]:e["first_position"] + len(shown)],
+                                               rtol=2e-3, atol=2e-3)
+                else:
+                    assert all(m is None for j, m in enumerate(shown) if j != at)
+            assert "they are stored for its strongest example;" in c.get(f"/memory/t4:{key}").text
+
+
 @pytest.mark.parametrize("projection, shown", [("identity", "p"), ("identity", "logit"), ("final-norm", "p")])
 def test_latent_value_tokens_are_the_decoder_rows_projection(client, tiny, transcoder, projection, shown):
     key = 7
