@@ -156,16 +156,17 @@ def planned(db_path: Path, per_token: float, table: str = "triggers") -> Storing
 def plan(db_path: Path, table: str = "triggers") -> dict[str, np.ndarray] | None:
     """The rows of explorer.duckdb's triggers table (or `table`: ``latent_triggers``) whose coefficients it locates,
     in the order of their coefficients: layer, key, example_id, m_offset, m_start, m_length (numpy arrays); None when
-    it locates none (not even rank 0's rows fit: `located_ranks`)."""
+    it has rows but locates none of them (not even rank 0's fit: `located_ranks`)."""
     if table not in ("triggers", "latent_triggers"):
         raise ValueError(f"no trigger table {table!r} in explorer.duckdb")
     con = open_database(db_path, tables={table: ("layer", "key", "example_id", "m_offset", "m_start", "m_length")})
     try:
         rows = con.execute(f"SELECT layer, key, example_id, m_offset, m_start, m_length FROM {table} "
                            "WHERE m_offset IS NOT NULL ORDER BY m_offset").fetchnumpy()
+        located = len(rows["m_offset"]) or not con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     finally:
         con.close()
-    if not len(rows["m_offset"]):
+    if not located:
         return None
     return {name: np.asarray(column) for name, column in rows.items()}
 
