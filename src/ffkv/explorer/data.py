@@ -431,6 +431,7 @@ class ExplorerData:
         loaded = self.loaded
         stored = self._stored_context(trig) if context else None
         per_token: list = stored or [None] * len(token_lists)
+        described = (self.lookup_info.get("trigger_coefficients") or {}) if stored else {}  # the build's record
         if getattr(loaded, "view", None) is None:  # a tokenizer without a model: the stored identity top tokens
             value = {"shown": "p", "top": [(t["token_id"], t["prob"]) for t in self.value_top(layer, key)],
                      "bottom": []}
@@ -466,10 +467,10 @@ class ExplorerData:
             "auto": labels["auto"], "human": labels["human"], "coefficient_scale": scale,
             # [before, after]: the tokens around each trigger whose coefficients the build stored, where it stored a
             # window rather than whole examples (`ffkv.experiments.trigger_contexts.window_for`); None otherwise.
-            "window": (self.lookup_info.get("trigger_coefficients") or {}).get("window") if stored else None,
+            "window": described.get("window"),
             # How many of each direction's strongest examples have stored coefficients, where the build stored them
             # for those ranks only (`ffkv.experiments.trigger_contexts.located_ranks`); None: every example's.
-            "stored_ranks": (self.lookup_info.get("trigger_coefficients") or {}).get("ranks") if stored else None,
+            "stored_ranks": described.get("ranks"),
             "census": self.census_of(layer, key),
             "explanations": self.explanations_of(layer, key),
             # Never active over the indexed corpus (`ffkv.experiments.dead`): its rows are not trigger examples.
