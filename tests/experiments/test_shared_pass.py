@@ -81,3 +81,30 @@ def test_analyze_runs_the_held_out_pass_once_for_its_three_readers(tmp_path, mon
     analyze(run, only="composition,refinement,suppressed", loaded=loaded, n_eval=40, progress=False)
     assert loaded.view.signed  # GELU: the active rule's scale takes a coefficient-only pass of its own
     assert calls[0] == 2 * n_batches  # that pass and one held-out pass; none of suppressed's own
+
+
+def test_the_lookups_read_the_values_scan_and_write_what_their_own_scan_writes(tmp_path, monkeypatch):
+    """`analyze --only values,lookups` projects each layer's values once per sign (the values experiment's scan of
+    direction +1 is the lookups'); the explorer's tables it writes are those `--only lookups` writes alone."""
+    import pandas as pd
+
+    from ffkv.experiments import common, lookups as lookup_step
+
+    run, loaded = make_run(tmp_path, "llama", n=80, loaded=loaded_tiny("llama", bos=True))
+    analyze(run, only="lookups", loaded=loaded, n_eval=40, progress=False)
+    cache = RunDir(run).cache_dir
+    alone = {name: pd.read_parquet(cache / name) for name in ("value_top_tokens.parquet", "key_stats.parquet")}
+    scans: list[tuple[int, int]] = []
+
+    def counted(view, layer, projection, targets, **kwargs):
+        scans.append((layer, kwargs.get("sign", 1)))
+        return scan(view, layer, projection, targets, **kwargs)
+
+    scan = common.scan_values
+    monkeypatch.setattr(common, "scan_values", counted)
+    monkeypatch.setattr(lookup_step, "scan_values", counted)
+    analyze(run, only="values,lookups", loaded=loaded, n_eval=40, progress=False)
+    n_layers = loaded.view.n_layers
+    assert sorted(scans) == sorted((layer, sign) for layer in range(n_layers) for sign in (1, -1))
+    for name, table in alone.items():
+        pd.testing.assert_frame_equal(pd.read_parquet(cache / name), table)

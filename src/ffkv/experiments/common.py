@@ -26,7 +26,7 @@ import torch
 from ffkv.batching import RowBatches, row_batches
 from ffkv.corpus import CorpusSpec, iter_examples
 from ffkv.errors import FfkvError, FfkvWarning, said, warn
-from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, check_projection
+from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TOP_TOKENS, check_projection, scan_values
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.default_corpus import true_heldout
 from ffkv.models.loading import LoadedModel
@@ -282,6 +282,16 @@ class RunContext:
         if name not in self._shared:
             self._shared[name] = compute()
         return self._shared[name]
+
+    def value_scan(self, layer: int, projection: str, targets: np.ndarray, sign: int = 1, top: int = TOP_TOKENS
+                   ) -> dict[str, np.ndarray]:
+        """`scan_values` of one layer's values, once in this context for the same projection, targets, sign and top:
+        the values experiment's scan of direction +1 is the explorer lookups' (their targets are both the top-1
+        trigger targets), so a model's |V|-wide value projections run once per analyze, not twice. The arrays are
+        shared: read them, never write them."""
+        targets = np.ascontiguousarray(targets, dtype=np.int64)
+        name = ("value_scan", int(layer), projection, int(sign), int(top), hashlib.sha256(targets.tobytes()).hexdigest())
+        return self.once(name, lambda: scan_values(self.view, layer, projection, targets, top=top, sign=sign))
 
     def batches(self, rows: Sequence[tuple[int, np.ndarray]]) -> RowBatches:
         """This rank's padded batches of (row index, token ids) rows on the model's device."""

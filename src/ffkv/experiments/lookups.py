@@ -29,7 +29,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import duckdb
 import numpy as np
@@ -58,6 +58,8 @@ from ffkv.store.run import RunDir
 NAME = "lookups"
 #: Top tokens kept per value (the explorer's search and trace chips read them).
 TOP_TOKENS = 10
+#: How `value_tables` scans a layer's values: (layer, projection, targets, top=...) -> `scan_values`' statistics.
+Scan = Callable[..., dict[str, np.ndarray]]
 #: The corpus sample for activation frequencies and histograms: examples, tokens per example, bins.
 SAMPLE_EXAMPLES = 128
 SAMPLE_MAX_TOKENS = 64
@@ -182,11 +184,15 @@ def _located(con, triggers: str) -> tuple[str, str, dict]:
 
 
 def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int = TOP_TOKENS,
-                 projection: str = DEFAULT_FOR_VALUES, bar=None) -> tuple[pa.Table, pd.DataFrame]:
+                 projection: str = DEFAULT_FOR_VALUES, bar=None, scan: Scan | None = None
+                 ) -> tuple[pa.Table, pd.DataFrame]:
     """The value_top_tokens table and the per-key value statistics of every layer (`scan_values`).
 
     Args:
         top1_target: (L, d_m) trigger target of each key's top-1 trigger example (-1: none).
+        scan: scan(layer, projection, targets, top=...) giving `scan_values`' statistics of a layer's values (default:
+            `scan_values` itself); `analyze` passes `RunContext.value_scan`, which hands back the values
+            experiment's scan of the same targets.
     """
     view = loaded.view
     tops, stats = [], []
@@ -194,7 +200,8 @@ def value_tables(loaded: LoadedModel, top1_target: np.ndarray, top_tokens: int =
         norms = view.values(layer).float().norm(dim=1).cpu().numpy()
         targets = np.asarray(top1_target[layer], dtype=np.int64)
         targets = np.where(targets < view.vocab_size, targets, -1)
-        s = scan_values(view, layer, projection, targets, top=top_tokens)
+        s = (scan(layer, projection, targets, top=top_tokens) if scan is not None
+             else scan_values(view, layer, projection, targets, top=top_tokens))
         d_m, k = s["top_token_ids"].shape
         keys = np.arange(d_m)
         tops.append(pd.DataFrame({
@@ -363,14 +370,14 @@ def trigger_summaries(db_path: Path, table: str, sizes: Mapping[int, int], encod
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
           progress: bool = False, seed: int = 0, threshold_source: dict | None = None,
           sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None,
-          dictionary_at: str | Path | None = None) -> Path:
+          dictionary_at: str | Path | None = None, scan: Scan | None = None) -> Path:
     """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder.
 
     `threshold`: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of the
     activation frequencies; `threshold_source` says where it came from (info.json's activation_sample).
     `sampled`: the corpus sample of `seed` and its `activation_stats` under `threshold`, when the caller has them
     (`sample_statistics`); else computed here. `dictionary_at`: where the dictionary the run was indexed with lies
-    now, if its files moved (`ffkv.dictionaries.reopen`)."""
+    now, if its files moved (`ffkv.dictionaries.reopen`). `scan`: how the values are scanned (`value_tables`)."""
     started = time.perf_counter()
     view = loaded.view
     folder.mkdir(parents=True, exist_ok=True)
@@ -390,7 +397,8 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     bar.update(1)
     top1, shallow = trigger_summaries(folder / "explorer.duckdb", "triggers",
                                       {layer: view.d_m for layer in range(view.n_layers)}, view.encoder)
-    top_table, stats = value_tables(loaded, np.stack([top1[layer] for layer in range(view.n_layers)]), bar=bar)
+    top_table, stats = value_tables(loaded, np.stack([top1[layer] for layer in range(view.n_layers)]), bar=bar,
+                                    scan=scan)
     act = sampled[1] if sampled is not None else activation_stats(loaded, batches, threshold, bar=bar)
     contexts = storing.not_stored("trigger", "token coefficients")
     riders = None  # the latents' trigger activations, read in the same pass where their examples are these
@@ -450,7 +458,8 @@ def compute(ctx: RunContext, options=None) -> Result:
     threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
-              threshold_source=source, sampled=sample_statistics(ctx), dictionary_at=ctx.dictionary_at)
+              threshold_source=source, sampled=sample_statistics(ctx), dictionary_at=ctx.dictionary_at,
+              scan=ctx.value_scan)
     latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
                                              "tables": list(lookups.FILES) + latent_tables,

@@ -67,7 +67,7 @@ def figure_tables(ctx: RunContext, direction: int = 1, projection: str | None = 
     stats: dict[str, np.ndarray] = {}
     bar = progress_bar(ctx.progress, len(mine), "values", "layer")
     for layer in mine:
-        for name, v in scan_values(view, layer, projection, targets[layer], sign=direction).items():
+        for name, v in ctx.value_scan(layer, projection, targets[layer], sign=direction).items():
             if name not in stats:
                 stats[name] = np.zeros((L, *v.shape), v.dtype)
             stats[name][layer] = v
