@@ -136,7 +136,7 @@ def _check_shading(client, run, tiny, transcoder, tolerance: float) -> None:
         html = client.get(f"/memory/t4:{key}").text
         assert f"Latent t4:{key}" in html and 'id="triggers"' in html
         assert 'id="not-stored"' not in html  # shaded, stored or computed: no note that nothing is
-        assert f'href="/layer/4" id="neurons-link"' in html and 'href="/layer/t4"' in html
+        assert 'href="/layer/4" id="neurons-link"' in html and 'href="/layer/t4"' in html
         # the shading: every shown example's tokens carry their activation as a title
         titles = [float(x) for x in re.findall(r'title="m = ([-0-9.e+]+)"', html)]
         assert titles and max(titles) == pytest.approx(max(float(c) for e in page["trigger_examples"]
@@ -275,7 +275,7 @@ def test_search_finds_latents_labelled_as_such(client, run):
     text = pq.read_table(run / "examples.parquet").to_pandas().set_index("example_id").at[example, "text"]
     html = client.get("/search", params={"q": text[:30]}).text
     assert re.search(rf'<a class="chip latent" href="/memory/t4:{key}"', html) or \
-        f"more latents" in html  # past the first chips, in the "more" list
+        "more latents" in html  # past the first chips, in the "more" list
     assert f'href="/memory/t4:{key}"' in html
     # an address is a memory
     named = client.get("/search", params={"q": f"t4:{key}"}).text
