@@ -109,7 +109,6 @@ def chance_with_interval(observed: np.ndarray, chance: np.ndarray, name: str,
     """
     counted = np.ones(len(observed), dtype=bool) if counted is None else np.asarray(counted, dtype=bool)
     a, b = np.asarray(observed)[counted], np.asarray(chance)[counted]
-    n = len(b)
     out: dict[str, float] = {}
     if b.dtype == bool:
         out.update({k.replace(name, f"{name}_chance", 1): v for k, v in share_with_interval(b, name).items()})
