@@ -287,7 +287,8 @@ class RunContext:
         """`scan_values` of one layer's values, once in this context for the same projection, targets, sign and top:
         the values experiment's scan of direction +1 is the explorer lookups' (their targets are both the top-1
         trigger targets), so a model's |V|-wide value projections run once per analyze, not twice. The arrays are
-        shared: read them, never write them."""
+        shared: read them, never write them. They stay for the whole call: about 160 bytes per memory, projection
+        and sign (73 MB per sign at Llama-3.1-8B's 32 x 14,336 memories), nothing |V|-wide."""
         targets = np.ascontiguousarray(targets, dtype=np.int64)
         name = ("value_scan", int(layer), projection, int(sign), int(top), hashlib.sha256(targets.tobytes()).hexdigest())
         return self.once(name, lambda: scan_values(self.view, layer, projection, targets, top=top, sign=sign))
