@@ -29,7 +29,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import duckdb
 import numpy as np
@@ -54,6 +54,9 @@ from ffkv.store import atomic, lookups, schemas
 from ffkv.store.database import confine, open_database
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
+
+if TYPE_CHECKING:
+    from ffkv.memories.sets import Latents
 
 NAME = "lookups"
 #: Top tokens kept per value (the explorer's search and trace chips read them).
@@ -370,21 +373,25 @@ def trigger_summaries(db_path: Path, table: str, sizes: Mapping[int, int], encod
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
           progress: bool = False, seed: int = 0, threshold_source: dict | None = None,
           sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None,
-          dictionary_at: str | Path | None = None, scan: Scan | None = None) -> Path:
+          dictionary_at: str | Path | None = None, scan: Scan | None = None,
+          latents: Latents | None = None) -> Path:
     """Build every lookup table of a run into `folder` (atomically, info.json last); returns the folder.
 
     `threshold`: the run's tau·s_l per layer (`ffkv.experiments.heldout.active_threshold`), the active rule of the
     activation frequencies; `threshold_source` says where it came from (info.json's activation_sample).
     `sampled`: the corpus sample of `seed` and its `activation_stats` under `threshold`, when the caller has them
     (`sample_statistics`); else computed here. `dictionary_at`: where the dictionary the run was indexed with lies
-    now, if its files moved (`ffkv.dictionaries.reopen`). `scan`: how the values are scanned (`value_tables`)."""
+    now, if its files moved (`ffkv.dictionaries.reopen`). `scan`: how the values are scanned (`value_tables`).
+    `latents`: the run's dictionary, already read again and checked (`ffkv.memories.sets.Latents.of_run`), so that
+    its files are not read and hashed a second time; None: read here, where the run has one."""
     started = time.perf_counter()
     view = loaded.view
     folder.mkdir(parents=True, exist_ok=True)
     sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample) if sampled is None else []
-    latents = None
-    if lookups.has_latents(run, manifest):  # read again and checked before anything is written
+    if not lookups.has_latents(run, manifest):
+        latents = None
+    elif latents is None:  # read again and checked before anything is written
         from ffkv.memories.sets import Latents
 
         latents = Latents.of_run(view, manifest.index.get("dictionary"), dictionary_at, run.path)
@@ -459,7 +466,8 @@ def compute(ctx: RunContext, options=None) -> Result:
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
               threshold_source=source, sampled=sample_statistics(ctx), dictionary_at=ctx.dictionary_at,
-              scan=ctx.value_scan)
+              scan=ctx.value_scan,
+              latents=ctx.memories("latents") if lookups.has_latents(ctx.run, ctx.manifest) else None)
     latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
                                              "tables": list(lookups.FILES) + latent_tables,

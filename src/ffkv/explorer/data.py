@@ -99,6 +99,7 @@ class ExplorerData:
         self.encoder = model.encoder
         self.model = loaded if isinstance(loaded, ModelHandle) else ModelHandle(self.run.path, loaded)
         self.progress = progress
+        self.reopened = None  # the run's dictionary, where building the lookups here read it (`LatentData.memories`)
         self.folder = lookups.find(self.run, self.manifest) or self._build()
         self.lookup_info = lookups.read_info(self.folder)
         has_latents = lookups.has_latents(self.run, self.manifest)
@@ -153,8 +154,13 @@ class ExplorerData:
             print(f"ffkv serve: {why}; building the explorer's lookup tables in {folder} "
                   f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
         threshold, source = run_threshold(self.run, self.manifest, self.loaded, progress=self.progress)
+        if lookups.has_latents(self.run, self.manifest):  # read and hashed once: the latent pages use it after
+            from ffkv.memories.sets import Latents
+
+            self.reopened = Latents.of_run(self.loaded.view, self.manifest.index.get("dictionary"),
+                                           self.dictionary_at, self.run.path)
         return build(self.run, self.manifest, self.loaded, folder, threshold, progress=self.progress,
-                     threshold_source=source, dictionary_at=self.dictionary_at)
+                     threshold_source=source, dictionary_at=self.dictionary_at, latents=self.reopened)
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
         """The automatic pattern label, description and scores of every key (`ffkv analyze --only

@@ -85,7 +85,7 @@ class LatentData:
         self._tables: dict[int, pd.DataFrame] = {}
         self._lock = threading.Lock()  # the layer tables' cache
         self._reopen_lock = threading.Lock()
-        self._memories = None  # the reopened dictionary (`memories`)
+        self._memories = data.reopened  # the reopened dictionary (`memories`): the lookups' build's, if it ran here
         self._memories_error: str | None = None
 
     # ------------------------------------------------------------------ addresses
