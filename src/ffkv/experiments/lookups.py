@@ -463,12 +463,12 @@ def compute(ctx: RunContext, options=None) -> Result:
     s_l of this call's held-out examples (`heldout.active_scale`, computed once and shared with the studies)."""
     folder = ctx.run.cache_dir
     threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
+    has_latents = lookups.has_latents(ctx.run, ctx.manifest)
     if is_writer():
         build(ctx.run, ctx.manifest, ctx.loaded, folder, threshold, progress=ctx.progress, seed=ctx.seed,
               threshold_source=source, sampled=sample_statistics(ctx), dictionary_at=ctx.dictionary_at,
-              scan=ctx.value_scan,
-              latents=ctx.memories("latents") if lookups.has_latents(ctx.run, ctx.manifest) else None)
-    latent_tables = list(lookups.LATENT_FILES) if lookups.has_latents(ctx.run, ctx.manifest) else []
+              scan=ctx.value_scan, latents=ctx.memories("latents") if has_latents else None)
+    latent_tables = list(lookups.LATENT_FILES) if has_latents else []
     return Result(ctx.view.n_layers, record={"folder": str(folder.relative_to(ctx.run.path)),
                                              "tables": list(lookups.FILES) + latent_tables,
                                              "projection": DEFAULT_FOR_VALUES,

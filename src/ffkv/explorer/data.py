@@ -27,7 +27,7 @@ from ffkv.explorer.latents import LatentData
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
 from ffkv.memories.address import LatentRef
-from ffkv.memories.sets import refuse_unused_dictionary
+from ffkv.memories.sets import Latents, refuse_unused_dictionary
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
 from ffkv.store.annotations import Annotations
@@ -99,7 +99,7 @@ class ExplorerData:
         self.encoder = model.encoder
         self.model = loaded if isinstance(loaded, ModelHandle) else ModelHandle(self.run.path, loaded)
         self.progress = progress
-        self.reopened = None  # the run's dictionary, where building the lookups here read it (`LatentData.memories`)
+        self.reopened: Latents | None = None  # the run's dictionary, once read (`dictionary`)
         self.folder = lookups.find(self.run, self.manifest) or self._build()
         self.lookup_info = lookups.read_info(self.folder)
         has_latents = lookups.has_latents(self.run, self.manifest)
@@ -154,13 +154,18 @@ class ExplorerData:
             print(f"ffkv serve: {why}; building the explorer's lookup tables in {folder} "
                   f"(`ffkv analyze {self.run.path} --only lookups` builds them ahead)", flush=True)
         threshold, source = run_threshold(self.run, self.manifest, self.loaded, progress=self.progress)
-        if lookups.has_latents(self.run, self.manifest):  # read and hashed once: the latent pages use it after
-            from ffkv.memories.sets import Latents
+        return build(self.run, self.manifest, self.loaded, folder, threshold, progress=self.progress,
+                     threshold_source=source, dictionary_at=self.dictionary_at,
+                     latents=self.dictionary() if lookups.has_latents(self.run, self.manifest) else None)
 
+    def dictionary(self) -> Latents:
+        """The sparse dictionary the run was indexed with, read again from its files and checked to be the one indexed
+        (`ffkv.memories.sets.Latents.of_run`), once: the lookups' build here and the latent pages share the reading
+        (hashing a large dictionary's files takes long). Raises `FfkvError`, naming the file, where it cannot be."""
+        if self.reopened is None:
             self.reopened = Latents.of_run(self.loaded.view, self.manifest.index.get("dictionary"),
                                            self.dictionary_at, self.run.path)
-        return build(self.run, self.manifest, self.loaded, folder, threshold, progress=self.progress,
-                     threshold_source=source, dictionary_at=self.dictionary_at, latents=self.reopened)
+        return self.reopened
 
     def _load_key_metrics(self) -> pd.DataFrame | None:
         """The automatic pattern label, description and scores of every key (`ffkv analyze --only

@@ -85,8 +85,7 @@ class LatentData:
         self._tables: dict[int, pd.DataFrame] = {}
         self._lock = threading.Lock()  # the layer tables' cache
         self._reopen_lock = threading.Lock()
-        self._memories = data.reopened  # the reopened dictionary (`memories`): the lookups' build's, if it ran here
-        self._memories_error: str | None = None
+        self._memories_error: str | None = None  # why the dictionary could not be read again (`memories`)
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -135,15 +134,12 @@ class LatentData:
         """The run's dictionary as `ffkv.memories.sets.Latents`, read again from its files and checked to be the
         ones indexed (once); None when it cannot be (moved or changed: `memories_error` says why)."""
         with self._reopen_lock:
-            if self._memories is None and self._memories_error is None:
-                from ffkv.memories.sets import Latents
-
+            if self._memories_error is None:
                 try:
-                    self._memories = Latents.of_run(self.data.loaded.view, self.data.manifest.index.get("dictionary"),
-                                                    self.data.dictionary_at, self.data.run.path)
+                    return self.data.dictionary()  # the reading the lookups' build made, where it ran here
                 except FfkvError as exc:
                     self._memories_error = str(exc)
-            return self._memories
+            return None
 
     @property
     def memories_error(self) -> str | None:
