@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-from ffkv import __version__
+from ffkv import __version__, threads
 from ffkv.allocator import keep_freed_memory
 from ffkv.demo import DEMO_N_EVAL, LEFT_OUT
 from ffkv.errors import (EXIT_CODES, DamagedRun, FfkvError, FfkvWarning, Interrupted, StorageError, command_line,
@@ -211,7 +211,24 @@ def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     _serve_parser(sub)
     _locate_parser(sub)
     _attribute_parser(sub)
+    for name, command_parser in sub.choices.items():
+        if name not in NO_THREADS:
+            command_parser.add_argument(
+                "--threads", type=_thread_count, default=None, metavar="N",
+                help=f"CPU threads for the model's work (default: {THREADS_DEFAULT}; {threads.ENV} sets it too)")
     return parser
+
+
+#: Commands that do no model work: they choose no thread count (`ffkv.threads`).
+NO_THREADS = ("status", "annotate", "report")
+THREADS_DEFAULT = "the cores this process may use, less those other work keeps busy when it starts"
+
+
+def _thread_count(text: str) -> int:
+    try:
+        return threads.parse_count(text, "--threads")
+    except FfkvError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _index_parser(sub) -> None:
@@ -432,7 +449,6 @@ def _train_parser(sub) -> None:
     p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 1500)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default: 0)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -998,7 +1014,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.no_token and args.token:
         raise FfkvError("give --token or --no-token, not both")
     serve(args.run, host=args.host, port=args.port, allow_hosts=tuple(args.allow_host), token=args.token,
-          require_token=False if args.no_token else None, dictionary_at=args.dictionary)
+          require_token=False if args.no_token else None, dictionary_at=args.dictionary,
+          stop_process_on_signal=args.whole_process)
     return 0
 
 
@@ -1114,8 +1131,11 @@ def _progress_bars(show: bool):
             hf_logging.enable_progress_bar()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `ffkv` command."""
+def main(argv: Sequence[str] | None = None, whole_process: bool = False) -> int:
+    """Entry point of the `ffkv` command. `whole_process`: it is the whole process (`console`): the thread pools
+    are sized for the machine found (`ffkv.threads`) where the command does model work, and `ffkv serve` ends the
+    process at once on Ctrl-C; called in-process without it, only ``--threads`` sizes them, and the count is
+    restored when the command ends."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     analyzing = command == "analyze"
@@ -1133,10 +1153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    undo_threads = lambda: None  # noqa: E731
     with warnings.catch_warnings(record=True) as caught, _progress_bars(not getattr(args, "no_progress", False)), \
             command_line():
         warnings.simplefilter("always", FfkvWarning)
         try:
+            args.whole_process = whole_process
+            if args.command not in NO_THREADS and (whole_process or args.threads is not None):
+                undo_threads = threads.apply(threads.choose(args.threads))
             code = COMMANDS[args.command](args)
         except FfkvError as exc:
             print(f"ffkv: error: {exc}", file=sys.stderr)
@@ -1152,6 +1176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nffkv: {said}", file=sys.stderr)
             code = 130
         finally:
+            if not whole_process:
+                undo_threads()
             for w in caught:
                 if issubclass(w.category, FfkvWarning):
                     print(f"ffkv: warning: {w.message}", file=sys.stderr)
@@ -1171,7 +1197,7 @@ def console() -> int:
     """The `ffkv` executable (and `python -m ffkv.cli`): `main` in a process whose allocator keeps
     freed memory for reuse (`ffkv.allocator`); called in-process, `main` leaves the allocator alone."""
     keep_freed_memory()
-    return main()
+    return main(whole_process=True)
 
 
 if __name__ == "__main__":

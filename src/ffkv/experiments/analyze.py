@@ -22,6 +22,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from ffkv import threads
 from ffkv.allocator import release
 from ffkv.experiments import latent_kinds, registry
 from ffkv.experiments.common import Projections, RunContext, check_only, eval_spec, open_run, text_measured
@@ -132,9 +133,9 @@ def analyze(
                 ctx.analyses[name]["n_examples"] = len(held.examples)
         if is_writer():
             write_fidelity(run)
-            current = run.manifest().analyses
+            current, ran_with = run.manifest().analyses, threads.current()
             for name, info in ctx.analyses.items():
-                current[name] = {**info, "projections": projections.to_dict(), "seed": seed,
+                current[name] = {**info, "projections": projections.to_dict(), "seed": seed, "threads": ran_with,
                                  "provenance": ctx.provenance(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             run.update_manifest(analyses=current, analyzing=None)
     return ctx.analyses

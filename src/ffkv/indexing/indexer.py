@@ -32,6 +32,7 @@ import torch
 from ffkv.corpus import CorpusSpec, CorpusReader, fingerprint
 from ffkv.dictionaries import Dictionary, check_against, open_dictionary
 from ffkv.errors import FfkvError, Interrupted, said, warn
+from ffkv import threads
 from ffkv.batching import Batch, collate, length_batches, windows
 from ffkv.indexing import excluded
 from ffkv.indexing.checkpoint import CUTTING, Checkpoint
@@ -321,18 +322,21 @@ def build_index(
         previous = run.prepare(identity, resume)
         manifest = previous or Manifest(identity=identity, model=model_info(loaded), corpus=spec.to_dict(),
                                         index={}, versions=library_versions())
-        manifest.index = {**asdict(options), "batching": asdict(batching)}
-        if latents is not None:
-            manifest.index["dictionary"] = latents.described()
-        job = _IndexJob(loaded, spec, run, options, batching, (shard_index, n_shards), progress, after_window,
-                        latents)
-        job.start(resume=previous is not None)
-        try:
-            with run.writing(manifest, holder, "rerun the same command with --resume"):
-                job.index(manifest)
-                job.finish(manifest)
-        except KeyboardInterrupt:
-            raise Interrupted(job.interrupted_message()) from None
+        started_with = previous.index.get("threads") if previous is not None else None
+        with threads.running_with(started_with if isinstance(started_with, int) and started_with > 0 else None) \
+                as count:
+            manifest.index = {**asdict(options), "batching": asdict(batching), "threads": count}
+            if latents is not None:
+                manifest.index["dictionary"] = latents.described()
+            job = _IndexJob(loaded, spec, run, options, batching, (shard_index, n_shards), progress, after_window,
+                            latents)
+            job.start(resume=previous is not None)
+            try:
+                with run.writing(manifest, holder, "rerun the same command with --resume"):
+                    job.index(manifest)
+                    job.finish(manifest)
+            except KeyboardInterrupt:
+                raise Interrupted(job.interrupted_message()) from None
     return run
 
 
