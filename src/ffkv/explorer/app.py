@@ -35,8 +35,11 @@ keep it waiting for many seconds.
 from __future__ import annotations
 
 import errno
+import os
 import random
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -407,7 +410,7 @@ class LoadModelAfterFirstResponse:
 
 def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded=None,
           allow_hosts: tuple[str, ...] = (), token: str | None = None, require_token: bool | None = None,
-          dictionary_at: str | Path | None = None) -> None:
+          dictionary_at: str | Path | None = None, stop_process_on_signal: bool = False) -> None:
     """Start the explorer on http://HOST:PORT (blocks until Ctrl-C); the model loads while it serves.
 
     Args:
@@ -417,8 +420,16 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
         token: the access token (default: a random one when a token is required).
         require_token: default: only when `host` is not a loopback address.
         dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved.
+        stop_process_on_signal: Ctrl-C (or SIGTERM) ends the whole process at once, with one line and exit status
+            130 (143), whatever runs (a page, a generation, the model's load): the `ffkv serve` command. The
+            explorer writes nothing a cut could leave half-written (annotations are written atomically), and a
+            process whose torch threads are still running when Python shuts down aborts instead of exiting.
     """
     import uvicorn
+
+    if stop_process_on_signal:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _stop_now)
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise FfkvError(f"--port must be from 0 to 65535, got {port!r}")
@@ -449,9 +460,33 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, loaded
         # Not uvicorn's limit_concurrency: it counts open connections (idle keep-alive ones too) and answers
         # past it with a bare 503 that has no Retry-After and skips the security headers; `Admission` refuses
         # in the app instead. Its backlog applies only to a socket uvicorn opens (ours is `bind`'s).
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listening])
+        server = _server_class() if stop_process_on_signal else uvicorn.Server
+        server(uvicorn.Config(app, log_level="warning")).run(sockets=[listening])
     finally:
         listening.close()
+
+
+def _stop_now(signum: int, frame: object = None) -> None:
+    """End the process at once: one line, exit status 128 + the signal's number (130 for Ctrl-C)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"\nffkv: interrupted: the explorer stopped ({signal.Signals(signum).name})\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + signum)
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server, but a signal ends the process at once (`_stop_now`) rather than after the requests
+        in flight: a generation would keep it for its whole length, and torch's threads abort the shutdown."""
+
+        def handle_exit(self, sig: int, frame) -> None:
+            _stop_now(sig, frame)
+
+    return StoppingServer
 
 
 def bind(host: str, port: int) -> socket.socket:
