@@ -483,8 +483,9 @@ def test_pruning_latents_against_a_brute_force_model_and_latents_that_write_noth
     table = RunDir(run).read_metric(pruning.LATENTS)
     assert set(table["criterion"]) == set(pruning.LATENT_CRITERIA) and set(table["layer"]) == {layer}
     by_norm = table[table["criterion"] == "value_norm"].set_index("share")
-    for share in (0.1, 0.3, 0.5):
-        assert by_norm.loc[share, "perplexity_latents"] == by_norm.loc[share, "perplexity_base"]
+    for share in (0.1, 0.3, 0.5):  # the masked models' passes share batches: equal but for their rounding
+        assert by_norm.loc[share, "perplexity_latents"] == pytest.approx(by_norm.loc[share, "perplexity_base"],
+                                                                         rel=1e-6)
 
     held = select_held_out(loaded, CorpusSpec(source=str(corpus), unit="line", split="all", max_examples=N_LINES,
                                               shuffle_seed=0), 0)
@@ -504,3 +505,49 @@ def test_pruning_latents_against_a_brute_force_model_and_latents_that_write_noth
         assert row["perplexity_neurons"] == pytest.approx(
             brute_force_perplexity(zero_values(loaded, neurons), tokens)[0], rel=1e-5)
     assert by_norm.loc[0.9, "perplexity_latents"] != by_norm.loc[0.9, "perplexity_base"]  # the rows that write
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_masked_models_passes_in_shared_batches_equal_each_models_own_pass(family):
+    """`perplexities` runs every removal's rows in one scoring pass (batches mixing the masked models); each value
+    equals that model's own pass (the columns rewritten by `intervene`) but for rounding, and nothing removed
+    equals the model as it is."""
+    loaded = loaded_tiny(family)
+    view, rng = loaded.view, np.random.default_rng(3)
+    rows = pruning.heldout_rows([rng.integers(3, view.vocab_size, size=int(n)) for n in rng.integers(2, 14, 24)])
+    removals = [{}, {0: np.arange(5)}, {layer: np.sort(rng.choice(view.d_m, view.d_m // 2, replace=False))
+                                         for layer in range(view.n_layers)}, {1: np.arange(view.d_m - 1)}]
+    shared = pruning.perplexities(loaded, rows, removals)
+    for removed, got in zip(removals, shared):
+        own = pruning.perplexity(loaded, rows, removed)
+        assert got.n_tokens == own.n_tokens and got.nll == pytest.approx(own.nll, rel=1e-6)
+    assert len({round(p.perplexity, 3) for p in shared}) == len(removals)  # each removal changed what was measured
+
+
+def test_latents_switched_off_row_by_row_equal_their_off_edits():
+    """`latents_off_by_row`, each row with its own latents off, equals the `intervene` off edits of those latents
+    row by row (sparse and dense decoding both)."""
+    from ffkv.dictionaries import Dictionary
+    from ffkv.memories.interventions import Intervention, _decoded, intervene, latents_off_by_row
+    from ffkv.memories.sets import Latents
+
+    loaded = loaded_tiny("gpt2")
+    view, g = loaded.view, torch.Generator().manual_seed(5)
+    n = 24
+    d = Dictionary(kind="transcoder", layer=1, encoder=torch.randn(n, view.d_model, generator=g),
+                   encoder_bias=torch.zeros(n), decoder=torch.randn(n, view.d_model, generator=g),
+                   decoder_bias=torch.zeros(view.d_model), activation="topk", k=3)
+    a = torch.relu(torch.randn(40, n, generator=g)) * (torch.rand(40, n, generator=g) < 0.1)
+    assert torch.allclose(_decoded(a, d.decoder), a @ d.decoder, atol=1e-5)
+    ids = torch.randint(3, view.vocab_size, (3, 7), generator=g)
+    off = torch.zeros(3, n, dtype=torch.bool)
+    off[0, :4], off[2, ::2] = True, True
+    latents = Latents(view, {1: d})
+    with latents.attached():
+        with latents_off_by_row(view, {1: lambda: off[:, None, :]}):
+            together = loaded.model(ids).logits
+        for row in range(3):
+            edits = [Intervention(1, int(j), "off", kind="transcoder") for j in torch.nonzero(off[row])[:, 0]]
+            with intervene(view, edits):
+                alone = loaded.model(ids[row:row + 1]).logits
+            assert torch.allclose(together[row], alone[0], atol=1e-5)

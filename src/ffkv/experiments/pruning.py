@@ -55,12 +55,12 @@ import torch
 from jaxtyping import Float
 
 from ffkv.errors import FfkvError
-from ffkv.experiments.common import RunContext, progress_bar
+from ffkv.experiments.common import RunContext
 from ffkv.experiments.heldout import active_threshold
 from ffkv.experiments.lookups import (SAMPLE_EXAMPLES, SAMPLE_MAX_TOKENS, activation_stats, corpus_sample,
                                      sample_batches, sample_statistics)
 from ffkv.experiments.registry import Encoder, Experiment, Figures, Finding, Result
-from ffkv.experiments.scoring import Scores, score_examples
+from ffkv.experiments.scoring import RowMasks, Scores, score_examples
 from ffkv.memories.active import RULE
 from ffkv.memories.pruning import Removed, removal_count, removal_edits
 from ffkv.memories.view import MemoryView
@@ -324,6 +324,31 @@ def perplexity(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], remo
                                         interventions=removal_edits(loaded.view, removed or {})))
 
 
+def perplexities(loaded: LoadedModel, rows: Sequence[tuple[int, np.ndarray]], removals: Sequence[Removed],
+                 progress: bool = False) -> list[Perplexity]:
+    """`perplexity` of `rows` with each of `removals` masked ({}: the model as it is), from one scoring pass whose
+    batches hold every (removal, row) pair (`ffkv.experiments.scoring.RowMasks`): the masked models' passes share
+    batches cut by length, far fuller than one model's, so the curves cost a fraction of a pass per point. Each
+    value equals its own pass's but for the rounding of the batch it ran in."""
+    view = loaded.view
+    keep = {layer: torch.ones(len(removals), view.d_m, dtype=torch.bool) for layer in range(view.n_layers)}
+    for g, removed in enumerate(removals):
+        for layer, keys in removed.items():
+            keep[int(layer)][g, torch.as_tensor(np.asarray(keys, dtype=np.int64))] = False
+    keep = {layer: mask for layer, mask in keep.items() if not bool(mask.all())}
+    token_lists = [ids for _ in removals for _, ids in rows]
+    group = np.repeat(np.arange(len(removals)), len(rows))
+    scores = score_examples(loaded, token_lists, masks=RowMasks(keep, group), progress=progress,
+                            desc="pruning curves")
+    return [Perplexity.of(_of_group(scores, group, g)) for g in range(len(removals))]
+
+
+def _of_group(scores: Scores, group: np.ndarray, g: int) -> Scores:
+    """The scores of the rows of group `g` (`ffkv.experiments.scoring.RowMasks`), in their order."""
+    rows = group == g
+    return Scores(scores.nll[rows], scores.n_predicted[rows], scores.mass[rows], None)
+
+
 def heldout_rows(token_lists: Sequence[Sequence[int]], max_tokens: int | None = None,
                  seed: int = 0) -> list[tuple[int, np.ndarray]]:
     """(row, token ids) of the examples with at least one next token, rows numbered 0..n-1.
@@ -372,26 +397,22 @@ def compute(ctx: RunContext, options=None) -> Result:
     rows = heldout_rows([e.token_ids for e in held.examples], MAX_TOKENS, ctx.seed)
     if not rows:
         raise FfkvError("no held-out example has two tokens or more: nothing to measure perplexity on")
-    n_passes = 1 + len(criteria) * (len(SHARES) - 1)
-    bar = progress_bar(ctx.progress, n_passes, "pruning curves", "pass")
-    try:
-        base = perplexity(ctx.loaded, rows)  # the latents' curves read it too
-        bar.update(1)
-        records = []
-        for criterion in criteria:
-            orders = removal_orders(criterion, view, stats, census, ctx.seed)
-            for share in SHARES:
-                removed = keys_to_remove(orders, share)
-                result = base if share == 0 else perplexity(ctx.loaded, rows, removed)
-                if share:
-                    bar.update(1)
-                n = removal_count(view.d_m, share)
-                records.append({"criterion": criterion, "share": share, "n_removed": n,
-                                "share_removed": n / view.d_m, "perplexity": result.perplexity,
-                                "nll": result.nll / result.n_tokens, "n_tokens": result.n_tokens,
-                                "n_examples": len(rows)})
-    finally:
-        bar.close()
+    points = [(criterion, share) for criterion in criteria for share in SHARES if share]
+    removals: list[Removed] = [{}]  # nothing removed first: the base, which the latents' curves read too
+    for criterion in criteria:
+        orders = removal_orders(criterion, view, stats, census, ctx.seed)
+        removals += [keys_to_remove(orders, share) for share in SHARES if share]
+    base, *masked = perplexities(ctx.loaded, rows, removals, ctx.progress)
+    measured = dict(zip(points, masked))
+    records = []
+    for criterion in criteria:
+        for share in SHARES:
+            result = measured[(criterion, share)] if share else base
+            n = removal_count(view.d_m, share)
+            records.append({"criterion": criterion, "share": share, "n_removed": n,
+                            "share_removed": n / view.d_m, "perplexity": result.perplexity,
+                            "nll": result.nll / result.n_tokens, "n_tokens": result.n_tokens,
+                            "n_examples": len(rows)})
     table = pd.DataFrame(records)
     summary = summarize(table)
     description = {
@@ -430,48 +451,48 @@ def latent_curves(ctx: RunContext, latents, rows: Sequence[tuple[int, np.ndarray
     layer's latents switched off and with as large a share of its neurons masked (module docstring); `base`: their
     perplexity with nothing removed."""
     from ffkv.experiments.latent_lookups import activation_stats as latent_activation_stats
-    from ffkv.memories.interventions import Intervention
     from ffkv.presentation.intervals import paired_mean_interval
 
     view, tokens = ctx.view, [ids for _, ids in rows]
     act = latent_activation_stats(ctx.loaded, latents, sample)
-
-    def scored(interventions: list[Intervention]):
-        with latents.attached():
-            return score_examples(ctx.loaded, tokens, interventions=interventions)
-
     neuron_orders = {criterion: removal_orders(criterion, view, stats, seed=ctx.seed) for criterion in LATENT_CRITERIA}
+    points, latent_gone, neuron_gone = [], [], []   # per point: the latents switched off, the neurons masked
+    for i, layer in enumerate(latents.layers):
+        size = latents.size(layer)
+        norm = latents.values(layer).detach().double().norm(dim=1).cpu().numpy()
+        scores = {"activation_frequency": np.asarray(act["frequency"][i], dtype=np.float64), "value_norm": norm,
+                  "contribution": act["mean"][i] * norm}
+        for criterion in LATENT_CRITERIA:
+            order = (np.random.default_rng([ctx.seed, layer, 1]).permutation(size) if criterion == "random"
+                     else ascending(scores[criterion]))
+            for share in LATENT_SHARES:
+                points.append((layer, criterion, share))
+                latent_gone.append(np.sort(order[:removal_count(size, share)]))
+                neuron_gone.append(np.sort(neuron_orders[criterion][layer][:removal_count(view.d_m, share)]))
+    # One scoring pass: each point's two masked models (latents off, neurons masked) are groups 2p and 2p + 1.
+    G = 2 * len(points)
+    keep = {layer: torch.ones(G, view.d_m, dtype=torch.bool) for layer in latents.layers}
+    off = {layer: torch.zeros(G, latents.size(layer), dtype=torch.bool) for layer in latents.layers}
+    for p, (layer, _, _) in enumerate(points):
+        off[layer][2 * p, torch.as_tensor(latent_gone[p], dtype=torch.long)] = True
+        keep[layer][2 * p + 1, torch.as_tensor(neuron_gone[p], dtype=torch.long)] = False
+    group = np.repeat(np.arange(G), len(tokens))
+    with latents.attached():
+        scored = score_examples(ctx.loaded, [ids for _ in range(G) for ids in tokens], progress=ctx.progress,
+                                masks=RowMasks(keep, group, off), desc="pruning latents")
     out = []
-    steps = len(latents.layers) * len(LATENT_CRITERIA) * len(LATENT_SHARES)
-    bar = progress_bar(ctx.progress, steps, "pruning latents", "share")
-    try:
-        for i, layer in enumerate(latents.layers):
-            size, kind = latents.size(layer), latents.dictionaries[layer].kind
-            norm = latents.values(layer).detach().double().norm(dim=1).cpu().numpy()
-            scores = {"activation_frequency": np.asarray(act["frequency"][i], dtype=np.float64), "value_norm": norm,
-                      "contribution": act["mean"][i] * norm}
-            for criterion in LATENT_CRITERIA:
-                order = (np.random.default_rng([ctx.seed, layer, 1]).permutation(size) if criterion == "random"
-                         else ascending(scores[criterion]))
-                neuron_order = neuron_orders[criterion][layer]
-                for share in LATENT_SHARES:
-                    gone = np.sort(order[:removal_count(size, share)])
-                    mine = scored([Intervention(layer, int(j), "off", kind=kind) for j in gone])
-                    theirs = score_examples(ctx.loaded, tokens, interventions=removal_edits(
-                        view, {layer: np.sort(neuron_order[:removal_count(view.d_m, share)])}))
-                    diff, low, high = paired_mean_interval(mine.nll - theirs.nll)
-                    out.append({"layer": layer, "kind": kind, "criterion": criterion, "share": share,
-                                "n_latents": size, "n_removed_latents": len(gone),
-                                "perplexity_latents": Perplexity.of(mine).perplexity,
-                                "d_m": view.d_m, "n_removed_neurons": removal_count(view.d_m, share),
-                                "perplexity_neurons": Perplexity.of(theirs).perplexity,
-                                "perplexity_base": base.perplexity,
-                                "nll_latents_minus_neurons": diff, "nll_latents_minus_neurons_ci_low": low,
-                                "nll_latents_minus_neurons_ci_high": high, "n_examples": len(rows),
-                                "n_tokens": base.n_tokens})
-                    bar.update(1)
-    finally:
-        bar.close()
+    for p, (layer, criterion, share) in enumerate(points):
+        mine, theirs = (_of_group(scored, group, g) for g in (2 * p, 2 * p + 1))
+        diff, low, high = paired_mean_interval(mine.nll - theirs.nll)
+        out.append({"layer": layer, "kind": latents.dictionaries[layer].kind, "criterion": criterion, "share": share,
+                    "n_latents": latents.size(layer), "n_removed_latents": len(latent_gone[p]),
+                    "perplexity_latents": Perplexity.of(mine).perplexity,
+                    "d_m": view.d_m, "n_removed_neurons": len(neuron_gone[p]),
+                    "perplexity_neurons": Perplexity.of(theirs).perplexity,
+                    "perplexity_base": base.perplexity,
+                    "nll_latents_minus_neurons": diff, "nll_latents_minus_neurons_ci_low": low,
+                    "nll_latents_minus_neurons_ci_high": high, "n_examples": len(rows),
+                    "n_tokens": base.n_tokens})
     return pd.DataFrame(out)
 
 

@@ -20,6 +20,7 @@ The final distribution is the model's own LM head applied to its captured input 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -28,7 +29,7 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import as_numpy, progress_bar
-from ffkv.memories.interventions import Intervention, intervene
+from ffkv.memories.interventions import Intervention, intervene, latents_off_by_row, rewrite_coefficients
 from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import gather_rows
@@ -37,6 +38,25 @@ from ffkv.parallel import gather_rows
 TOP_K = 16
 #: Positions x vocabulary logits made at once (2**25 floats: 128 MB in float32), whatever |V| and the batch.
 HEAD_ELEMENTS = 2**25
+
+
+@dataclass(frozen=True)
+class RowMasks:
+    """Which memories each row's pass keeps, so that passes of several masked models share batches: ``keep[l]``
+    (groups, d_m) is True where group g keeps memory i of layer l, and ``group[r]`` is row r's group. Row r's
+    coefficients m of layer l are multiplied by ``keep[l][group[r]]`` on their way into the second FF matrix: m·0 = 0
+    and m·1 = m, so a row computes what a pass with its group's memories switched off computes, but for the
+    rounding of the batch it shares with other rows. ``latents_off[l]`` (groups, n_latents), True where group g
+    switches latent j of layer l's attached dictionary off (`ffkv.memories.interventions.latents_off_by_row`)."""
+
+    keep: dict[int, torch.Tensor]
+    group: np.ndarray
+    latents_off: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _masked(m: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """m (batch, pos, d_m), or as a family flattens it (batch·pos, d_m), times each row's mask (batch, 1, d_m)."""
+    return (m.reshape(keep.shape[0], -1, m.shape[-1]) * keep).reshape(m.shape)
 
 
 @dataclass
@@ -64,8 +84,8 @@ def perplexity(scores: Scores) -> float:
 @torch.no_grad()
 def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, token_set: Iterable[int] = (),
                    coefficients: bool = False, top_k: int = TOP_K,
-                   interventions: Sequence[Intervention] = (), progress: bool = False,
-                   desc: str = "scoring", latents=None) -> Scores:
+                   interventions: Sequence[Intervention] = (), masks: RowMasks | None = None,
+                   progress: bool = False, desc: str = "scoring", latents=None) -> Scores:
     """Score each example in one forward pass (batched by length; under torchrun each rank its share).
 
     Args:
@@ -73,6 +93,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
         token_set: the token ids of S for ``mass`` (empty: ``mass`` is NaN).
         coefficients: also compute the per-layer ``top_coefficients`` statistic.
         interventions: memories rewritten at every position during the pass (`ffkv.memories.intervene`).
+        masks: memories switched off per row (`RowMasks`), after the `interventions`.
         latents: with ``coefficients``, a dictionary's latents (`ffkv.memories.sets.Latents`) whose
             ``latent_top_coefficients`` are read from the same pass (the quantity each layer's latents read).
     """
@@ -118,14 +139,25 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     # The final residual is read from the last layer alone (head_in where the model has a head module): the sums
     # resid_mid + ff_out of the other layers would be made and dropped on every pass.
     bar = progress_bar(progress, len(mine.rows), desc, "ex")
+    kept = {layer: keep.to(view.device) for layer, keep in (masks.keep if masks is not None else {}).items()}
+    off = {layer: o.to(view.device) for layer, o in (masks.latents_off if masks is not None else {}).items()}
+    row_group = torch.as_tensor(masks.group, dtype=torch.long) if masks is not None else None
     try:
         with intervene(view, interventions, in_place=True), \
+                rewrite_coefficients(view, {layer: (lambda m, layer=layer: _masked(m, state["keep"][layer]))
+                                            for layer in kept}), \
+                latents_off_by_row(view, {layer: (lambda layer=layer: state["off"][layer]) for layer in off}) \
+                if off else nullcontext(), \
                 view.capture(("coefficients",) if coefficients else (), sink=sink), \
                 view.capture(latent_reads, layers=latent_layers, sink=sink), \
                 view.capture(("head_in", "resid_post"), layers=[L - 1], sink=sink):
             for idx, batch in mine:
                 state.clear()
                 state["competes"] = batch.competes.float()
+                if row_group is not None:
+                    groups = row_group[torch.as_tensor(idx, dtype=torch.long)].to(view.device)
+                    state["keep"] = {layer: keep[groups][:, None, :] for layer, keep in kept.items()}
+                    state["off"] = {layer: o[groups][:, None, :] for layer, o in off.items()}
                 view.forward(batch.input_ids, batch.attention_mask, with_head=True)
                 head_in = state.get(("head_in", -1))
                 real = batch.attention_mask.bool()

@@ -169,6 +169,46 @@ def _latent_edits(view: MemoryView, edits: list[Intervention]
     return out
 
 
+def latents_off_by_row(view: MemoryView, off: Mapping[int, Callable[[], torch.Tensor]]):
+    """Within the block (a context manager), layer l's latents where ``off[l]()`` (batch, 1, n_latents) is True are
+    switched off row by row: the FF output becomes FF(x) − Σ_j off_j·a_j·dec_j, the rule of an "off" edit
+    (`intervene`) with the latents each row switches off (several masked models' passes in one batch)."""
+    latents = getattr(view, "latents", None)
+    if latents is None:
+        raise FfkvError("an edit of a latent needs its dictionary attached to the model (open the run's latents: "
+                        "Run.memories('latents'), or a run indexed with --dictionary)")
+    out = {}
+    for layer, mask in off.items():
+        d, reads = latents.dictionaries[layer], latents.reads(layer)
+
+        def edited(x, ff_out, d=d, reads=reads, mask=mask):
+            a = d.encode(x if reads == "ff_in" else ff_out)
+            rows = mask()
+            gone = (a.reshape(rows.shape[0], -1, a.shape[-1]) * rows).reshape(-1, a.shape[-1])
+            return ff_out - _decoded(gone, d.decoder).reshape(ff_out.shape).to(ff_out.dtype)
+
+        out[layer] = edited
+    return replace_ff_output(view, out)
+
+
+#: Elements of the decoder rows `_decoded` gathers at once.
+GATHER_ELEMENTS = 2**24
+
+
+def _decoded(a: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+    """a (rows, n_latents) · decoder (n_latents, d), reading only each row's nonzero activations where they are few
+    (a dictionary's are: TopK's k, a ReLU's or JumpReLU's active latents), in chunks of rows."""
+    k = int((a != 0).sum(-1).max()) if a.numel() else 0
+    if k == 0:
+        return a.new_zeros(a.shape[0], decoder.shape[1])
+    if 4 * k >= a.shape[-1]:
+        return a @ decoder
+    values, indices = a.topk(k, dim=-1)  # activations are never negative: every nonzero one is among them
+    step = max(1, GATHER_ELEMENTS // (k * decoder.shape[1]))
+    return torch.cat([(values[s:s + step, None, :] @ decoder[indices[s:s + step]])[:, 0]
+                      for s in range(0, len(values), step)])
+
+
 @contextmanager
 def replace_ff_output(view: MemoryView,
                       replacements: Mapping[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> Iterator[None]:
