@@ -311,3 +311,39 @@ def test_analyze_on_a_full_disk_exits_1_and_status_names_it(analyzed, tmp_path, 
     monkeypatch.setattr(atomic, "fsync", real)
     code, out, _ = run(capsys, "status", run_dir)
     assert code == 3 and "the last `ffkv analyze` failed (No space left on device" in out
+
+
+# ------------------------------------------------------------------ other files a user hands ffkv
+
+def test_a_model_config_nested_too_deep_is_one_line(tmp_path, capsys):
+    """ffkv_lm's check of a model folder parsed config.json without a depth limit: a RecursionError traceback."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "corpus.txt").write_text("a b\n")
+    code, _, err = run(capsys, "index", "--model", tmp_path / "model", "--corpus", tmp_path / "corpus.txt",
+                       "--out", tmp_path / "run", "--no-progress")
+    assert code == 2 and "its config.json is missing or not a model's configuration" in error_line(err)
+
+
+def test_a_facts_file_that_is_a_fifo_or_nested_too_deep_is_one_line(tmp_path, capsys):
+    """`ffkv locate --facts` waited on a FIFO, and a line nested 100,000 deep gave a RecursionError traceback."""
+    fifo = tmp_path / "facts.jsonl"
+    os.mkfifo(fifo)
+    try:
+        done = subprocess.run([sys.executable, "-m", "ffkv.cli", "locate", "--model", "tiny-gpt2", "--facts", str(fifo),
+                               "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ffkv locate waited on a FIFO facts file")
+    assert done.returncode == 2 and f"{fifo}: a FIFO (named pipe), not a regular file" in error_line(done.stderr)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps({"prompt": "a b", "subject": "a"}) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, _, err = run(capsys, "locate", "--model", "tiny-gpt2", "--facts", deep, "--out", tmp_path / "out")
+    assert code == 2 and f"{deep}: line 2 is not JSON (nested more than 64 deep)" in error_line(err)
+
+
+def test_annotate_import_of_a_fifo_says_what_it_is(own_run, tmp_path, capsys):
+    """It was called a file that does not exist."""
+    os.mkfifo(tmp_path / "labels.csv")
+    code, _, err = run(capsys, "annotate", "import", own_run, tmp_path / "labels.csv")
+    assert code == 2 and f"{tmp_path / 'labels.csv'}: a FIFO (named pipe), not a regular file" in error_line(err)
+    assert read_labels(own_run).empty

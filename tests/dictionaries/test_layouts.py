@@ -3,9 +3,13 @@ line that names it. Files are written here by hand (no sparsify or SAELens neede
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import tracemalloc
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ from ffkv.dictionaries.files import MAX_ELEMENTS
 from ffkv.errors import FfkvError
 
 N, DM = 24, 6
+GIB = 1 << 30
 TENSORS = ("encoder", "encoder_bias", "decoder", "decoder_bias", "threshold", "skip", "input_bias")
 
 
@@ -186,6 +191,73 @@ def test_huge_declared_sizes_are_refused_before_reading(tmp_path):
     refused(npz, "declares shape")
 
 
+def zeros_member(archive: zipfile.ZipFile, name: str, descr: str, shape: tuple, nbytes: int) -> None:
+    """An ``.npy`` member of `archive` whose header declares `descr` and `shape`, followed by `nbytes` zeros,
+    compressed as they are written (a gigabyte takes a megabyte, and never the test's memory)."""
+    with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(member, {"descr": descr, "fortran_order": False, "shape": shape})
+        chunk = bytes(1 << 20)
+        for start in range(0, nbytes, len(chunk)):
+            member.write(chunk[:min(len(chunk), nbytes - start)])
+
+
+def npz_with(path: Path, dictionary, bomb: tuple[str, str, tuple, int]) -> Path:
+    """`dictionary` as ffkv's npz arrays (`save_npz`), compressed, with `bomb` (name, descr, shape, bytes of
+    zeros: `zeros_member`) in place of its array of that name, or beside them."""
+    save_npz(dictionary, path)
+    with np.load(path) as saved:
+        arrays = {name: saved[name] for name in saved.files if name != bomb[0]}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w") as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+        zeros_member(archive, *bomb)
+    return path
+
+
+@contextlib.contextmanager
+def traced_peak() -> Iterator[list]:
+    """Within it, Python's and numpy's allocations are traced; the list then holds their peak, in bytes."""
+    peak: list = []
+    tracemalloc.start()
+    try:
+        yield peak
+    finally:
+        peak.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("bomb, match", [
+    # a jumprelu's threshold of a gigabyte (2^28 float32): its shape is not the encoder's latents
+    (("threshold", "<f4", (GIB // 4,), GIB), r"'threshold' declares shape \(268435456,\), expected \(24,\)"),
+    # 2^32 float64 elements: within an element count, 32 GiB of bytes (the data is cut short: never reached)
+    (("encoder", "<f8", (2**16, 2**16), 1 << 20), "declares shape .* 34,359,738,368 bytes: more than the"),
+    # an encoder of 576 bytes whose zip member holds a gigabyte more
+    (("encoder", "<f4", (N, DM), N * DM * 4 + GIB), "its zip member declares"),
+])
+def test_an_npz_bomb_in_a_needed_array_is_refused_before_it_is_decompressed(tmp_path, bomb, match):
+    path = npz_with(tmp_path / "bomb.npz", make("transcoder", "jumprelu"), bomb)
+    assert path.stat().st_size < 4 << 20 and 2**32 <= MAX_ELEMENTS
+    with traced_peak() as peak:
+        refused(path, match)
+    assert peak[0] < 64 << 20, f"{peak[0]:,} bytes traced"
+
+
+def test_an_npz_array_the_layout_does_not_name_is_never_read(tmp_path):
+    d = make("transcoder", "jumprelu")
+    path = npz_with(tmp_path / "d.npz", d, ("notes", "|u1", (GIB,), GIB))
+    with traced_peak() as peak:
+        assert same(open_dictionary(path)[1], d)
+    assert peak[0] < 64 << 20, f"{peak[0]:,} bytes traced"
+
+
+def test_a_fifo_or_a_device_named_npz_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.npz")
+    refused(tmp_path / "fifo.npz", r"a FIFO \(named pipe\), not a regular file")
+    (tmp_path / "zero.npz").symlink_to("/dev/zero")
+    refused(tmp_path / "zero.npz", "a character device, not a regular file")
+
+
 def test_a_pickled_npz_is_refused(tmp_path):
     np.savez(tmp_path / "p.npz", encoder=np.array([{"a": 1}], dtype=object))
     refused(tmp_path / "p.npz", "Python objects")
@@ -216,6 +288,38 @@ def test_what_saelens_folders_ffkv_cannot_compute_are_refused(tmp_path, change, 
     cfg = {"architecture": "standard", "d_in": DM, "d_sae": N, "apply_b_dec_to_input": True,
            "normalize_activations": "none", "metadata": {"hook_name": "blocks.1.hook_mlp_out"}, **change}
     refused(saelens_folder(tmp_path / "sae", cfg, saelens_of(make("sae", "relu"))), match)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"transcode": "false"}, "'transcode' is 'false', expected true or false"),
+    ({"skip_connection": 0}, "'skip_connection' is 0, expected true or false"),
+    ({"transcode": None}, "'transcode' is None, expected true or false"),
+    # sparsify refuses a num_latents of "" (int("")); ffkv read it as 0 and took expansion_factor's 4 x 6 = 24
+    ({"num_latents": "", "expansion_factor": 4}, "'num_latents' is '', expected a positive integer"),
+])
+def test_a_sparsify_config_that_does_not_say_what_sparsify_reads_is_refused(tmp_path, change, match):
+    folder, config, _ = sparsify_folder(tmp_path)
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    assert str(config) in refused(folder, match)
+
+
+def test_sparsify_reads_num_latents_0_as_its_expansion_factor(tmp_path):
+    folder, config, _ = sparsify_folder(tmp_path)
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_latents": 0, "expansion_factor": 4}))
+    assert same(open_dictionary(folder)[1], make())
+
+
+@pytest.mark.parametrize("architecture, change, match", [
+    ("standard", {"apply_b_dec_to_input": "false"}, "'apply_b_dec_to_input' is 'false', expected true or false"),
+    ("topk", {"rescale_acts_by_decoder_norm": "false"}, "'rescale_acts_by_decoder_norm' is 'false'"),
+    ("standard", {"finetuning_scaling_factor": "false"}, "finetuning_scaling_factor is 'false'"),
+])
+def test_a_saelens_boolean_that_is_no_json_boolean_is_refused(tmp_path, architecture, change, match):
+    """A string "false" is true to SAELens (it tests the field's truth) and false to a reader: refused."""
+    activation = "topk" if architecture == "topk" else "relu"
+    cfg = {"architecture": architecture, "d_in": DM, "d_sae": N, "apply_b_dec_to_input": True, "k": 4,
+           "normalize_activations": "none", "metadata": {"hook_name": "blocks.1.hook_mlp_out"}, **change}
+    refused(saelens_folder(tmp_path / "sae", cfg, saelens_of(make("sae", activation))), match)
 
 
 def test_a_model_mismatch_is_refused_naming_the_folder(tmp_path):

@@ -185,6 +185,13 @@ def _top(pre: torch.Tensor, k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.relu(values), indices
 
 
+def shapes(n_latents: int, d_model: int) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor a dictionary of `n_latents` latents and width `d_model` may have (by field)."""
+    n, dm = n_latents, d_model
+    return {"encoder": (n, dm), "encoder_bias": (n,), "decoder": (n, dm), "decoder_bias": (dm,), "threshold": (n,),
+            "skip": (dm, dm), "input_bias": (dm,)}
+
+
 def _problem(d: Dictionary) -> str | None:
     """What is wrong with a dictionary's fields, in words, or None."""
     if d.kind not in KINDS:
@@ -196,8 +203,7 @@ def _problem(d: Dictionary) -> str | None:
     if d.encoder.ndim != 2:
         return f"encoder has shape {tuple(d.encoder.shape)}, expected (n_latents, d_model)"
     n, dm = d.encoder.shape
-    expected = {"encoder_bias": (n,), "decoder": (n, dm), "decoder_bias": (dm,), "threshold": (n,),
-                "skip": (dm, dm), "input_bias": (dm,)}
+    expected = {name: shape for name, shape in shapes(n, dm).items() if name != "encoder"}
     for name, shape in expected.items():
         t = getattr(d, name)
         if t is not None and tuple(t.shape) != shape:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from ffkv.errors import FfkvError
+from ffkv.store.untrusted import quoted
 
 #: Where a dictionary reads or writes: the FF input after its norm, or the FF output.
 FF_INPUT, FF_OUTPUT = "ff_input", "ff_output"
@@ -20,8 +21,10 @@ FF_INPUT, FF_OUTPUT = "ff_input", "ff_output"
 _WHAT_FFKV_READS = ("ffkv reads dictionaries of FF layers: a transcoder from the FF input (after its norm) to "
                     "the FF output, or an SAE on the FF output")
 
-# Any prefix (``model.``, ``transformer.``, ``gpt_neox.``, ``model.language_model.``), then the block.
-_BLOCK = r"^(?:[\w.]*?\.)?(?:layers|layer|h|blocks|block)\.(?P<layer>\d+)"
+# Any prefix (``model.``, ``transformer.``, ``gpt_neox.``, ``model.language_model.``), then the block, whose number
+# is ASCII digits (``\d`` would take any script's, which `int` reads too) and at most six of them (`int` refuses
+# past 4,300 digits, and no model has a million layers).
+_BLOCK = r"^(?:[\w.]*?\.)?(?:layers|layer|h|blocks|block)\.(?P<layer>[0-9]{1,6})"
 # (what follows the block, site: FF_INPUT / FF_OUTPUT / "module" / what it is instead, for a refusal)
 _TAILS: tuple[tuple[str, str], ...] = (
     (r"\.(?:mlp|feed_forward|ffn|ff)", "module"),
@@ -57,9 +60,10 @@ def ff_site(hookpoint: str) -> Site:
         if match:
             if site in ("module", FF_INPUT, FF_OUTPUT):
                 return Site(int(match["layer"]), site)
-            raise FfkvError(f"hookpoint {hookpoint!r} is {site}; {_WHAT_FFKV_READS}")
-    raise FfkvError(f"hookpoint {hookpoint!r} names no FF layer ffkv knows (e.g. layers.3.mlp, model.layers.3.mlp, "
-                    f"transformer.h.3.mlp, blocks.3.hook_mlp_out, blocks.3.ln2.hook_normalized); {_WHAT_FFKV_READS}")
+            raise FfkvError(f"hookpoint {quoted(hookpoint)} is {site}; {_WHAT_FFKV_READS}")
+    raise FfkvError(f"hookpoint {quoted(hookpoint)} names no FF layer ffkv knows (e.g. layers.3.mlp, "
+                    f"model.layers.3.mlp, transformer.h.3.mlp, blocks.3.hook_mlp_out, blocks.3.ln2.hook_normalized); "
+                    f"{_WHAT_FFKV_READS}")
 
 
 def sites(kind: str, hookpoint: str, hookpoint_out: str | None = None) -> tuple[int, str, str]:
@@ -69,17 +73,17 @@ def sites(kind: str, hookpoint: str, hookpoint_out: str | None = None) -> tuple[
     read = ff_site(hookpoint)
     if kind == "sae":
         if hookpoint_out not in (None, hookpoint):
-            raise FfkvError(f"an SAE reads and writes one hookpoint, but this one names {hookpoint!r} and "
-                            f"{hookpoint_out!r}")
+            raise FfkvError(f"an SAE reads and writes one hookpoint, but this one names {quoted(hookpoint)} and "
+                            f"{quoted(hookpoint_out)}")
         if read.site == FF_INPUT:
-            raise FfkvError(f"hookpoint {hookpoint!r} is an SAE on the FF input; {_WHAT_FFKV_READS}")
+            raise FfkvError(f"hookpoint {quoted(hookpoint)} is an SAE on the FF input; {_WHAT_FFKV_READS}")
         return read.layer, FF_OUTPUT, FF_OUTPUT
     if read.site == FF_OUTPUT:
-        raise FfkvError(f"hookpoint {hookpoint!r} is the FF output, but a transcoder reads the FF input; "
+        raise FfkvError(f"hookpoint {quoted(hookpoint)} is the FF output, but a transcoder reads the FF input; "
                         f"{_WHAT_FFKV_READS}")
     if hookpoint_out is not None:
         write = ff_site(hookpoint_out)
         if write.site == FF_INPUT or write.layer != read.layer:
-            raise FfkvError(f"a transcoder from {hookpoint!r} to {hookpoint_out!r}: {_WHAT_FFKV_READS} of the "
-                            f"same layer")
+            raise FfkvError(f"a transcoder from {quoted(hookpoint)} to {quoted(hookpoint_out)}: {_WHAT_FFKV_READS} "
+                            f"of the same layer")
     return read.layer, FF_INPUT, FF_OUTPUT

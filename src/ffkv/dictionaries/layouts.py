@@ -20,19 +20,27 @@ LAYOUTS = ("sparsify", "saelens", "npz")
 
 def layout_of(path: Path) -> str | None:
     """The layout of one dictionary at `path` ("sparsify", "saelens" or "npz"), or None if `path` is not one
-    (a folder of them, or something else). A folder with a ``cfg.json`` but no weights file is refused."""
-    if path.is_file():
+    (a folder of them, or something else). A folder with a ``cfg.json`` but no weights file is refused.
+
+    What is there is told by its name, whatever kind of file it is: a FIFO named ``cfg.json`` or ``x.npz`` makes
+    a dictionary whose reader then refuses it, rather than a folder without one."""
+    if not path.is_dir():
         return "npz" if path.suffix == ".npz" else None
-    sparsify, saelens = (path / sparsify_layout.WEIGHTS).is_file(), (path / saelens_layout.WEIGHTS).is_file()
+    sparsify, saelens = _there(path / sparsify_layout.WEIGHTS), _there(path / saelens_layout.WEIGHTS)
     if sparsify and saelens:
         raise FfkvError(f"{path}: holds both {sparsify_layout.WEIGHTS} (sparsify) and {saelens_layout.WEIGHTS} "
                         f"(SAELens): open one of them from a folder of its own")
     if sparsify or saelens:
         return "sparsify" if sparsify else "saelens"
-    if (path / sparsify_layout.CONFIG).is_file():
+    if _there(path / sparsify_layout.CONFIG):
         raise FfkvError(f"{path}: holds {sparsify_layout.CONFIG} but no weights: expected {sparsify_layout.WEIGHTS} "
                         f"(sparsify) or {saelens_layout.WEIGHTS} (SAELens) beside it")
     return None
+
+
+def _there(path: Path) -> bool:
+    """Whether anything is at `path` (a file of any kind, or a symlink, even a broken one)."""
+    return path.is_symlink() or path.exists()
 
 
 def read_one(path: Path, *, kind: str | None = None, layer: int | None = None,

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from ffkv.dictionaries.dictionary import Dictionary
-from ffkv.dictionaries.files import (about, expect_shape, positive_int, provenance, read_config,
+from ffkv.dictionaries.files import (about, boolean, expect_shape, positive_int, provenance, read_config,
                                      read_safetensors)
 from ffkv.dictionaries.hookpoints import sites
 from ffkv.errors import FfkvError
+from ffkv.store.untrusted import quoted
 
 CONFIG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 
@@ -57,9 +58,10 @@ def read_saelens(folder: Path, hookpoint: str | None = None) -> Dictionary:
     meta = cfg["metadata"]
     architecture = cfg.get("architecture", "standard")
     if architecture not in ARCHITECTURES:
-        raise FfkvError(f"{config_path}: architecture {architecture!r}: ffkv reads {', '.join(ARCHITECTURES)}")
+        raise FfkvError(f"{config_path}: architecture {quoted(architecture)}: ffkv reads {', '.join(ARCHITECTURES)}")
     kind, activation, skip = ARCHITECTURES[architecture]
-    _refuse_what_ffkv_cannot_compute(config_path, cfg, meta, kind)
+    b_dec_to_input = boolean(config_path, cfg, "apply_b_dec_to_input", kind == "sae")
+    _refuse_what_ffkv_cannot_compute(config_path, cfg, meta, kind, b_dec_to_input)
 
     d_in, n = positive_int(config_path, cfg, "d_in"), positive_int(config_path, cfg, "d_sae")
     d_out = positive_int(config_path, cfg, "d_out", d_in) if kind == "transcoder" else d_in
@@ -77,7 +79,8 @@ def read_saelens(folder: Path, hookpoint: str | None = None) -> Dictionary:
                         "threshold": (n,), "W_skip": (d_in, d_in)}.items():
         if name in optional or name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             if name not in t:
-                raise FfkvError(f"{weights_path}: missing tensor {name!r} (architecture {architecture!r} has one)")
+                raise FfkvError(f"{weights_path}: missing tensor {name!r} (architecture {quoted(architecture)} has "
+                                f"one)")
             expect_shape(weights_path, name, t[name], shape, what)
     if "scaling_factor" in t and not bool((t["scaling_factor"] == 1).all()):
         raise FfkvError(f"{weights_path}: holds a fine-tuning scaling_factor, which ffkv does not apply")
@@ -85,7 +88,7 @@ def read_saelens(folder: Path, hookpoint: str | None = None) -> Dictionary:
     t = {name: tensor.to(dtype) for name, tensor in t.items()}
 
     encoder, encoder_bias, decoder = t["W_enc"].T.contiguous(), t["b_enc"], t["W_dec"]
-    folded = activation == "topk" and bool(cfg.get("rescale_acts_by_decoder_norm", False))
+    folded = activation == "topk" and boolean(config_path, cfg, "rescale_acts_by_decoder_norm")
     if folded:   # SAELens ranks pre_i·‖W_dec[i]‖ and writes a_i·W_dec[i]/‖W_dec[i]‖: fold the norms in
         norms = decoder.norm(dim=-1)
         encoder, encoder_bias, decoder = encoder * norms[:, None], encoder_bias * norms, decoder / norms[:, None]
@@ -97,12 +100,12 @@ def read_saelens(folder: Path, hookpoint: str | None = None) -> Dictionary:
     with about(folder):
         layer, reads, writes = sites(kind, hookpoint, hookpoint_out)
         if isinstance(meta.get("hook_layer"), int) and meta["hook_layer"] != layer:
-            raise FfkvError(f"{CONFIG} says hook_layer {meta['hook_layer']} but hook_name {hookpoint!r} is layer "
+            raise FfkvError(f"{CONFIG} says hook_layer {meta['hook_layer']} but hook_name {quoted(hookpoint)} is layer "
                             f"{layer}")
         return Dictionary(
             kind=kind, layer=layer, encoder=encoder, encoder_bias=encoder_bias, decoder=decoder,
             decoder_bias=t["b_dec"], activation=activation, k=k, threshold=t.get("threshold"), skip=t.get("W_skip"),
-            input_bias=t["b_dec"] if cfg.get("apply_b_dec_to_input", kind == "sae") else None,
+            input_bias=t["b_dec"] if b_dec_to_input else None,
             source=provenance(folder, "saelens", [config_path, weights_path], architecture=architecture,
                               hookpoint=hookpoint, hookpoint_out=hookpoint_out, reads=reads, writes=writes,
                               model_name=meta.get("model_name"), decoder_norms_folded=folded))
@@ -134,21 +137,24 @@ def _modern(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _refuse_what_ffkv_cannot_compute(config_path: Path, cfg: dict[str, Any], meta: dict[str, Any], kind: str) -> None:
+def _refuse_what_ffkv_cannot_compute(config_path: Path, cfg: dict[str, Any], meta: dict[str, Any], kind: str,
+                                     b_dec_to_input: bool) -> None:
     norm = cfg["normalize_activations"]
     if norm != "none":
         why = {"expected_average_only_in": "its inputs must be scaled by a factor this folder does not hold: "
                                             "fold it with SAE.fold_activation_norm_scaling_factor and save again",
                "covariance_whitening": "fold it with SAE.fold_activation_whitening and save again"}
         reason = why.get(norm, "it is computed from each input, so latents are no longer fixed keys")
-        raise FfkvError(f"{config_path}: normalize_activations {norm!r}: ffkv reads dictionaries whose input is "
+        raise FfkvError(f"{config_path}: normalize_activations {quoted(norm)}: ffkv reads dictionaries whose input is "
                         f"the model's own vector ({reason})")
     if cfg.get("reshape_activations", "none") != "none" or meta.get("hook_head_index") is not None:
         raise FfkvError(f"{config_path}: an SAE on attention heads (hook_z reshaping or a head index): ffkv reads "
                         f"dictionaries of FF layers")
-    if cfg.get("finetuning_scaling_factor"):
-        raise FfkvError(f"{config_path}: finetuning_scaling_factor is set, which ffkv does not apply")
-    if kind == "transcoder" and cfg.get("apply_b_dec_to_input"):
+    scaling = cfg.get("finetuning_scaling_factor")
+    if scaling is not None and scaling is not False:   # older configs say false or null; anything else is refused
+        raise FfkvError(f"{config_path}: finetuning_scaling_factor is {quoted(scaling)}: a fine-tuning scaling factor, "
+                        f"which ffkv does not apply")
+    if kind == "transcoder" and b_dec_to_input:
         raise FfkvError(f"{config_path}: apply_b_dec_to_input on a transcoder (SAELens refuses it too: b_dec is "
                         f"in the output space)")
 
@@ -159,5 +165,5 @@ def _dtype(config_path: Path, cfg: dict[str, Any], file_dtype: torch.dtype) -> t
         return file_dtype
     dtype = _DTYPES.get(str(name).removeprefix("torch."))
     if dtype is None:
-        raise FfkvError(f"{config_path}: dtype {name!r}, expected one of {', '.join(_DTYPES)}")
+        raise FfkvError(f"{config_path}: dtype {quoted(name)}, expected one of {', '.join(_DTYPES)}")
     return dtype

@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import save_file
 
 from ffkv.dictionaries.dictionary import Dictionary
-from ffkv.dictionaries.files import (about, expect_shape, positive_int, provenance, read_config,
+from ffkv.dictionaries.files import (about, boolean, expect_shape, positive_int, provenance, read_config,
                                      read_safetensors)
 from ffkv.dictionaries.hookpoints import ff_site, sites
 from ffkv.errors import FfkvError
+from ffkv.store.untrusted import quoted
 from ffkv.store.atomic import atomic_path, make_readable, write_json
 
 CONFIG, WEIGHTS = "cfg.json", "sae.safetensors"
@@ -41,14 +42,17 @@ def read_sparsify(folder: Path, hookpoint: str | None = None) -> Dictionary:
     config_path, weights_path = folder / CONFIG, folder / WEIGHTS
     cfg = read_config(config_path)
     d_in = positive_int(config_path, cfg, "d_in")
-    n = cfg.get("num_latents") or d_in * positive_int(config_path, cfg, "expansion_factor", DEFAULT_EXPANSION)
+    n = cfg.get("num_latents", 0)
+    if n == 0 and type(n) is int:   # sparsify's "use expansion_factor"
+        n = d_in * positive_int(config_path, cfg, "expansion_factor", DEFAULT_EXPANSION)
     n = positive_int(config_path, {"num_latents": n}, "num_latents")
     k = positive_int(config_path, cfg, "k", 32)
     if cfg.get("activation", "topk") != "topk":
-        raise FfkvError(f"{config_path}: activation {cfg['activation']!r}: ffkv reads sparsify's topk coders only")
+        raise FfkvError(f"{config_path}: activation {quoted(cfg['activation'])}: ffkv reads sparsify's topk coders "
+                        f"only")
     if k > n:
         raise FfkvError(f"{config_path}: k = {k} is more than its {n} latents")
-    transcode, skip = bool(cfg.get("transcode", False)), bool(cfg.get("skip_connection", False))
+    transcode, skip = boolean(config_path, cfg, "transcode"), boolean(config_path, cfg, "skip_connection")
 
     t = read_safetensors(weights_path, ["encoder.weight", "encoder.bias", "W_dec", "b_dec"], ["W_skip"])
     what = f"{CONFIG}: {n} latents, d_in {d_in}"
@@ -121,7 +125,7 @@ def _hookpoint(config_path: Path, folder: Path, cfg: dict, given: str | None) ->
     if recorded is None:
         return folder.name
     if not isinstance(recorded, str):
-        raise FfkvError(f"{config_path}: 'hookpoint' is {recorded!r}, expected a module name like layers.3.mlp")
+        raise FfkvError(f"{config_path}: 'hookpoint' is {quoted(recorded)}, expected a module name like layers.3.mlp")
     with about(config_path):
         layer = ff_site(recorded).layer
     try:
@@ -129,6 +133,6 @@ def _hookpoint(config_path: Path, folder: Path, cfg: dict, given: str | None) ->
     except FfkvError:   # a folder not named after its hookpoint: the recorded one stands
         named = layer
     if named != layer:
-        raise FfkvError(f"{config_path}: records hookpoint {recorded!r} (layer {layer}) but its folder is named "
+        raise FfkvError(f"{config_path}: records hookpoint {quoted(recorded)} (layer {layer}) but its folder is named "
                         f"{folder.name!r} (layer {named}): which is it? (pass hookpoint=)")
     return recorded

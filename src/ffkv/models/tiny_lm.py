@@ -33,6 +33,7 @@ from ffkv.errors import FfkvError
 from ffkv.models.attention import causal_attention
 from ffkv.models.loading import register_loader
 from ffkv.models.tokenizer import HFTokenizer
+from ffkv.store import untrusted
 
 MODEL_TYPE = "ffkv_lm"
 TINY_NAME = "ffkv-tiny"
@@ -411,14 +412,16 @@ def tiny_transcoders_path() -> Path:
 
 
 def is_ffkv_lm_dir(path: Path) -> bool:
+    """Whether `path` holds an ffkv_lm model: its ``config.json`` (a regular file of at most 1 MiB, read as one
+    someone else made: `ffkv.store.untrusted`) names ffkv_lm's model type."""
     config = path / "config.json"
     if not config.is_file():
         return False
     try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
+        data = untrusted.read_json_object(config, 1 << 20, "a model's config")
+    except FfkvError:
         return False
-    return isinstance(data, dict) and data.get("model_type") == MODEL_TYPE
+    return data.get("model_type") == MODEL_TYPE
 
 
 def load_dir(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, HFTokenizer]:

@@ -12,6 +12,7 @@ columns counted from 0; it is still read, by those columns' own convention.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,12 @@ import pandas as pd
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
 from ffkv.memories.address import MemoryRef
-from ffkv.store import atomic
+from ffkv.store import atomic, untrusted
 from ffkv.store.annotations import LABELS, Annotations
 from ffkv.store.run import RunDir
 
+#: The most bytes a labelled CSV may have (an export of every key of a 10,000-key sample takes a few MB).
+MAX_CSV_BYTES = 256 << 20
 #: The CSV's columns, in order.
 COLUMNS = ("memory", "rank", "prefix", "next_token", "coefficient", "example_id", "position", "label", "description")
 
@@ -67,10 +70,9 @@ def import_labels(run_dir: str | Path, path: str | Path, annotator: str = "") ->
     one key are an error. Keys without a label are skipped. Every row's memory is checked against the run.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FfkvError(f"annotation file {path} does not exist")
+    data = untrusted.read_bytes(path, MAX_CSV_BYTES, "an annotation CSV")
     shape = RunDir(run_dir).require_complete().model
-    table = _read_csv(path)
+    table = _read_csv(path, data)
     if "label" not in table.columns:
         raise FfkvError(f"annotation file {path} lacks a label column")
     table["layer"], table["key"] = _memories(table, path, shape.n_layers, shape.d_m)
@@ -92,10 +94,10 @@ def import_labels(run_dir: str | Path, path: str | Path, annotator: str = "") ->
     return len(rows)
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """A labelled CSV as text columns, or one line saying why it is not one."""
+def _read_csv(path: Path, data: bytes) -> pd.DataFrame:
+    """A labelled CSV (`data`, the bytes of `path`) as text columns, or one line saying why it is not one."""
     try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+        return pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, encoding="utf-8")
     except UnicodeDecodeError:
         raise FfkvError(f"annotation file {path} is not UTF-8 text: give the CSV of `ffkv annotate export`, "
                         "saved as CSV (UTF-8)") from None

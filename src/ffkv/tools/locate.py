@@ -52,8 +52,10 @@ from ffkv.memories.patching import Restore, corrupt_and_restore, embedding_std
 from ffkv.memories.sets import Latents
 from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
-from ffkv.store import atomic
+from ffkv.store import atomic, untrusted
 
+#: The most bytes a facts file may have (ROME's 1,209 known facts take 250 kB).
+MAX_FACTS_BYTES = 64 << 20
 #: The restored states, in the order of ROME's figures.
 KINDS = ("hidden", "ff_out", "attn_out")
 KIND_LABELS = {"hidden": "hidden state (block output)", "ff_out": "FF output", "attn_out": "attention output"}
@@ -159,17 +161,18 @@ def read_facts(path: str | Path) -> list[Fact]:
     answer as ``answer`` (or ``attribute`` / ``target``, as ROME's known-facts files name it)."""
     path = Path(path)
     facts = []
+    data = untrusted.read_bytes(path, MAX_FACTS_BYTES, "a facts file (JSON Lines)")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FfkvError(f"cannot read the facts file {str(path)!r}: {exc}") from None
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise FfkvError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}): not a facts file") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FfkvError(f"{path}: line {n} is not JSON ({exc.msg})") from None
+            row = untrusted.parse_json(line)
+        except ValueError as exc:
+            raise FfkvError(f"{path}: line {n} is not JSON ({exc})") from None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not isinstance(row.get("subject"), str):
             raise FfkvError(f"{path}: line {n} needs string fields 'prompt' and 'subject'")
         answer = next((row[k] for k in ("answer", "attribute", "target") if row.get(k) is not None), None)
