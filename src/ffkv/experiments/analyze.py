@@ -95,7 +95,7 @@ def analyze(
     run, manifest, loaded = open_run(run_dir, loaded, local_device(device), dtype)
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
-                     options=dict(options or {}), dictionary_at=dictionary_at)
+                     n_eval=n_eval, options=dict(options or {}), dictionary_at=dictionary_at)
     skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
     ctx.steps = tuple(name for name in names if name not in skipped)
     if skipped and only is not None:  # asked for by name: refused before anything runs

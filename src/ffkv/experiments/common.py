@@ -245,6 +245,9 @@ class RunContext:
     progress: bool = True
     seed: int = 0
     eval_spec: CorpusSpec | None = None
+    #: the held-out examples the call asked for (`analyze`'s n_eval): a study that reads a text of its own reads as
+    #: many (membership, at most its default per split); None: each study's own default.
+    n_eval: int | None = None
     #: experiment name -> its own options (e.g. membership's corpora), from `analyze(options=...)`.
     options: dict = field(default_factory=dict)
     #: where the dictionary the run was indexed with lies now, if its files moved (`ffkv.dictionaries.reopen`);

@@ -219,7 +219,8 @@ def _draw_latents(table: pd.DataFrame):
 
 def compute(ctx: RunContext, options: "Options | None" = None) -> Result:
     """metrics/membership (per layer) and membership_examples."""
-    found = score_tables(ctx, (options or Options()).n)
+    given = (options or Options()).n
+    found = score_tables(ctx, given if given is not None else min(N_PER_SPLIT, ctx.n_eval or N_PER_SPLIT))
     loss = found["loss"]
     n = loss["n_member"] + loss["n_nonmember"]
     meta = {"n_examples": n, "n_member": loss["n_member"], "n_nonmember": loss["n_nonmember"],
@@ -289,9 +290,10 @@ class Options:
         "Default: the model's own known split (ffkv-tiny: its training verses); other models need both"})
     nonmember_corpus: str | None = field(default=None, metadata={
         "flag": "--nonmember-corpus", "help": "text the model never saw in training (non-members)"})
-    n: int = field(default=N_PER_SPLIT, metadata={
+    n: int | None = field(default=None, metadata={
         "flag": "--n-membership", "positive": True,
-        "help": "examples drawn from each split, seeded (default: %(default)s; fewer if a split holds fewer)"})
+        "help": f"examples drawn from each split, seeded (default: --n-eval, at most {N_PER_SPLIT}; fewer if a split "
+                "holds fewer)"})
 
 
 EXPERIMENT = Experiment(
