@@ -221,9 +221,10 @@ class Run:
         return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------ views
-    def memory(self, layer: int, key: int, projection: str = "identity", shown: str = "p"):
+    def memory(self, layer: int, key: int, projection: str | None = None, shown: str = "p"):
         """Memory (layer, key), 0-based layer: shows inline as the explorer's memory page (its value read under
-        `projection` as `shown`, as `values` reads it); `.to_dict()` is its JSON."""
+        `projection` as `shown`, as `values` reads it; None: as the page opens, through the model's final norm
+        where it has one); `.to_dict()` is its JSON."""
         from ffkv.explorer.notebook import Memory
 
         layer, key = self._check(layer, key)

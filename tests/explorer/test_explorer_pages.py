@@ -196,6 +196,36 @@ def test_memory_page_quotes_the_chosen_projections_numbers(client, analyzed, pro
     assert client.get(f"/memory/{layer + 1}/{key}?projection=logits").status_code == 422
 
 
+def test_a_memory_page_opens_in_the_models_own_projection_and_names_a_uniform_distribution(client, analyzed):
+    """With no projection asked for, the value is read through the final norm (GPT-2 has one), the page says so and
+    how the paper's identity differs; a distribution whose entropy is above 99% of log|V| is called
+    indistinguishable from uniform, with its top token's multiple of 1/|V|, computed here from the weights."""
+    from ffkv.memories.projection import UNIFORM_ENTROPY_SHARE
+
+    _, loaded = analyzed
+    view = loaded.view
+    exported = client.get("/memory/2/4.json").json()["value"]
+    assert exported["projection"] == "final-norm"
+    page = unescape(client.get("/memory/2/4").text)
+    assert '<span class="on">final norm: softmax(N(v)·Eᵀ)</span>' in page and "the paper read values with the identity" in page
+    shares = {}
+    for projection in ("identity", "final-norm"):
+        for key in range(view.d_m):
+            v = view.values(1)[key]
+            z = ((view.final_norm(v) if projection == "final-norm" else v) @ view.unembedding.T).double()
+            logp = z.log_softmax(-1)
+            shares[(projection, key)] = float(-(logp.exp() * logp).sum() / np.log(z.numel()))
+    uniform = [k for k, share in shares.items() if share > UNIFORM_ENTROPY_SHARE]
+    peaked = [k for k, share in shares.items() if share < UNIFORM_ENTROPY_SHARE - 0.01]
+    assert uniform and peaked  # both kinds exist in this model
+    for kind, (projection, key) in (("uniform", uniform[0]), ("peaked", peaked[0])):
+        html = client.get(f"/memory/2/{key}?projection={projection}").text
+        assert ('id="uniform-note"' in html) == (kind == "uniform"), (projection, key)
+    projection, key = uniform[0]
+    html = unescape(client.get(f"/memory/2/{key}?projection={projection}").text)
+    assert f"its entropy is {100 * shares[(projection, key)]:.2f}%" in html or "its entropy is 100%" in html
+
+
 def test_layer_page_has_no_uniform_confidence_column(client):
     """The values' identity confidence sits at about 1/|V| for every key of a small model: the layer page and
     the overview no longer show it as a column (the memory page quotes the chosen projection's)."""

@@ -201,24 +201,24 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
     async def memory(request: Request):
         p, q = request.path_params, _query(request)
         return _html(await model_queue.run(pages.memory_page, data, p["layer"], p["key"], root,
-                                           _one(q, "projection", "identity"), _one(q, "shown", "p")))
+                                           _one(q, "projection"), _one(q, "shown", "p")))
 
     async def memory_json(request: Request):
         p, q = request.path_params, _query(request)
         return JSONResponse(await model_queue.run(pages.memory_json, data, p["layer"], p["key"],
-                                                  _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
+                                                  _one(q, "projection"), root, _one(q, "shown", "p")))
 
     async def latent(request: Request):
         p, q = request.path_params, _query(request)
         _check_latent(p["address"])
         return _html(await model_queue.run(pages.latent_page, data, p["address"], root,
-                                           _one(q, "projection", "identity"), _one(q, "shown", "p")))
+                                           _one(q, "projection"), _one(q, "shown", "p")))
 
     async def latent_json(request: Request):
         p, q = request.path_params, _query(request)
         _check_latent(p["address"])
         return JSONResponse(await model_queue.run(pages.latent_json, data, p["address"],
-                                                  _one(q, "projection", "identity"), root, _one(q, "shown", "p")))
+                                                  _one(q, "projection"), root, _one(q, "shown", "p")))
 
     async def annotate(request: Request):
         p = request.path_params

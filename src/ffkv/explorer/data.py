@@ -419,13 +419,14 @@ class ExplorerData:
             self._contexts.pop(next(iter(self._contexts)))
         return cached
 
-    def memory(self, layer: int, key: int, projection: str = "identity", n_tokens: int = 15,
+    def memory(self, layer: int, key: int, projection: str | None = None, n_tokens: int = 15,
                context: bool = True, shown: str = "p") -> dict:
         """Everything the memory page shows about key `key` of layer index `layer`.
 
         Args:
             projection, shown: how the value is read (`ffkv.explorer.live.check_reading`): a projection of
-                ffkv's vocabulary, its tokens' probabilities ("p") or logits ("logit").
+                ffkv's vocabulary (None: the one the model reads its layers' outputs through,
+                `ffkv.memories.projection.reading_projection`), its tokens' probabilities ("p") or logits ("logit").
             n_tokens: top and bottom tokens of the value.
             context: compute m_i over each trigger example's whole context (runs the model).
         """
@@ -433,6 +434,7 @@ class ExplorerData:
 
         layer = integer(layer, "layer index", 0, self.n_layers - 1)
         key = integer(key, "key", 0, self.d_m - 1)
+        projection = projection or live.default_reading(self.loaded)
         try:
             live.check_reading(projection, shown)
         except FfkvError as exc:
@@ -467,7 +469,8 @@ class ExplorerData:
             "examples": positive,
             "top_token": self.token(int(stats["top_token_id"])),
             "value": {"shown": value["shown"], "top_value": value.get("top_value"),
-                      "target_rank": value.get("target_rank"),
+                      "target_rank": value.get("target_rank"), "top_p": value.get("top_p"),
+                      "entropy_share": value.get("entropy_share"), "uniform": value.get("uniform"),
                       "top": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["top"]],
                       "bottom": [{"token_id": t, "token": self.token(t), "value": v} for t, v in value["bottom"]]},
             "histogram": {"counts": [int(c) for c in stats.get("activation_histogram", [])],

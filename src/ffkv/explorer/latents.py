@@ -160,7 +160,7 @@ class LatentData:
         """A decoder row's top tokens under the identity projection, from the lookup table: (token id, p)."""
         return [(int(t), float(p)) for t, p in zip(self.top_ids[layer][key], self.top_probs[layer][key])]
 
-    def latent(self, ref: LatentRef, projection: str = "identity", shown: str = "p",
+    def latent(self, ref: LatentRef, projection: str | None = None, shown: str = "p",
                n_tokens: int = VALUE_TOKENS) -> dict:
         """Everything a latent's page shows: statistics, value tokens under `projection` read as `shown`
         (`ffkv.explorer.live.check_reading`), the activation histogram, the trigger examples with per-token
@@ -169,6 +169,7 @@ class LatentData:
         from ffkv.explorer import live
         from ffkv.explorer.data import stored_context
 
+        projection = projection or live.default_reading(self.data.loaded)
         try:
             live.check_reading(projection, shown)
         except FfkvError as exc:
@@ -206,7 +207,8 @@ class LatentData:
             "ref": ref, "address": str(ref), "layer": layer, "key": key, "kind": ref.kind, "name": self.name(layer),
             "n_latents": self.size(layer), "stats": stats, "projection": projection, "examples": examples,
             "value": {"shown": value["shown"], "top_value": value.get("top_value"),
-                      "target_rank": value.get("target_rank"),
+                      "target_rank": value.get("target_rank"), "top_p": value.get("top_p"),
+                      "entropy_share": value.get("entropy_share"), "uniform": value.get("uniform"),
                       "top": [{"token_id": t, "token": data.token(t), "value": v} for t, v in value["top"]],
                       "bottom": [{"token_id": t, "token": data.token(t), "value": v} for t, v in value["bottom"]]},
             "dictionary_error": self.memories_error,

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ffkv.errors import FfkvError
-from ffkv.memories.projection import PROJECTIONS, logits
+from ffkv.memories.projection import (PROJECTIONS, UNIFORM_ENTROPY_SHARE, entropy_share, logits,
+                                     reading_projection)
 from ffkv.memories.sets import Latents, MemorySet, Neurons
 from ffkv.models.loading import LoadedModel
 from ffkv.tools.activations import token_coefficients, token_latent_activations
@@ -34,6 +35,13 @@ def check_reading(projection: str, shown: str) -> None:
 
 
 @torch.no_grad()
+def default_reading(loaded: LoadedModel | None) -> str:
+    """The projection a page reads a value under when none is asked for: the model's own
+    (`ffkv.memories.projection.reading_projection`), the identity while no model is loaded."""
+    view = getattr(loaded, "view", None)
+    return reading_projection(view) if view is not None else "identity"
+
+
 def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: int, target: int | None = None,
                  shown: str = "p", memories: MemorySet | None = None) -> dict:
     """The n top and n bottom tokens of value v_i of a layer under `projection` (`PROJECTIONS`), read as `shown`
@@ -42,7 +50,8 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
 
     Returns {"shown": "p" | "logit", "top": [(token_id, value)], "bottom": [(token_id, value)], "top_value": the
     top token's p or logit, "target_rank": `target`'s rank, 1 for the top token, as every rank of a token in a
-    distribution counts (ties in its favour; None without one)},
+    distribution counts (ties in its favour; None without one), "top_p": the top token's p, "entropy_share": the
+    distribution's entropy over log|V|, "uniform": whether it reads as uniform (`projection.entropy_share`)},
     bottom listed from the least likely up.
     """
     check_reading(projection, shown)
@@ -53,11 +62,14 @@ def value_tokens(loaded: LoadedModel, layer: int, key: int, projection: str, n: 
     top = torch.topk(z, n)
     bottom = torch.topk(-z, n)
     known = target is not None and 0 <= int(target) < z.numel()
+    share = entropy_share(z)
     return {"shown": shown,
             "top": [(int(i), float(values[i])) for i in top.indices],
             "bottom": [(int(i), float(values[i])) for i in bottom.indices],
             "top_value": float(values[top.indices[0]]),
-            "target_rank": 1 + int((z > z[int(target)]).sum()) if known else None}
+            "target_rank": 1 + int((z > z[int(target)]).sum()) if known else None,
+            "top_p": float(z.softmax(-1)[top.indices[0]]), "entropy_share": share,
+            "uniform": share > UNIFORM_ENTROPY_SHARE}
 
 
 def context_coefficients(loaded: LoadedModel, layer: int, key: int, token_lists: list[list[int]],

@@ -20,7 +20,7 @@ from ffkv.memories.translators import Translators
 class Memory:
     """Memory (layer, key) of a run (0-based layer); `_repr_html_` is the explorer's memory page content."""
 
-    def __init__(self, data: ExplorerData, layer: int, key: int, root: str = "", projection: str = "identity",
+    def __init__(self, data: ExplorerData, layer: int, key: int, root: str = "", projection: str | None = None,
                  shown: str = "p") -> None:
         self.layer = validation.integer(layer, "layer index", 0, data.n_layers - 1)
         self.key = validation.integer(key, "key", 0, data.d_m - 1)

@@ -382,12 +382,18 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
 # ------------------------------------------------------------------------ memory page
 #: How the memory page offers to read a value: (projection, shown, label). The projection is one of ffkv's
 #: (`ffkv.memories.projection.PROJECTIONS`); shown, the tokens' probabilities or their raw logits.
-READINGS = (("identity", "p", "identity: softmax(v·Eᵀ)"), ("final-norm", "p", "final norm: softmax(N(v)·Eᵀ)"),
+READINGS = (("final-norm", "p", "final norm: softmax(N(v)·Eᵀ)"), ("identity", "p", "identity: softmax(v·Eᵀ)"),
             ("identity", "logit", "raw logits v·Eᵀ"))
+#: What each reading is, and how the two projections differ (the page opens in the model's own, `reading_projection`).
+_BETWEEN = ("The model reads what its layers add through its final normalization N before the unembedding E, so this "
+            "page opens in that projection; the paper read values with the identity, softmax(v·Eᵀ), and the run's "
+            "agreement and rank columns (the layer page, Figures 4 and 5) keep the paper's.")
 READING_NOTES = {
-    ("identity", "p"): "p = softmax(v·Eᵀ), the value projected with the identity, as in the paper.",
+    ("identity", "p"): "p = softmax(v·Eᵀ), the value projected with the identity, as in the paper (and in the run's "
+                       "agreement and rank columns). On a pre-norm model the value never reaches E without N: under "
+                       "the identity a value's distribution is often near uniform.",
     ("final-norm", "p"): "p = softmax(N(v)·Eᵀ): the value through the model's final normalization first (the logit "
-                         "lens).",
+                         "lens). " + _BETWEEN,
     ("identity", "logit"): "The raw logits v·Eᵀ (identity projection, no softmax): how much the value adds to each "
                            "token's logit.",
     ("final-norm", "logit"): "The raw logits N(v)·Eᵀ (final-norm projection, no softmax).",
@@ -449,7 +455,7 @@ def label_reasons(auto: dict) -> list[str]:
     return reasons
 
 
-def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "identity", shown: str = "p") -> dict:
+def memory_context(data: ExplorerData, layer: int, key: int, projection: str | None = None, shown: str = "p") -> dict:
     """What the memory templates need for layer index `layer` and key `key`, its value read as `shown` under
     `projection`."""
     m = data.memory(layer, key, projection, shown=shown)
@@ -468,12 +474,12 @@ def memory_context(data: ExplorerData, layer: int, key: int, projection: str = "
 
 
 def memory_fragment(data: ExplorerData, layer: int, key: int, root: str = "", standalone: bool = True,
-                    projection: str = "identity", shown: str = "p") -> str:
+                    projection: str | None = None, shown: str = "p") -> str:
     return render("memory_fragment.html", **_common(data, root), **memory_context(data, layer, key, projection, shown),
                   standalone=standalone)
 
 
-def memory_page(data: ExplorerData, layer, key, root: str = "", projection: str = "identity", shown: str = "p") -> str:
+def memory_page(data: ExplorerData, layer, key, root: str = "", projection: str | None = None, shown: str = "p") -> str:
     """The memory page; `layer` counts from 1, as in its URL."""
     layer, key = data.check(layer, key)
     return render("memory.html", **_common(data, root), **memory_context(data, layer, key, projection, shown),
@@ -489,7 +495,7 @@ def _plain(value):
     return value
 
 
-def memory_json(data: ExplorerData, layer, key, projection: str = "identity", root: str = "", shown: str = "p") -> dict:
+def memory_json(data: ExplorerData, layer, key, projection: str | None = None, root: str = "", shown: str = "p") -> dict:
     """The memory page as data (`/memory/LAYER/KEY.json`). ``layer`` and ``rank`` are 0-based as in the run's
     tables; ``layer_number`` is the layer as pages and URLs count it (from 1); a token's ``target_rank`` in the
     value's distribution counts from 1 (the top token), as the values table's does."""
@@ -504,6 +510,8 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
         "value": {"projection": m["projection"], "shown": m["value"]["shown"],
                   # under this projection: the top token's p or logit, and the top-1 trigger target's rank (1: the top)
                   "top_value": m["value"]["top_value"], "target_rank": m["value"]["target_rank"],
+                  # the distribution's entropy over log|V|, and whether it reads as uniform (docs/definitions.md)
+                  "entropy_share": m["value"]["entropy_share"], "uniform": m["value"]["uniform"],
                   "top": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
                           for t in m["value"]["top"]],
                   "bottom": [{"token_id": t["token_id"], "token": t["token"], m["value"]["shown"]: t["value"]}
@@ -532,7 +540,9 @@ def memory_json(data: ExplorerData, layer, key, projection: str = "identity", ro
 #: How a latent page reads its value d_j (the readings of `READINGS`, in a decoder row's words).
 LATENT_READING_NOTES = {
     ("identity", "p"): "p = softmax(d·Eᵀ), the decoder row projected with the identity, as the paper reads a value.",
-    ("final-norm", "p"): "p = softmax(N(d)·Eᵀ): the decoder row through the model's final normalization first.",
+    ("final-norm", "p"): "p = softmax(N(d)·Eᵀ): the decoder row through the model's final normalization first, as "
+                         "the model reads what its layers add (the page opens here; the paper's reading is the "
+                         "identity, which the run's agreement and rank columns keep).",
     ("identity", "logit"): "The raw logits d·Eᵀ (identity projection, no softmax): how much the latent adds to each "
                            "token's logit per unit of activation.",
     ("final-norm", "logit"): "The raw logits N(d)·Eᵀ (final-norm projection, no softmax).",
@@ -566,7 +576,7 @@ def latents_of(data: ExplorerData) -> "LatentData":
     return data.latents
 
 
-def latent_context(data: ExplorerData, address: str, projection: str = "identity", shown: str = "p") -> dict:
+def latent_context(data: ExplorerData, address: str, projection: str | None = None, shown: str = "p") -> dict:
     """What the latent templates need for the latent at `address` (``t4:42``), its value read as `shown` under
     `projection`."""
     latents = latents_of(data)
@@ -579,7 +589,7 @@ def latent_context(data: ExplorerData, address: str, projection: str = "identity
             "target_name": "masked token" if data.encoder else "next token", "uniform": 1.0 / data.vocab_size}
 
 
-def latent_page(data: ExplorerData, address: str, root: str = "", projection: str = "identity",
+def latent_page(data: ExplorerData, address: str, root: str = "", projection: str | None = None,
                 shown: str = "p") -> str:
     """A latent's page (``/memory/t4:42``): its value, activation histogram and trigger examples shaded by its
     activation at every token."""
@@ -587,7 +597,7 @@ def latent_page(data: ExplorerData, address: str, root: str = "", projection: st
                   standalone=False)
 
 
-def latent_json(data: ExplorerData, address: str, projection: str = "identity", root: str = "",
+def latent_json(data: ExplorerData, address: str, projection: str | None = None, root: str = "",
                 shown: str = "p") -> dict:
     """The latent page as data (``/memory/t4:42.json``): ``layer`` 0-based as in the run's tables, ``layer_number``
     from 1; ``latent`` its index in the layer's dictionary; a trigger example's ``coefficients`` are the latent's

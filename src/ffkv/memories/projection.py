@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
+
 import numpy as np
 import torch
 from jaxtyping import Float, Int
@@ -39,8 +41,24 @@ TRANSLATOR = "translator"
 #: Defaults of SPEC section 1: values and sub-updates as in the paper, residuals through N.
 DEFAULT_FOR_VALUES = "identity"
 DEFAULT_FOR_RESIDUALS = "final-norm"
+#: A distribution over the vocabulary whose entropy is above this share of the maximum, log|V|, reads as uniform.
+UNIFORM_ENTROPY_SHARE = 0.99
 CHUNK_BYTES = 256 * 2**20
 TOP_TOKENS = 10
+
+
+def reading_projection(view: MemoryView) -> str:
+    """The projection under which the model itself reads what a layer adds to the residual stream: its final norm
+    where it has one (every vector reaches the unembedding through it), else the identity. The explorer reads a
+    value this way first; the paper's figures keep `DEFAULT_FOR_VALUES`."""
+    return "final-norm" if view.arch.final_norm(view.model) is not None else "identity"
+
+
+def entropy_share(z: Float[torch.Tensor, "vocab"]) -> float:
+    """The entropy of softmax(z) as a share of the maximum, log|V|: 1 for the uniform distribution; above
+    `UNIFORM_ENTROPY_SHARE` a distribution reads as uniform (nothing in it stands out)."""
+    logp = torch.log_softmax(z.double(), -1)
+    return float(-(logp.exp() * logp).sum() / math.log(z.numel())) if z.numel() > 1 else 0.0
 
 
 def check_projection(name: str) -> str:
