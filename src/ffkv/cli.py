@@ -13,6 +13,7 @@ import contextlib
 import difflib
 import math
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Sequence
@@ -180,10 +181,24 @@ def _plugins_named(argv: Sequence[str]) -> list[str]:
     return named
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a line it refuses is one line: the error, the nearest command for a mistyped one, and
+    where the options are listed (not the whole usage block first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        chosen = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if chosen:
+            typed, names = chosen.group(1), re.findall(r"'([^']*)'", chosen.group(2))
+            near = difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
+            message = f"{typed!r} is not a command of {self.prog}" + (f" (did you mean {near[0]}?)" if near else "") \
+                + f"; the commands: {', '.join(names)}"
+        self.exit(2, f"{self.prog}: error: {message} (options: `{self.prog} --help`)\n")
+
+
 def build_parser(experiments: bool = True) -> argparse.ArgumentParser:
     """The command line. `experiments`: give `ffkv analyze` the registered experiments' own options (imports
     them: seconds; `main` asks only when the command is analyze)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ffkv",
         description="Read transformer feed-forward layers as key-value memories (Geva et al. 2021).",
         epilog="Start with `ffkv demo`. Each command has its own --help. Layers in pages, reports and "

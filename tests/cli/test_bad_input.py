@@ -77,7 +77,7 @@ def test_missing_model_path(tmp_path, capsys, corpus):
     code, _, err = run(capsys, "index", "--model", str(tmp_path / "nope"), "--corpus", str(corpus),
                        "--out", str(tmp_path / "run"), "--no-progress")
     assert code == 2
-    assert "cannot load model" in one_error_line(err)
+    assert f"model '{tmp_path / 'nope'}': no such file or folder" in one_error_line(err)  # not blamed on the hub
     assert_not_complete(tmp_path / "run")
 
 
@@ -116,6 +116,7 @@ def test_output_dir_with_other_run_or_files(tmp_path, capsys, tiny_gpt2, corpus)
     assert run(capsys, *index_args(corpus, tmp_path / "run", "--top-k", "2"))[0] == 0
     code, _, err = run(capsys, *index_args(corpus, tmp_path / "run", "--top-k", "3"))
     assert code == 2 and "holds a different run" in one_error_line(err)
+    assert "top_k 2 (given: 3)" in one_error_line(err)  # the option that differs, named
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     code, _, err = run(capsys, *index_args(corpus, tmp_path / "other"))
@@ -180,3 +181,10 @@ def test_ctrl_c_while_the_model_loads_claims_nothing(tmp_path, capsys, corpus, m
     code, _, err = run(capsys, *index_args(corpus, tmp_path / "run"))
     assert code == 130 and err.strip() == "ffkv: interrupted"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_folder_that_does_not_exist_is_named_missing(tmp_path, capsys):
+    for argv in (["analyze", str(tmp_path / "none")], ["status", str(tmp_path / "none")],
+                 ["report", str(tmp_path / "none")]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and f"{tmp_path / 'none'}: no such folder" in one_error_line(err), (argv, err)

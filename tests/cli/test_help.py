@@ -60,7 +60,8 @@ def test_help_cites_what_ships_not_the_internal_spec():
 
 
 def test_an_unknown_option_is_refused_by_its_command_with_the_nearest_option(capsys):
-    """`ffkv index ... --top_k 5`: the index command's usage and "did you mean --top-k?", not the top-level usage."""
+    """`ffkv index ... --top_k 5`: one line naming the index command, "did you mean --top-k?", and where its options
+    are listed (not a usage block first)."""
     for argv, command, near in ((["index", "--corpus", "c", "--out", "o", "--top_k", "5"], "ffkv index", "--top-k"),
                                 (["annotate", "export", "r", "--out", "x", "--keys_per_layer", "3"],
                                  "ffkv annotate export", "--keys-per-layer"),
@@ -68,9 +69,22 @@ def test_an_unknown_option_is_refused_by_its_command_with_the_nearest_option(cap
         with pytest.raises(SystemExit) as done:
             main(argv)
         err = capsys.readouterr().err
-        assert done.value.code == 2 and err.startswith(f"usage: {command} "), err
-        assert err.strip().splitlines()[-1] == (
-            f"{command}: error: unrecognized arguments: {' '.join(argv[-2:])} (did you mean {near}?)")
+        assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.strip() == (f"{command}: error: unrecognized arguments: {' '.join(argv[-2:])} (did you mean {near}?) "
+                               f"(options: `{command} --help`)")
     with pytest.raises(SystemExit):
         main(["serve", "r", "--zzzz"])
     assert "did you mean" not in capsys.readouterr().err  # nothing near: no guess
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["idnex"], "ffkv: error: 'idnex' is not a command of ffkv (did you mean index?); the commands: index, "),
+    (["annotate", "exprot"], "ffkv annotate: error: 'exprot' is not a command of ffkv annotate (did you mean export?)"),
+    (["index", "--corpus", "c", "--out", "o", "--top-k", "0"],
+     "ffkv index: error: argument --top-k: expected a positive integer, got '0' (options: `ffkv index --help`)"),
+])
+def test_a_mistyped_command_or_a_bad_value_is_one_line(capsys, argv, said):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(said), err

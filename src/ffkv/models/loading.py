@@ -150,6 +150,13 @@ def _load_hf(name: str, dtype: torch.dtype, device: str) -> tuple[nn.Module, Tok
     return model, HFTokenizer(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
 
 
+def _written_as_path(name: str) -> bool:
+    """Whether a model name can only be a path: it starts like one ("/", ".", "~"), has more parts than a hub id's
+    ORG/NAME, or a checkpoint's suffix."""
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+            or Path(name).suffix in (".gguf", ".pt", ".bin", ".safetensors"))
+
+
 def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
     """Load a model for analysis.
 
@@ -179,6 +186,8 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu") -> Loaded
     else:
         if Path(name).exists() and not Path(name).is_dir():
             raise FfkvError(f"model path {name!r} is a file; give the model's directory (or a .gguf file)")
+        if not Path(name).exists() and _written_as_path(name):
+            raise FfkvError(f"model {name!r}: no such file or folder (a hub id is written ORG/NAME)")
         model, tokenizer = _load_hf(name, DTYPES[dtype], device)
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
     model.requires_grad_(False)

@@ -175,6 +175,28 @@ class Identity:
         """The identity of the whole run that this shard is part of."""
         return replace(self, shard=None, batching=None)
 
+    def differences(self, other: "Identity") -> list[str]:
+        """What differs between two identities, each as the option that sets it with its two values
+        ("top_k 10 (given: 5)"), the recorded one first; where the corpus lies is no difference (`same_result`)."""
+        def flat(identity: "Identity") -> dict[str, Any]:
+            data = identity.to_dict()
+            out = {}
+            for name, value in data.items():
+                if isinstance(value, dict):
+                    out.update({key: v for key, v in value.items() if not (name == "corpus" and key == "source")})
+                elif name not in ("corpus_fingerprint", "weights_sha256"):
+                    out[name] = value
+            return out
+
+        mine, theirs = flat(self), flat(other)
+        found = [f"{key} {mine.get(key)!r} (given: {theirs.get(key)!r})" for key in dict.fromkeys([*mine, *theirs])
+                 if mine.get(key) != theirs.get(key)]
+        if self.weights_sha256 != other.weights_sha256 and self.model_id == other.model_id:
+            found.append("the model's weights (their sha256)")
+        if self.corpus_fingerprint != other.corpus_fingerprint and not found:
+            found.append("the corpus's content (its fingerprint)")
+        return found
+
     def same_result(self, other: "Identity") -> bool:
         """Whether two identities define the same result: equal but for where the corpus lies.
 

@@ -154,6 +154,8 @@ class RunDir:
 
     def manifest(self) -> Manifest:
         """The manifest, or a clear error when this is not a run directory or it cannot be read."""
+        if not self.path.exists():
+            raise FfkvError(f"{self.path}: no such folder (a run is the folder `ffkv index --out` writes)")
         if not self.manifest_path.exists():
             raise FfkvError(f"{self.path} is not an ffkv run directory (no manifest.json); run `ffkv index` first")
         try:
@@ -259,10 +261,9 @@ class RunDir:
                             f"{manifest.format_version}; this ffkv writes {FORMAT_VERSION}), which it cannot "
                             "continue; choose a new --out")
         if not manifest.identity.same_result(identity):
-            raise FfkvError(
-                f"output directory {self.path} holds a different run (other model, corpus or options); "
-                "choose a new --out"
-            )
+            raise FfkvError(f"output directory {self.path} holds a different run (recorded there, then what was given: "
+                            f"{'; '.join(manifest.identity.differences(identity)) or 'its identity'}); give the same "
+                            "ones to resume it, or choose a new --out")
         if manifest.complete:
             raise FfkvError(f"output directory {self.path} already holds this run, complete; nothing to do")
         if not resume:
