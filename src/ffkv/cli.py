@@ -441,7 +441,8 @@ def _annotate_parser(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     q = verbs.add_parser("export", help="write a CSV sample of keys to label",
                          description="A CSV of seeded random keys per layer with their top prefixes and an empty "
-                                     "label column; its layer and key columns are 0-based, as the run's tables.")
+                                     "label column; each row names its memory as LAYER:KEY (the column memory, e.g. 3:17), "
+                                     "layers counted from 1 as everywhere ffkv shows one.")
     q.add_argument("run", help="a complete run directory")
     q.add_argument("--out", required=True, help="CSV file to write")
     q.add_argument("--keys-per-layer", type=_positive_int, default=10,

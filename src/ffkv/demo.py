@@ -89,8 +89,10 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
         print(f"      {left_out}", flush=True)
     # eval_corpus None: the run's corpus is ffkv-tiny's training text, so its held-out verses are the model's own
     # held-out split, read with the run's length options (`eval_spec`), the record `ffkv analyze` makes by default.
-    analyze(out, only=demo_steps(every_step), eval_corpus=None, n_eval=n_eval, progress=progress, loaded=loaded,
-            options={"membership": {"n": n_eval}})  # ffkv-tiny's own split: n_eval training + n_eval held-out verses
+    left = dict.fromkeys(LEFT_OUT, f"`ffkv demo` {left_out}") if left_out else {}
+    analyze(out, only=demo_steps(True), eval_corpus=None, n_eval=n_eval, progress=progress, loaded=loaded,
+            options={"membership": {"n": n_eval}},  # ffkv-tiny's own split: n_eval training + n_eval held-out verses
+            left_out=left)
     print("[3/3] report", flush=True)
     report = write_report(out)
     minutes = (time.perf_counter() - started) / 60

@@ -82,6 +82,7 @@ EXIT_CODES = {
        "before its end (`DamagedRun`; `ffkv status RUN` names each, with the command that rewrites it)",
     130: "interrupted by Ctrl-C (the line says what was kept)",
     141: "the output's reader went away (e.g. `ffkv status RUN | head -1`); nothing is printed",
+    143: "ended by SIGTERM (`ffkv serve` ends at once, with one line, as on Ctrl-C)",
 }
 
 

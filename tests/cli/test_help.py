@@ -88,3 +88,26 @@ def test_a_mistyped_command_or_a_bad_value_is_one_line(capsys, argv, said):
         main(argv)
     err = capsys.readouterr().err
     assert done.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(said), err
+
+
+def test_every_flag_the_readme_table_names_is_one_of_a_command_it_names():
+    """The README's command table against the parser: each option a row names belongs to a command that row names
+    (`ffkv COMMAND` or `ffkv VERB NOUN`), and the exit statuses it lists are those `ffkv --help` prints."""
+    options: dict[str, set[str]] = {}
+    for name, parser in parsers(build_parser()):
+        words = tuple(name.split()[1:])
+        options[" ".join(words)] = {o for a in parser._actions for o in a.option_strings}
+    table = README.read_text().split("## Commands", 1)[1].split("\n## ", 1)[0]
+    wrong = []
+    for line in table.splitlines():
+        if not line.startswith("| `ffkv"):
+            continue
+        named = {" ".join(m.split()[:2]) if " ".join(m.split()[:2]) in options else m.split()[0]
+                 for m in re.findall(r"`ffkv ((?:[a-z-]+)(?: [a-z-]+)?)", line)}
+        have = set().union(*(options.get(c, set()) for c in named), options[""])
+        wrong += [(sorted(named), flag) for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line) if flag not in have]
+    assert not wrong, wrong
+    from ffkv.errors import EXIT_CODES
+
+    listed = re.search(r"the exit statuses \(([^)]*(?:\([^)]*\)[^)]*)*)\)", table).group(1)
+    assert sorted(int(n) for n in re.findall(r"\b(\d{1,3}) [a-zA-Z]", listed)) == sorted(EXIT_CODES)

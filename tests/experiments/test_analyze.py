@@ -135,3 +135,17 @@ def test_warnings_speak_the_words_of_what_the_user_runs(fresh_run, capsys, monke
     err = capsys.readouterr().err
     assert "ffkv: warning: composition:" in err and "pass --eval-corpus or --eval-split all (and --n-eval)" in err
     assert "eval_corpus=" not in err
+
+
+def test_a_study_left_out_is_recorded_with_why_and_status_lists_it(tmp_path):
+    """`ffkv demo` leaves the pruning curves out: analyze records them as skipped with the demo's reason, and
+    `ffkv status` lists them with it (not run, not silently absent)."""
+    from ffkv.store.state import run_state
+
+    run, loaded = make_run(tmp_path)
+    done = analyze(run, only=["values", "pruning"], left_out={"pruning": "left out here: why"}, progress=False,
+                   loaded=loaded)
+    assert done["pruning"] == {"skipped": "left out here: why"} and "tables" in done["values"]
+    assert RunDir(run).manifest().analyses["pruning"]["skipped"] == "left out here: why"
+    assert "  skipped: pruning: left out here: why" in run_state(run).lines()
+    assert not RunDir(run).has_metric("pruning")

@@ -49,6 +49,7 @@ def analyze(
     seed: int = 0,
     options: dict[str, dict] | None = None,
     dictionary_at: str | Path | None = None,
+    left_out: Mapping[str, str] | None = None,
 ) -> dict[str, dict]:
     """Run experiments on a complete run and add their tables and figures to it.
 
@@ -79,6 +80,8 @@ def analyze(
             error) when it was.
         dictionary_at: where the sparse dictionary the run was indexed with lies now, if its files moved
             (`ffkv.dictionaries.reopen`: checked to be the same files); default: where the run records it.
+        left_out: experiments of the call not to run, each with why: recorded as skipped with that reason (as
+            `ffkv status` lists them), as `ffkv demo` leaves a slow one out.
 
     Returns:
         name -> what each experiment recorded (tables, figures, projection, options).
@@ -96,10 +99,11 @@ def analyze(
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      n_eval=n_eval, options=dict(options or {}), dictionary_at=dictionary_at)
-    skipped = {name: why for name in names if (why := skip_reason(name, ctx))}
+    skipped = {name: why for name in names if (why := (left_out or {}).get(name) or skip_reason(name, ctx))}
     ctx.steps = tuple(name for name in names if name not in skipped)
-    if skipped and only is not None:  # asked for by name: refused before anything runs
-        raise FfkvError(next(iter(skipped.values())))
+    asked = [name for name in skipped if name not in (left_out or {})]
+    if asked and only is not None:  # asked for by name: refused before anything runs
+        raise FfkvError(skipped[asked[0]])
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):
