@@ -136,6 +136,39 @@ def test_text_search(data, analyzed):
         data.text_search("  ")
 
 
+def test_text_search_counts_every_match_pages_through_them_and_names_the_token_each_memory_fired_on(data, analyzed):
+    """Every example holding the text, counted and reached page by page (none twice), each memory's chip with the
+    position and token of its trigger row, read from the run's own tables."""
+    run, loaded = analyzed
+    ex = pd.read_parquet(run / "examples.parquet")
+    te = pd.read_parquet(run / "trigger_examples.parquet")
+    text = "e"
+    expected = sorted(int(i) for i, t in zip(ex.example_id, ex.text) if text in t.lower())
+    assert data.text_matches(text) == len(expected) > 7
+    pages = [data.text_search(text, limit=7, page=n) for n in range(1, -(-len(expected) // 7) + 2)]
+    assert [h["example_id"] for page in pages for h in page] == expected and pages[-1] == []
+    tokens = dict(zip(ex.example_id, ex.token_ids))
+    for h in pages[0]:
+        rows = te[te.example_id == h["example_id"]].set_index(["layer", "key", "direction", "rank"])
+        for m in h["memories"]:
+            row = rows.loc[(m["layer"], m["key"], m["direction"], m["rank"])]
+            assert m["position"] == int(row["position"])
+            assert m["token"] == data.token(int(tokens[h["example_id"]][int(row["position"])]))
+
+
+def test_promoting_counts_and_pages_through_every_memory_ranking_the_token(data):
+    token_id = int(np.bincount(data.top_ids[..., 0].ravel()).argmax())  # the most common top token
+    ranked = int((data.top_ids == token_id).sum())
+    first = data.promoting(f"#{token_id}", limit=5)
+    assert first["n_ranked"] == ranked and first["n_top"] == int((data.top_ids[..., 0] == token_id).sum())
+    assert first["n_pages"] == -(-ranked // 5) > 1
+    seen = [(r["layer"], r["key"]) for n in range(1, first["n_pages"] + 1)
+            for r in data.promoting(f"#{token_id}", limit=5, page=n)["results"] if r["rank"] is not None]
+    assert len(seen) == ranked == len(set(seen))
+    with pytest.raises(BadRequest):
+        data.promoting(f"#{token_id}", limit=5, page=first["n_pages"] + 1)
+
+
 def test_cache_is_reused_and_rebuilt_when_the_index_changes(analyzed, tmp_path):
     import shutil
 

@@ -377,3 +377,17 @@ def test_tokens_outside_the_stored_window_are_text_in_one_marked_span():
     assert f'<span class="nm" title="{OUTSIDE_TITLE}">A &lt;b&gt;</span>' in html
     assert f'<span class="nm after" title="{OUTSIDE_TITLE}"> f↵</span>' in html
     assert html.count('title="m = 1"') == 3  # the stored ones keep their value on hover
+
+
+def test_search_says_how_many_matched_and_links_every_page(client):
+    data = client.app.state.data
+    n = data.text_matches("e")
+    html = unescape(client.get("/search?q=e").text)
+    assert re.search(rf'id="hits-count"><strong>{n:,}</strong> trigger examples hold it', html)
+    pages = -(-n // 50)
+    if pages > 1:
+        assert f"page 1 of {pages}" in html and "/search?q=e&page=2" in html
+        assert client.get(f"/search?q=e&page={pages}").status_code == 200
+    assert client.get(f"/search?q=e&page={pages + 1}").status_code == 404
+    assert client.get("/search?q=e&page=x").status_code == 422
+    assert re.search(r'class="small muted at" title="fired on token \d+ of the example">on</span>', html)

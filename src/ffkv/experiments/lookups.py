@@ -154,7 +154,8 @@ def _triggers_table(con, path: Path, name: str, direction: str | None) -> dict:
         ORDER BY layer, key{", direction DESC" if signed else ""}, rank""")
     con.execute(f"""
         CREATE TABLE {name}_by_example AS
-        SELECT example_id, layer, key, {"direction, " if signed else ""}rank, coefficient FROM {name}
+        SELECT example_id, layer, key, {"direction, " if signed else ""}rank, coefficient, position, last_token_id
+        FROM {name}
         ORDER BY example_id, layer, key{", direction DESC" if signed else ""}""")
     return located
 

@@ -236,7 +236,8 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 
     async def search(request: Request):
         q = _query(request)
-        return _html(await in_threads(pages.search_page, data, _one(q, "token"), _one(q, "q"), root))
+        return _html(await in_threads(pages.search_page, data, _one(q, "token"), _one(q, "q"), root,
+                                      _one(q, "page") or 1))
 
     async def concepts(request: Request):
         return _html(await model_queue.run(pages.concepts_page, data, _one(_query(request), "layer"), root))

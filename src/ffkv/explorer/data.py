@@ -588,9 +588,10 @@ class ExplorerData:
         summary["annotated_keys"] = [int(counts.get(layer, 0)) for layer in summary["layer"]]
         return summary
 
-    def promoting(self, text: str, limit: int = 50) -> dict:
-        """Memories whose value ranks the token highest: exact ranks from the top-token table,
-        then, past it, the keys giving the token the most probability."""
+    def promoting(self, text: str, limit: int = 50, page: int = 1) -> dict:
+        """Memories whose value ranks the token highest: exact ranks from the top-token table, `limit` a page (page
+        `page` of them), then, on the last page, past them, the keys giving the token the most probability.
+        ``n_ranked`` counts the memories that rank it among their top tokens, ``n_top`` those whose top it is."""
         ids = self.token_ids_for(text)
         rows = []
         for token_id in ids:
@@ -598,8 +599,11 @@ class ExplorerData:
             for layer, key, rank in zip(layers, keys, ranks):
                 rows.append((int(rank), -float(self.top_probs[layer, key, rank]), int(layer), int(key), token_id))
         rows.sort()
+        n_pages = max(1, -(-len(rows) // limit))
+        page = integer(page, "page", 1, n_pages, 422)
         found = [{"rank": r, "prob": -p, "layer": layer, "key": key, "token_id": t, "token": self.token(t),
-                  "top_token": self.token(int(self.top_ids[layer, key, 0]))} for r, p, layer, key, t in rows[:limit]]
+                  "top_token": self.token(int(self.top_ids[layer, key, 0]))}
+                 for r, p, layer, key, t in rows[(page - 1) * limit:page * limit]]
         more = self._most_probable(ids[0], limit) if len(found) < limit else []
         seen = {(f["layer"], f["key"]) for f in found}
         for item in more:
@@ -608,7 +612,8 @@ class ExplorerData:
             if (item["layer"], item["key"]) not in seen:
                 found.append(item)
         return {"token_ids": ids, "token": self.token(ids[0]), "results": found,
-                "top_tokens": int(self.top_ids.shape[2])}
+                "top_tokens": int(self.top_ids.shape[2]), "n_ranked": len(rows),
+                "n_top": sum(1 for r in rows if r[0] == 0), "page": page, "n_pages": n_pages}
 
     def _most_probable(self, token_id: int, limit: int) -> list[dict]:
         """Keys with the highest p_i(token) = exp(v_i·E_x - logsumexp_i), from the model's weights."""
@@ -629,33 +634,47 @@ class ExplorerData:
                         "token": self.token(token_id), "top_token": self.token(int(self.top_ids[layer, key, 0]))})
         return out
 
-    def text_search(self, text: str, limit: int = 50, chips: int = 50) -> list[dict]:
-        """Trigger examples whose text contains `text` (case-insensitive), each with the memories it triggers,
-        strongest coefficient first (at most `chips` of them; `n_memories` counts all)."""
-        if text is None or not text.strip():
-            raise BadRequest("type some text to search the trigger examples for", 422)
-        if len(text) > 500:
-            raise BadRequest(f"search text has {len(text):,} characters; the limit is 500", 413)
-        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    def text_search(self, text: str, limit: int = 50, chips: int = 50, page: int = 1) -> list[dict]:
+        """Trigger examples whose text contains `text` (case-insensitive), `limit` a page (page `page`, in example
+        order; `text_matches` counts them all), each with the memories it triggers, strongest coefficient first (at
+        most `chips` of them; `n_memories` counts all), each with the position and token it fired on."""
+        pattern = self._text_pattern(text)
         hits = self._query("SELECT example_id, text FROM texts WHERE text ILIKE ? ESCAPE '\\' "
-                           "ORDER BY example_id LIMIT ?", [pattern, limit])
+                           "ORDER BY example_id LIMIT ? OFFSET ?", [pattern, limit, (max(1, int(page)) - 1) * limit])
         if hits.empty:
             return []
         ids = [int(i) for i in hits["example_id"]]
         trig = self._query(
-            "SELECT example_id, layer, key, direction, rank, coefficient, count(*) OVER (PARTITION BY example_id) AS n, "
+            "SELECT example_id, layer, key, direction, rank, coefficient, position, last_token_id, "
+            "count(*) OVER (PARTITION BY example_id) AS n, "
             "row_number() OVER (PARTITION BY example_id ORDER BY abs(coefficient) DESC, layer, key) AS place "
             f"FROM triggers_by_example WHERE example_id IN ({','.join('?' * len(ids))}) QUALIFY place <= ? "
             "ORDER BY example_id, place", [*ids, chips])
         memories: dict[int, list[dict]] = {}
         counts: dict[int, int] = {}
-        columns = ("example_id", "layer", "key", "rank", "direction", "coefficient", "n")
-        for e, layer, key, rank, direction, coefficient, n in zip(*(trig[c].tolist() for c in columns)):
+        columns = ("example_id", "layer", "key", "rank", "direction", "coefficient", "position", "last_token_id", "n")
+        for e, layer, key, rank, direction, coefficient, position, last, n in zip(*(trig[c].tolist() for c in columns)):
             memories.setdefault(e, []).append({"layer": layer, "key": key, "rank": rank, "direction": direction,
-                                               "coefficient": coefficient})
+                                               "coefficient": coefficient, "position": position,
+                                               "token": self.token(int(last))})
             counts[e] = n
         return [{"example_id": e, "text": text, "memories": memories.get(e, []), "n_memories": counts.get(e, 0)}
                 for e, text in zip(hits["example_id"].tolist(), hits["text"].tolist())]
+
+    def text_matches(self, text: str) -> int:
+        """How many trigger examples' texts contain `text` (case-insensitive)."""
+        found = self._query("SELECT count(*) AS n FROM texts WHERE text ILIKE ? ESCAPE '\\'",
+                            [self._text_pattern(text)])
+        return int(found["n"].iloc[0])
+
+    @staticmethod
+    def _text_pattern(text: str | None) -> str:
+        """The ILIKE pattern of a search text, its wildcards literal; a blank or overlong text refused."""
+        if text is None or not text.strip():
+            raise BadRequest("type some text to search the trigger examples for", 422)
+        if len(text) > 500:
+            raise BadRequest(f"search text has {len(text):,} characters; the limit is 500", 413)
+        return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
     def close(self) -> None:
         self._db.close()

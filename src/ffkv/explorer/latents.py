@@ -284,17 +284,18 @@ class LatentData:
         if not example_ids:
             return {}
         trig = self.data._query(
-            "SELECT example_id, layer, key, rank, coefficient, count(*) OVER (PARTITION BY example_id) AS n, "
+            "SELECT example_id, layer, key, rank, coefficient, position, last_token_id, "
+            "count(*) OVER (PARTITION BY example_id) AS n, "
             "row_number() OVER (PARTITION BY example_id ORDER BY coefficient DESC, layer, key) AS place "
             f"FROM latent_triggers_by_example WHERE example_id IN ({','.join('?' * len(example_ids))}) "
             "QUALIFY place <= ? ORDER BY example_id, place", [*example_ids, chips])
         out: dict[int, tuple[list[dict], int]] = {}
-        for e, layer, key, rank, coefficient, n in zip(*(trig[c].tolist() for c in
-                                                          ("example_id", "layer", "key", "rank", "coefficient", "n"))):
+        columns = ("example_id", "layer", "key", "rank", "coefficient", "position", "last_token_id", "n")
+        for e, layer, key, rank, coefficient, position, last, n in zip(*(trig[c].tolist() for c in columns)):
             found, _ = out.get(e, ([], 0))
             found.append({"address": str(LatentRef(int(layer), int(key), self.kind(int(layer)))), "layer": int(layer),
                           "key": int(key), "rank": int(rank), "coefficient": float(coefficient), "direction": 1,
-                          "latent": True})
+                          "latent": True, "position": int(position), "token": self.data.token(int(last))})
             out[e] = (found, int(n))
         return out
 

@@ -19,6 +19,7 @@ from ffkv.explorer.beside import FIGURE as BESIDE_FIGURE, beside_of
 from ffkv.explorer.charts import histogram_svg
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.templates import TEMPLATES
+from ffkv.explorer import validation
 from ffkv.explorer.validation import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BadRequest
 from ffkv.experiments.census import CLASSES as CENSUS_CLASSES, VALUE_TYPES as CENSUS_VALUE_TYPES
 from ffkv.experiments.patterns import CONTROL_PASS, SHALLOW_SHARE
@@ -114,16 +115,38 @@ def strip_html(tokens: list[dict]) -> Markup:
 
 
 def memory_chip(mem: dict, root: str) -> Markup:
-    """A link to a memory that an example triggers (LAYER:KEY and its coefficient), as search results show it; a
-    latent's (``address``: t4:42) is marked as one, with its activation."""
+    """A link to a memory that an example triggers (LAYER:KEY, its coefficient, and the token it fired on where the
+    search knows it), as search results show it; a latent's (``address``: t4:42) is marked as one, with its
+    activation."""
+    at = ""
+    if mem.get("token") is not None:
+        at = (f' <span class="small muted at" title="fired on token {int(mem["position"]) + 1} of the example">on'
+              f'</span> {token_html(mem["token"])}')
     if mem.get("address"):
         return Markup(f'<a class="chip latent" href="{escape(root)}/memory/{escape(mem["address"])}" title="latent: rank '
                       f'{mem["rank"] + 1} of its trigger examples">{escape(mem["address"])} <span class="small muted">'
-                      f'a={escape(number(mem["coefficient"], 2))}</span></a>')
+                      f'a={escape(number(mem["coefficient"], 2))}</span>{at}</a>')
     layer = layer_number(mem["layer"])
     return Markup(f'<a class="chip" href="{escape(root)}/memory/{layer}/{mem["key"]}" title="rank {mem["rank"] + 1} of '
                   f'this memory\'s trigger examples">{layer}:{mem["key"]} <span class="small muted">m='
-                  f'{escape(number(mem["coefficient"], 2))}</span></a>')
+                  f'{escape(number(mem["coefficient"], 2))}</span>{at}</a>')
+
+
+def pages_nav(url: str, page: int, n_pages: int, element_id: str) -> Markup:
+    """Links to the pages of a list (`url` with ``&page=N``): previous, the first and last three, those within three
+    of this one, next; nothing for a list of one page."""
+    if n_pages <= 1:
+        return Markup("")
+    link = lambda n, text: f'<a href="{escape(url)}&amp;page={n}">{text}</a>'  # noqa: E731
+    parts = [link(page - 1, "← previous")] if page > 1 else []
+    shown = [n for n in range(1, n_pages + 1) if n <= 3 or n > n_pages - 3 or abs(n - page) <= 3]
+    for before, n in zip([0, *shown], shown):
+        if n - before > 1:
+            parts.append("…")
+        parts.append(f"<strong>{n}</strong>" if n == page else link(n, str(n)))
+    if page < n_pages:
+        parts.append(link(page + 1, "next →"))
+    return Markup(f'<p class="pages" id="{escape(element_id)}">{" ".join(parts)}</p>')
 
 
 def value_format(value: float) -> str:
@@ -135,7 +158,7 @@ ENV = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True, u
                          trim_blocks=False)
 ENV.globals.update(css=CSS, fmt=number, pct=percent, tok=token_html, ln=layer_number, heat=heat_style,
                    show=visible, value_fmt=value_format, table=table_html, strip=strip_html,
-                   chip=memory_chip, heading=finding_heading)
+                   chip=memory_chip, heading=finding_heading, pages_nav=pages_nav)
 
 
 def warm() -> None:
@@ -346,7 +369,9 @@ def layer_page(data: ExplorerData, layer, sort: str = "key", order: str = "asc",
             if name == "key":
                 cell.update(text=str(value), cls="num", href=f"/memory/{layer_number(layer)}/{value}")
             elif name == "top_tokens":
-                cell.update(tokens=value)
+                cell.update(tokens=value, cls="toks")
+            elif name in ("description", "explanation") and not missing:
+                cell.update(text=str(value), cls="desc")
             elif name in ("label", "human_label", "census_class"):
                 cell.update(label=None if missing else value)
             elif name in FLAG_COLUMNS:
@@ -697,14 +722,23 @@ def highlight(text: str, query: str) -> list[tuple[str, bool]]:
     return parts
 
 
-def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "") -> str:
+def search_page(data: ExplorerData, token: str | None = None, q: str | None = None, root: str = "",
+                page: int | str = 1) -> str:
     """Memories promoting a token (`token`): neurons, and the latents of a run indexed with a dictionary; trigger
     examples containing a text (`q`), each with the neurons and the latents it triggers, memories whose
-    explanation holds every word of it, and the memory `q` names when it is an address (``3:17``, ``t4:42``)."""
-    promoting = data.promoting(token) if token is not None else None
+    explanation holds every word of it, and the memory `q` names when it is an address (``3:17``, ``t4:42``).
+    Each list says how many matched; the neurons promoting a token and the examples holding a text page through all
+    of them, `SEARCH_LIMIT` a page (`page`)."""
+    page = validation.integer(page, "page", 1, 10**6, 422)
+    promoting = data.promoting(token, SEARCH_LIMIT, page) if token is not None else None
     latents_promoting = data.latents.promoting(promoting["token_ids"], SEARCH_LIMIT) \
         if promoting is not None and data.latents is not None else None
-    hits = data.text_search(q, limit=SEARCH_LIMIT) if q is not None else None
+    n_hits = data.text_matches(q) if q is not None else 0
+    hit_pages = max(1, -(-n_hits // SEARCH_LIMIT))
+    if q is not None and page > hit_pages:
+        raise BadRequest(f"page {page} does not exist: {n_hits:,} trigger examples hold this text, "
+                         f"{hit_pages} page{'s' if hit_pages != 1 else ''} of {SEARCH_LIMIT}", 404)
+    hits = data.text_search(q, limit=SEARCH_LIMIT, page=page) if q is not None else None
     if hits:
         found = data.latents.of_examples([h["example_id"] for h in hits]) if data.latents is not None else {}
         for h in hits:
@@ -714,7 +748,7 @@ def search_page(data: ExplorerData, token: str | None = None, q: str | None = No
     return render("search.html", **_common(data, root), token=token, q=q, promoting=promoting, hits=hits,
                   latents_promoting=latents_promoting, named=named_memory(data, q),
                   explained=explained, any_explained=not data.explanations.empty, shown=CHIPS_SHOWN,
-                  limit=SEARCH_LIMIT)
+                  limit=SEARCH_LIMIT, page=page, n_hits=n_hits, hit_pages=hit_pages)
 
 
 def named_memory(data: ExplorerData, text: str | None) -> dict | None:

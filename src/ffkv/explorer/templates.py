@@ -226,7 +226,9 @@ Explanation: the latent's own (<code>ffkv explain --latents</code>), and its sco
 <form method="get" action="{{ root }}/search" id="text-search"><p>Trigger examples containing{% if any_explained %}, and memories whose explanation holds every word of{% endif %}
 <input type="text" name="q" value="{{ q or '' }}" placeholder="text, or an address: 3:17{% if has_latents %}, t4:42{% endif %}" size="40"> <button type="submit">Search text</button></p></form>
 {% if promoting %}<h2>Memories whose value ranks {{ tok(promoting.token) }} highest</h2>
-<p class="note">Rank within each value's distribution (identity projection; exact within its top {{ promoting.top_tokens }}; past that, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
+<p class="note" id="promoting-count"><strong>{{ "{:,}".format(promoting.n_ranked) }}</strong> memor{{ "ies rank" if promoting.n_ranked != 1 else "y ranks" }} {{ tok(promoting.token) }} among their value's top {{ promoting.top_tokens }} tokens, {{ "{:,}".format(promoting.n_top) }} as the top one{% if promoting.n_pages > 1 %}; page {{ promoting.page }} of {{ promoting.n_pages }}, {{ limit }} a page{% endif %}.
+Rank within each value's distribution (identity projection, as in the paper; exact within its top {{ promoting.top_tokens }}; past that, on the last page, the keys that give the token most probability, rank "&gt;{{ promoting.top_tokens }}").</p>
+{{ pages_nav(root ~ "/search?token=" ~ token|urlencode, promoting.page, promoting.n_pages, "promoting-pages") }}
 <table id="promoting"><tr><th>memory</th><th class="num">rank</th><th class="num">p</th><th>value's top token</th></tr>
 {% for r in promoting.results %}<tr><td><a href="{{ root }}/memory/{{ ln(r.layer) }}/{{ r.key }}">{{ ln(r.layer) }}:{{ r.key }}</a></td><td class="num">{% if r.rank is not none %}{{ r.rank + 1 }}{% else %}&gt;{{ promoting.top_tokens }}{% endif %}</td><td class="num">{{ value_fmt(r.prob) }}</td><td>{{ tok(r.top_token) }}</td></tr>{% endfor %}
 </table>{% endif %}
@@ -244,7 +246,8 @@ Explanation: the latent's own (<code>ffkv explain --latents</code>), and its sco
 {% if named %}<p id="named-memory">“{{ q }}” is the address of {{ named.what }} <a href="{{ root }}{{ named.href }}">{{ named.address }}</a> (its value's top token {{ tok(named.top_token) }}).</p>{% endif %}
 {% if hits is not none %}<h2>Trigger examples containing “{{ q }}”</h2>
 {% if not hits %}<p class="muted" id="no-hits">No trigger example contains this text.</p>{% else %}
-<p class="note">{{ hits|length }} example{{ "s" if hits|length != 1 }}{% if hits|length >= limit %} (the first {{ limit }}){% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”{% if has_latents %}; below them, the latents of the run's dictionary (tLAYER:LATENT) it is a trigger example of, largest activation a first{% endif %}.</p>{% endif %}
+<p class="note" id="hits-count"><strong>{{ "{:,}".format(n_hits) }}</strong> trigger example{{ "s" if n_hits != 1 }} hold{{ "s" if n_hits == 1 }} it{% if hit_pages > 1 %}; page {{ page }} of {{ hit_pages }}, {{ limit }} a page{% endif %}. Beside each, the memories (LAYER:KEY, layers from 1) it is a trigger example of, strongest |m| first: the top {{ shown }}, then “more”{% if has_latents %}; below them, the latents of the run's dictionary (tLAYER:LATENT) it is a trigger example of, largest activation a first{% endif %}.</p>
+{{ pages_nav(root ~ "/search?q=" ~ q|urlencode, page, hit_pages, "hits-pages") }}{% endif %}
 <table id="hits">{% for h in hits %}<tr><td class="example">{% for part, hit in h.parts %}{% if hit %}<mark class="hit">{{ part }}</mark>{% else %}{{ part }}{% endif %}{% endfor %}</td>
 <td>{% for mem in h.memories[:shown] %}{{ chip(mem, root) }}{% endfor %}
 {% if h.memories|length > shown %}<details><summary>{{ h.n_memories - shown }} more</summary>{% for mem in h.memories[shown:] %}{{ chip(mem, root) }}{% endfor %}{% if h.n_memories > h.memories|length %}<span class="muted small">… and {{ h.n_memories - h.memories|length }} weaker</span>{% endif %}</details>{% endif %}

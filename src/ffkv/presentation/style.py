@@ -55,7 +55,14 @@ button { font: inherit; padding: .3rem .9rem; border: 1px solid var(--accent); b
 .label-shallow { color: #7a4d00; } .label-semantic { color: #1e5c9b; } .label-both { color: #5b2d8c; }
 dl.run { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
 dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
-.scroll { overflow-x: auto; max-width: 100%; }
+/* A wide or long table scrolls inside its own box, never past the window: its header and first column stay in view,
+   and its horizontal scrollbar is on screen whenever the table is (the box is at most most of the window high). */
+.scroll { overflow: auto; max-width: 100%; max-height: 85vh; }
+.scroll table { margin: 0; }
+.scroll th { position: sticky; top: 0; z-index: 2; }
+.scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: var(--bg); }
+.scroll tr > th:first-child { z-index: 3; background: var(--soft); }
+td.desc { min-width: 15rem; max-width: 28rem; } td.toks { white-space: nowrap; }
 .note { font-size: .85rem; color: var(--muted); margin: .2rem 0 .6rem; }
 .pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 1.2rem; align-items: start; }
 .switch a, .switch span { margin-right: .2rem; padding: .1rem .5rem; border: 1px solid var(--line); border-radius: 4px; }

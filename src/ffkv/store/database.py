@@ -26,13 +26,14 @@ EXPLORER_TABLES: dict[str, tuple[str, ...]] = {
     "texts": ("example_id", "token_ids", "text"),
     "triggers": ("layer", "key", "direction", "rank", "coefficient", "example_id", "position", "next_token_id",
                  "last_token_id", "m_start", "m_length", "m_offset"),
-    "triggers_by_example": ("example_id", "layer", "key", "direction", "rank", "coefficient"),
+    "triggers_by_example": ("example_id", "layer", "key", "direction", "rank", "coefficient", "position",
+                            "last_token_id"),
 }
 #: The tables explorer.duckdb also holds for a run indexed with a sparse dictionary (``key``: the latent).
 LATENT_TABLES: dict[str, tuple[str, ...]] = {
     "latent_triggers": ("layer", "key", "rank", "coefficient", "example_id", "position", "next_token_id",
                         "last_token_id", "m_start", "m_length", "m_offset"),
-    "latent_triggers_by_example": ("example_id", "layer", "key", "rank", "coefficient"),
+    "latent_triggers_by_example": ("example_id", "layer", "key", "rank", "coefficient", "position", "last_token_id"),
 }
 
 

@@ -49,7 +49,7 @@ from ffkv.store.run import RunDir
 #: ties to the lowest id; 7: explorer.duckdb's m_start: a real model's index stores the
 #: coefficients of a window around each trigger when its whole examples would not fit; 8: that window narrowed to
 #: fit rather than none stored, `trigger_contexts.window_for`).
-VERSION = 8
+VERSION = 9
 FILES = ("explorer.duckdb", "key_stats.parquet", "value_top_tokens.parquet")
 #: Per-token coefficients of the trigger examples (np.save format, no pickle), when the index was small enough.
 COEFFICIENTS = "trigger_coefficients.npy"
