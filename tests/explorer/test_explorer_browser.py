@@ -110,11 +110,12 @@ def test_projection_switch_token_strip_and_json_export(chromium, analyzed):
     run, loaded = analyzed
     with live_server(create_app(run, loaded=loaded)) as url:
         page, errors = _page(chromium)
-        page.goto(url + "/memory/3/5")
-        identity = page.inner_text("#value-top")
-        page.click("#projection-switch a:has-text('final norm')")
-        assert page.url.endswith("projection=final-norm&shown=p#projection-switch")
-        assert page.inner_text("#value-top") != identity
+        page.goto(url + "/memory/3/5")  # it opens through the model's final norm
+        final_norm = page.inner_text("#value-top")
+        assert page.inner_text("#projection-switch .on") == "final norm: softmax(N(v)·Eᵀ)"
+        page.click("#projection-switch a:has-text('identity')")
+        assert page.url.endswith("projection=identity&shown=p#projection-switch")
+        assert page.inner_text("#value-top") != final_norm
         page.click("#projection-switch a:has-text('raw logits')")
         assert "logit" in page.inner_text("#value-top") and page.inner_text("#value-bottom")
         # The JSON export of what the page shows parses, at a stable URL.
@@ -181,7 +182,7 @@ def test_generation_with_a_memory_switched_off(chromium, planted):
         chip = page.locator("#predictions tr[data-layer='2'] .chip").first  # the strongest contributor
         assert chip.locator("a").inner_text() == "2:5"
         chip.locator("input[name=off]").check()
-        page.fill("input[name=generate]", "5")
+        page.fill("input[name=n_generate]", "5")
         page.click("#generate")
         assert page.inner_text("#generated-original") == decode(ids + expected["on"])
         assert page.inner_text("#generated-edited") == decode(ids + expected["off"])

@@ -10,6 +10,7 @@ from html import unescape
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from starlette.testclient import TestClient
 
 from ffkv.experiments.registry import key_columns
@@ -391,3 +392,35 @@ def test_search_says_how_many_matched_and_links_every_page(client):
     assert client.get(f"/search?q=e&page={pages + 1}").status_code == 404
     assert client.get("/search?q=e&page=x").status_code == 422
     assert re.search(r'class="small muted at" title="fired on token \d+ of the example">on</span>', html)
+
+
+def test_the_trace_form_lands_on_its_states_own_url_and_a_position_click_does_not_generate(client, analyzed):
+    """The form is a GET: what it submits (empty fields, button names) lands, by a 303, on the one URL of the
+    state, which shows it; Generate generates, a click on a position afterwards does not; an edited chip shows its
+    coefficient as edited; with a target, each cell gives the target's probability, which in the last layer's
+    output read through the final norm is the model's own (GPT-2's head has no bias)."""
+    _, loaded = analyzed
+    submitted = client.get("/trace?prompt=the+cat+sat&action=intervene&n_generate=20&current_position=2"
+                           "&set%3A2%3A3=5&scale%3A2%3A4=&set%3A2%3A4=&target=", follow_redirects=False)
+    assert submitted.status_code == 303
+    assert submitted.headers["location"] == "/trace?prompt=the+cat+sat&position=2&set=2%3A3%3D5"
+    page = client.get(submitted.headers["location"], follow_redirects=False)
+    assert page.status_code == 200 and 'id="generation"' not in page.text
+    assert re.search(r'<a href="/memory/2/3">2:3</a> <span class="small muted">[^<]*\(m=[^<]*<strong class="edited-m" '
+                     r'title="as edited"> → 5</strong>', page.text)
+    generated = client.get("/trace?prompt=the+cat+sat&position=2&set%3A2%3A3=5&action=generate&n_generate=3",
+                           follow_redirects=False)
+    assert generated.headers["location"].endswith("&generate=3")
+    assert 'id="generation"' in client.get(generated.headers["location"]).text
+    clicked = client.get("/trace?prompt=the+cat+sat&position=1&n_generate=3&set=2%3A3%3D5")  # a position's button
+    assert 'id="generation"' not in clicked.text and "position=1" in str(clicked.url)
+    target = loaded.tokenizer.token_strings([int(loaded.tokenizer.encode("the cat sat")[-1])])[0]
+    html = unescape(client.get("/trace?prompt=the+cat+sat&target=" + target.replace(" ", "%20")).text)
+    cells = re.findall(r'<span class="target-p small"[^>]*>.*?([\d.]+)%</span>', html)
+    assert len(cells) == 3 * loaded.view.n_layers
+    from ffkv.explorer.tracing import trace
+
+    ids = loaded.tokenizer.encode("the cat sat")
+    t = trace(loaded, ids, target=int(ids[-1]))
+    final = float(loaded.model(torch.tensor([ids])).logits[0, -1].float().softmax(-1)[int(ids[-1])])
+    assert t.layers[-1].after.target_prob == pytest.approx(final, rel=1e-5)

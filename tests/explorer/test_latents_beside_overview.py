@@ -193,6 +193,8 @@ def test_the_section_in_a_browser(run, tiny):
         page.goto(url + "/")
         page.locator("#beside-figure img").scroll_into_view_if_needed()  # it loads lazily, as a reader scrolls
         page.wait_for_load_state("networkidle")
+        page.wait_for_function("(i => i.complete && i.naturalWidth > 0)(document.querySelector('#beside-figure img'))",
+                               timeout=30_000)  # a lazy image may start loading only after the network went idle
         assert page.eval_on_selector("#beside-figure img", "i => i.complete && i.naturalWidth") > 0
         assert page.locator("#beside-table-t4 tr[data-measure]").count() == len(
             pd.read_parquet(run / "metrics" / "latents_beside.parquet"))

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import anyio
 from starlette.applications import Starlette
@@ -248,18 +248,41 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         prompt = _one(params, "prompt")
         if prompt is None:
             return pages.trace_page(data, None, None, None, root)
+        state = trace_state(params)
+        t = traced(data, validation.prompt(prompt), state["position"], state["target"] or None,
+                   state["edits"].values(), state["generate"], root, state["lens"])
+        return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation,
+                                target_text=state["target"], n_generate=state["generate"] or 20)
+
+    def trace_state(params: dict[str, list[str]]) -> dict:
+        """What a trace request asks for, checked: the prompt, position, target, lens, edits and tokens to generate.
+        generate=N (a URL) generates; the form's n_generate only with its Generate button, so that a click on a
+        position, Trace or Apply does not generate again."""
         edits = validation.edits(params, data.n_layers, data.d_m,
                                  data.latents.layout.latents if data.latents is not None else None)
         position = _one(params, "position") or _one(params, "current_position")
         position = -1 if position in (None, "") else validation.integer(position, "position", 0, 100_000, 422)
-        target = (_one(params, "target") or "").strip()
-        n_generate = _one(params, "generate")
-        n_generate = 0 if n_generate in (None, "") or _one(params, "action") not in (None, "generate") else \
-            validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)  # the form always sends it
-        lens = _one(params, "lens") or DEFAULT_FOR_RESIDUALS
-        t = traced(data, validation.prompt(prompt), position, target or None, edits.values(), n_generate, root, lens)
-        return pages.trace_page(data, prompt, t.base, t.edited, root, generation=t.generation, target_text=target,
-                                n_generate=n_generate or 20)
+        action = _one(params, "action")
+        n_generate = (_one(params, "n_generate") or _one(params, "generate")) if action == "generate" else \
+            None if action else _one(params, "generate")
+        n_generate = 0 if n_generate in (None, "") else \
+            validation.integer(n_generate, "generate", 1, validation.MAX_NEW_TOKENS, 422)
+        return {"prompt": validation.prompt(_one(params, "prompt")), "position": position,
+                "target": (_one(params, "target") or "").strip(), "edits": edits, "generate": n_generate,
+                "lens": _one(params, "lens") or DEFAULT_FOR_RESIDUALS}
+
+    def trace_query(state: dict) -> list[tuple[str, str]]:
+        """The one URL query of a trace's state (`trace_state`): its page is what that URL shows, and the form's every
+        control lands on it (the form's empty fields and its buttons' names stay out)."""
+        from ffkv.memories.address import edit_text
+
+        query = [("prompt", state["prompt"])]
+        query += [("position", str(state["position"]))] if state["position"] >= 0 else []
+        query += [("target", state["target"])] if state["target"] else []
+        query += [("lens", state["lens"])] if state["lens"] != DEFAULT_FOR_RESIDUALS else []
+        query += [edit_text(edit) for edit in state["edits"].values()]
+        query += [("generate", str(state["generate"]))] if state["generate"] else []
+        return query
 
     async def traced(params: dict[str, list[str]]) -> HTMLResponse:
         if _one(params, "prompt") is None:
@@ -267,7 +290,12 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return _html(await model_queue.run(run_trace, params))
 
     async def trace_get(request: Request):
-        return await traced(_query(request))
+        params = _query(request)
+        if _one(params, "prompt") is not None:
+            query = await in_threads(lambda: trace_query(trace_state(params)))
+            if query != parse_qsl(request.url.query, keep_blank_values=True):  # the form's: to the state's own URL
+                return RedirectResponse(f"{root}/trace?{urlencode(query)}", status_code=303)
+        return await traced(params)
 
     async def trace_post(request: Request):
         return await traced(await _form(request))

@@ -794,23 +794,28 @@ def trace_view(data: ExplorerData, base: TraceResult, edited: TraceResult | None
         row = {"layer": layer.layer, "memories": []}
         for part in ("before", "ff", "after"):
             old = getattr(layer, part)
-            cell = {"token": tok(old.token_id), "prob": old.prob}
+            cell = {"token": tok(old.token_id), "prob": old.prob, "target_prob": old.target_prob if target_text else None}
             if edited is not None:
                 new = getattr(edited.layers[i], part)
-                cell.update(new_token=tok(new.token_id), new_prob=new.prob,
+                cell.update(new_token=tok(new.token_id), new_prob=new.prob, new_target_prob=new.target_prob,
                             changed=_changed(old.token_id, old.prob, new.token_id, new.prob))
             row[part] = cell
+        # An edited memory's chip shows its coefficient as the edited pass computed it, beside the original.
+        now = edited.layers[i] if edited is not None else None
+        edited_latents = {x["key"]: x["coefficient"] for x in now.latents} if now is not None else {}
         memories = list(layer.memories) + list(layer.suppressing) + list(layer.edited)
         for m in memories:
             edit = edits.get((layer.layer, m["key"]))
             row["memories"].append({**m, "edit_op": edit.op if edit else None, "edit_value": edit.value if edit else None,
                                     "edit_label": edit_label(edit),
+                                    "edited_coefficient": float(now.coefficients[m["key"]]) if edit and now else None,
                                     "top_token": tok(int(data.top_ids[layer.layer, m["key"], 0]))})
         row["latents"] = []
         for x in (layer.latents if data.latents is not None else []):
             edit = latent_edits.get((layer.layer, x["key"]))
             row["latents"].append({**x, "edit_op": edit.op if edit else None,
                                    "edit_value": edit.value if edit else None, "edit_label": edit_label(edit),
+                                   "edited_coefficient": edited_latents.get(x["key"]) if edit else None,
                                    "top_token": tok(int(data.latents.top_ids[layer.layer][x["key"], 0]))})
         rows.append(row)
     final = []

@@ -41,6 +41,7 @@ LENSES = (DEFAULT_FOR_RESIDUALS, TRANSLATOR)
 class Prediction:
     token_id: int
     prob: float
+    target_prob: float | None = None  # the probability of the trace's target token under the same reading
 
 
 @dataclass
@@ -80,10 +81,10 @@ def max_prompt_tokens(loaded: LoadedModel) -> int:
     return 1024
 
 
-def _top(lg: torch.Tensor) -> Prediction:
+def _top(lg: torch.Tensor, target: int | None = None) -> Prediction:
     p = lg.float().softmax(-1)
     value, index = p.max(-1)
-    return Prediction(int(index), float(value))
+    return Prediction(int(index), float(value), None if target is None else float(p[target]))
 
 
 def _run(view, ids: torch.Tensor, quantities: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
@@ -213,9 +214,9 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
             shown_latents = _latents(latents, layer, captured, e_target, top_latents, latent_edits, listed_latents)
         layers.append(LayerTrace(
             layer=layer,
-            before=_top(logits(view, at("resid_mid"), lens, layer=layer)),
-            ff=_top(logits(view, at("ff_out"), DEFAULT_FOR_VALUES)),
-            after=_top(logits(view, at("resid_post"), lens, layer=layer)),
+            before=_top(logits(view, at("resid_mid"), lens, layer=layer), target),
+            ff=_top(logits(view, at("ff_out"), DEFAULT_FOR_VALUES), target),
+            after=_top(logits(view, at("resid_post"), lens, layer=layer), target),
             memories=[_memory(k, m, contribution, edits, layer) for k in best],
             suppressing=[_memory(k, m, contribution, edits, layer) for k in worst],
             edited=[_memory(k, m, contribution, edits, layer) for k in touched],

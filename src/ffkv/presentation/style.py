@@ -41,7 +41,9 @@ td .ci { display: block; white-space: nowrap; color: var(--muted); font-size: .8
 figure { margin: .5rem 0 1rem; } figure img { max-width: 100%; border: 1px solid var(--line); }
 .figure-block { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 1.2rem; align-items: start; }
 @media (max-width: 900px) { .figure-block { grid-template-columns: 1fr; } }
-td.pred { white-space: nowrap; }
+td.pred { white-space: nowrap; } td.pred .target-p { display: block; color: var(--muted); }
+/* the trace's memories: chips wrap inside their cell, each with its edit fields */
+td.mems { min-width: 24rem; } td.mems .chip { white-space: normal; }
 .changed { background: #fff1cc; font-weight: 600; }
 .error { border-left: 4px solid var(--bad); padding: .6rem 1rem; background: #fdf0ef; }
 .warn { border-left: 4px solid #c98a00; padding: .5rem 1rem; background: #fff8e6; }
