@@ -64,7 +64,7 @@ def test_an_excess_over_a_null_of_few_gets_no_verdict():
 
 
 def test_rows_read_each_part_from_its_column_and_the_neurons_null_from_their_table():
-    vocab = next(m for m in MEASURES if m.column == "partition_share")
+    vocab = next(m for m in MEASURES if m.column == "partition_class")
     table = pd.DataFrame({"layer": [1, 2], "partition_share": [0.3, 0.02], "partition_share_ci_low": [0.25, 0.0],
                           "partition_share_ci_high": [0.35, 0.05], "n_keys": [400, 40],
                           "partition_share_control": [0.01, 0.01], "partition_share_neurons": [0.1, 0.01],

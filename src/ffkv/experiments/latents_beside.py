@@ -84,7 +84,9 @@ MEASURES = (
               f"n_{m}_latents", f"{m}_latents_control", f"{m}_neurons", f"n_{m}_neurons", f"{m}_neurons_control",
               f"excess_{m}_latents_minus_neurons", "excess over own control, latents minus neurons",
               (f"n_{m}_latents_control", f"n_{m}_neurons_control")) for m in ("detector", "positional", "dead")),
-    *(Measure("census_latents", f"share_{c}", f"values of the {c} type (the census's rule)", f"share_{c}",
+    # Two definitions of a "prediction" (and "suppression") value, each named as its own measure: the census's value
+    # type (value_type_*) and Gurnee et al.'s vocabulary class (*_class).
+    *(Measure("census_latents", f"value_type_{c}", f"values of the {c} type (the census's rule)", f"share_{c}",
               "n_latents", "", f"share_{c}_neurons", "n_neurons", "", f"share_{c}_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression")),
     # composition_rate is Figure 8's share: the layer's top token is NOT the top token of any active memory
@@ -95,7 +97,8 @@ MEASURES = (
     Measure("suppressed_latents", "suppressed_rate", "a memory knows the gold token where the model is wrong",
             "suppressed_rate", "n_wrong", "knowing_rate_correct", "suppressed_rate_neurons", "n_wrong",
             "knowing_rate_correct_neurons", "suppressed_rate_minus_neurons", "latents minus neurons"),
-    *(Measure("vocabulary_classes_latents", f"{c}_share", f"{c} values (Gurnee et al.)", f"{c}_share", "n_keys",
+    *(Measure("vocabulary_classes_latents", f"{c}_class", f"{c} values (Gurnee et al.'s vocabulary class)",
+              f"{c}_share", "n_keys",
               f"{c}_share_control", f"{c}_share_neurons", "=d_m", f"vocabulary_classes:{c}_share_control",
               f"{c}_share_minus_neurons",
               "latents minus neurons") for c in ("prediction", "suppression", "partition")),

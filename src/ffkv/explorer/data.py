@@ -572,9 +572,12 @@ class ExplorerData:
         """Per layer (0-based `layer`): key statistics, shares of automatic labels, annotated keys."""
         if self._summary is None:  # the lookup and metrics tables do not change while the explorer runs
             stats = self.key_stats.reset_index()
+            stats["with_target"] = stats["next_token_rank"] >= 0  # the keys Figure 4 judges: a top-1 trigger target
             summary = stats.groupby("layer").agg(
-                keys=("key", "size"), agreement_rate=("agreement", "mean"),mean_activation_frequency=("activation_frequency", "mean"),
+                keys=("key", "size"), keys_with_target=("with_target", "sum"),
+                agreement_rate=("agreement", "sum"), mean_activation_frequency=("activation_frequency", "mean"),
             ).reset_index()
+            summary["agreement_rate"] = summary["agreement_rate"] / summary["keys_with_target"].clip(lower=1)
             if self.key_metrics is not None and "label" in self.key_metrics.columns:
                 shares = self.key_metrics["label"].groupby(level="layer").value_counts(normalize=True).unstack(
                     fill_value=0)

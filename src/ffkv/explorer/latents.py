@@ -260,7 +260,8 @@ class LatentData:
             out.append({"layer": layer, "name": self.name(layer), "kind": self.kind(layer), "latents": self.size(layer),
                         "dead": int((s["n_triggers"] == 0).sum()),
                         "active": float(s["activation_frequency"].mean()) if len(s) else 0.0,
-                        "agreement": float(s["agreement"].mean()) if len(s) else 0.0})
+                        # of the latents with a top-1 trigger target, as Figure 4 and values_latents count
+                        "agreement": float(s["agreement"].sum() / max(1, int((s["next_token_rank"] >= 0).sum())))})
         return out
 
     # ------------------------------------------------------------------ search

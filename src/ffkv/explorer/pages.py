@@ -201,7 +201,7 @@ def figures_of(data: ExplorerData) -> list[dict]:
 
 #: "Shallow keys" elsewhere (the fidelity table, the report) count the keys labelled shallow or both; here each
 #: label's own share is shown, named so.
-LAYER_SUMMARY_TITLES = {"keys": "keys", "agreement_rate": "agreement",
+LAYER_SUMMARY_TITLES = {"keys": "keys", "keys_with_target": "keys with a target", "agreement_rate": "agreement",
                         "mean_activation_frequency": "active", "share_shallow": "shallow only",
                         "share_semantic": "semantic only", "share_both": "both (shallow and semantic)",
                         "share_none": "none", "annotated_keys": "annotated keys"}

@@ -30,16 +30,16 @@ TEMPLATES = {
 median position's; Sun et al. 2024): left out of the active rule's scale s_l (docs/definitions.md), named here.</p>
 <div class="scroll">{{ table(massive, "massive", "", root) }}</div>{% endif %}
 <h2>Layers</h2>
-<p class="note" id="layers-note">Per layer, over its keys: agreement, the share of keys whose value's top token (identity projection, as in the
-paper) is the trigger target of the key's top-1 trigger example; active, the mean
+<p class="note" id="layers-note">Per layer, over its keys: agreement, of the keys whose top-1 trigger example has a trigger target (keys with a target), the share whose value's top token (identity projection, as in the
+paper) is that target, as Figure 4 counts it; active, the mean
 share of positions of a corpus sample ({{ sample_positions }} positions) where a key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md); the shares of the
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}, each label on its own: the shallow keys of the table above
 (and of the report) are those labelled shallow or both.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
 {% if dictionaries %}<h2>Sparse dictionary</h2>
 <p class="note" id="dictionary-note">This run was indexed with a sparse dictionary (SPEC section 11): each latent is a memory of its own, with its own page (tLAYER:LATENT for a transcoder's, sLAYER:LATENT for an SAE's, layers from 1).
-Dead: latents without a trigger example over the indexed corpus; active: the mean share of sample positions where a latent's activation is above 0; agreement as for the neurons, on the decoder rows.</p>
-<table id="dictionaries"><tr><th>latents</th><th>kind</th><th class="num">layer</th><th class="num">latents</th><th class="num">dead</th><th class="num">active</th><th class="num">agreement</th><th>neurons</th></tr>
+Dead: latents without a trigger example over the indexed corpus (the fidelity below counts those never active on its held-out tokens); active: the mean share of sample positions where a latent's activation is above 0; agreement as for the neurons, on the decoder rows, of the latents with a trigger target.</p>
+<table id="dictionaries"><tr><th>dictionary</th><th>kind</th><th class="num">layer</th><th class="num">latents</th><th class="num">dead over the indexed corpus</th><th class="num">active</th><th class="num">agreement</th><th>neurons</th></tr>
 {% for d in dictionaries %}<tr><td><a href="{{ root }}/layer/{{ d.name }}">{{ d.name }}</a></td><td>{{ d.kind }}</td><td class="num">{{ ln(d.layer) }}</td><td class="num">{{ "{:,}".format(d.latents) }}</td><td class="num">{{ "{:,}".format(d.dead) }}</td><td class="num">{{ pct(d.active, 2) }}</td><td class="num">{{ pct(d.agreement, 2) }}</td><td><a href="{{ root }}/layer/{{ ln(d.layer) }}">layer {{ ln(d.layer) }}</a></td></tr>{% endfor %}</table>{% endif %}
 {% if beside %}<h2 id="latents-beside">Latents beside neurons</h2>
 {% if beside.damaged %}{% for line in beside.damaged %}<p class="warning beside-damaged">Not shown: {{ line }}</p>{% endfor %}
@@ -49,7 +49,7 @@ Difference, in percentage points with its 95% interval (for the explanation scor
 Verdict: the table's own{% if beside.rule %} ({{ beside.rule }}){% endif %}.{% if has_report %} Each measure links to its study in the report.{% endif %}</p>
 {% for part in beside.layers %}<h3 id="beside-{{ part.name }}">{{ part.name }}: the {{ part.kind }}'s latents at layer {{ ln(part.layer) }}, beside that layer's neurons</h3>
 <div class="beside">{% if part.fidelity %}{% set f = part.fidelity %}<div class="fidelity-beside" id="beside-fidelity-{{ part.name }}"><strong>Fidelity of {{ part.name }}</strong> over {{ f.tokens }} held-out tokens:
-FVU <strong class="fvu">{{ f.fvu }}</strong> · dead latents <strong class="dead">{{ f.dead }} of {{ f.latents }} ({{ f.dead_share }})</strong> · loss recovered <strong class="loss-recovered">{{ f.loss_recovered }}</strong>
+FVU <strong class="fvu">{{ f.fvu }}</strong> · dead on these tokens <strong class="dead">{{ f.dead }} of {{ f.latents }} ({{ f.dead_share }})</strong> · loss recovered <strong class="loss-recovered">{{ f.loss_recovered }}</strong>
 <span class="what">FVU: the share of the FF output's variance the reconstruction leaves unexplained (0: exact). Dead: never active on these tokens. Loss recovered: (L<sub>mean</sub> − L<sub>spliced</sub>) / (L<sub>mean</sub> − L<sub>original</sub>), 1 where the layer's output replaced by the reconstruction does as well as the layer, 0 as badly as its mean output (next-token loss: original {{ f.loss_original }}, spliced {{ f.loss_spliced }}, mean-ablated {{ f.loss_mean_ablated }}).</span></div>
 {% else %}<p class="muted small">No fidelity row for {{ part.name }}.</p>{% endif %}
 <div class="scroll">{% if part.rows %}<table class="beside-table" id="beside-table-{{ part.name }}">
@@ -108,7 +108,7 @@ Value's top tokens and agreement under the identity projection; active: share of
 {% with explanations = m.explanations, explain_command = "ffkv explain" %}{% include "explanations.html" %}{% endwith %}
 {% if m.census %}<p id="census-badge"><strong>Census:</strong> <span class="chip label-{{ m.census.census_class }}">{{ m.census.census_class }}</span>
 <span class="chip">value: {{ m.census.census_value_type }}{% if m.census.census_firing_sign < 0 %} (fires with m &lt; 0: reads -v){% endif %}</span>{% if m.census.census_eraser %}<span class="chip">eraser</span>{% endif %}{% if m.census.census_two_way %}<span class="chip">fires both ways</span>{% endif %}
-{% if m.census.census_rule %}<span class="small">best token rule for its strong activations: {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
+{% if m.census.census_rule %}<span class="small">best token rule for its strong activations over the census's corpus sample (not its top trigger examples, which the pattern above reads): {{ m.census.census_rule }} (F1 {{ pct(m.census.census_rule_f1) }})</span>{% endif %}
 <span class="small muted">position explains {{ pct(m.census.census_position_eta2) }} of m's variance</span></p>{% endif %}
 {% for h in m.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}
 </div>
