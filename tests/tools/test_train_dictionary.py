@@ -133,6 +133,20 @@ def test_a_step_on_fixed_activations_lowers_the_fvu():
     assert losses[-1] < 0.5
 
 
+def test_a_step_of_one_token_takes_no_step_and_leaves_the_weights_finite(tmp_path):
+    # One token's FF output has no variance: its FVU is 0/0, and a step on it would make every weight NaN.
+    loaded = loaded_tiny("gpt2")
+    words = _corpus(tmp_path, 200).read_text().splitlines()
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text("\n".join(line for i, line in enumerate(words) for line in ((line, "a") if i % 4 else (line,))))
+    result, _ = _train(loaded, corpus, tmp_path / "out", layers=(1,), batch_size=1, tokens=1500)
+    assert result.record["training"]["steps"] > 40
+    d = read_sparsify(result.out / "h.1.mlp")
+    assert all(bool(torch.isfinite(t).all()) for t in (d.encoder, d.decoder, d.skip if d.skip is not None else d.decoder))
+    fvus = [row[1] for row in result.record["curve"]["rows"]]
+    assert all(fvu == fvu for fvu in fvus) and result.rows[0]["fvu"] < 1
+
+
 def test_refusals(tmp_path, llama_run):
     loaded, result, _ = llama_run
     with pytest.raises(FfkvError, match="layer 4 does not exist"):

@@ -164,15 +164,21 @@ def ordered_sum(t: Float[torch.Tensor, "n d"]) -> torch.Tensor:
 def train_step(transcoder: TopKTranscoder, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                lr: float) -> tuple[float, torch.Tensor]:
     """One Adam step on the batch's fraction of variance unexplained; returns it (before the step) and the
-    latents that fired (activation > 0) in the batch, as a boolean mask over the latents."""
+    latents that fired (activation > 0) in the batch, as a boolean mask over the latents.
+
+    A batch whose outputs do not vary (one token, or copies of one) has no FVU (its denominator is 0, and the
+    gradient would be NaN in every weight): it takes no step, and its FVU is returned as NaN."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     reconstruction, values, indices = transcoder(x)
+    fired = fired_mask(values.detach(), indices, transcoder.n_latents)
+    if not bool(ordered_sum((y - y.mean(0)).pow(2)) > 0):
+        return math.nan, fired
     loss = fraction_of_variance_unexplained(y, reconstruction)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return float(loss.detach()), fired_mask(values.detach(), indices, transcoder.n_latents)
+    return float(loss.detach()), fired
 
 
 def fired_mask(values: torch.Tensor, indices: torch.Tensor, n_latents: int) -> torch.Tensor:

@@ -352,7 +352,8 @@ def _train_batch(loaded: LoadedModel, layers: list[int], group: Sequence, option
             transcoder.initialise_biases(x, y)
         with torch.enable_grad():
             fvu, fired = train_step(transcoder, state.optimizers[layer], x, y, lr)
-        state.last_fvu[layer] = fvu
+        if not math.isnan(fvu):  # NaN: a batch without an FVU (`train_step`), no step taken
+            state.last_fvu[layer] = fvu
         state.fired[layer] |= fired.cpu()
         state.ff_out_sum[layer] += y.double().sum(0).cpu()
     return n
