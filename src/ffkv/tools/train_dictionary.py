@@ -12,6 +12,10 @@ and at Ctrl-C (at the end of a step); a run killed at any point (kill -9 include
 uninterrupted run ends with. On the CPU this holds bit for bit; on a GPU too where its kernels are
 deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
 
+A checkpoint is refused, in one line naming the file and the entry, unless every entry is what this training
+writes (`_checkpoint_template`: each tensor's shape, dtype and device, finite values, counts that are counts),
+before any of it reaches a module or an optimizer: the fused Adam kernel trusts its moments' sizes.
+
 Fidelity, per layer, over held-out tokens (the corpus's held-out split), the model in its own dtype:
 
 - ``fvu``: the fraction of variance of the FF output the transcoder leaves unexplained (0 is perfect);
@@ -56,6 +60,7 @@ from ffkv.errors import FfkvError, Interrupted
 from ffkv.experiments.common import progress_bar
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.memories import dictionary_fidelity
+from ffkv.models.checkpoint_schema import count, either, mismatch, number, rows, tensor
 from ffkv.models.loading import LoadedModel
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
@@ -263,14 +268,22 @@ def _save_state(state: _State, path: Path, identity: dict) -> None:
 
 
 def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path, identity: dict) -> _State:
-    saved = load_checkpoint(path, map_location=loaded.view.device, what="train-dictionary checkpoint")
-    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
+    """The checkpoint at `path` as the state of this run, refused (one line naming the file and the entry) unless
+    it is this training's and every entry is what a checkpoint of it holds (`_checkpoint_template`), before any
+    of it reaches a module or an optimizer."""
+    device = loaded.view.device
+    saved = load_checkpoint(path, map_location=device, what="train-dictionary checkpoint")
+    if not isinstance(saved, dict) or mismatch(saved.get("format"), _FORMAT) is not None:
         raise FfkvError(f"{str(path)!r} is not a checkpoint of `ffkv train-dictionary`; choose another --out")
-    differs = [key for key in ("options", "corpus", "model", "dtype") if saved.get(key) != identity[key]]
+    differs = [key for key in ("options", "corpus", "model", "dtype") if mismatch(saved.get(key), identity[key])]
     if differs:
         raise FfkvError(f"the checkpoint in {str(path.parent)!r} was made with another {', '.join(differs)}; resume "
                         "with the same ones, or choose another --out")
     state = _fresh_state(loaded, options)
+    problem = mismatch(saved, _checkpoint_template(state, identity))
+    if problem is not None:
+        raise FfkvError(f"the checkpoint {path} cannot be resumed: {problem}; it is damaged or was not written by "
+                        "this training: delete it to train from the start, or choose another --out")
     for layer in options.layers:
         state.transcoders[layer].load_state_dict(saved["transcoders"][layer])
         state.optimizers[layer].load_state_dict(saved["optimizers"][layer])
@@ -280,6 +293,37 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
     state.tokens_done, state.elapsed, state.last_fvu = saved["tokens_done"], saved["elapsed"], saved["last_fvu"]
     state.curve = saved["curve"]
     return state
+
+
+def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
+    """What a checkpoint of this training holds (`ffkv.models.checkpoint_schema`), from its fresh state: the
+    identity as it is; counts, a finite elapsed time and FVUs; the curve's rows (tokens, then each layer's FVU);
+    per layer, the transcoder's tensors and the fired and FF-output records as the fresh ones are (shape, dtype,
+    device, finite), and Adam's state: its groups as the fresh optimizer's (any step size), and no moments (a
+    checkpoint before the first step) or, for every parameter, the step count and the moments, of its shape."""
+    layers = sorted(fresh.transcoders)
+    any_device = next(iter(fresh.transcoders.values())).encoder.device
+    on_device = lambda t: t.to(any_device)  # noqa: E731 - the checkpoint is loaded onto the model's device
+    return {**identity,
+            "step": count(), "examples_done": count(), "tokens_done": count(), "elapsed": number(minimum=0),
+            "last_fvu": either({}, {layer: number(minimum=0) for layer in layers}),
+            "curve": rows(1 + len(layers), number(minimum=0, finite=False), first=count()),
+            "transcoders": {layer: t.state_dict() for layer, t in fresh.transcoders.items()},
+            "optimizers": {layer: _adam_template(fresh.transcoders[layer], optimizer)
+                           for layer, optimizer in fresh.optimizers.items()},
+            "fired": {layer: on_device(t) for layer, t in fresh.fired.items()},
+            "ff_out_sum": {layer: on_device(t) for layer, t in fresh.ff_out_sum.items()}}
+
+
+def _adam_template(transcoder: TopKTranscoder, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`_adam`'s state_dict after any step: the fused kernel's float32 step count (a whole number) on the
+    parameter's device, the first moment and the (non-negative) second moment of the parameter's shape."""
+    moments = {i: {"step": tensor(torch.zeros((), dtype=torch.float32, device=p.device), minimum=0,
+                                   whole=True),
+                   "exp_avg": p.detach(), "exp_avg_sq": tensor(p.detach(), minimum=0)}
+               for i, p in enumerate(transcoder.parameters())}
+    groups = [{**group, "lr": number(minimum=0)} for group in optimizer.state_dict()["param_groups"]]
+    return {"state": either({}, moments), "param_groups": groups}
 
 
 def _train(loaded: LoadedModel, train_examples: Callable[[], Iterable], options: TrainDictionaryOptions,
