@@ -147,6 +147,14 @@ def test_a_step_of_one_token_takes_no_step_and_leaves_the_weights_finite(tmp_pat
     assert all(fvu == fvu for fvu in fvus) and result.rows[0]["fvu"] < 1
 
 
+def test_a_diverged_training_is_refused_before_anything_is_written(tmp_path):
+    loaded = loaded_tiny("gpt2")
+    with pytest.raises(FfkvError, match=r"the training diverged: the transcoders of layers 1, 3 hold NaN or infinite "
+                                        r"weights after \d+ steps, and nothing was written; delete .*checkpoint.pt"):
+        _train(loaded, _corpus(tmp_path, 200), tmp_path / "out", lr=1e38, tokens=1500)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint.pt"]
+
+
 def test_refusals(tmp_path, llama_run):
     loaded, result, _ = llama_run
     with pytest.raises(FfkvError, match="layer 4 does not exist"):

@@ -14,7 +14,8 @@ deterministic (the decoder is dense there for that reason: `TopKTranscoder.decod
 
 A checkpoint is refused, in one line naming the file and the entry, unless every entry is what this training
 writes (`_checkpoint_template`: each tensor's shape, dtype and device, finite values, counts that are counts),
-before any of it reaches a module or an optimizer: the fused Adam kernel trusts its moments' sizes.
+before any of it reaches a module or an optimizer: the fused Adam kernel trusts its moments' sizes. Trained
+weights that are not finite are refused before anything is written.
 
 Fidelity, per layer, over held-out tokens (the corpus's held-out split), the model in its own dtype:
 
@@ -210,6 +211,13 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
         else _load_state(loaded, options, out / CHECKPOINT, identity)
 
     _train(loaded, train_examples, options, state, out, identity, checkpoint_seconds, progress)
+    diverged = [layer + 1 for layer in options.layers
+                if not all(bool(torch.isfinite(p).all()) for p in state.transcoders[layer].parameters())]
+    if diverged:
+        which = (f"transcoder of layer {diverged[0]} holds" if len(diverged) == 1
+                 else f"transcoders of layers {', '.join(map(str, diverged))} hold")
+        raise FfkvError(f"the training diverged: the {which} NaN or infinite weights after {state.step} steps, and "
+                        f"nothing was written; delete {out / CHECKPOINT} and train again with a smaller --lr")
 
     dictionaries = {}
     for layer in options.layers:
