@@ -4,7 +4,7 @@ its checkpoint then changed in one entry. Each such checkpoint is refused before
 fused Adam kernel would write out of bounds), a weight of the wrong shape, a missing layer, a firing record of
 the wrong size, counts that are text or negative, NaN weights (refused before a step trains on them, nothing
 written). An
-untouched checkpoint resumes."""
+untouched checkpoint resumes, and one made under another thread count says that its bytes may differ."""
 
 from __future__ import annotations
 
@@ -161,8 +161,20 @@ def test_an_optimizer_moment_the_kernel_would_write_out_of_bounds_is_refused(cas
     assert f"checkpoint.pt cannot be resumed: optimizers[0].state[2].exp_avg {expected}" in line, line
 
 
-def test_an_untouched_checkpoint_resumes(interrupted, tmp_path, capsys, tiny_gpt2):
+def test_an_untouched_checkpoint_resumes_and_another_thread_count_is_told(interrupted, tmp_path, capsys, tiny_gpt2):
     corpus, out = _crafted(interrupted, tmp_path, lambda saved: None)  # torch's own load and save: the same state
-    code, _, err = run(capsys, *_args(corpus, out), "--resume")
+    threads = torch.get_num_threads()
+    recorded = interrupted[2]["arithmetic"]
+    assert recorded == {"device": "cpu", "threads": threads}
+    torch.set_num_threads(threads + 1)
+    try:
+        code, _, err = run(capsys, *_args(corpus, out), "--resume")
+    finally:
+        torch.set_num_threads(threads)
     assert code == 0, err
     assert (out / "training.json").exists() and not (out / "checkpoint.pt").exists()
+    warnings = [line for line in err.splitlines() if line.startswith("ffkv: warning: ")]
+    assert len(warnings) == 1, err
+    assert (f"was trained on the CPU with {threads} thread{'s' * (threads != 1)} (OMP_NUM_THREADS={threads}) and "
+            f"continues on the CPU with {threads + 1} threads" in warnings[0]), warnings
+    assert "differ in their last bits" in warnings[0]

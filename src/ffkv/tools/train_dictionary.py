@@ -9,8 +9,11 @@ Resumable to the same bits: a checkpoint (weights, Adam's moments, the step, the
 the latents' firing record, the FF outputs' running sums) is written atomically every `checkpoint_seconds`
 and at Ctrl-C (at the end of a step); a run killed at any point (kill -9 included) and continued with
 ``resume=True`` re-reads the examples after the last checkpointed one and ends with the weights an
-uninterrupted run ends with. On the CPU this holds bit for bit; on a GPU too where its kernels are
-deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
+uninterrupted run ends with. On the CPU this holds bit for bit, and the transcoders' own arithmetic is the
+same on any thread count (`ffkv.dictionaries.train`); the model's matrix products are the BLAS library's,
+which rounds some shapes differently under another thread count, so a checkpoint records the device and the
+threads, and a resume under others warns that the last bits may differ. On a GPU it holds where its kernels
+are deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
 
 A checkpoint is refused, in one line naming the file and the entry, unless every entry is what this training
 writes (`_checkpoint_template`: each tensor's shape, dtype and device, finite values, counts that are counts),
@@ -57,11 +60,11 @@ from ffkv.dictionaries.hookpoints import ff_site
 from ffkv.dictionaries.sparsify_layout import read_sparsify, save_sparsify
 from ffkv.dictionaries.train import (TopKTranscoder, TranscoderShape, default_learning_rate, learning_rate,
                                      train_step)
-from ffkv.errors import FfkvError, Interrupted
+from ffkv.errors import FfkvError, Interrupted, warn
 from ffkv.experiments.common import progress_bar
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.memories import dictionary_fidelity
-from ffkv.models.checkpoint_schema import count, either, mismatch, number, rows, tensor
+from ffkv.models.checkpoint_schema import Omittable, count, either, mismatch, number, rows, tensor, text
 from ffkv.models.loading import LoadedModel
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
@@ -271,8 +274,15 @@ def _save_state(state: _State, path: Path, identity: dict) -> None:
                "tokens_done": state.tokens_done, "elapsed": state.elapsed, "last_fvu": state.last_fvu, "curve": state.curve,
                "transcoders": {layer: t.state_dict() for layer, t in state.transcoders.items()},
                "optimizers": {layer: o.state_dict() for layer, o in state.optimizers.items()},
-               "fired": state.fired, "ff_out_sum": state.ff_out_sum}
+               "fired": state.fired, "ff_out_sum": state.ff_out_sum,
+               "arithmetic": _arithmetic(next(iter(state.transcoders.values())).encoder.device)}
     atomic.write_with(path, lambda f: torch.save(payload, f))
+
+
+def _arithmetic(device: torch.device) -> dict[str, Any]:
+    """What a step's last bits depend on besides the state: the kind of device, and the CPU threads the model's
+    matrix products are split among (the BLAS library rounds some shapes differently under another count)."""
+    return {"device": device.type, "threads": torch.get_num_threads()}
 
 
 def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path, identity: dict) -> _State:
@@ -292,6 +302,11 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
     if problem is not None:
         raise FfkvError(f"the checkpoint {path} cannot be resumed: {problem}; it is damaged or was not written by "
                         "this training: delete it to train from the start, or choose another --out")
+    then, now = saved.get("arithmetic"), _arithmetic(device)
+    if then is not None and (then["device"] != now["device"] or (now["device"] == "cpu" and then != now)):
+        warn(f"the checkpoint in {path.parent} was trained on {_on(then)} and continues on {_on(now)}: the model's "
+             "matrix products may round otherwise, and the transcoders then differ in their last bits from an "
+             f"uninterrupted run's; resume on {_on(then)} for the same bytes")
     for layer in options.layers:
         state.transcoders[layer].load_state_dict(saved["transcoders"][layer])
         state.optimizers[layer].load_state_dict(saved["optimizers"][layer])
@@ -301,6 +316,13 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
     state.tokens_done, state.elapsed, state.last_fvu = saved["tokens_done"], saved["elapsed"], saved["last_fvu"]
     state.curve = saved["curve"]
     return state
+
+
+def _on(arithmetic: dict[str, Any]) -> str:
+    if arithmetic["device"] != "cpu":
+        return arithmetic["device"]
+    threads = arithmetic["threads"]
+    return f"the CPU with {threads} thread{'s' * (threads != 1)} (OMP_NUM_THREADS={threads})"
 
 
 def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
@@ -320,7 +342,8 @@ def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
             "optimizers": {layer: _adam_template(fresh.transcoders[layer], optimizer)
                            for layer, optimizer in fresh.optimizers.items()},
             "fired": {layer: on_device(t) for layer, t in fresh.fired.items()},
-            "ff_out_sum": {layer: on_device(t) for layer, t in fresh.ff_out_sum.items()}}
+            "ff_out_sum": {layer: on_device(t) for layer, t in fresh.ff_out_sum.items()},
+            "arithmetic": Omittable({"device": text(), "threads": count()})}
 
 
 def _adam_template(transcoder: TopKTranscoder, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
