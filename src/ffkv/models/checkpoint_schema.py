@@ -15,7 +15,8 @@ payload with a template built from the fresh state of the resuming run:
 - any other value: one of the same type, equal to it.
 
 The answer is the first difference, worded for a message (``optimizers[3].state[2].exp_avg has shape (3,),
-not (256, 256)``), or None.
+not (256, 256)``), or None; `check` refuses a checkpoint with it in one line. `adam_state` is the template of
+an Adam optimizer's state.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from ffkv.errors import FfkvError
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def mismatch(saved: Any, expected: Any, where: str = "") -> str | None:
     return None
 
 
-def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str) -> str | None:
+def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str, finite: bool = True) -> str | None:
     name = _name(where)
     if not isinstance(saved, torch.Tensor):
         return f"{name} is {_shown(saved)}, not a tensor"
@@ -95,16 +99,21 @@ def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str) -> str | No
         return f"{name} has strides {saved.stride()}, not those of a contiguous tensor"
     if saved.requires_grad:
         return f"{name} asks for a gradient"
-    if saved.is_floating_point() and not bool(torch.isfinite(saved).all()):
+    if saved.is_floating_point() and finite and not bool(torch.isfinite(saved).all()):
         return f"{name} holds {int((~torch.isfinite(saved)).sum())} NaN or infinite value(s)"
     return None
 
 
-def count() -> Rule:
-    """A whole number from 0 to 2⁶³ − 1 (what Python's slices and torch's integers take), as Python's int: not a
-    bool, a float or a string."""
-    return Rule(lambda v, where: None if type(v) is int and 0 <= v <= sys.maxsize
-                else f"{_name(where)} is {_shown(v)}, not a count (a whole number of 0 or more)")
+def count(maximum: int = sys.maxsize) -> Rule:
+    """A whole number from 0 to `maximum` (at most 2⁶³ − 1, what Python's slices and torch's integers take), as
+    Python's int: not a bool, a float or a string."""
+    def check(v: Any, where: str) -> str | None:
+        if type(v) is not int or v < 0:
+            return f"{_name(where)} is {_shown(v)}, not a count (a whole number of 0 or more)"
+        if v > maximum:
+            return f"{_name(where)} is {v}, more than {maximum}"
+        return None
+    return Rule(check)
 
 
 def text() -> Rule:
@@ -151,19 +160,46 @@ def either(*templates: Any) -> Rule:
     return Rule(check)
 
 
-def tensor(like: torch.Tensor, minimum: float | None = None, whole: bool = False) -> Rule:
-    """A tensor as the template `like` is checked (module docstring), its values also at least `minimum` when
-    it is set, and whole numbers when `whole` (an optimizer's step count, its second moments)."""
+def tensor(like: torch.Tensor, minimum: float | None = None, whole: bool = False, finite: bool = True) -> Rule:
+    """A tensor as the template `like` is checked (module docstring), but for NaN and infinities where `finite`
+    is False (an index's scores, -inf in its empty slots); its values also at least `minimum` when it is set,
+    and whole numbers when `whole` (an optimizer's step count)."""
     def check(v: Any, where: str) -> str | None:
-        problem = _tensor_mismatch(v, like, where)
-        if problem is not None or not v.is_floating_point() or v.numel() == 0:
+        problem = _tensor_mismatch(v, like, where, finite)
+        if problem is not None or v.numel() == 0 or v.dtype == torch.bool:
             return problem
         if minimum is not None and bool((v < minimum).any()):
             return f"{_name(where)} holds {int((v < minimum).sum())} value(s) below {minimum}"
-        if whole and not bool((v == v.round()).all()):
+        if whole and v.is_floating_point() and not bool((v == v.round()).all()):
             return f"{_name(where)} holds value(s) that are not whole numbers"
         return None
     return Rule(check)
+
+
+def adam_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The template of an Adam or AdamW optimizer's state_dict (without amsgrad) after any number of steps: its
+    groups as the optimizer's but for the step size (any number of 0 or more); and no moments (before the first
+    step) or, for every parameter, a whole float32 step count of 0 or more (on the parameter's device where the
+    fused or capturable kernel keeps it, else on the CPU), the first moment and the second (0 or more), each of
+    the parameter's shape, dtype and device."""
+    moments: dict[int, Any] = {}
+    for group in optimizer.param_groups:
+        kept_on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            step = torch.zeros((), dtype=torch.float32, device=p.device if kept_on_device else "cpu")
+            moments[len(moments)] = {"step": tensor(step, minimum=0, whole=True), "exp_avg": p.detach(),
+                                     "exp_avg_sq": tensor(p.detach(), minimum=0)}
+    groups = [{**group, "lr": number(minimum=0)} for group in optimizer.state_dict()["param_groups"]]
+    return {"state": either({}, moments), "param_groups": groups}
+
+
+def check(saved: Any, template: Any, path: str | Path, advice: str) -> None:
+    """Refuse the checkpoint `saved`, read from `path`, unless it matches `template`: one line (`FfkvError`)
+    naming the file and the first entry that differs, then `advice` (what to do instead)."""
+    problem = mismatch(saved, template)
+    if problem is not None:
+        raise FfkvError(f"the checkpoint {path} cannot be resumed: {problem}; it is damaged or was not written by "
+                        f"this run: {advice}")
 
 
 def _join(where: str, key: Any) -> str:
@@ -185,4 +221,5 @@ def _shown(v: Any) -> str:
     return f"{text[:40]}... ({type(v).__name__})" if len(text) > 40 else f"{text} ({type(v).__name__})"
 
 
-__all__ = ["Omittable", "Rule", "count", "either", "mismatch", "number", "rows", "tensor", "text"]
+__all__ = ["Omittable", "Rule", "adam_state", "check", "count", "either", "mismatch", "number", "rows", "tensor",
+           "text"]

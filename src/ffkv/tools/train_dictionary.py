@@ -64,7 +64,7 @@ from ffkv.errors import FfkvError, Interrupted, warn
 from ffkv.experiments.common import progress_bar
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.memories import dictionary_fidelity
-from ffkv.models.checkpoint_schema import Omittable, count, either, mismatch, number, rows, tensor, text
+from ffkv.models.checkpoint_schema import Omittable, adam_state, check, count, either, mismatch, number, rows, text
 from ffkv.models.loading import LoadedModel
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
@@ -298,10 +298,8 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
         raise FfkvError(f"the checkpoint in {str(path.parent)!r} was made with another {', '.join(differs)}; resume "
                         "with the same ones, or choose another --out")
     state = _fresh_state(loaded, options)
-    problem = mismatch(saved, _checkpoint_template(state, identity))
-    if problem is not None:
-        raise FfkvError(f"the checkpoint {path} cannot be resumed: {problem}; it is damaged or was not written by "
-                        "this training: delete it to train from the start, or choose another --out")
+    check(saved, _checkpoint_template(state, identity), path,
+          "delete it to train from the start, or choose another --out")
     then, now = saved.get("arithmetic"), _arithmetic(device)
     if then is not None and (then["device"] != now["device"] or (now["device"] == "cpu" and then != now)):
         warn(f"the checkpoint in {path.parent} was trained on {_on(then)} and continues on {_on(now)}: the model's "
@@ -329,8 +327,7 @@ def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
     """What a checkpoint of this training holds (`ffkv.models.checkpoint_schema`), from its fresh state: the
     identity as it is; counts, a finite elapsed time and FVUs; the curve's rows (tokens, then each layer's FVU);
     per layer, the transcoder's tensors and the fired and FF-output records as the fresh ones are (shape, dtype,
-    device, finite), and Adam's state: its groups as the fresh optimizer's (any step size), and no moments (a
-    checkpoint before the first step) or, for every parameter, the step count and the moments, of its shape."""
+    device, finite), and Adam's state (`adam_state`)."""
     layers = sorted(fresh.transcoders)
     any_device = next(iter(fresh.transcoders.values())).encoder.device
     on_device = lambda t: t.to(any_device)  # noqa: E731 - the checkpoint is loaded onto the model's device
@@ -339,22 +336,10 @@ def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
             "last_fvu": either({}, {layer: number(minimum=0) for layer in layers}),
             "curve": rows(1 + len(layers), number(minimum=0, finite=False), first=count()),
             "transcoders": {layer: t.state_dict() for layer, t in fresh.transcoders.items()},
-            "optimizers": {layer: _adam_template(fresh.transcoders[layer], optimizer)
-                           for layer, optimizer in fresh.optimizers.items()},
+            "optimizers": {layer: adam_state(optimizer) for layer, optimizer in fresh.optimizers.items()},
             "fired": {layer: on_device(t) for layer, t in fresh.fired.items()},
             "ff_out_sum": {layer: on_device(t) for layer, t in fresh.ff_out_sum.items()},
             "arithmetic": Omittable({"device": text(), "threads": count()})}
-
-
-def _adam_template(transcoder: TopKTranscoder, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """`_adam`'s state_dict after any step: the fused kernel's float32 step count (a whole number) on the
-    parameter's device, the first moment and the (non-negative) second moment of the parameter's shape."""
-    moments = {i: {"step": tensor(torch.zeros((), dtype=torch.float32, device=p.device), minimum=0,
-                                   whole=True),
-                   "exp_avg": p.detach(), "exp_avg_sq": tensor(p.detach(), minimum=0)}
-               for i, p in enumerate(transcoder.parameters())}
-    groups = [{**group, "lr": number(minimum=0)} for group in optimizer.state_dict()["param_groups"]]
-    return {"state": either({}, moments), "param_groups": groups}
 
 
 def _train(loaded: LoadedModel, train_examples: Callable[[], Iterable], options: TrainDictionaryOptions,
