@@ -83,7 +83,8 @@ def mismatch(saved: Any, expected: Any, where: str = "") -> str | None:
     return None
 
 
-def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str, finite: bool = True) -> str | None:
+def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str, finite: bool = True,
+                     device: torch.device | str | None = None) -> str | None:
     name = _name(where)
     if not isinstance(saved, torch.Tensor):
         return f"{name} is {_shown(saved)}, not a tensor"
@@ -93,8 +94,9 @@ def _tensor_mismatch(saved: Any, expected: torch.Tensor, where: str, finite: boo
         return f"{name} has shape {tuple(saved.shape)}, not {tuple(expected.shape)}"
     if saved.dtype != expected.dtype:
         return f"{name} is {saved.dtype}, not {expected.dtype}"
-    if saved.device != expected.device:
-        return f"{name} is on {saved.device}, not {expected.device}"
+    on = expected.device if device is None else torch.device(device)
+    if saved.device.type != on.type or (None not in (saved.device.index, on.index) and saved.device != on):
+        return f"{name} is on {saved.device}, not {on}"  # ("cuda" is the current GPU, whichever its number)
     if not saved.is_contiguous():  # strides that may view fewer elements than the shape holds
         return f"{name} has strides {saved.stride()}, not those of a contiguous tensor"
     if saved.requires_grad:
@@ -160,12 +162,14 @@ def either(*templates: Any) -> Rule:
     return Rule(check)
 
 
-def tensor(like: torch.Tensor, minimum: float | None = None, whole: bool = False, finite: bool = True) -> Rule:
+def tensor(like: torch.Tensor, minimum: float | None = None, whole: bool = False, finite: bool = True,
+           device: torch.device | str | None = None) -> Rule:
     """A tensor as the template `like` is checked (module docstring), but for NaN and infinities where `finite`
-    is False (an index's scores, -inf in its empty slots); its values also at least `minimum` when it is set,
+    is False (an index's scores, -inf in its empty slots), and on `device` when it is given (`like` may then be
+    on the meta device, a shape and a dtype without memory); its values also at least `minimum` when it is set,
     and whole numbers when `whole` (an optimizer's step count)."""
     def check(v: Any, where: str) -> str | None:
-        problem = _tensor_mismatch(v, like, where, finite)
+        problem = _tensor_mismatch(v, like, where, finite, device)
         if problem is not None or v.numel() == 0 or v.dtype == torch.bool:
             return problem
         if minimum is not None and bool((v < minimum).any()):
