@@ -11,11 +11,13 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
+import torch
 
 from ffkv.corpus import CorpusSpec
 from ffkv.errors import FfkvError
 from ffkv.indexing.checkpoint import Checkpoint
 from ffkv.indexing.indexer import BatchOptions, IndexOptions, build_index
+from ffkv.indexing.topk import EMPTY
 from ffkv.store.lock import RunLocked
 from ffkv.store.run import RunDir
 from ffkv.store.state import run_state
@@ -272,3 +274,60 @@ def test_failed_table_write_resumes_with_nothing_left_to_index(tmp_path, setup, 
     assert resumed.manifest().counts == whole.manifest().counts
     for a, b in zip(read(whole), read(resumed)):
         pd.testing.assert_frame_equal(a, b)
+
+
+def _state(name: str, change):
+    def alter(saved):
+        saved["state"][name] = change(saved["state"][name])
+    return alter
+
+
+def _k(saved, k=5):
+    for name in list(saved["state"]):
+        saved["state"][name] = saved["state"][name][..., :k].contiguous()
+
+
+CRAFTED = {
+    "a top-k of 5 where the run keeps 7": (_k, "state.values has shape (3, 80, 5), not (3, 80, 7)"),
+    "scores of another k than the rest": (_state("values", lambda t: t[..., :5].contiguous()),
+                                          "state.values has shape (3, 80, 5), not (3, 80, 7)"),
+    "a layer too few": (_state("values", lambda t: t[:2].contiguous()),
+                        "state.values has shape (2, 80, 7), not (3, 80, 7)"),
+    "negative example ids": (_state("example_id", lambda t: torch.where(t == EMPTY, t, -t - 1)),
+                             "state.example_id holds"),
+    "positions as floats": (_state("position", lambda t: t.float()),
+                            "state.position is torch.float32, not torch.int32"),
+    "next tokens below -1": (_state("next_token", lambda t: t - 5), "state.next_token holds"),
+    "control scores of another width": (lambda saved: saved["control"].__setitem__(
+        "values", saved["control"]["values"][:, :3].contiguous()), "control.values has shape (3, 3, 7)"),
+    "a count as text": (lambda saved: saved.__setitem__("consumed", "12"), "consumed is '12' (str), not a count"),
+    "a negative count": (lambda saved: saved.__setitem__("consumed", -5), "consumed is -5 (int), not a count"),
+    "a NaN elapsed time": (lambda saved: saved.__setitem__("elapsed", float("nan")), "elapsed is nan, not a finite"),
+    "an unknown entry": (lambda saved: saved.__setitem__("extra", 1), "the top level holds unexpected 'extra'"),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_checkpoint_is_refused_before_anything_merges_into_it(case, tmp_path, setup):
+    """A checkpoint changed in one entry: refused in one line naming the file and the entry (a state of another
+    top-k, or negative ids, or a count of "12", resumed into other tables without a word; others into tracebacks)."""
+    change, expected = CRAFTED[case]
+    loaded, spec = setup
+    options = IndexOptions(top_k=7, mode="example")
+    batching = BatchOptions(batch_size=4, window_batches=2, checkpoint_seconds=0, part_rows=5)
+
+    def killed(n_windows):
+        if n_windows == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, after_window=killed)
+    path = tmp_path / "cut" / ".partial" / "checkpoint.pt"
+    saved = torch.load(path, weights_only=True)
+    change(saved)
+    torch.save(saved, path)
+    with pytest.raises(FfkvError) as refused:
+        build_index(loaded, spec, tmp_path / "cut", options, batching, progress=False, resume=True)
+    assert f"the checkpoint {path} cannot be resumed: {expected}" in str(refused.value), str(refused.value)
+    assert str(refused.value).endswith("choose a new --out")
+    assert not RunDir(tmp_path / "cut").table("trigger_examples").exists()

@@ -69,3 +69,39 @@ def test_default_corpus(tmp_path, monkeypatch):
     assert default_corpus.default_corpus_path("all").read_text().startswith("In the beginning God created")
     with pytest.raises(FfkvError, match="unknown split"):
         default_corpus.default_corpus_path("test")
+
+
+def _first(saved):
+    return next(iter(saved["model"]))
+
+
+CRAFTED = {
+    "a weight of the wrong shape": (lambda s: s["model"].__setitem__(_first(s), torch.zeros(3)),
+                                    "model['transformer.wte.weight'] has shape (3,), not (300, 16)"),
+    "NaN weights": (lambda s: s["model"][_first(s)].fill_(float("nan")),
+                    "model['transformer.wte.weight'] holds 4800 NaN or infinite value(s)"),
+    "a moment of three elements": (lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", torch.zeros(3)),
+                                   "optimizer.state[0].exp_avg has shape (3,), not (16, 16)"),
+    "a negative second moment": (lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].sub_(1),
+                                 "optimizer.state[0].exp_avg_sq holds 256 value(s) below 0"),
+    "a generator state of the wrong size": (lambda s: s.__setitem__("rng", torch.zeros(3, dtype=torch.uint8)),
+                                            "rng has shape (3,), not (5056,)"),
+    "a step as text": (lambda s: s.__setitem__("step", "2"), "step is '2' (str), not a count"),
+    "a negative step": (lambda s: s.__setitem__("step", -3), "step is -3 (int), not a count"),
+    "a step past the last": (lambda s: s.__setitem__("step", 7), "step is 7, more than 6"),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_checkpoint_is_refused_before_it_loads(case, tmp_path):
+    change, expected = CRAFTED[case]
+    train(LINES, tmp_path / "part", OPTS, checkpoint_every=2, stop_after=3, progress=False)
+    path = tmp_path / "part" / "checkpoint" / "state.pt"
+    saved = torch.load(path, weights_only=True)
+    change(saved)
+    torch.save(saved, path)
+    with pytest.raises(FfkvError) as refused:
+        train(LINES, tmp_path / "part", OPTS, checkpoint_every=2, resume=True, progress=False)
+    assert f"the checkpoint {path} cannot be resumed: {expected}" in str(refused.value), str(refused.value)
+    assert "choose another --out" in str(refused.value)
+    assert not (tmp_path / "part" / "model.safetensors").exists()

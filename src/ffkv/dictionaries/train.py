@@ -122,8 +122,13 @@ class TopKTranscoder(nn.Module):
             # order, and a resumed run would then differ from an uninterrupted one in the last bits.
             dense = torch.zeros(values.shape[0], self.n_latents, device=values.device, dtype=values.dtype)
             out = dense.scatter(1, indices, values) @ self.decoder
-        else:  # on the CPU the gather's gradient is summed in order: exact, and k/n_latents of the work
-            out = (values.unsqueeze(1) @ self.decoder[indices]).squeeze(1)
+        else:
+            # On the CPU a row gather, k/n_latents of the dense work. `index_select`, not `decoder[indices]`:
+            # the gradient of an index is summed with parallel atomic adds once it is large (and then differs
+            # run to run and with the thread count); index_select's is summed row by row in the indices'
+            # order, the same bits on any thread count.
+            rows = self.decoder.index_select(0, indices.reshape(-1)).view(*indices.shape, self.decoder.shape[1])
+            out = (values.unsqueeze(1) @ rows).squeeze(1)
         out = out + self.decoder_bias
         return out if self.skip is None else out + x @ self.skip.T
 
@@ -143,22 +148,37 @@ class TopKTranscoder(nn.Module):
 
 def fraction_of_variance_unexplained(target: Float[torch.Tensor, "n d_model"],
                                      reconstruction: Float[torch.Tensor, "n d_model"]) -> torch.Tensor:
-    """Σ‖y − ŷ‖² / Σ‖y − ȳ‖² over the rows, ȳ their mean: 0 for a perfect reconstruction, 1 for the mean."""
-    return (target - reconstruction).pow(2).sum() / (target - target.mean(0)).pow(2).sum()
+    """Σ‖y − ŷ‖² / Σ‖y − ȳ‖² over the rows, ȳ their mean: 0 for a perfect reconstruction, 1 for the mean.
+    Summed in one order on any thread count (`ordered_sum`)."""
+    return ordered_sum((target - reconstruction).pow(2)) / ordered_sum((target - target.mean(0)).pow(2))
+
+
+def ordered_sum(t: Float[torch.Tensor, "n d"]) -> torch.Tensor:
+    """The sum of a matrix's entries in an order that does not depend on the thread count: each row's sum (a
+    row is summed by one thread), then the rows' sums one after the other, in float64. torch's sum of a whole
+    tensor splits it among the threads, and its last bits then change with their number."""
+    rows = t.sum(-1).double().cumsum(0)
+    return rows[-1].to(t.dtype) if len(rows) else t.new_zeros(())
 
 
 def train_step(transcoder: TopKTranscoder, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                lr: float) -> tuple[float, torch.Tensor]:
     """One Adam step on the batch's fraction of variance unexplained; returns it (before the step) and the
-    latents that fired (activation > 0) in the batch, as a boolean mask over the latents."""
+    latents that fired (activation > 0) in the batch, as a boolean mask over the latents.
+
+    A batch whose outputs do not vary (one token, or copies of one) has no FVU (its denominator is 0, and the
+    gradient would be NaN in every weight): it takes no step, and its FVU is returned as NaN."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     reconstruction, values, indices = transcoder(x)
+    fired = fired_mask(values.detach(), indices, transcoder.n_latents)
+    if not bool(ordered_sum((y - y.mean(0)).pow(2)) > 0):
+        return math.nan, fired
     loss = fraction_of_variance_unexplained(y, reconstruction)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return float(loss.detach()), fired_mask(values.detach(), indices, transcoder.n_latents)
+    return float(loss.detach()), fired
 
 
 def fired_mask(values: torch.Tensor, indices: torch.Tensor, n_latents: int) -> torch.Tensor:

@@ -7,6 +7,8 @@ part of its meaning: under another batch size the same counts would name other
 examples. So it is stored with the checkpoint, and a resume under a different one is
 refused with one line naming the option (`Checkpoint.check_cutting`); options that do
 not cut batches (checkpoint interval, part size, tokenizer processes) may change freely.
+Every entry is then checked against what this run writes (`Checkpoint.template`: the
+states' shapes and dtypes, counts that are counts) before anything merges into it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.indexing.topk import TopKState
+from ffkv.models.checkpoint_schema import Omittable, check, count, number, tensor
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
 
@@ -77,7 +80,11 @@ class Checkpoint:
         self.saved = True
 
     @classmethod
-    def load(cls, path: Path, device: torch.device) -> "Checkpoint":
+    def load(cls, path: Path, device: torch.device, like: "Checkpoint | None" = None) -> "Checkpoint":
+        """The checkpoint at `path`, its tensors on `device`. With `like`, the empty checkpoint of the run that
+        resumes it (its tensors on the meta device will do: only their shapes and dtypes are read), it is refused
+        in one line unless it was cut as that run cuts (`check_cutting`), holds the same states (control, the
+        dictionary's layers) and every entry is one this run writes (`template`), before anything merges into it."""
         try:
             data = load_checkpoint(path, map_location=device, what="index checkpoint")
         except FfkvError as error:  # a file that names code to run, or not a checkpoint at all
@@ -91,15 +98,48 @@ class Checkpoint:
             by_layer = {name: None if data.get(name) is None else
                         {int(layer): TopKState.from_state_dict(s) for layer, s in data[name].items()}
                         for name in ("latents", "latent_control")}
-            return cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting), control=control,
-                       **by_layer,
-                       consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
-                       groups_done=int(data["groups_done"]), windows=int(data["windows"]),
-                       elapsed=float(data["elapsed"]), n_cut=int(data.get("n_cut", 0)), saved=True)
+            loaded = cls(state=TopKState.from_state_dict(data["state"]), cutting=dict(cutting), control=control,
+                         **by_layer,
+                         consumed=int(data["consumed"]), n_tokens=int(data["n_tokens"]), n_parts=int(data["n_parts"]),
+                         groups_done=int(data["groups_done"]), windows=int(data["windows"]),
+                         elapsed=float(data["elapsed"]), n_cut=int(data.get("n_cut", 0)), saved=True)
         except FfkvError:
             raise
         except Exception as error:  # a dict of other keys and types: not this checkpoint
             raise FfkvError(f"cannot read the checkpoint {path} ({type(error).__name__}); choose a new --out") from None
+        if like is not None:
+            loaded.check_cutting(like.cutting)
+            if (loaded.control is None) != (like.control is None):
+                raise FfkvError(f"the checkpoint {path} does not hold the control this run asks for "
+                                "(--control-keys); choose a new --out")
+            held, wanted = sorted(loaded.latents or {}), sorted(like.latents or {})
+            if held != wanted:
+                raise FfkvError(f"the checkpoint {path} holds the latents of layers {held or 'none'}, "
+                                f"not of the dictionary this run asks for (--dictionary); choose a new --out")
+            check(data, like.template(device), path, "choose a new --out")
+        return loaded
+
+    def template(self, device: torch.device | str) -> dict[str, Any]:
+        """What a checkpoint of this run holds (`ffkv.models.checkpoint_schema`), from its empty checkpoint: each
+        top-k state's four tensors of the empty one's shapes and dtypes, on `device` (scores as the model gave
+        them, NaN and infinities included; example ids and positions 0 or more, next tokens -1 or more), the
+        batching as this one's, counts, and a finite elapsed time (``n_cut`` is absent from older checkpoints)."""
+        def state(s: TopKState) -> dict[str, Any]:
+            return {"values": tensor(s.values, finite=False, device=device),
+                    "example_id": tensor(s.example_id, minimum=0, device=device),
+                    "position": tensor(s.position, minimum=0, device=device),
+                    "next_token": tensor(s.next_token, minimum=-1, device=device)}
+        template: dict[str, Any] = {
+            "state": state(self.state), "cutting": dict(self.cutting), "consumed": count(), "n_tokens": count(),
+            "n_parts": count(), "groups_done": count(), "windows": count(), "elapsed": number(minimum=0),
+            "n_cut": Omittable(count())}
+        if self.control is not None:
+            template["control"] = state(self.control)
+        for name in ("latents", "latent_control"):
+            states = getattr(self, name)
+            if states is not None:
+                template[name] = {int(layer): state(s) for layer, s in states.items()}
+        return template
 
     def check_cutting(self, cutting: dict[str, Any]) -> None:
         """Refuse to continue under a batching other than the one that made this checkpoint."""

@@ -365,29 +365,14 @@ class _IndexJob:
         self.started = time.time()
 
     def start(self, resume: bool) -> None:
-        """Load the checkpoint to continue from (refused if its batching differs), or start empty."""
+        """Load the checkpoint to continue from (refused unless it is one this run writes: `Checkpoint.load`), or
+        start empty."""
         view, cutting = self.loaded.view, self.batching.cutting(self.device)
-        n_control, directions = self.options.control_keys, len(self.options.directions)
-        latents = self.latents
-        if resume and self.checkpoint_path.exists():
-            self.at = Checkpoint.load(self.checkpoint_path, self.device)
-            self.at.check_cutting(cutting)
-            if (self.at.control is None) != (n_control == 0):
-                raise FfkvError(f"the checkpoint {self.checkpoint_path} does not hold the control this run asks for "
-                                "(--control-keys); choose a new --out")
-            held = sorted(self.at.latents or {})
-            if held != (latents.layers if latents else []):
-                raise FfkvError(f"the checkpoint {self.checkpoint_path} holds the latents of layers {held or 'none'}, "
-                                f"not of the dictionary this run asks for (--dictionary); choose a new --out")
+        n_control, latents = self.options.control_keys, self.latents
+        if resume and self.checkpoint_path.exists():  # refused unless it is one this run writes, from its shapes
+            self.at = Checkpoint.load(self.checkpoint_path, self.device, like=self._empty(cutting, "meta"))
         else:
-            k = self.options.top_k
-            empty = lambda rows: TopKState.empty(view.n_layers, rows, k, self.device)  # noqa: E731
-            self.at = Checkpoint(empty(view.d_m * directions), cutting,
-                                 control=empty(n_control * directions) if n_control else None)
-            if latents is not None:  # one state per layer the dictionary covers: widths may differ between layers
-                one = lambda rows: TopKState.empty(1, rows * len(LATENT_DIRECTIONS), k, self.device)  # noqa: E731
-                self.at.latents = {layer: one(d.n_latents) for layer, d in latents.dictionaries.items()}
-                self.at.latent_control = {layer: one(n_control) for layer in latents.layers} if n_control else None
+            self.at = self._empty(cutting, self.device)
         self.elapsed_before = self.at.elapsed
         signed = self.options.sign == "both"
         mode = self.options.mode
@@ -400,6 +385,20 @@ class _IndexJob:
         self.reducer = KeySink(feeds)
         self.run.partial.mkdir(parents=True, exist_ok=True)
         self.parts = _ExampleParts(self.run.partial, self.batching.part_rows, self.at.n_parts)
+
+    def _empty(self, cutting: dict, device: torch.device | str) -> Checkpoint:
+        """The checkpoint this run starts from when it resumes none: every top-k state empty, on `device` (the
+        meta device: only the shapes and dtypes, what a checkpoint to resume is checked against)."""
+        view, k = self.loaded.view, self.options.top_k
+        n_control, directions = self.options.control_keys, len(self.options.directions)
+        empty = lambda rows: TopKState.empty(view.n_layers, rows, k, device)  # noqa: E731
+        at = Checkpoint(empty(view.d_m * directions), cutting,
+                        control=empty(n_control * directions) if n_control else None)
+        if self.latents is not None:  # one state per layer the dictionary covers: widths may differ between layers
+            one = lambda rows: TopKState.empty(1, rows * len(LATENT_DIRECTIONS), k, device)  # noqa: E731
+            at.latents = {layer: one(d.n_latents) for layer, d in self.latents.dictionaries.items()}
+            at.latent_control = {layer: one(n_control) for layer in self.latents.layers} if n_control else None
+        return at
 
     def _latent_feeds(self, latents: LatentKeys) -> list[Feed]:
         """Each dictionary layer's latents (and control latents) from the site its keys read, into one-layer states."""

@@ -5,7 +5,8 @@ it without the CLI. The whole run is a function of its arguments: the same
 corpus, options, seed and thread count give the same weights, and a run
 interrupted at any point and continued with ``resume=True`` ends with the same
 weights as an uninterrupted one (the checkpoint holds model, optimizer, step and
-random-generator state).
+random-generator state; a resume refuses one whose entries are not what this run
+writes, before any of it loads: `ffkv.models.checkpoint_schema`).
 
 Data. The corpus is read as lines (blank lines skipped); every `heldout_every`-th
 line (0-based line n with ``n % heldout_every == heldout_every - 1``) is held out,
@@ -40,6 +41,7 @@ from typing import Sequence
 import torch
 
 from ffkv.errors import FfkvError
+from ffkv.models.checkpoint_schema import adam_state, check, count, number
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
 from ffkv.models.tiny_lm import (
@@ -323,6 +325,8 @@ def train(
     optimizer = _optimizer(model, options)
     step, elapsed, tokens_seen = 0, 0.0, 0
     if state is not None:
+        check(state, _checkpoint_template(model, optimizer, options, fingerprint), ckpt_path,
+              f"delete {ckpt_dir} to train from the start, or choose another --out")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -421,6 +425,16 @@ def _resumed_state(ckpt_path: Path, options: TrainOptions, fingerprint: str) -> 
             "resume with the same ones or choose another --out"
         )
     return state
+
+
+def _checkpoint_template(model: FfkvLMForCausalLM, optimizer: torch.optim.Optimizer, options: TrainOptions,
+                         fingerprint: str) -> dict:
+    """What `train`'s checkpoint holds (`ffkv.models.checkpoint_schema`), from the fresh model and optimizer:
+    the model's tensors as they are (shape, dtype, finite), AdamW's state (`adam_state`), the CPU generator's
+    state, a step of at most `options.steps`, the seconds and tokens so far, these options and this corpus."""
+    return {"model": model.state_dict(), "optimizer": adam_state(optimizer), "rng": torch.get_rng_state(),
+            "step": count(options.steps), "elapsed": number(minimum=0), "tokens_seen": count(),
+            "options": asdict(options), "corpus_sha256": fingerprint}
 
 
 def _tokenizer(out: Path, train_lines: Sequence[str], options: TrainOptions, reuse: bool):

@@ -9,8 +9,16 @@ Resumable to the same bits: a checkpoint (weights, Adam's moments, the step, the
 the latents' firing record, the FF outputs' running sums) is written atomically every `checkpoint_seconds`
 and at Ctrl-C (at the end of a step); a run killed at any point (kill -9 included) and continued with
 ``resume=True`` re-reads the examples after the last checkpointed one and ends with the weights an
-uninterrupted run ends with. On the CPU this holds bit for bit; on a GPU too where its kernels are
-deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
+uninterrupted run ends with. On the CPU this holds bit for bit, and the transcoders' own arithmetic is the
+same on any thread count (`ffkv.dictionaries.train`); the model's matrix products are the BLAS library's,
+which rounds some shapes differently under another thread count, so a checkpoint records the device and the
+threads, and a resume under others warns that the last bits may differ. On a GPU it holds where its kernels
+are deterministic (the decoder is dense there for that reason: `TopKTranscoder.decode`).
+
+A checkpoint is refused, in one line naming the file and the entry, unless every entry is what this training
+writes (`_checkpoint_template`: each tensor's shape, dtype and device, finite values, counts that are counts),
+before any of it reaches a module or an optimizer: the fused Adam kernel trusts its moments' sizes. Trained
+weights that are not finite are refused before anything is written.
 
 Fidelity, per layer, over held-out tokens (the corpus's held-out split), the model in its own dtype:
 
@@ -52,10 +60,11 @@ from ffkv.dictionaries.hookpoints import ff_site
 from ffkv.dictionaries.sparsify_layout import read_sparsify, save_sparsify
 from ffkv.dictionaries.train import (TopKTranscoder, TranscoderShape, default_learning_rate, learning_rate,
                                      train_step)
-from ffkv.errors import FfkvError, Interrupted
+from ffkv.errors import FfkvError, Interrupted, warn
 from ffkv.experiments.common import progress_bar
 from ffkv.indexing.interrupt import deferred_interrupt
 from ffkv.memories import dictionary_fidelity
+from ffkv.models.checkpoint_schema import Omittable, adam_state, check, count, either, mismatch, number, rows, text
 from ffkv.models.loading import LoadedModel
 from ffkv.models.safe_load import load_checkpoint
 from ffkv.store import atomic
@@ -205,6 +214,13 @@ def train_dictionaries(loaded: LoadedModel, train_examples: Callable[[], Iterabl
         else _load_state(loaded, options, out / CHECKPOINT, identity)
 
     _train(loaded, train_examples, options, state, out, identity, checkpoint_seconds, progress)
+    diverged = [layer + 1 for layer in options.layers
+                if not all(bool(torch.isfinite(p).all()) for p in state.transcoders[layer].parameters())]
+    if diverged:
+        which = (f"transcoder of layer {diverged[0]} holds" if len(diverged) == 1
+                 else f"transcoders of layers {', '.join(map(str, diverged))} hold")
+        raise FfkvError(f"the training diverged: the {which} NaN or infinite weights after {state.step} steps, and "
+                        f"nothing was written; delete {out / CHECKPOINT} and train again with a smaller --lr")
 
     dictionaries = {}
     for layer in options.layers:
@@ -258,19 +274,37 @@ def _save_state(state: _State, path: Path, identity: dict) -> None:
                "tokens_done": state.tokens_done, "elapsed": state.elapsed, "last_fvu": state.last_fvu, "curve": state.curve,
                "transcoders": {layer: t.state_dict() for layer, t in state.transcoders.items()},
                "optimizers": {layer: o.state_dict() for layer, o in state.optimizers.items()},
-               "fired": state.fired, "ff_out_sum": state.ff_out_sum}
+               "fired": state.fired, "ff_out_sum": state.ff_out_sum,
+               "arithmetic": _arithmetic(next(iter(state.transcoders.values())).encoder.device)}
     atomic.write_with(path, lambda f: torch.save(payload, f))
 
 
+def _arithmetic(device: torch.device) -> dict[str, Any]:
+    """What a step's last bits depend on besides the state: the kind of device, and the CPU threads the model's
+    matrix products are split among (the BLAS library rounds some shapes differently under another count)."""
+    return {"device": device.type, "threads": torch.get_num_threads()}
+
+
 def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path, identity: dict) -> _State:
-    saved = load_checkpoint(path, map_location=loaded.view.device, what="train-dictionary checkpoint")
-    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
+    """The checkpoint at `path` as the state of this run, refused (one line naming the file and the entry) unless
+    it is this training's and every entry is what a checkpoint of it holds (`_checkpoint_template`), before any
+    of it reaches a module or an optimizer."""
+    device = loaded.view.device
+    saved = load_checkpoint(path, map_location=device, what="train-dictionary checkpoint")
+    if not isinstance(saved, dict) or mismatch(saved.get("format"), _FORMAT) is not None:
         raise FfkvError(f"{str(path)!r} is not a checkpoint of `ffkv train-dictionary`; choose another --out")
-    differs = [key for key in ("options", "corpus", "model", "dtype") if saved.get(key) != identity[key]]
+    differs = [key for key in ("options", "corpus", "model", "dtype") if mismatch(saved.get(key), identity[key])]
     if differs:
         raise FfkvError(f"the checkpoint in {str(path.parent)!r} was made with another {', '.join(differs)}; resume "
                         "with the same ones, or choose another --out")
     state = _fresh_state(loaded, options)
+    check(saved, _checkpoint_template(state, identity), path,
+          "delete it to train from the start, or choose another --out")
+    then, now = saved.get("arithmetic"), _arithmetic(device)
+    if then is not None and (then["device"] != now["device"] or (now["device"] == "cpu" and then != now)):
+        warn(f"the checkpoint in {path.parent} was trained on {_on(then)} and continues on {_on(now)}: the model's "
+             "matrix products may round otherwise, and the transcoders then differ in their last bits from an "
+             f"uninterrupted run's; resume on {_on(then)} for the same bytes")
     for layer in options.layers:
         state.transcoders[layer].load_state_dict(saved["transcoders"][layer])
         state.optimizers[layer].load_state_dict(saved["optimizers"][layer])
@@ -280,6 +314,32 @@ def _load_state(loaded: LoadedModel, options: TrainDictionaryOptions, path: Path
     state.tokens_done, state.elapsed, state.last_fvu = saved["tokens_done"], saved["elapsed"], saved["last_fvu"]
     state.curve = saved["curve"]
     return state
+
+
+def _on(arithmetic: dict[str, Any]) -> str:
+    if arithmetic["device"] != "cpu":
+        return arithmetic["device"]
+    threads = arithmetic["threads"]
+    return f"the CPU with {threads} thread{'s' * (threads != 1)} (OMP_NUM_THREADS={threads})"
+
+
+def _checkpoint_template(fresh: _State, identity: dict) -> dict[str, Any]:
+    """What a checkpoint of this training holds (`ffkv.models.checkpoint_schema`), from its fresh state: the
+    identity as it is; counts, a finite elapsed time and FVUs; the curve's rows (tokens, then each layer's FVU);
+    per layer, the transcoder's tensors and the fired and FF-output records as the fresh ones are (shape, dtype,
+    device, finite), and Adam's state (`adam_state`)."""
+    layers = sorted(fresh.transcoders)
+    any_device = next(iter(fresh.transcoders.values())).encoder.device
+    on_device = lambda t: t.to(any_device)  # noqa: E731 - the checkpoint is loaded onto the model's device
+    return {**identity,
+            "step": count(), "examples_done": count(), "tokens_done": count(), "elapsed": number(minimum=0),
+            "last_fvu": either({}, {layer: number(minimum=0) for layer in layers}),
+            "curve": rows(1 + len(layers), number(minimum=0, finite=False), first=count()),
+            "transcoders": {layer: t.state_dict() for layer, t in fresh.transcoders.items()},
+            "optimizers": {layer: adam_state(optimizer) for layer, optimizer in fresh.optimizers.items()},
+            "fired": {layer: on_device(t) for layer, t in fresh.fired.items()},
+            "ff_out_sum": {layer: on_device(t) for layer, t in fresh.ff_out_sum.items()},
+            "arithmetic": Omittable({"device": text(), "threads": count()})}
 
 
 def _train(loaded: LoadedModel, train_examples: Callable[[], Iterable], options: TrainDictionaryOptions,
@@ -352,7 +412,8 @@ def _train_batch(loaded: LoadedModel, layers: list[int], group: Sequence, option
             transcoder.initialise_biases(x, y)
         with torch.enable_grad():
             fvu, fired = train_step(transcoder, state.optimizers[layer], x, y, lr)
-        state.last_fvu[layer] = fvu
+        if not math.isnan(fvu):  # NaN: a batch without an FVU (`train_step`), no step taken
+            state.last_fvu[layer] = fvu
         state.fired[layer] |= fired.cpu()
         state.ff_out_sum[layer] += y.double().sum(0).cpu()
     return n
