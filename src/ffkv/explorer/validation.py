@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Mapping
 
 from ffkv.errors import FfkvError
+from ffkv.memories.address import quoted, whole_number
 from ffkv.store.annotations import LABELS
 
 #: The longest prompt the trace page accepts, in characters (the token limit of the model applies too).
@@ -28,11 +30,15 @@ class BadRequest(FfkvError):
 
 
 def integer(text: str | int | None, name: str, low: int, high: int, status: int = 404) -> int:
-    """`text` as an integer in [low, high], or a BadRequest naming the allowed range."""
-    try:
-        value = int(str(text).strip())
-    except (TypeError, ValueError):
-        raise BadRequest(f"{name} must be an integer from {low} to {high}, got {str(text)[:40]!r}", status) from None
+    """`text` as an integer in [low, high], or a BadRequest naming the allowed range. Text is read as every
+    number a URL gives is (`ffkv.memories.address.whole_number`: ASCII digits, a few of them)."""
+    if isinstance(text, Integral) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        try:
+            value = whole_number(text, f"{name} must be an integer from {low} to {high}")
+        except FfkvError as exc:
+            raise BadRequest(str(exc), status) from None
     if not low <= value <= high:
         raise BadRequest(f"{name} {value} does not exist: this run has {name}s {low} to {high}", status)
     return value
@@ -87,7 +93,7 @@ def edits(params: dict[str, list[str]], n_layers: int, d_m: int,
 
 def label(text: str | None) -> str:
     if text not in LABELS:
-        raise BadRequest(f"label must be one of {', '.join(LABELS)}, got {str(text)[:40]!r}", 422)
+        raise BadRequest(f"label must be one of {', '.join(LABELS)}, got {quoted(text)}", 422)
     return text
 
 
