@@ -439,3 +439,12 @@ def test_a_latents_address_is_read_in_ascii_digits_only_and_quoted_short(client,
         assert r.json()["status"] == status and r.json()["error"]
     else:
         assert 'id="error-message"' in r.text and "Traceback" not in r.text
+
+
+def test_an_edit_of_a_latent_past_the_bound_is_the_same_422_as_everywhere(client):
+    """The explorer's bound is the one of every edit (`Intervention`): its 422 says what the command line says."""
+    for url, says in (("/trace?prompt=And+God&scale=t4:1=1e308", "scale t4:1=1e+308: the factor must be finite and "
+                                                                  "within ±10000"),
+                      ("/trace?prompt=And+God&set=t4:1=1e30", "set t4:1=1e+30: the value must be finite and within")):
+        r = client.get(url)
+        assert r.status_code == 422 and says in unescape(r.text), r.text[-400:]

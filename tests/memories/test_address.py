@@ -145,3 +145,20 @@ def test_the_explorers_layer_and_key_are_read_as_everywhere(layer, key):
         validation.layer_key(layer, key, 6, 50)
     assert caught.value.status == 404 and len(str(caught.value)) < 300 and "digits 0-9" in str(caught.value)
     assert validation.layer_key(" 6", "49 ", 6, 50) == (5, 49) and validation.layer_key(1, 0, 6, 50) == (0, 0)
+
+
+@pytest.mark.parametrize("op, text", [("scale", "1:2=1e308"), ("set", "t3:1=1e30"), ("set", "1:2=-10000.5"),
+                                      ("scale", "1:2=nan"), ("set", "1:2=-inf")])
+def test_an_edit_past_the_bound_is_refused_wherever_it_is_read(op, text):
+    """The explorer bounded edits at ±1e4 while the command line let 1e308 through to overflow the model: the bound
+    is the edit's own, so the command line's reading, the explorer's and the library's refuse it alike."""
+    from ffkv.memories.interventions import MAX_EDIT_VALUE
+
+    with pytest.raises(FfkvError, match="must be finite and within ±10000"):
+        parse_edit(op, text, **SHAPE, latents=LAYOUT_LATENTS)
+    with pytest.raises(validation.BadRequest, match="must be finite and within ±10000") as caught:
+        validation.edits({op: [text]}, **SHAPE, latents=LAYOUT_LATENTS)
+    assert caught.value.status == 422
+    with pytest.raises(FfkvError, match="must be finite and within ±10000"):
+        Intervention(0, 2, op, float(text.partition("=")[2]))
+    assert parse_edit(op, f"1:2={-MAX_EDIT_VALUE:g}", **SHAPE).value == -MAX_EDIT_VALUE  # the bound itself is kept

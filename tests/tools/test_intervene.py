@@ -197,3 +197,56 @@ def test_held_out_text_of_a_run_over_the_training_file_is_the_true_held_out_file
                      "--out", str(tmp_path / "other"), "--no-progress"]) == 0
     spec = eval_spec(open_run(tmp_path / "other").manifest)
     assert spec.source == str(other) and spec.split == "heldout"
+
+
+# ------------------------------------------------------------------------ edits past the bound, and overflow
+
+@pytest.fixture(scope="module")
+def latent_run(tmp_path_factory):
+    """ffkv-tiny indexed through the command line with its shipped transcoder: latents t4:J."""
+    from ffkv.models.default_corpus import default_corpus_path
+    from ffkv.models.tiny_lm import tiny_transcoders_path
+
+    folder = tmp_path_factory.mktemp("latent_run") / "run"
+    assert cli.main(["index", "--model", "ffkv-tiny", "--corpus", str(default_corpus_path("train")), "--unit", "line",
+                     "--max-examples", "30", "--top-k", "2", "--out", str(folder), "--no-progress",
+                     "--dictionary", str(tiny_transcoders_path())]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("flag, edit, shown", [("--scale", "t4:1=1e308", "scale t4:1=1e+308"),
+                                               ("--set", "t4:1=1e30", "set t4:1=1e+30"),
+                                               ("--set", "4:1=-1e5", "set 4:1=-100000"),
+                                               ("--scale", "4:1=10000.5", "scale 4:1=10000.5")])
+def test_an_edit_past_the_bound_is_refused_in_one_line(latent_run, tmp_path, capsys, flag, edit, shown):
+    """`--scale t4:1=1e308` overflowed the model to NaN and exited 0 with every result "n/a ... fewer than 2";
+    the command line now bounds edits as the explorer does, before the model loads."""
+    from support.cli_runs import error_line, run
+
+    out = tmp_path / "result.json"
+    code, printed, err = run(capsys, "intervene", latent_run, flag, edit, "--n-eval", "5", "--no-progress",
+                             "--out", out)
+    assert code == 2 and "n/a" not in printed and not out.exists()
+    line = error_line(err)
+    assert shown in line and "within ±10000" in line, line
+
+
+def test_the_library_bounds_every_edit_as_the_command_line_does(latent_run):
+    """`ffkv.intervene` and `Run.trace` build their edits from numbers, not text: the same bound and check."""
+    from ffkv.api import Run, intervene
+
+    run_ = Run(latent_run)
+    for edits, says in ((dict(scale={"t4:1": 1e308}), "scale t4:1=1e+308: the factor must be finite and within"),
+                        (dict(set={"t4:1": 1e30}), "set t4:1=1e+30: the value must be finite and within"),
+                        (dict(set={(3, 1): float("nan")}), "set 4:1=nan: the value must be finite"),
+                        (dict(scale={"4:1": -float("inf")}), "scale 4:1=-inf: the factor must be finite"),
+                        (dict(set={"4:1": "2"}), "the value must be a number, got '2'")):
+        with pytest.raises(FfkvError, match=re.escape(says)):
+            intervene(run_, n_eval=3, **edits)
+        with pytest.raises(FfkvError, match=re.escape(says)):
+            run_.trace("And God said", **edits)
+    with pytest.raises(FfkvError, match="within"):
+        Intervention(3, 1, "scale", 1e5, kind="transcoder")
+    # The bound itself is an edit like any other.
+    result = intervene(run_, scale={"t4:1": -1e4}, n_eval=3)
+    assert np.isfinite(result.summary[["before", "after", "change"]].to_numpy()).all()

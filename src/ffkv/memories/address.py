@@ -26,7 +26,6 @@ Every number a person or a URL gives for a layer, a key or a latent is read by `
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Sequence
@@ -176,7 +175,8 @@ class MemoryLayout:
 def parse_edit(op: str, text: str, n_layers: int, d_m: int,
                latents: Mapping[int, tuple[str, int]] | None = None) -> Intervention:
     """One edit as written: ``off`` ``L:K``, ``scale`` ``L:K=F`` or ``set`` ``L:K=V`` (layers from 1); with the
-    `latents` of an attached dictionary (`MemoryLayout.latents`), also of a latent: ``off`` ``t4:42``."""
+    `latents` of an attached dictionary (`MemoryLayout.latents`), also of a latent: ``off`` ``t4:42``. F and V
+    are bounded where every edit is made (`ffkv.memories.interventions.MAX_EDIT_VALUE`)."""
     if op not in OPERATIONS:
         raise FfkvError(f"unknown edit {quoted(op)}; choose from {', '.join(OPERATIONS)}")
     layout = MemoryLayout(n_layers, d_m, latents or {})
@@ -192,9 +192,7 @@ def parse_edit(op: str, text: str, n_layers: int, d_m: int,
         number = float(value)
     except ValueError:
         raise FfkvError(f"{op}: VALUE must be a number, got {quoted(value)} in {quoted(text)}") from None
-    if not math.isfinite(number):
-        raise FfkvError(f"{op}: VALUE must be finite, got {quoted(value)}")
-    return _edit(memory, op, number)
+    return _edit(memory, op, number)  # `Intervention` bounds the number
 
 
 def _edit(memory: "MemoryRef | LatentRef", op: str, value: float) -> Intervention:
