@@ -299,3 +299,26 @@ def test_a_number_is_read_in_ascii_digits_only_and_quoted_short(client, url, sta
         assert r.json()["status"] == status and r.json()["error"]
     else:
         assert 'id="error-message"' in r.text and "Traceback" not in r.text
+
+
+def test_an_edit_that_overflows_the_model_is_refused_with_its_cause(analyzed):
+    """Within the bound, an edit can still overflow a model whose value is huge: the trace under it is refused with
+    the cause named, not drawn from NaN."""
+    import copy
+
+    import torch
+
+    run, loaded = analyzed
+    crafted = copy.deepcopy(loaded)
+    with torch.no_grad():
+        value = crafted.view.values(1)[3]
+        value.mul_(1e16 / value.norm())
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=crafted),
+                    raise_server_exceptions=False) as c:
+        assert c.get("/trace?prompt=the+cat+sat").status_code == 200  # the model alone is finite
+        for url in ("/trace?prompt=the+cat+sat&set=2:3=1e4", "/trace?prompt=the+cat+sat&set=2:3=1e4&generate=3"):
+            r = c.get(url)
+            assert r.status_code == 422, r.text[-400:]
+            assert "the edit set 2:3=10000 made the model&#39;s output NaN or infinite" in r.text
+        r = c.post("/trace", data={"prompt": "the cat sat", "set:2:3": "1e4", "action": "intervene"})
+        assert r.status_code == 422 and "NaN or infinite" in r.text

@@ -250,3 +250,56 @@ def test_the_library_bounds_every_edit_as_the_command_line_does(latent_run):
     # The bound itself is an edit like any other.
     result = intervene(run_, scale={"t4:1": -1e4}, n_eval=3)
     assert np.isfinite(result.summary[["before", "after", "change"]].to_numpy()).all()
+
+
+OVERFLOW_LAYER, OVERFLOW_KEY = 1, 3  # 2:3 as the command line writes it
+
+
+def _overflowing():
+    """The tiny GPT-2 with one value vector of norm 1e16 (memory 2:3): its own coefficients (below 0.1) leave every
+    output finite, but a coefficient of 1e4, within the bound, makes the next layer's numbers overflow float32."""
+    loaded = loaded_tiny("gpt2")
+    with torch.no_grad():
+        value = loaded.view.values(OVERFLOW_LAYER)[OVERFLOW_KEY]
+        value.mul_(1e16 / value.norm())
+    return loaded
+
+
+def _overflowing_loader(name, dtype, device):
+    if name == "tiny-gpt2":
+        got = _overflowing()
+        return got.model, got.tokenizer
+    return None
+
+
+def test_an_edit_that_overflows_the_model_is_refused_with_its_cause(tmp_path, monkeypatch, capsys):
+    """An edit within the bound can still overflow a model (here one with a huge value vector): the scores under
+    it are NaN, and were reported as "n/a ... fewer than 2" with exit 0. The edited pass is refused, naming the
+    edit and the overflow, and no result is written."""
+    from ffkv.api import Run, intervene
+    from support.cli_runs import error_line, run
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    run_dir, _ = make_run(tmp_path / "r", n=30)
+    corpus = tmp_path / "r" / "corpus.txt"
+    crafted = _overflowing()
+    examples = _examples(crafted)
+    base = score_examples(crafted, examples, token_set=[1])
+    assert np.isfinite(base.nll).all() and np.isfinite(base.mass).all()  # the model alone is finite
+    monkeypatch.setattr(loading, "LOADERS", [_overflowing_loader, *loading.LOADERS])
+    out = tmp_path / "result.json"
+    code, printed, err = run(capsys, "intervene", run_dir, "--set", "2:3=1e4", "--eval-corpus", corpus,
+                             "--n-eval", "10", "--tokens", "a,b", "--out", out, "--no-progress")
+    assert code == 2 and "n/a" not in printed and not out.exists()
+    line = error_line(err)
+    assert "the edit set 2:3=10000 made the model's output NaN or infinite at" in line, line
+    # The same refusal from the library, and for every reader of the scores.
+    from ffkv.memories.interventions import NonFiniteOutput
+
+    with pytest.raises(NonFiniteOutput, match=re.escape("set 2:3=10000 made the model's output NaN")):
+        intervene(Run(run_dir, loaded=crafted), set={"2:3": 1e4}, eval_corpus=corpus, n_eval=10)
+    with pytest.raises(NonFiniteOutput, match="the edits off 1:0, off 1:1, off 1:2 and 1 more made the model's output NaN or infinite"):
+        score_examples(crafted, examples, interventions=[Intervention(0, k, "off") for k in range(3)]
+                       + [Intervention(OVERFLOW_LAYER, OVERFLOW_KEY, "set", -1e4)])
+    with pytest.raises(FfkvError, match=re.escape("set 2:3=10000 made the model's output NaN or infinite")):
+        Run(run_dir, loaded=crafted).trace("the cat", set={"2:3": 1e4}, generate=2)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Literal, Mapping
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import torch
 
@@ -35,6 +35,12 @@ EDIT_KINDS = ("neuron", "transcoder", "sae")
 #: command line, the explorer, the library). Far beyond the coefficients a model makes; past it the model's
 #: output soon overflows to infinity or NaN, and nothing under the edit can be measured.
 MAX_EDIT_VALUE = 1e4
+#: The most edits a refusal names before it counts the rest.
+NAMED_EDITS = 3
+
+
+class NonFiniteOutput(FfkvError):
+    """The model's output under an edit is NaN or infinite: the edit overflowed the model's numbers."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,20 @@ def _text(edit: Intervention) -> tuple[str, str]:
     from ffkv.memories.address import edit_text  # the one writer of edits; it imports this module
 
     return edit_text(edit)
+
+
+def refuse_non_finite(bad: int, total: int, edits: Sequence[Intervention]) -> None:
+    """Nothing when the model's output under `edits` was finite at every position read (`bad` of `total` were
+    not); else a `NonFiniteOutput` naming the edits and the count, so that a NaN is never reported as a result.
+    Every reader of the model's output under edits asks it (`ffkv.experiments.scoring`, the explorer's trace)."""
+    edits = list(edits)
+    if not bad or not edits:
+        return
+    named = ", ".join(" ".join(_text(e)) for e in edits[:NAMED_EDITS])
+    more = f" and {len(edits) - NAMED_EDITS:,} more" if len(edits) > NAMED_EDITS else ""
+    raise NonFiniteOutput(f"the edit{'s' if len(edits) > 1 else ''} {named}{more} made the model's output NaN or "
+                          f"infinite at {bad:,} of {total:,} positions: its numbers overflowed, and nothing can be "
+                          "measured under it; give a smaller factor or value")
 
 
 def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:
