@@ -303,3 +303,30 @@ def test_an_edit_that_overflows_the_model_is_refused_with_its_cause(tmp_path, mo
                        + [Intervention(OVERFLOW_LAYER, OVERFLOW_KEY, "set", -1e4)])
     with pytest.raises(FfkvError, match=re.escape("set 2:3=10000 made the model's output NaN or infinite")):
         Run(run_dir, loaded=crafted).trace("the cat", set={"2:3": 1e4}, generate=2)
+
+
+def _strict(text: str):
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_written_result_is_strict_json(tmp_path, monkeypatch, capsys):
+    """The JSON held NaN literals (the perplexity's interval, which it never has): now null, with why."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    run_dir, _ = make_run(tmp_path / "r", n=30)
+    corpus = tmp_path / "r" / "corpus.txt"
+    for out in (tmp_path / "result.json", tmp_path / "result.parquet"):
+        assert cli.main(["intervene", str(run_dir), "--scale", "1:0=2", "--eval-corpus", str(corpus), "--n-eval", "6",
+                         "--out", str(out), "--no-progress"]) == 0
+        text = out.read_text() if out.suffix == ".json" else pq.read_schema(out).metadata[b"ffkv"].decode()
+        saved = _strict(text)
+        rows = {row["measure"]: row for row in saved["summary"]}
+        perplexity = rows["perplexity"]
+        assert perplexity["ci_low"] is None and perplexity["ci_high"] is None
+        assert perplexity["no_interval"] == "a ratio over the whole corpus (see the mean NLL's)"
+        nll = rows["mean NLL per example (nats)"]
+        assert nll["no_interval"] is None and nll["ci_low"] < nll["change"] < nll["ci_high"]
