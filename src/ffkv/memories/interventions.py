@@ -109,7 +109,8 @@ def _text(edit: Intervention) -> tuple[str, str]:
 def refuse_non_finite(bad: int, total: int, edits: Sequence[Intervention]) -> None:
     """Nothing when the model's output under `edits` was finite at every position read (`bad` of `total` were
     not); else a `NonFiniteOutput` naming the edits and the count, so that a NaN is never reported as a result.
-    Every reader of the model's output under edits asks it (`ffkv.experiments.scoring`, the explorer's trace)."""
+    The passes under edits a person gives ask it: `ffkv.experiments.scoring.score_examples` (`ffkv intervene`,
+    the analyses that score under edits) and the explorer's trace and generation."""
     edits = list(edits)
     if not bad or not edits:
         return
