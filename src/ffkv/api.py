@@ -267,9 +267,10 @@ class Run:
             return (*self._check(int(layer), int(key)), "neuron")
 
         edits = [Intervention(layer, key, "off", kind=kind) for layer, key, kind in map(memory, off)]
-        edits += [Intervention.scaled(layer, key, float(f), kind)
+        # `Intervention` refuses a factor or value that is not a number, or not finite within its bound.
+        edits += [Intervention.scaled(layer, key, f, kind)
                   for (layer, key, kind), f in ((memory(m), f) for m, f in dict(scale or {}).items())]
-        edits += [Intervention(layer, key, "set", float(v), kind)
+        edits += [Intervention(layer, key, "set", v, kind)
                   for (layer, key, kind), v in ((memory(m), v) for m, v in dict(set or {}).items())]
         if any(e.kind != "neuron" for e in edits):
             self.memories("latents")

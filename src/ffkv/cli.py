@@ -55,6 +55,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _layer_number(text: str) -> int:
+    """A layer as the command line counts them, from 1, in the digits 0-9 (`ffkv.memories.address.whole_number`)."""
+    from ffkv.memories.address import whole_number
+
+    try:
+        value = whole_number(text, "expected a layer from 1")
+    except FfkvError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a layer from 1, got {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -637,7 +650,7 @@ def _locate_parser(sub) -> None:
                    help="memories whose single restoration is measured (default: %(default)s)")
     p.add_argument("--top-memories", type=_positive_int, default=10,
                    help="memories listed and named in the intervene command (default: %(default)s)")
-    p.add_argument("--layer", type=_positive_int, default=None,
+    p.add_argument("--layer", type=_layer_number, default=None,
                    help="trace the memories of this layer (from 1; default: the FF layer with the largest "
                         "indirect effect)")
     p.add_argument("--position", type=int, default=None,
@@ -919,18 +932,18 @@ def _add_llm_options(p: argparse.ArgumentParser, flag: str) -> None:
 
 
 def _layer_list(text: str | None, what: str = "--layers") -> list[int] | None:
+    from ffkv.memories.address import whole_number
+
     if text is None:
         return None
-    try:
-        return [int(x) - 1 for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise FfkvError(f"{what} takes layers from 1, comma-separated (e.g. 1,15,30), got {text!r}") from None
+    said = f"{what} takes layers from 1, comma-separated (e.g. 1,15,30): each must be an integer"
+    return [whole_number(x, said, text) - 1 for x in text.split(",") if x.strip()]
 
 
 def _memory_list(text: str | None) -> list:
     """--memories as the library takes it: (layer, key) of a neuron, or a `LatentRef` (tL:J, sL:J); layers from 0.
     Whether they exist is the library's to say, against the run."""
-    from ffkv.memories.address import LATENT_PREFIX, LatentRef
+    from ffkv.memories.address import LatentRef, latent_kind, quoted, whole_number
 
     out: list = []
     said = "--memories takes L:K pairs (layer from 1, key from 0), or tL:J / sL:J for a latent"
@@ -938,14 +951,12 @@ def _memory_list(text: str | None) -> list:
         item = item.strip()
         if not item:
             continue
-        kind = next((k for k, prefix in LATENT_PREFIX.items() if item[:1].lower() == prefix), None)
+        kind = latent_kind(item)
         layer, sep, key = (item[1:] if kind else item).partition(":")
-        try:
-            pair = (int(layer) - 1, int(key))
-        except ValueError:
-            raise FfkvError(f"{said}, got {item!r}") from None
         if not sep:
-            raise FfkvError(f"{said}, got {item!r}")
+            raise FfkvError(f"{said}, got {quoted(item)}")
+        layer, key = (whole_number(part, f"{said}, each number an integer", item) for part in (layer, key))
+        pair = (layer - 1, key)
         out.append(LatentRef(*pair, kind) if kind else pair)
     return out
 

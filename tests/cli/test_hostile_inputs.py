@@ -54,6 +54,14 @@ def own_run(index_only, tmp_path):
     (b"layer,key,label\n0,99999,none\n", "line 2: key '99999' is not a key of this run (0 to "),
     (b"layer,key,label\n0,1.5,none\n", "line 2: key '1.5' is not an integer"),
     (b"layer,key,label\n-1,1,none\n", "line 2: layer '-1' is not a layer of this run"),
+    # Python's int() reads "1_0" as 10 and a fullwidth "１" as 1: each was stored as another memory's label.
+    (b"memory,label\n1:1_0,shallow\n", "line 2: memory '1:1_0': LAYER and KEY of a memory must be integers"),
+    ("memory,label\n\uff11:1,shallow\n".encode(), "line 2: memory '\uff11:1': LAYER and KEY of a memory must be"),
+    (b"layer,key,label\n0,1_0,shallow\n", "line 2: key '1_0' is not an integer"),
+    ("layer,key,label\n\uff10,1,shallow\n".encode(), "line 2: layer '\uff10' is not an integer"),
+    (b"layer,key,label\n0,+1,shallow\n", "line 2: key '+1' is not an integer"),
+    # A long number is quoted short (it was quoted back whole).
+    (b"memory,label\n1:" + b"1" * 100_000 + b",shallow\n", "line 2: memory '1:" + "1" * 38 + "'\u2026: LAYER and"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe\x00binary", "is not UTF-8 text"),
     (b"", "is not a CSV table"),
     (b"memory\n1:1\n", "lacks a label column"),
@@ -66,6 +74,7 @@ def test_annotate_import_refuses_what_the_run_cannot_hold(own_run, tmp_path, cap
     labels.write_bytes(content)
     code, _, err = run(capsys, "annotate", "import", own_run, labels)
     assert code == 2 and expected in error_line(err)
+    assert len(error_line(err)) < 500
     assert read_labels(own_run).empty
 
 
@@ -78,6 +87,32 @@ def test_annotate_import_stores_good_labels(own_run, tmp_path, capsys, content):
     assert run(capsys, "annotate", "import", own_run, labels)[0] == 0
     saved = read_labels(own_run)
     assert saved[["layer", "key", "label"]].values.tolist() == [[1, 3, "shallow"]]
+
+
+# ------------------------------------------------------------------------------------------ numbers as typed
+
+@pytest.mark.parametrize("option, text, expected", [
+    ("--memories", "1:1_0", "--memories takes L:K pairs"), ("--memories", "\uff11:1", "--memories takes L:K pairs"),
+    ("--memories", "t\uff14:1", "--memories takes L:K pairs"), ("--memories", "1:" + "1" * 100_000, "--memories takes"),
+    ("--layers", "1,\uff12", "--layers takes layers from 1"), ("--layers", "1_0", "--layers takes layers from 1"),
+])
+def test_a_layer_or_key_on_the_command_line_is_ascii_digits(tmp_path, capsys, option, text, expected):
+    """`--memories 1:1_0` named memory 1:10 and `--layers 1,２` layer 2 (Python's int() reads both): refused, in one
+    line quoting what was given cut short, before the run or the backend is opened."""
+    code, _, err = run(capsys, "explain", tmp_path / "no-run", "--explainer", "openai:http://127.0.0.1:9/v1#m",
+                       "--retries", "0", option, text, "--no-progress")
+    line = error_line(err)
+    assert code == 2 and expected in line and "digits 0-9" in line and len(line) < 500, line
+
+
+def test_the_layer_of_locate_is_ascii_digits(tmp_path, capsys):
+    """`ffkv locate --layer ４` traced layer 4: a fullwidth digit is refused as the option's error."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["locate", "--model", "tiny-gpt2", "--prompt", "a b", "--subject", "a", "--layer", "\uff14",
+                  "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --layer: expected a layer from 1" in err and "digits 0-9" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------ read-only runs

@@ -275,3 +275,50 @@ def test_flag_columns_say_yes_or_no_and_blank_only_when_not_computed(client):
     computed = int(keys[flags].notna().sum().sum())  # 40 keys, one page
     assert len(cells) == computed and cells.count("yes") == int(keys[flags].fillna(False).astype(bool).sum().sum())
     assert "no" in cells
+
+
+LONG_ID = "1" * 60_000  # as long as the test client sends (a real server took 100,000)
+
+
+@pytest.mark.parametrize("url, status", [
+    ("/memory/1/1_0", 404), ("/memory/1/1_0.json", 404), ("/memory/\uff11/1", 404), ("/memory/1/\uff11", 404),
+    ("/memory/1/\u00b2", 404), ("/memory/1/+1", 404), ("/memory/1/" + LONG_ID, 404), ("/memory/1/" + LONG_ID + ".json", 404),
+    ("/layer/\uff11", 404), ("/layer/1_0", 404), ("/layer/1?page=\uff11", 422), ("/layer/1?page=1_0", 422),
+    ("/concepts?layer=\uff11", 422), ("/search?token=%23\uff11\uff10", 404), ("/search?token=%23\u00b2", 404),
+    ("/trace?prompt=hi&position=\uff11", 422), ("/trace?prompt=hi&off=1:1_0", 422),
+    ("/trace?prompt=hi&scale=\uff11:1=2", 422), ("/trace?prompt=hi&off=1:" + LONG_ID[:5000], 422),
+])
+def test_a_number_is_read_in_ascii_digits_only_and_quoted_short(client, url, status):
+    """Python's int() reads "1_0" as 10 and "１" (a fullwidth digit) as 1: /memory/1/1_0 showed memory 1:10, and
+    a 100,000-digit latent id came back whole in the error. Every number a URL gives is ASCII digits, a few of them, and
+    a refusal quotes at most a short prefix of it."""
+    r = client.get(url)
+    assert r.status_code == status, r.text[-400:]
+    assert len(r.content) < 20_000 and "1" * 50 not in r.text
+    if url.split("?")[0].endswith(".json"):
+        assert r.json()["status"] == status and r.json()["error"]
+    else:
+        assert 'id="error-message"' in r.text and "Traceback" not in r.text
+
+
+def test_an_edit_that_overflows_the_model_is_refused_with_its_cause(analyzed):
+    """Within the bound, an edit can still overflow a model whose value is huge: the trace under it is refused with
+    the cause named, not drawn from NaN."""
+    import copy
+
+    import torch
+
+    run, loaded = analyzed
+    crafted = copy.deepcopy(loaded)
+    with torch.no_grad():
+        value = crafted.view.values(1)[3]
+        value.mul_(1e16 / value.norm())
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(run, loaded=crafted),
+                    raise_server_exceptions=False) as c:
+        assert c.get("/trace?prompt=the+cat+sat").status_code == 200  # the model alone is finite
+        for url in ("/trace?prompt=the+cat+sat&set=2:3=1e4", "/trace?prompt=the+cat+sat&set=2:3=1e4&generate=3"):
+            r = c.get(url)
+            assert r.status_code == 422, r.text[-400:]
+            assert "the edit set 2:3=10000 made the model&#39;s output NaN or infinite" in r.text
+        r = c.post("/trace", data={"prompt": "the cat sat", "set:2:3": "1e4", "action": "intervene"})
+        assert r.status_code == 422 and "NaN or infinite" in r.text

@@ -420,3 +420,31 @@ def test_the_latents_activations_ride_on_the_neurons_pass_and_equal_their_own(ru
     alone = latent_lookups.trigger_coefficients(tiny, riders.latents, riders.rows, texts)
     np.testing.assert_allclose(riders.finish(tiny), alone, rtol=2**-10, atol=1e-6)
     assert riders.done >= set(riders.needed) and np.abs(alone).max() > 0
+
+
+@pytest.mark.parametrize("url, status", [
+    ("/memory/t\uff14:1", 404), ("/memory/t4:\uff11", 404), ("/memory/t4:1_0", 404), ("/memory/t4:1_0.json", 404),
+    ("/memory/t4:+1", 404), ("/memory/t4:" + "1" * 60_000, 404), ("/memory/t4:" + "1" * 60_000 + ".json", 404),
+    ("/memory/t" + "4" * 60_000 + ":1", 404), ("/layer/t\uff14", 404), ("/layer/t4_0", 404),
+    ("/trace?prompt=And+God&off=t4:1_0", 422), ("/trace?prompt=And+God&scale=t\uff14:1=2", 422),
+])
+def test_a_latents_address_is_read_in_ascii_digits_only_and_quoted_short(client, url, status):
+    """/memory/t４:1 (a fullwidth digit) and /memory/t4:1_0 showed latents 1 and 10, and a 100,000-digit latent
+    id came back whole (108 kB) in the error: every number of an address is ASCII digits, a few of them, and a
+    refusal quotes a short prefix of it."""
+    r = client.get(url)
+    assert r.status_code == status, r.text[-400:]
+    assert len(r.content) < 20_000 and "1" * 50 not in r.text and "4" * 50 not in r.text
+    if url.split("?")[0].endswith(".json"):
+        assert r.json()["status"] == status and r.json()["error"]
+    else:
+        assert 'id="error-message"' in r.text and "Traceback" not in r.text
+
+
+def test_an_edit_of_a_latent_past_the_bound_is_the_same_422_as_everywhere(client):
+    """The explorer's bound is the one of every edit (`Intervention`): its 422 says what the command line says."""
+    for url, says in (("/trace?prompt=And+God&scale=t4:1=1e308", "scale t4:1=1e+308: the factor must be finite and "
+                                                                  "within ±10000"),
+                      ("/trace?prompt=And+God&set=t4:1=1e30", "set t4:1=1e+30: the value must be finite and within")):
+        r = client.get(url)
+        assert r.status_code == 422 and says in unescape(r.text), r.text[-400:]

@@ -115,3 +115,50 @@ def test_the_explorer_reads_a_latent_edit_as_the_command_does():
             validation.edits(params, **SHAPE)  # a run without a dictionary
     with pytest.raises(validation.BadRequest, match="t3 has latents 0..39"):
         validation.edits({"off": ["t3:40"]}, **SHAPE, latents=LAYOUT_LATENTS)
+
+
+@pytest.mark.parametrize("text", ["1:1_0", "\uff11:1", "1:\uff11", "1:\u00b2", "1:\u0661", "1:+1", "1:-0", "1: ",
+                                  "1:" + "1" * 100_000, "t3:1_0", "t\uff13:1", "t3:\u0661", "t3:+1",
+                                  "t3:" + "1" * 100_000, "t" + "3" * 100_000 + ":1"])
+def test_a_memorys_numbers_are_ascii_digits_and_a_refusal_quotes_them_short(text):
+    """Python's int() reads "1_0" as 10 and other scripts' digits ("１", "١") as theirs, so "1:1_0" named memory
+    1:10 and "t３:1" latent t3:1; a 100,000-digit key was quoted back whole. Every layer, key and latent a person
+    writes is the digits 0-9, a few of them, and the refusal quotes a short prefix of what was given."""
+    from ffkv.memories.address import MemoryLayout
+
+    for read in (lambda: MemoryLayout(6, 50, LAYOUT_LATENTS).parse(text), lambda: MemoryRef.parse(text, **SHAPE),
+                 lambda: parse_edit("off", text, **SHAPE, latents=LAYOUT_LATENTS),
+                 lambda: validation.edits({"scale": [text + "=2"]}, **SHAPE, latents=LAYOUT_LATENTS)):
+        with pytest.raises(FfkvError) as caught:
+            read()
+        message = str(caught.value)
+        assert len(message) < 300 and "1" * 50 not in message and "3" * 50 not in message, message
+        assert "digits 0-9" in message or "LAYER:KEY" in message, message
+
+
+@pytest.mark.parametrize("layer, key", [("1_0", "1"), ("\uff11", "1"), ("1", "\u00b2"), ("1", "1_0"),
+                                        ("1", "1" * 100_000), (" 1", "+1")])
+def test_the_explorers_layer_and_key_are_read_as_everywhere(layer, key):
+    """/memory/1/1_0 showed memory 1:10 (and /memory/１/1 memory 1:1): the explorer's numbers are read by the same
+    rule as the command line's, its 404 quoting them short."""
+    with pytest.raises(validation.BadRequest) as caught:
+        validation.layer_key(layer, key, 6, 50)
+    assert caught.value.status == 404 and len(str(caught.value)) < 300 and "digits 0-9" in str(caught.value)
+    assert validation.layer_key(" 6", "49 ", 6, 50) == (5, 49) and validation.layer_key(1, 0, 6, 50) == (0, 0)
+
+
+@pytest.mark.parametrize("op, text", [("scale", "1:2=1e308"), ("set", "t3:1=1e30"), ("set", "1:2=-10000.5"),
+                                      ("scale", "1:2=nan"), ("set", "1:2=-inf")])
+def test_an_edit_past_the_bound_is_refused_wherever_it_is_read(op, text):
+    """The explorer bounded edits at ±1e4 while the command line let 1e308 through to overflow the model: the bound
+    is the edit's own, so the command line's reading, the explorer's and the library's refuse it alike."""
+    from ffkv.memories.interventions import MAX_EDIT_VALUE
+
+    with pytest.raises(FfkvError, match="must be finite and within ±10000"):
+        parse_edit(op, text, **SHAPE, latents=LAYOUT_LATENTS)
+    with pytest.raises(validation.BadRequest, match="must be finite and within ±10000") as caught:
+        validation.edits({op: [text]}, **SHAPE, latents=LAYOUT_LATENTS)
+    assert caught.value.status == 422
+    with pytest.raises(FfkvError, match="must be finite and within ±10000"):
+        Intervention(0, 2, op, float(text.partition("=")[2]))
+    assert parse_edit(op, f"1:2={-MAX_EDIT_VALUE:g}", **SHAPE).value == -MAX_EDIT_VALUE  # the bound itself is kept

@@ -197,3 +197,136 @@ def test_held_out_text_of_a_run_over_the_training_file_is_the_true_held_out_file
                      "--out", str(tmp_path / "other"), "--no-progress"]) == 0
     spec = eval_spec(open_run(tmp_path / "other").manifest)
     assert spec.source == str(other) and spec.split == "heldout"
+
+
+# ------------------------------------------------------------------------ edits past the bound, and overflow
+
+@pytest.fixture(scope="module")
+def latent_run(tmp_path_factory):
+    """ffkv-tiny indexed through the command line with its shipped transcoder: latents t4:J."""
+    from ffkv.models.default_corpus import default_corpus_path
+    from ffkv.models.tiny_lm import tiny_transcoders_path
+
+    folder = tmp_path_factory.mktemp("latent_run") / "run"
+    assert cli.main(["index", "--model", "ffkv-tiny", "--corpus", str(default_corpus_path("train")), "--unit", "line",
+                     "--max-examples", "30", "--top-k", "2", "--out", str(folder), "--no-progress",
+                     "--dictionary", str(tiny_transcoders_path())]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("flag, edit, shown", [("--scale", "t4:1=1e308", "scale t4:1=1e+308"),
+                                               ("--set", "t4:1=1e30", "set t4:1=1e+30"),
+                                               ("--set", "4:1=-1e5", "set 4:1=-100000"),
+                                               ("--scale", "4:1=10000.5", "scale 4:1=10000.5")])
+def test_an_edit_past_the_bound_is_refused_in_one_line(latent_run, tmp_path, capsys, flag, edit, shown):
+    """`--scale t4:1=1e308` overflowed the model to NaN and exited 0 with every result "n/a ... fewer than 2";
+    the command line now bounds edits as the explorer does, before the model loads."""
+    from support.cli_runs import error_line, run
+
+    out = tmp_path / "result.json"
+    code, printed, err = run(capsys, "intervene", latent_run, flag, edit, "--n-eval", "5", "--no-progress",
+                             "--out", out)
+    assert code == 2 and "n/a" not in printed and not out.exists()
+    line = error_line(err)
+    assert shown in line and "within ±10000" in line, line
+
+
+def test_the_library_bounds_every_edit_as_the_command_line_does(latent_run):
+    """`ffkv.intervene` and `Run.trace` build their edits from numbers, not text: the same bound and check."""
+    from ffkv.api import Run, intervene
+
+    run_ = Run(latent_run)
+    for edits, says in ((dict(scale={"t4:1": 1e308}), "scale t4:1=1e+308: the factor must be finite and within"),
+                        (dict(set={"t4:1": 1e30}), "set t4:1=1e+30: the value must be finite and within"),
+                        (dict(set={(3, 1): float("nan")}), "set 4:1=nan: the value must be finite"),
+                        (dict(scale={"4:1": -float("inf")}), "scale 4:1=-inf: the factor must be finite"),
+                        (dict(set={"4:1": "2"}), "the value must be a number, got '2'")):
+        with pytest.raises(FfkvError, match=re.escape(says)):
+            intervene(run_, n_eval=3, **edits)
+        with pytest.raises(FfkvError, match=re.escape(says)):
+            run_.trace("And God said", **edits)
+    with pytest.raises(FfkvError, match="within"):
+        Intervention(3, 1, "scale", 1e5, kind="transcoder")
+    # The bound itself is an edit like any other.
+    result = intervene(run_, scale={"t4:1": -1e4}, n_eval=3)
+    assert np.isfinite(result.summary[["before", "after", "change"]].to_numpy()).all()
+
+
+OVERFLOW_LAYER, OVERFLOW_KEY = 1, 3  # 2:3 as the command line writes it
+
+
+def _overflowing():
+    """The tiny GPT-2 with one value vector of norm 1e16 (memory 2:3): its own coefficients (below 0.1) leave every
+    output finite, but a coefficient of 1e4, within the bound, makes the next layer's numbers overflow float32."""
+    loaded = loaded_tiny("gpt2")
+    with torch.no_grad():
+        value = loaded.view.values(OVERFLOW_LAYER)[OVERFLOW_KEY]
+        value.mul_(1e16 / value.norm())
+    return loaded
+
+
+def _overflowing_loader(name, dtype, device):
+    if name == "tiny-gpt2":
+        got = _overflowing()
+        return got.model, got.tokenizer
+    return None
+
+
+def test_an_edit_that_overflows_the_model_is_refused_with_its_cause(tmp_path, monkeypatch, capsys):
+    """An edit within the bound can still overflow a model (here one with a huge value vector): the scores under
+    it are NaN, and were reported as "n/a ... fewer than 2" with exit 0. The edited pass is refused, naming the
+    edit and the overflow, and no result is written."""
+    from ffkv.api import Run, intervene
+    from support.cli_runs import error_line, run
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    run_dir, _ = make_run(tmp_path / "r", n=30)
+    corpus = tmp_path / "r" / "corpus.txt"
+    crafted = _overflowing()
+    examples = _examples(crafted)
+    base = score_examples(crafted, examples, token_set=[1])
+    assert np.isfinite(base.nll).all() and np.isfinite(base.mass).all()  # the model alone is finite
+    monkeypatch.setattr(loading, "LOADERS", [_overflowing_loader, *loading.LOADERS])
+    out = tmp_path / "result.json"
+    code, printed, err = run(capsys, "intervene", run_dir, "--set", "2:3=1e4", "--eval-corpus", corpus,
+                             "--n-eval", "10", "--tokens", "a,b", "--out", out, "--no-progress")
+    assert code == 2 and "n/a" not in printed and not out.exists()
+    line = error_line(err)
+    assert "the edit set 2:3=10000 made the model's output NaN or infinite at" in line, line
+    # The same refusal from the library, and for every reader of the scores.
+    from ffkv.memories.interventions import NonFiniteOutput
+
+    with pytest.raises(NonFiniteOutput, match=re.escape("set 2:3=10000 made the model's output NaN")):
+        intervene(Run(run_dir, loaded=crafted), set={"2:3": 1e4}, eval_corpus=corpus, n_eval=10)
+    with pytest.raises(NonFiniteOutput, match="the edits off 1:0, off 1:1, off 1:2 and 1 more made the model's output NaN or infinite"):
+        score_examples(crafted, examples, interventions=[Intervention(0, k, "off") for k in range(3)]
+                       + [Intervention(OVERFLOW_LAYER, OVERFLOW_KEY, "set", -1e4)])
+    with pytest.raises(FfkvError, match=re.escape("set 2:3=10000 made the model's output NaN or infinite")):
+        Run(run_dir, loaded=crafted).trace("the cat", set={"2:3": 1e4}, generate=2)
+
+
+def _strict(text: str):
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_written_result_is_strict_json(tmp_path, monkeypatch, capsys):
+    """The JSON held NaN literals (the perplexity's interval, which it never has): now null, with why."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(loading, "LOADERS", [tiny_cli.loader, *loading.LOADERS])
+    run_dir, _ = make_run(tmp_path / "r", n=30)
+    corpus = tmp_path / "r" / "corpus.txt"
+    for out in (tmp_path / "result.json", tmp_path / "result.parquet"):
+        assert cli.main(["intervene", str(run_dir), "--scale", "1:0=2", "--eval-corpus", str(corpus), "--n-eval", "6",
+                         "--out", str(out), "--no-progress"]) == 0
+        text = out.read_text() if out.suffix == ".json" else pq.read_schema(out).metadata[b"ffkv"].decode()
+        saved = _strict(text)
+        rows = {row["measure"]: row for row in saved["summary"]}
+        perplexity = rows["perplexity"]
+        assert perplexity["ci_low"] is None and perplexity["ci_high"] is None
+        assert perplexity["no_interval"] == "a ratio over the whole corpus (see the mean NLL's)"
+        nll = rows["mean NLL per example (nats)"]
+        assert nll["no_interval"] is None and nll["ci_low"] < nll["change"] < nll["ci_high"]

@@ -29,7 +29,8 @@ import torch
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import as_numpy, progress_bar
-from ffkv.memories.interventions import Intervention, intervene, latents_off_by_row, rewrite_coefficients
+from ffkv.memories.interventions import (Intervention, intervene, latents_off_by_row, refuse_non_finite,
+                                         rewrite_coefficients)
 from ffkv.memories.projection import final_logits
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import gather_rows
@@ -92,7 +93,8 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
         token_lists: the examples' token ids (each with at least two tokens to have a prediction).
         token_set: the token ids of S for ``mass`` (empty: ``mass`` is NaN).
         coefficients: also compute the per-layer ``top_coefficients`` statistic.
-        interventions: memories rewritten at every position during the pass (`ffkv.memories.intervene`).
+        interventions: memories rewritten at every position during the pass (`ffkv.memories.intervene`); an
+            output they make NaN or infinite at any position is refused (`refuse_non_finite`), not scored.
         masks: memories switched off per row (`RowMasks`), after the `interventions`.
         latents: with ``coefficients``, a dictionary's latents (`ffkv.memories.sets.Latents`) whose
             ``latent_top_coefficients`` are read from the same pass (the quantity each layer's latents read).
@@ -100,6 +102,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     from ffkv.batching import row_batches
 
     view = loaded.view
+    interventions = list(interventions)  # applied, then named if they overflow the model
     if view.encoder:
         raise FfkvError("scoring by next-token loss needs a causal LM; this model is an encoder (masked LM)")
     N, L = len(token_lists), view.n_layers
@@ -113,6 +116,7 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
     nll = np.zeros(N, np.float64)
     count = np.zeros(N, np.int64)
     mass = np.full(N, np.nan, np.float64)
+    broken = np.zeros(N, np.int64)  # per example, predictions whose loss is NaN or infinite
     stat = np.zeros((N, L), np.float64) if coefficients else None
     latent_layers = latents.layers if coefficients and latents is not None else []
     latent_stat = {layer: np.zeros(N, np.float64) for layer in latent_layers}
@@ -167,16 +171,21 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 target = batch.input_ids[:, 1:][valid]
                 row_nll = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
                 row_mass = torch.zeros(len(idx), dtype=torch.float64, device=view.device)
+                row_broken = torch.zeros(len(idx), dtype=torch.long, device=view.device)
                 chunk = max(1, HEAD_ELEMENTS // view.vocab_size)
                 for s in range(0, len(target), chunk):  # (positions x |V|) logits a chunk at a time: bounded memory
                     h = hidden[s:s + chunk]
                     logp = torch.log_softmax(final_logits(view, h if head_in is not None else None, h).float(), dim=-1)
-                    row_nll.index_add_(0, where[s:s + chunk], -logp.gather(1, target[s:s + chunk, None])[:, 0].double())
+                    token_nll = -logp.gather(1, target[s:s + chunk, None])[:, 0].double()
+                    row_nll.index_add_(0, where[s:s + chunk], token_nll)
+                    # A NaN or +inf logit makes the whole row of log-probabilities NaN: the target's shows it.
+                    row_broken.index_add_(0, where[s:s + chunk], (~torch.isfinite(token_nll)).long())
                     if len(S):
                         row_mass.index_add_(0, where[s:s + chunk], logp[:, S].exp().sum(-1).double())
                 n = valid.sum(1)
                 nll[idx] = as_numpy(row_nll / n)
                 count[idx] = as_numpy(n)
+                broken[idx] = as_numpy(row_broken)
                 if len(S):
                     mass[idx] = as_numpy(row_mass / n)
                 if stat is not None:
@@ -187,8 +196,10 @@ def score_examples(loaded: LoadedModel, token_lists: Sequence[np.ndarray], *, to
                 bar.update(len(idx))
     finally:
         bar.close()
-    arrays = {"nll": nll, "count": count, "mass": mass, **({"stat": stat} if stat is not None else {}),
+    arrays = {"nll": nll, "count": count, "mass": mass, "broken": broken,
+              **({"stat": stat} if stat is not None else {}),
               **{f"latents/{layer}": values for layer, values in latent_stat.items()}}
     arrays = gather_rows(arrays, mine.rows)
+    refuse_non_finite(int(arrays["broken"].sum()), int(arrays["count"].sum()), interventions)  # every rank alike
     return Scores(arrays["nll"], arrays["count"], arrays["mass"], arrays.get("stat"),
                   {layer: arrays[f"latents/{layer}"] for layer in latent_stat})

@@ -62,7 +62,7 @@ from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.model import load_run_model
 from ffkv.explorer.security import MIN_TOKEN, Guard, is_loopback, new_token
 from ffkv.explorer.validation import BadRequest
-from ffkv.memories.address import LATENT_PREFIX
+from ffkv.memories.address import latent_address, latent_kind, quoted
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS
 
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
@@ -340,14 +340,20 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
 def _is_latent(text: str) -> bool:
     """Whether a URL's layer or memory names a dictionary's latents (``t4``, ``t4:42``: the prefix of
     `ffkv.memories.address.LATENT_PREFIX`), not a layer's neurons."""
-    return text[:1].lower() in LATENT_PREFIX.values()
+    return latent_kind(text) is not None
 
 
 def _check_latent(address: str) -> None:
-    """A 404 at once for a one-part memory URL that does not name a latent (``/memory/3``)."""
+    """A 404 at once, before the page waits for the model, for a one-part memory URL that is not a latent's
+    address as written (``/memory/3``; ``/memory/t4:1_0``, ``/memory/t４:1``: `ffkv.memories.address.latent_address`),
+    quoting it cut short."""
     if not _is_latent(address):
-        raise BadRequest(f"no page at /memory/{address[:60]}: a neuron's page is /memory/LAYER/KEY (3/17), a "
-                         "latent's /memory/tLAYER:LATENT (t4:42)", 404)
+        raise BadRequest(f"no page for {quoted(address)} under /memory: a neuron's page is /memory/LAYER/KEY "
+                         "(3/17), a latent's /memory/tLAYER:LATENT (t4:42)", 404)
+    try:
+        latent_address(address)
+    except FfkvError as exc:
+        raise BadRequest(str(exc), 404) from None
 
 
 def _html(text: str, status: int = 200) -> HTMLResponse:

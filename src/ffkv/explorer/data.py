@@ -26,7 +26,7 @@ from ffkv.experiments.registry import key_columns
 from ffkv.explorer.latents import LatentData
 from ffkv.explorer.model import ModelHandle
 from ffkv.explorer.validation import BadRequest, integer, layer_key
-from ffkv.memories.address import LatentRef
+from ffkv.memories.address import LatentRef, whole_number
 from ffkv.memories.sets import Latents, refuse_unused_dictionary
 from ffkv.memories.translators import RUN_FILE as TRANSLATORS_FILE
 from ffkv.store import lookups
@@ -327,8 +327,11 @@ class ExplorerData:
             raise BadRequest("type a token to search for", 422)
         if len(text) > 200:
             raise BadRequest("a token is at most 200 characters", 422)
-        if text.startswith("#") and text[1:].isdigit():
-            i = int(text[1:])
+        if text.startswith("#") and text[1:].isascii() and text[1:].isdigit():
+            try:
+                i = whole_number(text[1:], "a token id (#ID) must be an integer")
+            except FfkvError as exc:
+                raise BadRequest(str(exc), 404) from None
             if i >= self.vocab_size:
                 raise BadRequest(f"token id {i} is not in the vocabulary (0 to {self.vocab_size - 1})", 404)
             return [i]

@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from ffkv.errors import DamagedRun, FfkvError, one_line
 from ffkv.explorer.validation import BadRequest
-from ffkv.memories.address import LATENT_PREFIX, LatentRef, MemoryLayout, MemoryRef
+from ffkv.memories.address import (LATENT_PREFIX, LatentRef, MemoryLayout, MemoryRef, latent_kind, quoted,
+                                  whole_number)
 from ffkv.store import integrity, lookups, schemas
 from ffkv.store.integrity import rewrite_command
 
@@ -112,7 +113,7 @@ class LatentData:
         except FfkvError as exc:
             raise BadRequest(str(exc), 404) from None
         if isinstance(found, MemoryRef):
-            raise BadRequest(f"{address[:40]!r} names a neuron: its page is /memory/{found.layer + 1}/{found.key}", 404)
+            raise BadRequest(f"{quoted(address)} names a neuron: its page is /memory/{found.layer + 1}/{found.key}", 404)
         return found
 
     def check_layer(self, text: str) -> int:
@@ -120,13 +121,13 @@ class LatentData:
         are."""
         text = str(text).strip()
         have = ", ".join(self.name(layer) for layer in self.layers)
-        kind = next((k for k, p in LATENT_PREFIX.items() if text[:1].lower() == p), None)
+        kind = latent_kind(text)
         try:
-            layer = int(text[1:]) - 1
-        except ValueError:
+            layer = whole_number(text[1:], "a dictionary's LAYER must be an integer") - 1
+        except FfkvError:
             layer = None
         if kind is None or layer not in self.layout.latents or self.kind(layer) != kind:
-            raise BadRequest(f"no dictionary {text[:20]!r} in this run: it has {have} (layers from 1)", 404)
+            raise BadRequest(f"no dictionary {quoted(text, 20)} in this run: it has {have} (layers from 1)", 404)
         return layer
 
     # ------------------------------------------------------------------ dictionary

@@ -12,7 +12,7 @@ from ffkv.errors import FfkvError
 from ffkv.explorer import pages, validation
 from ffkv.explorer.data import ExplorerData
 from ffkv.explorer.tracing import LENSES, TraceResult, generate, max_prompt_tokens, trace
-from ffkv.memories.interventions import Intervention
+from ffkv.memories.interventions import Intervention, NonFiniteOutput
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, TRANSLATOR
 from ffkv.memories.translators import Translators
 
@@ -115,10 +115,13 @@ def run_trace(data: ExplorerData, prompt: str, position: int = -1, target: str |
         base = trace(loaded, token_ids, position=position, target=target, lens=lens, latents=latents,
                      show=[(e.layer, e.key) for e in edits if e.kind == "neuron"],
                      show_latents=[(e.layer, e.key) for e in edits if e.kind != "neuron"])
-        edited = trace(loaded, token_ids, edits, position=position, target=base.target, lens=lens,
-                       latents=latents) if edits else None
-        if generate_tokens and not data.encoder:
-            original = generate(loaded, token_ids, generate_tokens)
-            changed = generate(loaded, token_ids, generate_tokens, edits, latents=latents) if edits else None
-            generation = pages.generation_view(data, token_ids, original, changed)
+        try:
+            edited = trace(loaded, token_ids, edits, position=position, target=base.target, lens=lens,
+                           latents=latents) if edits else None
+            if generate_tokens and not data.encoder:
+                original = generate(loaded, token_ids, generate_tokens)
+                changed = generate(loaded, token_ids, generate_tokens, edits, latents=latents) if edits else None
+                generation = pages.generation_view(data, token_ids, original, changed)
+        except NonFiniteOutput as exc:  # the edits the request asks for overflowed the model: that input
+            raise validation.BadRequest(str(exc), 422) from None
     return Trace(data, prompt, base, edited, root, generation)

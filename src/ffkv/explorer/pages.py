@@ -25,7 +25,7 @@ from ffkv.experiments.census import CLASSES as CENSUS_CLASSES, VALUE_TYPES as CE
 from ffkv.experiments.patterns import CONTROL_PASS, SHALLOW_SHARE
 from ffkv.experiments.semantic import SEMANTIC_Z
 from ffkv.experiments.registry import key_columns, paper_finding, paper_order
-from ffkv.memories.address import edit_label
+from ffkv.memories.address import edit_label, whole_number
 from ffkv.presentation.findings import finding_heading
 from ffkv.presentation.style import CSS, layer_number, number, percent, token_html, visible
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary, massive_view
@@ -329,9 +329,9 @@ def sorted_page(table: pd.DataFrame, column: str, order: str, page, what: str) -
     if order not in ("asc", "desc"):
         raise BadRequest(f"order must be asc or desc, got {order[:20]!r}", 422)
     try:
-        page = int(page)
-    except (TypeError, ValueError):
-        raise BadRequest(f"page must be a number, got {str(page)[:20]!r}", 422) from None
+        page = whole_number(page, "page must be a number")
+    except FfkvError as exc:
+        raise BadRequest(str(exc), 422) from None
     n_pages = max(1, math.ceil(len(table) / PAGE_SIZE))
     if not 1 <= page <= n_pages:
         raise BadRequest(f"page {page} does not exist: {what} has pages 1 to {n_pages}", 404)

@@ -24,7 +24,7 @@ import torch
 
 from ffkv.explorer.validation import MAX_NEW_TOKENS
 from ffkv.errors import FfkvError
-from ffkv.memories.interventions import EditedColumns, Intervention, intervene
+from ffkv.memories.interventions import EditedColumns, Intervention, intervene, refuse_non_finite
 from ffkv.memories.sets import MemorySet
 from ffkv.memories.projection import DEFAULT_FOR_RESIDUALS, DEFAULT_FOR_VALUES, TRANSLATOR, final_logits, logits
 from ffkv.models.loading import LoadedModel
@@ -98,6 +98,14 @@ def _run(view, ids: torch.Tensor, quantities: tuple[str, ...]) -> tuple[torch.Te
     return final_logits(view, cap["head_in"].get(-1), cap["resid_post"][view.n_layers - 1]), cap
 
 
+def _check_output(output: torch.Tensor, edits: list[Intervention]) -> None:
+    """The model's output logits (batch, positions, |V|) under `edits`, refused where NaN or infinite
+    (`refuse_non_finite`): a trace or a generation of nothing but overflow is no result."""
+    if edits:
+        finite = torch.isfinite(output).all(-1)
+        refuse_non_finite(int((~finite).sum()), finite.numel(), edits)
+
+
 def _memory(key: int, m: torch.Tensor, contribution: torch.Tensor, edits: Edits, layer: int) -> dict:
     return {"key": key, "coefficient": float(m[key]), "contribution": float(contribution[key]),
             "edit": edits.get((layer, key))}
@@ -169,7 +177,8 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
 
     Args:
         edits: memories switched off, scaled or set at every position (layers from 0): neurons, and latents of
-            `latents` (an `Intervention` of the dictionary's kind).
+            `latents` (an `Intervention` of the dictionary's kind); an output they make NaN or infinite is refused
+            (`refuse_non_finite`).
         position: the position to read (negative counts from the end).
         target: the token whose contributions rank the memories; default the model's top prediction.
         top_memories, suppressing: memories listed per layer with the largest and most negative contributions.
@@ -194,6 +203,7 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
             intervene(view, [*edits.values(), *latent_edits.values()]):
         output, cap = _run(view, ids, tuple(dict.fromkeys(("coefficients", "resid_mid", "ff_out", "resid_post")
                                                           + read)))
+    _check_output(output, [*edits.values(), *latent_edits.values()])
     probs = output[0, pos].float().softmax(-1)
     top = probs.topk(min(5, probs.numel()))
     final = [Prediction(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -230,18 +240,21 @@ def trace(loaded: LoadedModel, token_ids: list[int], edits: Iterable[Interventio
 def generate(loaded: LoadedModel, token_ids: list[int], n: int, edits: Iterable[Intervention] = (),
              max_tokens: int | None = None, latents: MemorySet | None = None) -> list[int]:
     """The prompt continued greedily by n tokens (fewer at the model's length limit), with `edits` applied
-    at every position of every step (latents' edits: of `latents`). Returns the new token ids only."""
+    at every position of every step (latents' edits: of `latents`); an output they make NaN or infinite is
+    refused (`refuse_non_finite`). Returns the new token ids only."""
     view = loaded.view
     limit = max_tokens or max_prompt_tokens(loaded)
     ids = torch.tensor([token_ids], dtype=torch.long, device=view.device)
     new: list[int] = []
     neurons, of_latents = _split(edits, latents)
-    with latents.attached() if of_latents else nullcontext(), \
-            intervene(view, [*neurons.values(), *of_latents.values()]):
+    edited = [*neurons.values(), *of_latents.values()]
+    with latents.attached() if of_latents else nullcontext(), intervene(view, edited):
         for _ in range(min(n, MAX_NEW_TOKENS)):
             if ids.shape[1] >= limit:
                 break
-            nxt = int(_run(view, ids, ())[0][0, -1].argmax())
+            output = _run(view, ids, ())[0]
+            _check_output(output, edited)
+            nxt = int(output[0, -1].argmax())
             new.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]], device=view.device)], dim=1)
     return new

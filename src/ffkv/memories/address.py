@@ -18,17 +18,43 @@ A latent of a sparse dictionary (`ffkv.dictionaries`) is a memory of its own, wr
 ``tLAYER:LATENT`` for a transcoder's latent, ``sLAYER:LATENT`` for an SAE's (layer from 1, latent from 0), e.g.
 ``t4:1234``. `LatentRef` writes one; `MemoryLayout.parse` reads either kind against the memories a model and
 its dictionaries have.
+
+Every number a person or a URL gives for a layer, a key or a latent is read by `whole_number`: the ASCII digits
+0-9 and nothing else (Python's ``int()`` would also take ``1_0`` and other scripts' digits, ``４``), at most
+`MAX_DIGITS` of them; a refusal quotes what was given cut short (`quoted`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Sequence
 
 from ffkv.errors import FfkvError
 from ffkv.memories.interventions import OPERATIONS, Intervention
+
+#: The most digits a layer, key or latent number may have as written: no model has a billion layers or memories
+#: a layer, and a longer number is refused before it is read.
+MAX_DIGITS = 9
+#: The most characters of what was given that a refusal quotes.
+QUOTED_CHARS = 40
+
+
+def quoted(text: object, limit: int = QUOTED_CHARS) -> str:
+    """`text` as a refusal quotes it: its repr, of at most `limit` characters of it, "…" marking a cut."""
+    text = str(text)
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+def whole_number(text: object, must: str, given: object = None) -> int:
+    """A whole number written by a person or a URL: ASCII digits only (no sign, no underscore, no other script's
+    digits), at most `MAX_DIGITS`, space around it ignored. Else a refusal that begins with `must` ("KEY must be
+    an integer") and quotes `given` (default: `text`), cut short."""
+    digits = str(text).strip()
+    if not (0 < len(digits) <= MAX_DIGITS and digits.isascii() and digits.isdigit()):
+        raise FfkvError(f"{must} written in the digits 0-9 (at most {MAX_DIGITS}), got "
+                        f"{quoted(text if given is None else given)}")
+    return int(digits)
 
 
 class MemoryRef(NamedTuple):
@@ -47,11 +73,9 @@ class MemoryRef(NamedTuple):
         does not have is refused."""
         parts = str(text).strip().split(":")
         if len(parts) != 2:
-            raise FfkvError(f"a memory is written LAYER:KEY (layers from 1, keys from 0), e.g. 3:17; got {text!r}")
-        try:
-            layer, key = int(parts[0]), int(parts[1])
-        except ValueError:
-            raise FfkvError(f"LAYER and KEY of a memory must be integers, got {text!r}") from None
+            raise FfkvError(f"a memory is written LAYER:KEY (layers from 1, keys from 0), e.g. 3:17; got "
+                            f"{quoted(text)}")
+        layer, key = (whole_number(part, "LAYER and KEY of a memory must be integers", text) for part in parts)
         return cls.check(layer - 1, key, n_layers, d_m)
 
     @classmethod
@@ -80,6 +104,26 @@ class LatentRef(NamedTuple):
         return f"{LATENT_PREFIX[self.kind]}{self.layer + 1}:{self.latent}"
 
 
+def latent_kind(text: str) -> str | None:
+    """The kind of dictionary whose latents `text` names by its prefix (``t4:42``: "transcoder"), None for text
+    that does not begin with one (a neuron's ``4:17``)."""
+    return next((k for k, prefix in LATENT_PREFIX.items() if str(text)[:1].lower() == prefix), None)
+
+
+def latent_address(text: str) -> tuple[str, int, int]:
+    """``tLAYER:LATENT`` or ``sLAYER:LATENT`` -> (kind, layer from 0, latent), read as written, whatever model:
+    `MemoryLayout.parse` checks that its model has it."""
+    text = str(text).strip()
+    kind = latent_kind(text)
+    parts = text[1:].split(":")
+    if kind is None or len(parts) != 2:
+        prefix = LATENT_PREFIX.get(kind, "t")
+        raise FfkvError(f"a latent is written {prefix}LAYER:LATENT (layers from 1, latents from 0), e.g. {prefix}3:17; "
+                        f"got {quoted(text)}")
+    layer, latent = (whole_number(part, "LAYER and LATENT of a latent must be integers", text) for part in parts)
+    return kind, layer - 1, latent
+
+
 @dataclass(frozen=True)
 class MemoryLayout:
     """The memories one can name in a model: its neurons, and the latents of the dictionaries attached to it.
@@ -105,17 +149,9 @@ class MemoryLayout:
         """``LAYER:KEY`` (a neuron, `MemoryRef.parse`) or ``tLAYER:LATENT`` / ``sLAYER:LATENT`` (a latent); a
         memory this model and its dictionaries do not have is refused, in one line."""
         text = str(text).strip()
-        kind = next((k for k, prefix in LATENT_PREFIX.items() if text[:1].lower() == prefix), None)
-        if kind is None:
+        if latent_kind(text) is None:
             return MemoryRef.parse(text, self.n_layers, self.d_m)
-        parts = text[1:].split(":")
-        if len(parts) != 2:
-            raise FfkvError(f"a latent is written {LATENT_PREFIX[kind]}LAYER:LATENT (layers from 1, latents from 0), "
-                            f"e.g. {LATENT_PREFIX[kind]}3:17; got {text!r}")
-        try:
-            layer, latent = int(parts[0]) - 1, int(parts[1])
-        except ValueError:
-            raise FfkvError(f"LAYER and LATENT of a latent must be integers, got {text!r}") from None
+        kind, layer, latent = latent_address(text)
         return self.check_latent(layer, latent, kind)
 
     def check_latent(self, layer: int, latent: int, kind: str | None = None) -> LatentRef:
@@ -139,25 +175,24 @@ class MemoryLayout:
 def parse_edit(op: str, text: str, n_layers: int, d_m: int,
                latents: Mapping[int, tuple[str, int]] | None = None) -> Intervention:
     """One edit as written: ``off`` ``L:K``, ``scale`` ``L:K=F`` or ``set`` ``L:K=V`` (layers from 1); with the
-    `latents` of an attached dictionary (`MemoryLayout.latents`), also of a latent: ``off`` ``t4:42``."""
+    `latents` of an attached dictionary (`MemoryLayout.latents`), also of a latent: ``off`` ``t4:42``. F and V
+    are bounded where every edit is made (`ffkv.memories.interventions.MAX_EDIT_VALUE`)."""
     if op not in OPERATIONS:
-        raise FfkvError(f"unknown edit {op!r}; choose from {', '.join(OPERATIONS)}")
+        raise FfkvError(f"unknown edit {quoted(op)}; choose from {', '.join(OPERATIONS)}")
     layout = MemoryLayout(n_layers, d_m, latents or {})
     if op == "off":
         if "=" in text:
-            raise FfkvError(f"off: a memory is switched off as LAYER:KEY, without a value; got {text!r}")
+            raise FfkvError(f"off: a memory is switched off as LAYER:KEY, without a value; got {quoted(text)}")
         return _edit(layout.parse(text), "off", 0.0)
     head, eq, value = str(text).partition("=")
     if not eq:
-        raise FfkvError(f"{op}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=2; got {text!r}")
+        raise FfkvError(f"{op}: expected LAYER:KEY=VALUE (layers from 1), e.g. 3:17=2; got {quoted(text)}")
     memory = layout.parse(head)
     try:
         number = float(value)
     except ValueError:
-        raise FfkvError(f"{op}: VALUE must be a number, got {value!r} in {text!r}") from None
-    if not math.isfinite(number):
-        raise FfkvError(f"{op}: VALUE must be finite, got {value!r}")
-    return _edit(memory, op, number)
+        raise FfkvError(f"{op}: VALUE must be a number, got {quoted(value)} in {quoted(text)}") from None
+    return _edit(memory, op, number)  # `Intervention` bounds the number
 
 
 def _edit(memory: "MemoryRef | LatentRef", op: str, value: float) -> Intervention:

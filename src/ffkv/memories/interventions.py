@@ -16,9 +16,10 @@ SAE's latents read the layer's output after any edit of the layer's neurons.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Literal, Mapping
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import torch
 
@@ -30,6 +31,16 @@ OPERATIONS = ("off", "scale", "set")
 
 #: What an edit's memory is: a neuron of the model, or a latent of a dictionary of that kind (`ffkv.dictionaries`).
 EDIT_KINDS = ("neuron", "transcoder", "sae")
+#: The largest |factor| (scale) or |value| (set) an edit may give a memory, wherever the edit comes from (the
+#: command line, the explorer, the library). Far beyond the coefficients a model makes; past it the model's
+#: output soon overflows to infinity or NaN, and nothing under the edit can be measured.
+MAX_EDIT_VALUE = 1e4
+#: The most edits a refusal names before it counts the rest.
+NAMED_EDITS = 3
+
+
+class NonFiniteOutput(FfkvError):
+    """The model's output under an edit is NaN or infinite: the edit overflowed the model's numbers."""
 
 
 @dataclass(frozen=True)
@@ -44,21 +55,70 @@ class Intervention:
     kind: str = "neuron"
 
     def __post_init__(self) -> None:
+        """Refuse an unknown operation or kind, and a factor or value that is not a finite number within
+        ±`MAX_EDIT_VALUE` (the one bound of every edit); the value is kept as a float."""
         if self.op not in OPERATIONS:
-            raise FfkvError(f"unknown intervention {self.op!r}; choose from {', '.join(OPERATIONS)}")
+            raise FfkvError(f"unknown intervention {str(self.op)[:40]!r}; choose from {', '.join(OPERATIONS)}")
         if self.kind not in EDIT_KINDS:
-            raise FfkvError(f"unknown kind of memory {self.kind!r}; choose from {', '.join(EDIT_KINDS)}")
+            raise FfkvError(f"unknown kind of memory {str(self.kind)[:40]!r}; choose from {', '.join(EDIT_KINDS)}")
+        if self.op == "off":
+            return
+        what = "factor" if self.op == "scale" else "value"
+        number = None if isinstance(self.value, (str, bytes, bool)) else _as_float(self.value)
+        if number is None:
+            raise FfkvError(f"{self.op} of memory {_address(self)}: the {what} must be a number, got "
+                            f"{str(self.value)[:40]!r}")
+        object.__setattr__(self, "value", number)
+        if not (math.isfinite(number) and abs(number) <= MAX_EDIT_VALUE):
+            raise FfkvError(f"{' '.join(_text(self))}: the {what} must be finite and within ±{MAX_EDIT_VALUE:g} "
+                            "(a larger one overflows the model's output to infinity or NaN)")
 
     @classmethod
     def scaled(cls, layer: int, key: int, factor: float, kind: str = "neuron") -> "Intervention":
         """A scale, written as off when the factor is 0."""
-        return cls(layer, key, "off", kind=kind) if factor == 0 else cls(layer, key, "scale", float(factor), kind)
+        return cls(layer, key, "off", kind=kind) if factor == 0 else cls(layer, key, "scale", factor, kind)
 
 
     @property
     def factor(self) -> float | None:
         """The scale this intervention multiplies m by (0 for off), None for set."""
         return 0.0 if self.op == "off" else self.value if self.op == "scale" else None
+
+
+def _as_float(value: object) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _address(edit: Intervention) -> str:
+    """The edit's memory as readers write it (``4:17``, ``t4:42``)."""
+    from ffkv.memories.address import edit_ref  # the one writer of addresses; it imports this module
+
+    return str(edit_ref(edit))
+
+
+def _text(edit: Intervention) -> tuple[str, str]:
+    """(operation, text) of the edit as the command line writes it (``("scale", "t4:42=2")``)."""
+    from ffkv.memories.address import edit_text  # the one writer of edits; it imports this module
+
+    return edit_text(edit)
+
+
+def refuse_non_finite(bad: int, total: int, edits: Sequence[Intervention]) -> None:
+    """Nothing when the model's output under `edits` was finite at every position read (`bad` of `total` were
+    not); else a `NonFiniteOutput` naming the edits and the count, so that a NaN is never reported as a result.
+    The passes under edits a person gives ask it: `ffkv.experiments.scoring.score_examples` (`ffkv intervene`,
+    the analyses that score under edits) and the explorer's trace and generation."""
+    edits = list(edits)
+    if not bad or not edits:
+        return
+    named = ", ".join(" ".join(_text(e)) for e in edits[:NAMED_EDITS])
+    more = f" and {len(edits) - NAMED_EDITS:,} more" if len(edits) > NAMED_EDITS else ""
+    raise NonFiniteOutput(f"the edit{'s' if len(edits) > 1 else ''} {named}{more} made the model's output NaN or "
+                          f"infinite at {bad:,} of {total:,} positions: its numbers overflowed, and nothing can be "
+                          "measured under it; give a smaller factor or value")
 
 
 def _per_layer(view: MemoryView, interventions: Iterable[Intervention]) -> dict[int, dict[int, Intervention]]:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ffkv.errors import FfkvError
 from ffkv.experiments.common import RunContext, open_run
-from ffkv.memories.address import MemoryRef
+from ffkv.memories.address import MemoryRef, quoted, whole_number
 from ffkv.store import atomic, untrusted
 from ffkv.store.annotations import LABELS, Annotations
 from ffkv.store.run import RunDir
@@ -121,16 +121,17 @@ def _memories(table: pd.DataFrame, path: Path, n_layers: int, d_m: int) -> tuple
             try:
                 layers[i], keys[i] = MemoryRef.parse(text, n_layers, d_m)
             except FfkvError as error:
-                raise FfkvError(f"{where}: memory {text[:40]!r}: {error}") from None
+                raise FfkvError(f"{where}: memory {quoted(text)}: {error}") from None
             continue
         for j, (column, value, size) in enumerate((("layer", text.partition(":")[0], n_layers),
                                                    ("key", text.partition(":")[2], d_m))):
-            try:
-                number = int(value)
-            except ValueError:
-                raise FfkvError(f"{where}: {column} {value[:40]!r} is not an integer") from None
+            digits = value.strip()
+            try:  # a sign, then the digits every number a person writes is read in
+                number = (-1 if digits[:1] == "-" else 1) * whole_number(digits.removeprefix("-"), column)
+            except FfkvError:
+                raise FfkvError(f"{where}: {column} {quoted(value)} is not an integer") from None
             if not 0 <= number < size:
-                raise FfkvError(f"{where}: {column} {value[:40]!r} is not a {column} of this run (0 to {size - 1}, "
+                raise FfkvError(f"{where}: {column} {quoted(value)} is not a {column} of this run (0 to {size - 1}, "
                                 "0-based as in an older export's layer and key columns)")
             (layers if j == 0 else keys)[i] = number
     return layers, keys

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -120,14 +120,19 @@ class InterventionResult:
 
     def write(self, path: str | Path) -> Path:
         """Write the result atomically: ``.json`` (description, summary and per-example rows) or ``.parquet``
-        (the per-example rows, with the description and summary as JSON in the schema metadata, key ``ffkv``)."""
+        (the per-example rows, with the description and summary as JSON in the schema metadata, key ``ffkv``).
+        The JSON is strict: a number that is not finite is null, and a summary row without an interval says why
+        (``no_interval``)."""
         path = Path(path)
-        described = {**self.description(), "summary": self.summary.to_dict(orient="records")}
+        summary = [{**row, "no_interval": no_interval(row["measure"], row["ci_low"], row["n"])}
+                   for row in self.summary.to_dict(orient="records")]
+        described = {**self.description(), "summary": summary}
         if path.suffix == ".json":
-            atomic.write_json(path, {**described, "examples": self.examples.to_dict(orient="records")})
+            atomic.write_json(path, finite_or_null({**described, "examples": self.examples.to_dict(orient="records")}))
         elif path.suffix == ".parquet":
             arrow = pa.Table.from_pandas(self.examples, preserve_index=False)
-            meta = {**(arrow.schema.metadata or {}), b"ffkv": json.dumps(described, default=str).encode()}
+            text = json.dumps(finite_or_null(described), default=str, allow_nan=False)
+            meta = {**(arrow.schema.metadata or {}), b"ffkv": text.encode()}
             atomic.write_parquet(path, arrow.replace_schema_metadata(meta))
         else:
             raise FfkvError(f"--out must end in .json or .parquet, got {path.name!r}")
@@ -145,15 +150,35 @@ class InterventionResult:
         header = f"{'measure':<28}{'before':>14}{'after':>14}{'change':>14}   95% interval of the change"
         lines.append(header)
         for row in self.summary.itertuples():
-            if row.measure == "perplexity":  # exp of the corpus's mean NLL per token: no per-example pairs
-                interval = "none: a ratio over the whole corpus (see the mean NLL's)"
-            elif math.isnan(row.ci_low):
-                interval = f"none: n = {row.n} example{'s' if row.n != 1 else ''}, fewer than 2"
-            else:
-                interval = f"[{plain(row.ci_low, sign=True)}, {plain(row.ci_high, sign=True)}]"
+            missing = no_interval(row.measure, row.ci_low, row.n)
+            interval = f"none: {missing}" if missing else \
+                f"[{plain(row.ci_low, sign=True)}, {plain(row.ci_high, sign=True)}]"
             lines.append(f"{row.measure:<28}{plain(row.before):>14}{plain(row.after):>14}"
                          f"{plain(row.change, sign=True):>14}   {interval}")
         return "\n".join(lines)
+
+
+def no_interval(measure: str, ci_low: float, n: int) -> str | None:
+    """Why a summary row has no interval of its change (None when it has one)."""
+    if measure == "perplexity":  # exp of the corpus's mean NLL per token: no per-example pairs
+        return "a ratio over the whole corpus (see the mean NLL's)"
+    if math.isfinite(ci_low):
+        return None
+    if n < 2:
+        return f"n = {n} example{'s' if n != 1 else ''}, fewer than 2"
+    return "the per-example changes are not all finite numbers"
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` (nested dicts and lists) with every number that is not finite as None: strict JSON, which has no
+    NaN or Infinity, writes it null."""
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def plain(value: float, digits: int = 4, sign: bool = False) -> str:
