@@ -328,7 +328,7 @@ def index(model: str | Any, corpus: str | Path | Any, out: str | Path, *, top_k:
           split: str = "all", dtype: str = "float32", device: str = "cpu", batch_size: int = 32,
           control_keys: int | None = None, dictionary: str | Path | None = None, resume: bool = False,
           progress: bool = True, **corpus_options: Any) -> Run:
-    """`ffkv index` as a function: the top-k trigger examples of every key of every layer (SPEC section 3).
+    """`ffkv index` as a function: the top-k trigger examples of every key of every layer (docs/definitions.md).
 
     Args:
         model: a model name or path (as `ffkv index --model`), or a `LoadedModel`.

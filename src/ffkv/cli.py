@@ -547,8 +547,9 @@ def _report_parser(sub) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                    help="also read the experiment FILE.py declares (docs/extending.md): its title, findings and "
                         "columns; its code runs, as you ask by naming it (repeatable)")
-    p.add_argument("--explorer-url", default="http://127.0.0.1:8000",
-                   help="where `ffkv serve` runs, for links into the explorer (default: %(default)s)")
+    p.add_argument("--explorer-url", default=None,
+                   help="where `ffkv serve` runs, for links into the explorer (default: links relative to the report "
+                        "as the explorer serves it, from its Report link, on any port)")
 
 
 def _explain_parser(sub) -> None:

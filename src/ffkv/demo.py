@@ -16,7 +16,7 @@ from pathlib import Path
 #: forward passes of the index and of the pattern embeddings), so that the demo ends in under 3 minutes.
 DEMO_VERSES = 12_000
 DEMO_SEED = 0
-#: Held-out verses for the analyses of SPEC sections 7-8 (the split holds 1,555; the paper used 4,000 sentences).
+#: Held-out verses for the analyses of docs/definitions.md (the split holds 1,555; the paper used 4,000 sentences).
 DEMO_N_EVAL = 1000
 #: Trigger examples per key (the paper's t: its experts read the top 25 of 50).
 DEMO_TOP_K = 50

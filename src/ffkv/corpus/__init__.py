@@ -1,4 +1,4 @@
-"""Corpus: sources to deterministic examples and token ids (SPEC §2).
+"""Corpus: sources to deterministic examples and token ids (docs/definitions.md).
 
     spec.py         CorpusSpec, the validated options (manifest round trip)
     sources.py      files of a source, format detection, the binary-file check

@@ -1,4 +1,4 @@
-"""Examples: a corpus spec and a tokenizer to a deterministic stream of token ids (SPEC §2).
+"""Examples: a corpus spec and a tokenizer to a deterministic stream of token ids (docs/definitions.md).
 
 Every unit (sentence, line, document or token window) gets the 0-based index of its
 place in the whole source as its example id, before any split, subset or length

@@ -1,7 +1,7 @@
 """What corpus to read and how to cut it into examples: one frozen, validated value.
 
 A `CorpusSpec` is written into the run manifest (`to_dict`) and read back
-(`from_dict`), so every option that changes the examples lives here (SPEC §2).
+(`from_dict`), so every option that changes the examples lives here (docs/definitions.md).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class CorpusSpec:
         format: auto | text | wikitext | jsonl | parquet | hf. ``auto`` decides per
             file from its name (``wiki.*.tokens`` / ``wiki.*.raw`` → wikitext,
             ``.jsonl`` → jsonl, ``.parquet`` → parquet, anything else → text).
-        unit: sentence | line | document | window (the example unit, SPEC §2).
+        unit: sentence | line | document | window (the example unit, docs/definitions.md).
         window: tokens per window, for ``unit="window"``.
         text_field: the text column/field of jsonl, parquet and hf records.
         split: all | train | heldout. A deterministic hash of the example id puts a

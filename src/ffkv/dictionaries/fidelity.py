@@ -1,4 +1,4 @@
-"""A dictionary's fidelity to its FF layer (SPEC section 11): how well its reconstruction stands in for the layer.
+"""A dictionary's fidelity to its FF layer (docs/definitions.md): how well its reconstruction stands in for the layer.
 
 Per dictionary layer, over the same tokens:
 

@@ -7,17 +7,17 @@ annotate, and the commands beyond the paper) are apart, in `ffkv.tools`, one lay
 
 The studies (compute -> table -> figure):
 
-    patterns.py            SPEC 4, Fig. 2: shallow / semantic key patterns, descriptions, agreement with human labels
-    ablations.py           SPEC 5, Fig. 3: coefficient change when a prefix token is removed
-    values.py              SPEC 6, Figs. 4-5, Table 2: values as distributions over the vocabulary
-    composition.py         SPEC 7, Figs. 7-8: active memories, the layer output as a composition
-    refinement.py          SPEC 8, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
+    patterns.py            paper, Fig. 2: shallow / semantic key patterns, descriptions, agreement with human labels
+    ablations.py           paper, Fig. 3: coefficient change when a prefix token is removed
+    values.py              paper, Figs. 4-5, Table 2: values as distributions over the vocabulary
+    composition.py         paper, Figs. 7-8: active memories, the layer output as a composition
+    refinement.py          paper, Figs. 9-11, Table 3: how FF layers refine the residual's prediction
     translators.py         the tuned lens: per-layer translators fitted on held-out text (optional)
-    census.py              SPEC 9: every key classed (dead, token/n-gram detector, positional; value type, eraser)
+    census.py              beyond the paper: every key classed (dead, token/n-gram detector, positional; value type, eraser)
     vocabulary_classes.py  Gurnee et al. 2024: prediction, suppression and partition values from the weights
-    suppressed.py          SPEC 9: active memories that ranked the gold token first where the model was wrong
-    membership.py          SPEC 9: do coefficients separate training from held-out text (ROC AUC per layer)
-    pruning.py             SPEC 9 (beyond the paper): held-out perplexity against the share of keys removed
+    suppressed.py          beyond the paper: active memories that ranked the gold token first where the model was wrong
+    membership.py          beyond the paper: do coefficients separate training from held-out text (ROC AUC per layer)
+    pruning.py             beyond the paper: held-out perplexity against the share of keys removed
     lookups.py             the explorer's tables
 
 The shared core:

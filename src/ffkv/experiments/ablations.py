@@ -1,4 +1,4 @@
-"""Local modifications of trigger prefixes (SPEC section 5; paper Figure 3).
+"""Local modifications of trigger prefixes (docs/definitions.md; paper Figure 3).
 
 For a seeded sample of keys per layer (10 by default), each of the key's top-t trigger
 prefixes gets three variants: its first token removed, its last token removed, one
@@ -9,7 +9,7 @@ relative change (m' - m) / m is averaged per layer and variant. Prefixes whose o
 coefficient is not positive (the relative change would flip sign) or that would become
 empty are left out and counted.
 
-For a run indexed with a sparse dictionary (SPEC section 11), the same for a seeded sample of the latents that
+For a run indexed with a sparse dictionary (docs/definitions.md), the same for a seeded sample of the latents that
 fired in each dictionary layer (a dead latent has no trigger prefix), their activation a_j recomputed the same
 way in a pass of their own (the neurons' batches, and so their tables, stay as they were):
 ``ablations_latents`` sets each variant's mean change for the latents beside the same layer's neurons.

@@ -62,8 +62,8 @@ def analyze(
             a corpus path (read with the run's unit options), or a `CorpusSpec` (or its dict).
             Always cut to a seeded subset of `n_eval` (`ffkv.experiments.common.eval_spec`).
         eval_split: the split of `eval_corpus` (default: heldout for the run's corpus, all for another).
-        n_eval: number of held-out examples (SPEC section 7: 4,000).
-        projection: None or "default" for SPEC's defaults (identity for values, sub-updates and
+        n_eval: number of held-out examples (docs/definitions.md: 4,000).
+        projection: None or "default" for ffkv's defaults (docs/definitions.md) (identity for values, sub-updates and
             Figure 8's FF outputs; final normalization for residual-stream vectors and for every
             vector of Figures 9-11), "paper" for the released code's choices (identity for every
             vector, the raw residual with no final normalization), or "identity" / "final-norm"

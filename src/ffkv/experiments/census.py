@@ -1,4 +1,4 @@
-"""A census of every memory (SPEC section 9, beyond the paper): dead keys, token/n-gram detectors,
+"""A census of every memory (docs/definitions.md, beyond the paper): dead keys, token/n-gram detectors,
 positional keys, and what each value does to the vocabulary.
 
 Over every real position of the held-out examples (the examples of `RunContext.held_out`, all
@@ -45,12 +45,12 @@ shape (16 x 4,096 keys, 2 n-gram lengths) the state is 16·4,096·(70·8 + 2·16
 one batch's d_m x (distinct rules of the batch) counts per layer at a time; d_m x |V| is never
 held. Values are projected `chunk_size` keys at a time (`ffkv.memories.projection`).
 
-**Latents** (a run indexed with ``--dictionary``; SPEC section 11, docs/definitions.md "Latents beside neurons"):
+**Latents** (a run indexed with ``--dictionary``; docs/definitions.md "Latents beside neurons"):
 the same classes for the dictionary's latents, read in the same three passes (no pass of their own): the
 activations a_j of each layer the dictionary covers are computed (`ffkv.memories.latent_keys.LatentKeys`, exactly the
 index's, control latents included) from the quantity their keys read, captured by the same hooks, and fed on the
 positions the layer's neurons are fed on (massive positions left out alike), each layer in a one-layer accumulator
-whose active rule is a_j > 0 (a_j >= 0: one sign, no two-way latent). Decisions where the SPEC is silent: dead is
+whose active rule is a_j > 0 (a_j >= 0: one sign, no two-way latent). Decisions where the definitions were silent: dead is
 the index's rule for latents (never fired over the indexed corpus: no trigger row), as patterns_latents reads it;
 detector and positional shares are judged among live memories (a dictionary with many dead latents is not thereby
 read as having few detectors), dead among every memory; value types read the decoder row, set beside the neurons'
@@ -921,7 +921,7 @@ def compute(ctx: RunContext, options=None) -> Result:
                     "value: decoder row; `ffkv.memories.sets.Latents`), only the layers it covers, read in the "
                     "census's own passes from the quantity their keys read (a transcoder's FF input, an SAE's FF "
                     "output), on the positions the layer's neurons are counted on",
-                    "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                    "active": f"latents: a_j > 0 (docs/definitions.md); neurons: {meta['active']}",
                     "dead": "latents: never fired over the indexed corpus (no row in latent_trigger_examples.parquet); "
                             "neurons: never active over it (ffkv.experiments.dead)",
                     "control": ("the control latents of each layer (ffkv.memories.latent_keys: a real latent's encoder "

@@ -43,13 +43,13 @@ T = TypeVar("T")
 #: Values of `analyze(projection=...)` / `ffkv analyze --projection`.
 PROJECTION_CHOICES = ("default", "paper", "identity", "final-norm")
 #: The choice whose residual-stream projection each projection is: the paper's released code projects
-#: the raw residual (identity), SPEC's default the final normalization (the logit lens).
+#: the raw residual (identity), ffkv's default the final normalization (the logit lens).
 RESIDUAL_CHOICE = {"identity": "paper", "final-norm": "default"}
 
 
 @dataclass(frozen=True)
 class Projections:
-    """Which normalization N each kind of vector goes through before Eᵀ (SPEC section 1).
+    """Which normalization N each kind of vector goes through before Eᵀ (docs/definitions.md).
 
     Attributes:
         values: value vectors, memory sub-updates m_i·v_i and the FF output of Figure 8.
@@ -64,7 +64,7 @@ class Projections:
 
     @classmethod
     def choose(cls, projection: str | None) -> "Projections":
-        """SPEC's defaults for None or "default"; "paper" for the released code's choices (identity for every
+        """ffkv's defaults (docs/definitions.md) for None or "default"; "paper" for the released code's choices (identity for every
         vector: values, sub-updates and the raw residual, no final normalization); "identity" or
         "final-norm" forces that projection on every vector."""
         if projection is None or projection == "default":
@@ -95,7 +95,7 @@ def share_with_interval(hits: np.ndarray, name: str) -> dict[str, float]:
 
 def chance_with_interval(observed: np.ndarray, chance: np.ndarray, name: str,
                          counted: np.ndarray | None = None) -> dict[str, float]:
-    """A permutation chance level beside an observed share, on the same examples (SPEC section 3, Controls).
+    """A permutation chance level beside an observed share, on the same examples (docs/definitions.md, Controls).
 
     Args:
         observed, chance: per example, the observed event and the same event with the pairing shuffled across
@@ -208,7 +208,7 @@ def sample_size_warnings(experiment: str, n: int, what: str = "examples") -> lis
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out examples of SPEC sections 7-8, each with one seeded position.
+    """The held-out examples of docs/definitions.md, each with one seeded position.
 
     Attributes:
         examples: the examples (token ids as the corpus gives them).
@@ -547,7 +547,7 @@ def open_run(run_dir: str | Path, loaded: LoadedModel | None = None, device: str
 
 def eval_spec(manifest: Manifest, corpus: str | Path | CorpusSpec | dict | None = None, split: str | None = None,
               n_eval: int = 4000, seed: int = 0) -> CorpusSpec:
-    """The held-out examples' corpus spec (SPEC section 7), for the CLI and the library alike.
+    """The held-out examples' corpus spec (docs/definitions.md), for the CLI and the library alike.
 
     Args:
         corpus: None for the run's own corpus (split "heldout" unless `split` says otherwise), or, where that

@@ -1,4 +1,4 @@
-"""Composition inside a layer (SPEC section 7; paper Section 5.1, Figures 7 and 8).
+"""Composition inside a layer (docs/definitions.md; paper Section 5.1, Figures 7 and 8).
 
 On the held-out examples, one seeded position each, every layer: the number of active
 memories (`ffkv.memories.active`: |m_i| > tau·s_l, which is m_i > 0 for ReLU), positive and
@@ -140,7 +140,7 @@ def scale_tables(ctx: RunContext) -> dict[str, pd.DataFrame]:
 class LatentReader:
     """Figures 7-8 for a dictionary's latents, read from the shared held-out pass (`read_held_out`) that the
     neurons' `EvalReader` reads: per held-out example (rows) and dictionary layer, the latents that fire
-    (a_j > 0, SPEC section 11), the FF output's top token, whether some firing latent's sub-update a_j·d_j has
+    (a_j > 0, docs/definitions.md), the FF output's top token, whether some firing latent's sub-update a_j·d_j has
     it as top token (and the partner example's: the same permutation chance level as the neurons'), and the
     top token of the dictionary's reconstruction. A run without latents, or whose dictionary is gone or changed
     (`unread` says why), reads nothing."""
@@ -378,7 +378,7 @@ def compute(ctx: RunContext, options=None) -> Result:
         else:
             meta_lat = {**meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder "
                         "row, value: decoder row), only the layers it covers, read in the shared held-out pass",
-                        "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                        "active": f"latents: a_j > 0 (docs/definitions.md); neurons: {meta['active']}",
                         "memory_prediction": "argmax of a_j·d_j·Eᵀ for a latent (a_j > 0), of m_i·v_i·Eᵀ, sign "
                                              "kept, for a neuron; both against argmax p(ff_out), the model's own FF "
                                              "output",

@@ -431,7 +431,7 @@ FINDING = Finding("Beyond the paper", (
     "11.2378, 11.2870, 11.2123, 11.1611, 11.2910); token-frequency neurons move the prediction along the unigram "
     "log-frequency direction. Gerstner and Schütze 2025: in gated FF layers enrichment neurons dominate the early "
     "and middle layers, depletion neurons the late ones."))
-FINDING_LATENTS = Finding("Beyond the paper (issue 46)", (
+FINDING_LATENTS = Finding("Beyond the paper", (
     "The same confidence-regulation classes for a sparse dictionary's decoder rows, beside the layer's neurons: "
     "does the dictionary isolate entropy or token-frequency directions more often than the neurons do, each kind "
     "beyond random mixtures of its own values?"))

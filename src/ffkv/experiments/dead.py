@@ -1,4 +1,4 @@
-"""Dead keys: memories that are never active over the indexed corpus, one rule for every study (SPEC section 3).
+"""Dead keys: memories that are never active over the indexed corpus, one rule for every study (docs/definitions.md).
 
 The index holds, for every key, its largest coefficient over the whole indexed corpus (its rank-0 trigger
 example) and, for signed models, its most negative one. A key is **dead** when neither passes the active rule

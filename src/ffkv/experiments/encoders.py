@@ -1,4 +1,4 @@
-"""Which of the paper's figures apply to a masked-LM encoder (BERT, RoBERTa; SPEC section 9), and why.
+"""Which of the paper's figures apply to a masked-LM encoder (BERT, RoBERTa; docs/definitions.md), and why.
 
 The experiments were defined for next-token prediction. For an encoder the index reads every key over
 the whole example (both directions), and the experiments that carry over run at the masked position:

@@ -44,7 +44,7 @@ FINDINGS = {BY_LAYER: Finding("Beyond the paper (Bills et al. 2023)",
                               "it predicts the memory's activations on held-out text better than with another "
                               "memory's explanation (shuffled) and better than random key directions' explanations "
                               "(control)."),
-            LATENTS: Finding("Beyond the paper (Bills et al. 2023; issue 46)",
+            LATENTS: Finding("Beyond the paper (Bills et al. 2023)",
                              "Are a sparse dictionary's latents easier to explain than the layer's neurons? Per "
                              "dictionary layer, the latents' explanations scored as the neurons' are, each kind "
                              "beside its own shuffled and control baselines.")}

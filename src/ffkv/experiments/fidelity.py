@@ -25,7 +25,7 @@ def fidelity(tables: Mapping[str, pd.DataFrame], projections: Mapping[str, str] 
         projections: table name -> the projection its numbers were read under (for the `projection` column).
 
     Each row: the paper's `figure` and `finding`, what this model `measured`, its `chance` or control level
-    (a permutation chance level or the random key directions, SPEC section 3 Controls), the `rule` that decides
+    (a permutation chance level or the random key directions, docs/definitions.md), the `rule` that decides
     whether it reproduces (stated with the row, so that a reader can disagree with it), the `verdict` (yes, no,
     or why none is given: fewer than `MIN_VERDICT_N` examples or keys, no control, a detector with too little
     recall), `reproduces` (True, False, or null without a verdict), the smallest `n` over the layers read, the

@@ -42,8 +42,9 @@ def legend_outside(ax, **kwargs) -> None:
     layout makes room for it)."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        kwargs.setdefault("fontsize", 8)
+        kwargs.setdefault("fontsize", 9)
         kwargs.setdefault("ncol", min(len(handles), 3))
+        kwargs.setdefault("handlelength", 3.5)  # long enough for a dashed or dotted series to read as one
         ax.figure.legend(handles, labels, frameon=False, loc="outside lower center", **kwargs)
 
 

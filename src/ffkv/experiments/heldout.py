@@ -1,4 +1,4 @@
-"""One forward pass over the held-out examples that serves both SPEC sections 7 and 8.
+"""One forward pass over the held-out examples that serves both docs/definitions.md.
 
 For each example, at its one seeded position, every layer: the coefficients m (reduced
 at once to the numbers of active memories, positive and negative, and whether an active
@@ -203,7 +203,7 @@ def held_out_rows(ctx: RunContext) -> list[tuple[int, np.ndarray]]:
     for i, (e, j) in enumerate(zip(held.examples, held.positions)):
         ids = np.asarray(e.token_ids, dtype=np.int64).copy()
         if mask_id is not None:
-            ids[j] = mask_id  # SPEC section 9: the encoder predicts the masked token
+            ids[j] = mask_id  # docs/definitions.md: the encoder predicts the masked token
         rows.append((i, ids))
     return rows
 

@@ -1,4 +1,4 @@
-"""Which studies read a sparse dictionary's latents beside the neurons, and why the others do not (issue 46).
+"""Which studies read a sparse dictionary's latents beside the neurons, and why the others do not.
 
 A run indexed with ``--dictionary`` holds latents as memories of their own (`ffkv.memories.sets.Latents`). Each
 experiment states what it computes for them (`ffkv.experiments.registry.Experiment.latents`): the tables that set

@@ -1,4 +1,4 @@
-"""The explorer's lookup tables of a sparse dictionary's latents (SPEC section 11), built with the neurons'.
+"""The explorer's lookup tables of a sparse dictionary's latents (docs/definitions.md), built with the neurons'.
 
 A run indexed with ``--dictionary`` holds each latent's trigger examples (latent_trigger_examples.parquet). A
 latent is a key-value memory of its own (key e_j, coefficient a_j(x), value d_j), and its page shows what a

@@ -1,4 +1,4 @@
-"""Latents beside neurons, every measure in one table, with the dictionary's fidelity (issue 46; beyond the paper).
+"""Latents beside neurons, every measure in one table, with the dictionary's fidelity (beyond the paper).
 
 The studies that read a sparse dictionary's latents (`ffkv.experiments.registry.Experiment.latents`) each write a
 table that sets a measure of the latents beside the same measure of the same layer's neurons, each kind against
@@ -265,8 +265,11 @@ def draw(result: Result) -> Figures:
     ax.scatter(value, y, c=colors, zorder=3, s=18)
     ax.axvline(0, color="black", lw=0.6)
     ax.set_yticks(y)
-    ax.set_yticklabels([f"layer {int(r.layer) + 1}: {r.measure}" for r in table.itertuples()], fontsize=7)
-    ax.set_xlabel("latents minus neurons (percentage points; 95% interval)\n"
+    ratios = {m.column for m in MEASURES if not m.share}  # an AUC or a correlation: its difference x100, not points
+    ax.set_yticklabels([f"layer {int(r.layer) + 1}: {r.measure}" + (" (x100)" if r.measure in ratios else "")
+                        for r in table.itertuples()], fontsize=8)
+    ax.set_xlabel("latents minus neurons, 95% interval: percentage points for a share;\n"
+                  "x100 for a measure marked so (an AUC or a mean correlation)\n"
                   "orange: latents higher, blue: neurons higher, grey: no verdict")
     fidelity = result.tables.get(f"{NAME}_dictionary")
     said = "" if fidelity is None else "; ".join(
@@ -287,7 +290,7 @@ def reading(name: str, table: pd.DataFrame) -> str | None:
             f"{higher['neurons higher']}; on {rest} the data cannot say or do not carry a verdict.")
 
 
-FINDINGS = {NAME: Finding("Beyond the paper (issue 46)", (
+FINDINGS = {NAME: Finding("Beyond the paper", (
     "Are a dictionary's latents better key-value memories than the layer's neurons? Each measure of the studies "
     "that read latents, both kinds beside their own nulls, with the dictionary's fidelity beside them."))}
 

@@ -1,4 +1,4 @@
-"""Membership signal (SPEC section 9; paper Section 8): do memories fire differently on training text?
+"""Membership signal (docs/definitions.md; paper Section 8): do memories fire differently on training text?
 
 Equal numbers of member examples (from the model's training split) and non-member examples (held out
 from training) are drawn, each a seeded uniform subset of its corpus (`ffkv.experiments.common.eval_spec`,
@@ -13,7 +13,7 @@ Per layer, the ROC AUC of the statistic separating members from non-members (AUC
 larger top coefficients; < 0.5: smaller; 0.5: no signal), with its DeLong 95% interval; the same for
 the loss baseline. Which split each example came from is written to ``membership_examples``.
 
-For a run indexed with a sparse dictionary (SPEC section 11), ``membership_latents`` reads the same statistic of
+For a run indexed with a sparse dictionary (docs/definitions.md), ``membership_latents`` reads the same statistic of
 the latents' activations a_j (never negative) at each dictionary layer, from the same pass: per layer the latents'
 AUC beside the neurons' of that layer, each against no signal (0.5), and their difference, latents minus neurons,
 with its paired DeLong interval (the same examples score both). Which kind separates the splits more
@@ -253,7 +253,7 @@ FINDING = Finding("Beyond the paper (its Section 8 names it as future work)", (
     "Memories that store training text should fire "
     "differently on training examples than on unseen ones: a membership signal, compared here with the "
     "standard loss-based baseline on the same examples."))
-FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING, LATENTS: Finding("Beyond the paper (issue 46)", (
+FINDINGS = {NAME: FINDING, f"{NAME}_examples": FINDING, LATENTS: Finding("Beyond the paper", (
     "Do a sparse dictionary's latents fire differently on training text than the layer's own neurons do? The same "
     "statistic of the latents' activations, on the same examples, beside the neurons'."))}
 

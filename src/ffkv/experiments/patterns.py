@@ -1,4 +1,4 @@
-"""Patterns in the keys (SPEC section 4; paper Section 3.2, Figure 2, Appendix A).
+"""Patterns in the keys (docs/definitions.md; paper Section 3.2, Figure 2, Appendix A).
 
 For every key, from its top-t trigger prefixes:
 
@@ -218,7 +218,7 @@ def semantic_info(ctx: RunContext) -> dict:
             "calibration": f"on this run's corpus: {calibration(ctx).line()}"}
 
 
-#: Share of a layer's random control memories that may pass the semantic label (SPEC section 3, Controls).
+#: Share of a layer's random control memories that may pass the semantic label (docs/definitions.md, Controls).
 CONTROL_PASS = 0.05
 
 

@@ -1,4 +1,4 @@
-"""Pruning memories (SPEC section 9): held-out perplexity against the share of keys removed, per criterion,
+"""Pruning memories (docs/definitions.md): held-out perplexity against the share of keys removed, per criterion,
 and `prune`, which writes the smaller model (`ffkv prune RUN --criterion C --share S --out MODEL_DIR`).
 
 Which keys go. Every criterion orders the keys of each layer, first removed first; a share s removes the
@@ -30,7 +30,7 @@ log-likelihood over every position of the held-out examples read (token-weighted
 once; n_tokens in the table), of the masked model (`ffkv.memories.pruning.masked`). The curve reads at most
 `MAX_TOKENS` predicted tokens: held-out examples in a seeded random order until the next would pass it.
 
-Latents (SPEC section 11; a run indexed with ``--dictionary``): ``pruning_latents`` removes a share of one
+Latents (docs/definitions.md; a run indexed with ``--dictionary``): ``pruning_latents`` removes a share of one
 dictionary layer's latents (switched off, a_j = 0: the layer's output is the reconstruction without them plus the
 dictionary's error term, `ffkv.memories.interventions`) and, beside it, the same share of the same layer's neurons
 (masked in that layer only), each by the same criterion read for its own kind, on the same held-out tokens:
@@ -574,7 +574,7 @@ FINDING = Finding("Beyond the paper", (
     "The paper leaves pruning open. Held-out perplexity as a growing share of every "
     "layer's keys is removed, one curve per criterion; the seeded random removal is the baseline a "
     "criterion must beat."))
-FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING, LATENTS: Finding("Beyond the paper (issue 46)", (
+FINDINGS = {NAME: FINDING, f"{NAME}_summary": FINDING, LATENTS: Finding("Beyond the paper", (
     "Is a sparse dictionary's layer more prunable than the layer's neurons? Held-out perplexity as a growing share "
     "of one layer's latents is switched off (the dictionary's error term kept), beside as large a share of the same "
     "layer's neurons removed by the same criterion."))}

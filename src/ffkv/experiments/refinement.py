@@ -1,4 +1,4 @@
-"""Refinement across layers (SPEC section 8; paper Section 5.2, Figures 9-11, Table 3).
+"""Refinement across layers (docs/definitions.md; paper Section 5.2, Figures 9-11, Table 3).
 
 Same examples and positions as composition (one shared forward pass). o is the model's
 final prediction. Per layer: residual agreement argmax p(resid_mid) = o, the probability

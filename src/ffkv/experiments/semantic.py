@@ -1,4 +1,4 @@
-"""The semantic score of a key (SPEC section 4): are its trigger prefixes closer in meaning than chance?
+"""The semantic score of a key (docs/definitions.md): are its trigger prefixes closer in meaning than chance?
 
 Not circular: a prefix is represented by the model's *input token embeddings* of its content
 tokens, never by a residual stream (a key's trigger prefixes share the key's direction in the

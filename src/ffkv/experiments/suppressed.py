@@ -1,6 +1,6 @@
-"""Suppressed memories (SPEC section 9): an active memory "knew" the gold token, yet the model got it wrong.
+"""Suppressed memories (docs/definitions.md): an active memory "knew" the gold token, yet the model got it wrong.
 
-On the held-out examples at their seeded position (the positions of SPEC sections 7-8), with g the
+On the held-out examples at their seeded position (the positions of docs/definitions.md), with g the
 gold token (the next token; the masked token for an encoder) and o the model's prediction:
 
 - a memory i of layer l **knows** g when it is active (`ffkv.memories.active`, the same s_l as
@@ -136,7 +136,7 @@ class KnowingReader:
 
 class LatentKnowingReader:
     """The study for a dictionary's latents, from the same shared held-out pass: per held-out example (rows) and
-    dictionary layer, the firing latents (a_j > 0, SPEC section 11) whose own sub-update a_j·d_j ranks the gold
+    dictionary layer, the firing latents (a_j > 0, docs/definitions.md) whose own sub-update a_j·d_j ranks the gold
     token first, and the largest delta_p among them. A run without latents, or whose dictionary is gone or changed
     (`unread` says why), reads nothing."""
 
@@ -322,7 +322,7 @@ def compute(ctx: RunContext, options=None) -> Result:
             meta_lat = {
                 **meta, "memories": "the latents of the dictionary the run was indexed with (key: encoder row, value: "
                                     "decoder row), only the layers it covers, read in the shared held-out pass",
-                "active": f"latents: a_j > 0 (SPEC section 11); neurons: {meta['active']}",
+                "active": f"latents: a_j > 0 (docs/definitions.md); neurons: {meta['active']}",
                 "memory_prediction": "argmax of N(a_j·d_j)·Eᵀ for a latent, of N(m_i·v_i)·Eᵀ, sign kept, for a "
                                      "neuron; values projection",
                 "beside_neurons": "*_neurons: the same layer's neurons on the same examples; "

@@ -1,4 +1,4 @@
-"""Projection spaces: where the shared vocabulary space holds (SPEC section 9; issue 17 item 2).
+"""Projection spaces: where the shared vocabulary space holds (docs/definitions.md, fitted translators).
 
 Fits a per-layer affine translator (the tuned lens, `ffkv.memories.translators`) on the run's own
 indexed examples (its training split; a seeded subset of `N_TRAIN`, every position), saves it in

@@ -1,4 +1,4 @@
-"""Values as distributions over the vocabulary (SPEC section 6; paper Section 4, Figures 4-5, Table 2).
+"""Values as distributions over the vocabulary (docs/definitions.md; paper Section 4, Figures 4-5, Table 2).
 
 ``p_i^l = softmax(N(v_i^l)·Eᵀ)``, N the identity by default. Per key: the top token and
 its probability, the entropy, the top 10 tokens, and the rank and probability of the
@@ -457,7 +457,7 @@ def fidelity_rows(name: str, t: pd.DataFrame, projections: Mapping[str, str], la
         rows.append(verdict_row(
             "values_confident", "Table 2", f"{pct(share)} of the {len(t)} most confident values",
             "at least a quarter of the most confident values have a trigger example whose target is the "
-            "value's top token (paper: almost half)", bool(share >= 0.25), None))
+            "value's top token (paper: almost half)", bool(share >= 0.25), len(t), unit="values"))
     return verdict_rows(rows, {k: f.finding for k, f in FINDINGS.items()}, name, projections.get(name, ""), label)
 
 

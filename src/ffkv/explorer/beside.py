@@ -1,4 +1,4 @@
-"""The overview's "Latents beside neurons" (issue 46): what `ffkv analyze` wrote in metrics/latents_beside and
+"""The overview's "Latents beside neurons": what `ffkv analyze` wrote in metrics/latents_beside and
 metrics/latents_beside_dictionary (`ffkv.experiments.latents_beside`), per dictionary layer, for a reader.
 
 Each table is checked when read: its record (`ffkv.store.run.RunDir.read_metric`), then its columns by kind

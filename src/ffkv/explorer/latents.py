@@ -1,4 +1,4 @@
-"""What the explorer reads of a sparse dictionary's latents (SPEC section 11), for a run indexed with one.
+"""What the explorer reads of a sparse dictionary's latents (docs/definitions.md), for a run indexed with one.
 
 A latent is a memory of its own: its page shows what a neuron's shows (`ExplorerData.memory`), from the latents'
 lookup tables (`ffkv.experiments.latent_lookups`: latent_stats.parquet, latent_value_top_tokens.parquet,

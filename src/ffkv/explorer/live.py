@@ -1,4 +1,4 @@
-"""What the memory page computes with the model when it is asked for (SPEC sections 1, 3 and 6).
+"""What the memory page computes with the model when it is asked for (docs/definitions.md).
 
 - `value_tokens`: a value's top and bottom tokens under a projection the reader picks (ffkv's projection
   vocabulary, `ffkv.memories.projection.PROJECTIONS`: ``identity``, the paper's, or ``final-norm``), read as

@@ -23,21 +23,22 @@ TEMPLATES = {
 {% block main %}<h1>Run {{ run_name }}</h1>
 <dl class="run">{% for k, v in run_rows %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
 <p class="note" id="numbering">{{ numbering }}</p>
-{% if fidelity %}<h2>Does this model reproduce the paper?</h2>
+<nav class="toc small" id="contents"><strong>Contents:</strong> {% if fidelity %}<a href="#fidelity-heading">does this model reproduce the paper?</a> · {% endif %}{% if massive %}<a href="#massive">massive activations</a> · {% endif %}<a href="#layers">layers</a>{% if dictionaries %} · <a href="#dictionary">sparse dictionary</a>{% endif %}{% if beside %} · <a href="#latents-beside">latents beside neurons</a>{% endif %} · <a href="#figures">figures</a></nav>
+{% if fidelity %}<h2 id="fidelity-heading">Does this model reproduce the paper?</h2>
 <div class="scroll">{{ table(fidelity, "fidelity", "fidelity", root) }}</div>{% endif %}
-{% if massive %}<h2>Massive activations</h2>
+{% if massive %}<h2 id="massive">Massive activations</h2>
 <p class="note">Analysed positions whose coefficients are massive (their RMS over the layer's memories more than 20 times the
 median position's; Sun et al. 2024): left out of the active rule's scale s_l (docs/definitions.md), named here.</p>
 <div class="scroll">{{ table(massive, "massive", "", root) }}</div>{% endif %}
-<h2>Layers</h2>
+<h2 id="layers">Layers</h2>
 <p class="note" id="layers-note">Per layer, over its keys: agreement, of the keys whose top-1 trigger example has a trigger target (keys with a target), the share whose value's top token (identity projection, as in the
 paper) is that target, as Figure 4 counts it; active, the mean
 share of positions of a corpus sample ({{ sample_positions }} positions) where a key is active (m &gt; 0 for ReLU models, |m| &gt; tau·s_l otherwise; docs/definitions.md); the shares of the
 automatic pattern labels{% if not has_labels %} (after <code>ffkv analyze</code>){% endif %}, each label on its own: the shallow keys of the table above
 (and of the report) are those labelled shallow or both.</p>
 <div class="scroll">{{ table(layers, "layers", "", root) }}</div>
-{% if dictionaries %}<h2>Sparse dictionary</h2>
-<p class="note" id="dictionary-note">This run was indexed with a sparse dictionary (SPEC section 11): each latent is a memory of its own, with its own page (tLAYER:LATENT for a transcoder's, sLAYER:LATENT for an SAE's, layers from 1).
+{% if dictionaries %}<h2 id="dictionary">Sparse dictionary</h2>
+<p class="note" id="dictionary-note">This run was indexed with a sparse dictionary (docs/definitions.md): each latent is a memory of its own, with its own page (tLAYER:LATENT for a transcoder's, sLAYER:LATENT for an SAE's, layers from 1).
 Dead: latents without a trigger example over the indexed corpus (the fidelity below counts those never active on its held-out tokens); active: the mean share of sample positions where a latent's activation is above 0; agreement as for the neurons, on the decoder rows, of the latents with a trigger target.</p>
 <table id="dictionaries"><tr><th>dictionary</th><th>kind</th><th class="num">layer</th><th class="num">latents</th><th class="num">dead over the indexed corpus</th><th class="num">active</th><th class="num">agreement</th><th>neurons</th></tr>
 {% for d in dictionaries %}<tr><td><a href="{{ root }}/layer/{{ d.name }}">{{ d.name }}</a></td><td>{{ d.kind }}</td><td class="num">{{ ln(d.layer) }}</td><td class="num">{{ "{:,}".format(d.latents) }}</td><td class="num">{{ "{:,}".format(d.dead) }}</td><td class="num">{{ pct(d.active, 2) }}</td><td class="num">{{ pct(d.agreement, 2) }}</td><td><a href="{{ root }}/layer/{{ ln(d.layer) }}">layer {{ ln(d.layer) }}</a></td></tr>{% endfor %}</table>{% endif %}
@@ -61,7 +62,7 @@ FVU <strong class="fvu">{{ f.fvu }}</strong> · dead on these tokens <strong cla
 </table>{% else %}<p class="muted">No measure of this layer's latents in the table.</p>{% endif %}</div></div>{% endfor %}
 {% if beside_figure %}<figure id="beside-figure">{% if beside_figure.problem %}<p class="warning damaged-figure">Not shown: {{ beside_figure.problem }}</p>{% else %}<img src="{{ root }}/files/{{ beside_figure.path }}" alt="{{ beside_figure.name }}" loading="lazy">{% endif %}<figcaption class="small muted">{{ beside_figure.name }}</figcaption></figure>{% endif %}
 {% endif %}{% endif %}
-<h2>Figures</h2>
+<h2 id="figures">Figures</h2>
 {% if not figures %}<p class="muted" id="no-figures">No figures yet: run <code>ffkv analyze</code> on this run.</p>{% endif %}
 {% for f in figures %}<section class="figure-block"><figure>{% if f.problem %}<p class="warning damaged-figure">Not shown: {{ f.problem }}</p>{% else %}<img src="{{ root }}/files/{{ f.path }}" alt="{{ f.name }}" loading="lazy">{% endif %}<figcaption class="small muted">{{ f.name }}</figcaption></figure>
 <div>{% if f.finding %}<div class="finding"><strong>{{ heading(f.paper_figure) }}:</strong> {{ f.finding }}</div>{% endif %}</div></section>{% endfor %}
@@ -163,7 +164,7 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 <p id="latent-nav">{% if l.key > 0 %}<a href="{{ root }}/memory/{{ l.name }}:{{ l.key - 1 }}">← latent {{ l.key - 1 }}</a> · {% endif %}<a href="{{ root }}/layer/{{ l.name }}" id="latent-layer-link">{{ l.name }}'s latents</a>{% if l.key + 1 < l.n_latents %} · <a href="{{ root }}/memory/{{ l.name }}:{{ l.key + 1 }}">latent {{ l.key + 1 }} →</a>{% endif %}
 · <a href="{{ root }}/layer/{{ ln(l.layer) }}" id="neurons-link">layer {{ ln(l.layer) }}'s neurons</a>
 · <a href="{{ root }}/memory/{{ l.address }}.json?projection={{ l.projection }}&amp;shown={{ l.value.shown }}" id="json-link">JSON</a></p>
-<p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; SPEC section 11) is a memory of its own: its key is encoder row e_j, its coefficient the
+<p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; docs/definitions.md) is a memory of its own: its key is encoder row e_j, its coefficient the
 dictionary's activation a_j (never negative), its value decoder row d_j, read here as a neuron's value is read. Latents are written {{ l.name }}:LATENT; neurons LAYER:KEY.</p>
 <p><strong>Surface:</strong> {{ pct(l.surface.share) }} of the top prefixes end in {{ tok(l.surface.token) }}.</p>
 {% with explanations = l.explanations, explain_command = "ffkv explain --latents" %}{% include "explanations.html" %}{% endwith %}
@@ -263,12 +264,12 @@ Rank within each value's distribution (identity projection, as in the paper; exa
 <p class="note" id="method">Each value's top {{ top }} tokens of v·Eᵀ (identity projection, as in the paper); two values are linked
 when they share at least {{ min_shared }} of them, and a concept is a connected group of at least two values (single linkage), named
 by the tokens most of its values share. {{ n_concepts }} concept{{ "s" if n_concepts != 1 }}{% if n_concepts > concepts|length %}, the largest {{ concepts|length }} shown{% endif %}.
-Memories are LAYER:KEY, layers from 1: promote a concept with <code>ffkv intervene RUN --set L:K=VALUE ...</code>, suppress it with <code>--off L:K ...</code>.</p>
+Memories are LAYER:KEY, layers from 1: promote a concept with <code class="cmd">ffkv intervene {{ run_path }} --set L:K=VALUE ...</code>, suppress it with <code class="cmd">--off L:K ...</code>.</p>
 {% if not concepts %}<p class="muted" id="no-concepts">No two values of this selection share {{ min_shared }} top tokens.</p>{% endif %}
 <table id="concepts"><tr><th class="num">concept</th><th class="num">values</th><th>shared top tokens</th><th>memories</th><th>suppress it</th></tr>
 {% for c in concepts %}<tr><td class="num">{{ c.concept }}</td><td class="num">{{ c.size }}</td><td>{% for t in c.tokens %}{{ tok(t) }} {% endfor %}</td>
 <td>{% for m in c.memories %}<a class="chip" href="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}" title="{{ m.top|join(' ') }}">{{ ln(m.layer) }}:{{ m.key }}</a>{% endfor %}</td>
-<td><code class="small">ffkv intervene RUN{% for m in c.memories %} --off {{ ln(m.layer) }}:{{ m.key }}{% endfor %}</code></td></tr>{% endfor %}</table>
+<td><code class="small">ffkv intervene {{ run_path }}{% for m in c.memories %} <span class="cmd">--off {{ ln(m.layer) }}:{{ m.key }}</span>{% endfor %}</code></td></tr>{% endfor %}</table>
 {% endblock %}""",
 
 "trace_fragment.html": """<div class="ffkv-trace">{% if standalone %}<style>{{ css }}</style>{% endif %}

@@ -10,7 +10,7 @@ off) at every position (`ffkv.memories.interventions`); the trace runs again, an
 continues the prompt greedily with and without it. Where a sparse dictionary covers a layer, its latents are
 listed beside the neurons and edited the same way: the layer's output becomes the dictionary's reconstruction
 with the edit plus its error term, FF(x) + Σ_j (a'_j − a_j)·d_j, so an edit of nothing is the model itself.
-Projections: final normalization for residuals, identity for ff_out (SPEC section 1); the residuals can
+Projections: final normalization for residuals, identity for ff_out (docs/definitions.md); the residuals can
 be read through the run's fitted translators instead (the tuned lens, `lens="translator"`).
 """
 

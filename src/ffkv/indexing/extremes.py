@@ -1,6 +1,6 @@
 """Each example's extreme coefficient per key over its competing positions, in one read of a layer's coefficients.
 
-Mode example of the index (SPEC section 3) keeps, per example and key, the largest coefficient over the example's
+Mode example of the index (docs/definitions.md) keeps, per example and key, the largest coefficient over the example's
 competing positions and the first position that has it (and, in a signed index, the most negative one, stored
 negated). torch gives that as a max (min) over positions after the blocked positions (padding, special tokens)
 are written with -inf (+inf): two writes and two reads of the layer's (B, T, d_m) coefficients, then copies into

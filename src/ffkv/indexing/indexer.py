@@ -1,6 +1,6 @@
 """`ffkv index`: the top-t trigger examples of every key in every layer, in one streaming pass.
 
-SPEC section 3. The corpus is read once, in windows of consecutive examples; each
+docs/definitions.md. The corpus is read once, in windows of consecutive examples; each
 window is cut into batches of similar length, run through the model with a
 coefficient capture that reduces every layer at once (`TriggerReducer`), and
 merged into an exact running top-k kept on the model's device. Every

@@ -1,6 +1,6 @@
 """Exact running top-k of candidates per (layer, key), kept on the model's device.
 
-Order (SPEC section 3): higher coefficient first; ties by lower example id, then
+Order (docs/definitions.md): higher coefficient first; ties by lower example id, then
 lower position. The state merges exactly and associatively, so shards, batches
 and resumed runs all end with the same result.
 

@@ -1,4 +1,4 @@
-"""The key-value memory view of a model (SPEC section 1), and all model-side math built on it.
+"""The key-value memory view of a model (docs/definitions.md), and all model-side math built on it.
 
     architectures.py  where each family keeps its FF memories: the one per-family table
     view.py           `MemoryView`: keys, values, norms, the unembedding, and captures (every hook)

@@ -1,4 +1,4 @@
-"""Which memories are active at a position: the one rule of ffkv (SPEC section 7, paper Figures 7 and 8).
+"""Which memories are active at a position: the one rule of ffkv (docs/definitions.md, paper Figures 7 and 8).
 
 A memory i writes m_i·v_i into the residual. For ReLU feed-forwards (the paper's) m_i >= 0 and
 most coefficients are exactly 0, so the paper counts a memory as active when m_i > 0. For

@@ -2,7 +2,7 @@
 
 Every other part of ffkv reaches a model's keys, values, norms and unembedding
 through an `Architecture` entry found here, so supporting a new family means
-adding one entry (SPEC section 1). Getters take the loaded model (or one of its
+adding one entry (docs/definitions.md). Getters take the loaded model (or one of its
 blocks) and return modules; nothing here runs a forward pass.
 """
 

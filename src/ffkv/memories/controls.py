@@ -1,4 +1,4 @@
-"""Random key directions: the control that every key-side finding is set beside (SPEC section 3, Controls).
+"""Random key directions: the control that every key-side finding is set beside (docs/definitions.md, Controls).
 
 A finding about trained keys ("its trigger examples share a topic", "its value predicts its trigger's
 next token") means something only if a key with no training behind it does not show it as often. Any

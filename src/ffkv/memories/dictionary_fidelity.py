@@ -1,4 +1,4 @@
-"""The model's passes for a dictionary's fidelity (SPEC section 11): what `ffkv.dictionaries.fidelity` measures.
+"""The model's passes for a dictionary's fidelity (docs/definitions.md): what `ffkv.dictionaries.fidelity` measures.
 
 Over padded batches (right padding), at the real, non-special tokens (`Batch.competes`): the model's own
 next-token loss; the FF input and output of each dictionary layer, which the dictionary reads and reconstructs;

@@ -2,7 +2,7 @@
 
 An intervention rewrites m_i, the input of the FF layer's second matrix, with a
 pre-forward hook on that matrix, so FF(x) = Σ_i m'_i·v_i + b_V: exactly the memory
-view of SPEC section 1. Hooks exist only inside `intervene`; leaving the block restores
+view of docs/definitions.md. Hooks exist only inside `intervene`; leaving the block restores
 the model exactly. `replace_ff_output` replaces a layer's whole FF output instead (a transcoder
 spliced in, mean ablation).
 

@@ -1,4 +1,4 @@
-"""A sparse dictionary's latents as keys of the index, and their random control latents (SPEC section 11).
+"""A sparse dictionary's latents as keys of the index, and their random control latents (docs/definitions.md).
 
 `ffkv index --dictionary PATH` reduces, in the pass that reduces the model's keys, every latent of every layer
 the dictionary covers: latent j's coefficient is its activation a_j (`ffkv.dictionaries.Dictionary`), computed

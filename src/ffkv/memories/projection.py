@@ -1,4 +1,4 @@
-"""Projecting vectors onto the vocabulary: p(h) = softmax(N(h)·Eᵀ) (SPEC section 1).
+"""Projecting vectors onto the vocabulary: p(h) = softmax(N(h)·Eᵀ) (docs/definitions.md).
 
 N is the identity (the paper's choice, and the default for values and memory
 sub-updates) or the model's final normalization (the default for residual-stream
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 PROJECTIONS = ("identity", "final-norm")
 #: The fitted per-layer projection (needs `MemoryView.translators`); not one of the residual choices above.
 TRANSLATOR = "translator"
-#: Defaults of SPEC section 1: values and sub-updates as in the paper, residuals through N.
+#: Defaults of docs/definitions.md: values and sub-updates as in the paper, residuals through N.
 DEFAULT_FOR_VALUES = "identity"
 DEFAULT_FOR_RESIDUALS = "final-norm"
 #: A distribution over the vocabulary whose entropy is above this share of the maximum, log|V|, reads as uniform.
@@ -73,7 +73,7 @@ def logits(view: MemoryView, h: Float[torch.Tensor, "*batch d_model"],
            projection: str, layer: int | None = None, update: bool = False) -> Float[torch.Tensor, "*batch vocab"]:
     """Vocabulary logits of vectors h: N(h)·Eᵀ, float32.
 
-    As in SPEC section 1, the LM head's bias (GPT-J, BERT) is not added: it is the
+    As in docs/definitions.md, the LM head's bias (GPT-J, BERT) is not added: it is the
     same for every vector and would pull every distribution towards frequent tokens.
     Heads that are not one matrix (fairseq's adaptive softmax) are called as they are.
 
@@ -167,14 +167,14 @@ def scan_values(view: MemoryView, layer: int, projection: str, targets: Int[np.n
 
     Args:
         targets: token id per key whose rank and probability are wanted; -1 for none.
-        sign: -1 projects -v_i instead: what a memory with a negative coefficient writes (SPEC section 7).
+        sign: -1 projects -v_i instead: what a memory with a negative coefficient writes (docs/definitions.md).
         keys: the values to read, as key indices (repeats allowed: the control memories borrow values,
             `ffkv.memories.controls`); None: every key of the layer, in order.
         memories: whose values (`ffkv.memories.sets`): default the model's neurons; a dictionary's `Latents`
             reads its decoder rows.
 
     Returns arrays of length d_m (or len(keys)): top_token_id, bottom_token_id (argmin: what a negative
-    coefficient promotes, SPEC section 7), top_prob, entropy, logsumexp, target_rank
+    coefficient promotes, docs/definitions.md), top_prob, entropy, logsumexp, target_rank
     (1 = the value's top token; ties count in the target's favour), target_prob, and
     (d_m, top) top_token_ids / top_probs.
     """

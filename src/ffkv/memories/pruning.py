@@ -1,4 +1,4 @@
-"""Removing memories from a model: masked (m_i = 0 at every position) or cut out of the weights (SPEC section 9).
+"""Removing memories from a model: masked (m_i = 0 at every position) or cut out of the weights (docs/definitions.md).
 
 A memory i of layer l is removed when its coefficient m_i no longer reaches the second FF matrix.
 Two ways give the same function:

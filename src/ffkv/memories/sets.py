@@ -1,6 +1,6 @@
 """A layer's memories, whatever their source: the model's own neurons, or a sparse dictionary's latents.
 
-Both are key-value memories of a feed-forward layer (SPEC section 1; docs/definitions.md, "Sparse
+Both are key-value memories of a feed-forward layer (docs/definitions.md, "Sparse
 dictionaries"): memory i of layer l has a key it reads, a value it writes, and a coefficient at each position.
 `MemorySet` is that one interface; code that reads memories takes a `MemorySet` and never asks which source it
 holds:

@@ -1,7 +1,7 @@
 """The trigger target: the token a key's value should predict, one definition for every part of ffkv.
 
-For a causal LM (SPEC section 6) it is the next token of the trigger prefix, -1 when
-the prefix is the whole example. For a masked-LM encoder (SPEC section 9) the model
+For a causal LM (docs/definitions.md) it is the next token of the trigger prefix, -1 when
+the prefix is the whole example. For a masked-LM encoder (docs/definitions.md) the model
 predicts the token at the (masked) trigger position itself, so the target is the token
 at the trigger position.
 """

@@ -1,4 +1,4 @@
-"""Fitted per-layer translators: where the shared vocabulary space holds (SPEC section 9; the tuned lens,
+"""Fitted per-layer translators: where the shared vocabulary space holds (docs/definitions.md; the tuned lens,
 Belrose et al. 2023).
 
 For each layer l an affine map T_l(h) = A_l·h + b_l, initialised at A_l = I, b_l = 0, is fitted on the
@@ -9,7 +9,7 @@ residual vectors resid_mid[l] of training examples (every position) to minimise
 p_final the model's own output distribution at the position (its LM head, bias included) and N the
 model's final normalization, applied *after* the translator as in the tuned lens (so the identity
 translator is the logit lens, the final-norm projection). The head's bias is left out of the
-translated distribution as of every projection (SPEC section 1).
+translated distribution as of every projection (docs/definitions.md).
 
 Memory and time are bounded whatever the corpus: the training examples are streamed in minibatches
 (`fit_translators`); of a minibatch only its residuals (L x n x d) and the head's input (n x d) are

@@ -1,4 +1,4 @@
-"""The key-value memory view of a loaded model (SPEC section 1).
+"""The key-value memory view of a loaded model (docs/definitions.md).
 
 `MemoryView` exposes, for layer l, the keys K (d_m x d), values V (d_m x d) and
 biases of the feed-forward layer `FF(x) = f(x·Kᵀ + b_K)·V + b_V`, the output
@@ -111,7 +111,7 @@ class MemoryView:
 
     @property
     def resid_mid_definition(self) -> str:
-        """Which definition of resid_mid applies to this model (SPEC section 1)."""
+        """Which definition of resid_mid applies to this model (docs/definitions.md)."""
         if self.parallel:
             return "parallel: resid_pre + attn_out"
         return "sequential: residual before the FF output is added"

@@ -65,6 +65,8 @@ dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
 .scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: var(--bg); }
 .scroll tr > th:first-child { z-index: 3; background: var(--soft); }
 td.desc { min-width: 15rem; max-width: 28rem; } td.toks { white-space: nowrap; }
+.cmd { white-space: nowrap; }  /* an option and its value never part across lines */
+nav.toc { background: var(--soft); border-left: 4px solid var(--accent); padding: .4rem .8rem; margin: .6rem 0; }
 .note { font-size: .85rem; color: var(--muted); margin: .2rem 0 .6rem; }
 .pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 1.2rem; align-items: start; }
 .switch a, .switch span { margin-right: .2rem; padding: .1rem .5rem; border: 1px solid var(--line); border-radius: 4px; }

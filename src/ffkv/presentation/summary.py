@@ -51,8 +51,8 @@ MEASURED_COLUMNS = ("measured", "chance", "n", "reproduces")
 
 def fidelity_view(table: pd.DataFrame, unreadable: Mapping[str, str] | None = None) -> TableView:
     """metrics/fidelity.parquet (one row per paper finding: finding, figure, this model's value, whether it
-    reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no, and a row without a verdict
-    says so in its reproduces cell (its verdict cell says why), never a blank.
+    reproduces, the rule) as a table to read: whatever its columns, booleans as yes / no; the verdict column says
+    yes, no, or why there is none (the reproduces column, which says the same, is left out beside it).
 
     Args:
         unreadable: metrics table name (the rows' ``table``) -> why it cannot be trusted now, as one line naming
@@ -69,7 +69,9 @@ def fidelity_view(table: pd.DataFrame, unreadable: Mapping[str, str] | None = No
             notes = table.loc[hit, "table"].map(lambda name: f"not shown: {unreadable[name]}")
             table["verdict"] = table["verdict"].astype(object) if "verdict" in table.columns else None
             table.loc[hit, "verdict"] = notes
-    if "reproduces" in table.columns:
+    if "reproduces" in table.columns and "verdict" in table.columns:  # the verdict cell says it, and why not
+        table = table.drop(columns="reproduces")
+    elif "reproduces" in table.columns:
         table = table.assign(reproduces=pd.Series([bool(v) if v is not None and not pd.isna(v) else "no verdict"
                                                    for v in table["reproduces"]], index=table.index, dtype=object))
     return table_view(table)

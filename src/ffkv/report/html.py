@@ -1,4 +1,4 @@
-"""`ffkv report RUN`: one self-contained HTML file, RUN/report.html (SPEC section 10).
+"""`ffkv report RUN`: one self-contained HTML file, RUN/report.html (docs/definitions.md).
 
 First the run, then (when `ffkv analyze` wrote metrics/fidelity.parquet) whether this model
 reproduces each finding of the paper, then one section per experiment (`ffkv.report.content`):
@@ -54,16 +54,17 @@ section.analysis { border-top: 1px solid var(--line); margin-top: 2rem; }
 <h2>The run</h2>
 <dl class="run" id="run">{% for k, v in run_rows %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
 <p class="note" id="numbering">{{ numbering }}</p>
-<p class="small">Explore it: <code>ffkv serve {{ run_path }}</code>, then
+<nav class="toc small" id="contents"><strong>Contents:</strong> <a href="#run">the run</a>{% if fidelity %} · <a href="#fidelity-heading">does this model reproduce the paper?</a>{% endif %} · <a href="#layers">layers</a>{% if annotations %} · <a href="#human-labels">human labels</a>{% endif %}{% for s in sections %} · <a href="#analysis-{{ s.name }}">{{ s.name }}</a>{% endfor %}</nav>
+<p class="small">Explore it: <code>ffkv serve {{ run_path }}</code>, then {% if relative_links %}open this report from the explorer's Report link (these links follow it, on any port):{% endif %}
 <a href="{{ explorer }}/">overview</a> · <a href="{{ explorer }}/search">search</a> · <a href="{{ explorer }}/trace">trace</a> ·
 layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{% if not loop.last %}, {% endif %}{% endfor %}.</p>
 {% if fidelity %}<h2 id="fidelity-heading">Does this model reproduce the paper?</h2>
 <p class="small muted">One row per finding of the paper (metrics/fidelity.parquet): this model's value and whether it reproduces, by the stated rule.</p>
 <div class="scroll">{{ fidelity }}</div>{% endif %}
-<h2>Layers</h2>
+<h2 id="layers">Layers</h2>
 <p class="small muted">From the trigger examples (top-{{ top_k }} per key){% if has_stats %} and the values experiment (agreement rate, identity projection){% endif %}.</p>
 <div class="scroll">{{ layer_table }}</div>
-{% if annotations %}<h2>Human labels</h2><p class="small muted">From annotations/labels.parquet: keys per label (latest label per key and annotator).</p>
+{% if annotations %}<h2 id="human-labels">Human labels</h2><p class="small muted">From annotations/labels.parquet: keys per label (latest label per key and annotator).</p>
 <div class="scroll">{{ annotations }}</div>{% endif %}
 <h2>Analyses</h2>
 <p class="small muted" id="definitions">What ffkv chose where the paper leaves a choice open (active memories, projections, trigger directions, the studies beyond the paper) is written in <code>docs/definitions.md</code> of ffkv's repository.</p>
@@ -169,12 +170,13 @@ def check_run(run: RunDir, manifest: Manifest) -> tuple[list[Problem], list[str]
     return problems, notices
 
 
-def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000") -> Path:
+def write_report(run_dir: str | Path, explorer_url: str | None = None) -> Path:
     """Write RUN/report.html (atomically) and return its path.
 
     Args:
         run_dir: a complete run directory; analyses are optional.
-        explorer_url: where `ffkv serve RUN` runs, for the links into the explorer.
+        explorer_url: where `ffkv serve RUN` runs, for the links into the explorer; None: links relative to the
+            report as the explorer serves it (RUN/report.html at /files/report.html), which follow any port.
     """
     run = RunDir(run_dir)
     manifest = run.require_complete()
@@ -191,7 +193,7 @@ def write_report(run_dir: str | Path, explorer_url: str = "http://127.0.0.1:8000
     page = _ENV.from_string(TEMPLATE).render(
         css=CSS, run_name=run.path.name, run_path=str(run.path), version=ffkv.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M"), run_rows=_run_rows(run, manifest), numbering=NUMBERING,
-        explorer=explorer_url.rstrip("/"), layers=[layer_number(i) for i in range(manifest.model.n_layers)],
+        explorer=explorer_url.rstrip("/") if explorer_url else "..", relative_links=not explorer_url, layers=[layer_number(i) for i in range(manifest.model.n_layers)],
         top_k=manifest.top_k, has_stats="agreement_rate" in summary.columns,
         layer_table=table_html(table_view(summary, titles=LAYER_TITLES), id="layers"),
         fidelity=fidelity, annotations=annotations, sections=sections, images=images, tables=tables,

@@ -1,4 +1,4 @@
-"""Human pattern labels of keys (SPEC section 4, the human workflow), kept in the run directory.
+"""Human pattern labels of keys (docs/definitions.md, the human workflow), kept in the run directory.
 
 Public contract: ``RUN/annotations/labels.parquet`` (`ffkv.store.schemas.LABELS`), one row
 per (layer, key, annotator), the latest label wins; ``label`` is one of `LABELS`. Every
@@ -25,7 +25,7 @@ from ffkv.store import atomic, integrity, schemas
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
-#: The pattern labels of SPEC section 4.
+#: The pattern labels of docs/definitions.md.
 LABELS = ("shallow", "semantic", "both", "none")
 
 

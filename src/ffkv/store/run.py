@@ -1,4 +1,4 @@
-"""The run directory: one per model and corpus, readable without ffkv (SPEC section 10).
+"""The run directory: one per model and corpus, readable without ffkv (docs/definitions.md).
 
 `RunDir` names every path of the contract (docs/run-directory.md) and is the one way
 the rest of ffkv reads and writes a run:

@@ -116,7 +116,7 @@ KEY_STATS = pa.schema([
 #: RUN/explorer/latent_stats.parquet (a run indexed with a sparse dictionary): one row per (layer, key), key the
 #: latent's index in its layer's dictionary; the latent layer page's sortable statistics (`ffkv.experiments
 #: .latent_lookups`). Value statistics read the decoder row d_j as `KEY_STATS` reads v_i; activation statistics
-#: count a_j > 0 (a latent's activation is its own active rule, SPEC section 11). `KEY_STATS`'s columns, with its
+#: count a_j > 0 (a latent's activation is its own active rule, docs/definitions.md). `KEY_STATS`'s columns, with its
 #: trigger rows' count and largest activation after shallow_share.
 LATENT_STATS = pa.schema([*KEY_STATS][:KEY_STATS.get_field_index("shallow_share") + 1]
                          + [pa.field("n_triggers", pa.int32()), pa.field("top_coefficient", pa.float32())]

@@ -1,4 +1,4 @@
-"""The human side of SPEC section 4: a sample of keys to label, as the paper's experts did, and the labels read back.
+"""The human side of docs/definitions.md: a sample of keys to label, as the paper's experts did, and the labels read back.
 
 `export_sample` writes a CSV of seeded random keys per layer with their top prefixes; a person fills in a
 ``label`` per key; `import_labels` stores the labels in the run (`ffkv.store.annotations.Annotations`), where

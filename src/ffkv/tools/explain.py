@@ -14,8 +14,8 @@ largest coefficients and the most negative ones, each explained on its own), the
 and answers with one sentence. The random control memories (`ffkv.memories.controls`) are explained the same
 way when asked (`controls`), as the baseline an explanation must beat.
 
-A run indexed with a sparse dictionary (`ffkv index --dictionary`) has a second kind of memory, its latents (SPEC
-section 11: key e_j, coefficient a_j, value d_j), and their control latents (`ffkv.memories.latent_keys`). Asked
+A run indexed with a sparse dictionary (`ffkv index --dictionary`) has a second kind of memory, its latents (docs/definitions.md:
+key e_j, coefficient a_j, value d_j), and their control latents (`ffkv.memories.latent_keys`). Asked
 for (`latents`, or latents named ``tLAYER:LATENT``), they are explained with the same prompt: their trigger
 examples (one direction: a_j is never negative), their activations a_j as the index computes them
 (`ffkv.tools.activations.token_latent_activations`), their decoder row's top tokens; a sample is drawn among the

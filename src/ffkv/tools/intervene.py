@@ -1,4 +1,4 @@
-"""Interventions over a corpus (SPEC section 9; Geva et al. 2022): switch memories off, scale them or set
+"""Interventions over a corpus (docs/definitions.md; Geva et al. 2022): switch memories off, scale them or set
 their coefficient at every position, and measure what changes on held-out text.
 
 Each evaluation example runs twice, as it is and with the memories rewritten (`ffkv.memories.intervene`,

@@ -1,4 +1,4 @@
-"""`ffkv prune`: write a smaller model without the keys a criterion removes (beyond the paper, SPEC section 9).
+"""`ffkv prune`: write a smaller model without the keys a criterion removes (beyond the paper, docs/definitions.md).
 
 The criteria and their removal orders are the pruning study's (`ffkv.experiments.pruning`); this tool applies one
 of them at one share to the run's model and writes the result in its original format, checked to give the
