@@ -448,3 +448,25 @@ def test_an_edit_of_a_latent_past_the_bound_is_the_same_422_as_everywhere(client
                       ("/trace?prompt=And+God&set=t4:1=1e30", "set t4:1=1e+30: the value must be finite and within")):
         r = client.get(url)
         assert r.status_code == 422 and says in unescape(r.text), r.text[-400:]
+
+
+def test_a_latent_page_shows_its_pattern_label_and_census_line(tmp_path, tiny):
+    """As a neuron's page shows its key's: the latent studies' own rows (patterns_latents_keys, census_latents_keys),
+    read from what `ffkv analyze` wrote; before they ran, the page says what writes them."""
+    from ffkv.experiments import analyze
+
+    spec = CorpusSpec(source=str(default_corpus_path("train")), unit="line", max_examples=60, shuffle_seed=0)
+    build_index(tiny, spec, tmp_path / "run", IndexOptions(top_k=4, control_keys=8), progress=False,
+                dictionary=tiny_transcoders_path())
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(tmp_path / "run", loaded=tiny)) as c:
+        assert 'id="no-auto-label"' in c.get("/memory/t4:3").text and 'id="census-badge"' not in c.get("/memory/t4:3").text
+    analyze(tmp_path / "run", only=["patterns", "census"], n_eval=20, progress=False, loaded=tiny)
+    labels = pd.read_parquet(tmp_path / "run" / "metrics" / "patterns_latents_keys.parquet").set_index(["layer", "key"])
+    census = pd.read_parquet(tmp_path / "run" / "metrics" / "census_latents_keys.parquet").set_index(["layer", "key"])
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(tmp_path / "run", loaded=tiny)) as c:
+        for latent in (0, 3, 100):
+            html = unescape(c.get(f"/memory/t4:{latent}").text)
+            label = re.search(r'<span class="label-(\w+)" id="auto-label">(\w+)</span>', html)
+            assert label and label.group(2) == labels.loc[(3, latent), "label"], latent
+            badge = re.search(r'id="census-badge"><strong>Census:</strong> <span class="chip label-\w+">(\w+)</span>', html)
+            assert badge and badge.group(1) == census.loc[(3, latent), "class"], latent

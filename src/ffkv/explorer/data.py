@@ -16,7 +16,7 @@ import re
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -178,10 +178,15 @@ class ExplorerData:
 
     def _load_census(self) -> pd.DataFrame | None:
         """Each key's census class, value type and detector rule (`ffkv analyze --only census`), or None."""
-        if not self.run.has_metric(CENSUS_KEYS):
+        return self.per_memory(CENSUS_KEYS, CENSUS_COLUMNS)
+
+    def per_memory(self, name: str, columns: Mapping[str, str]) -> pd.DataFrame | None:
+        """A study's per-memory table metrics/NAME (its record checked), its `columns` renamed as they map, indexed
+        by (layer, key); None where the run holds no such table."""
+        if not self.run.has_metric(name):
             return None
-        table = self.run.read_metric(CENSUS_KEYS, columns=["layer", "key", *CENSUS_COLUMNS])
-        table = table.astype({"layer": "int64", "key": "int64"}).rename(columns=CENSUS_COLUMNS)
+        table = self.run.read_metric(name, columns=["layer", "key", *columns])
+        table = table.astype({"layer": "int64", "key": "int64"}).rename(columns=dict(columns))
         return table.set_index(["layer", "key"]).sort_index()
 
     def _load_experiment_columns(self) -> pd.DataFrame | None:

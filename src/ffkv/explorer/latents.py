@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Top and bottom tokens a latent page shows of its value.
 VALUE_TOKENS = 15
+#: The latent studies' per-latent tables a latent page reads, and the columns it shows of the patterns'.
+PATTERNS_LATENTS, CENSUS_LATENTS = "patterns_latents_keys", "census_latents_keys"
+PATTERN_COLUMNS = {"label": "label", "shallow_score": "shallow_score", "semantic_z": "semantic_z"}
 
 
 def read_table(folder: Path, name: str, schema: pa.Schema, info: dict[str, Any], fix: str) -> pd.DataFrame:
@@ -85,6 +88,7 @@ class LatentData:
         self.described = info.get("latent_trigger_coefficients") or {}
         self._tables: dict[int, pd.DataFrame] = {}
         self._lock = threading.Lock()  # the layer tables' cache
+        self._studies: dict[str, pd.DataFrame | None] = {}  # the latent studies' per-latent tables, read once
         self._reopen_lock = threading.Lock()
         self._memories_error: str | None = None  # why the dictionary could not be read again (`memories`)
 
@@ -168,7 +172,7 @@ class LatentData:
         activations (stored: no model runs; computed here where the build stored none, None without the model or
         the dictionary) and their next tokens."""
         from ffkv.explorer import live
-        from ffkv.explorer.data import stored_context
+        from ffkv.explorer.data import CENSUS_COLUMNS, stored_context
 
         projection = projection or live.default_reading(self.data.loaded)
         try:
@@ -229,7 +233,21 @@ class LatentData:
             "dead": not len(trig),
             # `ffkv explain --latents`, `ffkv score`: the latent's own (never its control's), as a neuron's are read
             "explanations": data.explanations_of(layer, key, kind="latent"),
+            # the latent studies' own rows (`ffkv analyze`: patterns_latents_keys, census_latents_keys), as a neuron
+            # page reads its key's: its automatic pattern label and its census line
+            "auto": self._studied(PATTERNS_LATENTS, PATTERN_COLUMNS, layer, key),
+            "census": self._studied(CENSUS_LATENTS, CENSUS_COLUMNS, layer, key),
         }
+
+    def _studied(self, name: str, columns: Mapping[str, str], layer: int, key: int) -> dict | None:
+        """A latent's row of a latent study's per-latent table (read once, checked), or None before it ran."""
+        with self._lock:
+            if name not in self._studies:
+                self._studies[name] = self.data.per_memory(name, columns)
+        table = self._studies[name]
+        if table is None or (layer, key) not in table.index:
+            return None
+        return {c: v.item() if hasattr(v, "item") else v for c, v in table.loc[(layer, key)].items()}
 
     def layer_table(self, layer: int) -> pd.DataFrame:
         """One row per latent of a layer (from 0): the latent layer page's columns (statistics, the value's top

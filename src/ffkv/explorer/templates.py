@@ -166,7 +166,16 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 · <a href="{{ root }}/memory/{{ l.address }}.json?projection={{ l.projection }}&amp;shown={{ l.value.shown }}" id="json-link">JSON</a></p>
 <p class="note" id="latent-note">A latent of the run's sparse dictionary ({{ l.kind }}; docs/definitions.md) is a memory of its own: its key is encoder row e_j, its coefficient the
 dictionary's activation a_j (never negative), its value decoder row d_j, read here as a neuron's value is read. Latents are written {{ l.name }}:LATENT; neurons LAYER:KEY.</p>
+<h2>Pattern</h2>
+<div id="pattern">{% if l.auto %}<p><strong>Automatic (ffkv analyze):</strong> <span class="label-{{ l.auto.label }}" id="auto-label">{{ l.auto.label }}</span>
+<span class="small muted">shallow score {{ pct(l.auto.shallow_score) }}; semantic z {{ fmt(l.auto.semantic_z, 2) }} (the neurons' rules, docs/definitions.md)</span></p>
+{% else %}<p class="muted" id="no-auto-label">No automatic label yet: <code>ffkv analyze --only patterns</code> labels the latents beside the neurons.</p>{% endif %}
 <p><strong>Surface:</strong> {{ pct(l.surface.share) }} of the top prefixes end in {{ tok(l.surface.token) }}.</p>
+{% if l.census %}<p id="census-badge"><strong>Census:</strong> <span class="chip label-{{ l.census.census_class }}">{{ l.census.census_class }}</span>
+<span class="chip">value: {{ l.census.census_value_type }}</span>{% if l.census.census_eraser %}<span class="chip">eraser</span>{% endif %}
+{% if l.census.census_rule %}<span class="small">best token rule for its strong activations over the census's corpus sample (not its top trigger examples, which the pattern above reads): {{ l.census.census_rule }} (F1 {{ pct(l.census.census_rule_f1) }})</span>{% endif %}
+<span class="small muted">position explains {{ pct(l.census.census_position_eta2) }} of a's variance</span></p>{% endif %}
+<p class="small muted" id="latent-labels">Human labels are the neurons' (the annotate form of a neuron's page); a latent has none yet.</p></div>
 {% with explanations = l.explanations, explain_command = "ffkv explain --latents" %}{% include "explanations.html" %}{% endwith %}
 <h2>Value</h2>
 {% if l.dictionary_error %}<p class="warn" id="dictionary-error">The dictionary could not be read again ({{ l.dictionary_error }}): the value's top tokens below are those the lookups stored (identity projection).</p>
