@@ -160,4 +160,4 @@ def test_the_explorer_says_the_dead_key_never_fired_and_names_the_massive_activa
             overview = client.get("/").text
         assert 'id="never-fired"' in dead and "None active" in dead  # planted in both models
         assert 'id="never-fired"' not in live and "None active" not in live
-        assert ("<h2>Massive activations</h2>" in overview) is (run is massive)
+        assert ('<h2 id="massive">Massive activations</h2>' in overview) is (run is massive)

@@ -135,7 +135,7 @@ def test_a_run_without_a_dictionary_has_no_section(indexed, tiny):
     run = _index(indexed.parent / "plain", tiny, dictionary=False)
     _analyze(run, tiny, ["values", "latents_beside"])
     main = _overview(run, tiny).split("<main>", 1)[1]
-    assert "Latents beside neurons" not in main and "beside" not in main and "<h2>Figures</h2>" in main
+    assert "Latents beside neurons" not in main and "beside" not in main and '<h2 id="figures">Figures</h2>' in main
 
 
 def _rewrite(run: Path, name: str, change) -> None:
