@@ -316,8 +316,9 @@ def _status_parser(sub) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--verify", action="store_true",
                    help="also hash every table and explorer lookup file and compare it with the hash recorded when "
-                        "it was written (reads every byte; without it, sizes, rows and columns are compared; "
-                        "figures, being small, are always hashed)")
+                        "it was written, and read the sparse dictionary the run was indexed with again against its "
+                        "recorded hashes (reads every byte; without it, sizes, rows and columns are compared and the "
+                        "dictionary's files are looked for; figures, being small, are always hashed)")
 
 
 def _merge_parser(sub) -> None:
@@ -1049,11 +1050,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 @command("status")
 def _status(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ffkv.dictionaries import file_problems
     from ffkv.store.state import run_state
 
     code = 0
     for path in args.runs:
         state = run_state(path, verify=args.verify)
+        recorded = state.manifest.index.get("dictionary")
+        if state.status == "complete" and recorded:
+            state = replace(state, problems=[*state.problems, *file_problems(recorded, args.verify)])
         print("\n".join(state.lines()), flush=True)
         if state.damaged:
             code = DamagedRun.exit_code

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import torch
 import pytest
 from starlette.testclient import TestClient
 
@@ -287,3 +288,185 @@ def test_serve_with_a_fifo_config_answers_its_latent_pages_and_the_others(indexe
         assert page.status_code == 200 and f"{fifo}: a FIFO (named pipe), not a regular file" in page.text
         for url in ("/", f"/memory/{LAYER + 1}/3", f"/layer/t{LAYER + 1}", f"/memory/t{LAYER + 1}:1"):
             assert client.get(url, timeout=30).status_code == 200, url
+
+
+# ------------------------------------------------------------------ a damaged run: refused by every reader, named
+
+def _serve(run_dir: Path) -> subprocess.CompletedProcess:
+    """A real `ffkv serve` in a subprocess (tiny-gpt2 by name): a refusal comes before it listens; a server that
+    starts instead fails the test at the timeout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    try:
+        return subprocess.run([sys.executable, "-m", "support.tiny_cli", "serve", str(run_dir), "--port", "0"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ffkv serve started on a damaged run instead of refusing it")
+
+
+def _rewritten(run_dir: Path, rel: str, change, record: bool) -> None:
+    """Rewrite the run's table `rel` through `change(DataFrame) -> DataFrame`, its schema kept; with `record`, its
+    manifest record rewritten to match (size, rows, SHA-256: a crafted run that passes every record check)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ffkv.store import integrity
+
+    path = run_dir / rel
+    table = pq.read_table(path)
+    pq.write_table(pa.Table.from_pandas(change(table.to_pandas()), schema=table.schema, preserve_index=False), path)
+    if record:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest["tables"][rel] = integrity.describe(path, manifest["tables"][rel]["step"])
+        (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _swap_latents(rows: pd.DataFrame) -> pd.DataFrame:
+    """Latent 0's trigger rows as latent 1's and back, in the file's order."""
+    rows = rows.copy()
+    rows["key"] = rows["key"].map(lambda k: {0: 1, 1: 0}.get(k, k)).astype(rows["key"].dtype)
+    return rows.sort_values(["layer", "key", "rank"], kind="stable")
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["as damaged", "record rewritten to its size"])
+def test_serve_refuses_latent_triggers_with_two_latents_swapped(indexed, tmp_path, record):
+    """The audit: after two latents' rows were swapped in latent_trigger_examples.parquet, `ffkv status` and
+    `ffkv analyze` called it damaged, but `ffkv serve` rebuilt its pages from it (/memory/t2:0 showed latent 1's
+    examples). The build now hashes what it reads; with the record rewritten to the new size and rows, only the
+    SHA-256 tells, and it does."""
+    _, run_dir = indexed
+    own = shutil.copytree(run_dir, tmp_path / "run")
+    _rewritten(own, "latent_trigger_examples.parquet", _swap_latents, record=False)
+    if record:
+        manifest = json.loads((own / "manifest.json").read_text())
+        written = manifest["tables"]["latent_trigger_examples.parquet"]
+        written["size"] = (own / "latent_trigger_examples.parquet").stat().st_size   # its hash left as written
+        (own / "manifest.json").write_text(json.dumps(manifest))
+    done = _serve(own)
+    line = error_line(done.stderr)
+    assert done.returncode == 3 and f"{own / 'latent_trigger_examples.parquet'} is damaged" in line, done.stderr
+    assert ("SHA-256" in line) is record
+
+
+def test_latent_ids_outside_the_run_are_a_damaged_table_not_a_crash(indexed, tmp_path, capsys, tiny_gpt2):
+    """The audit: latent ids out of range in the trigger table crashed `ffkv serve` (IndexError in
+    lookups.trigger_summaries); the server never started. A crafted table whose record was rewritten to match is
+    refused by serve and by every reader of the table, naming it."""
+    _, run_dir = indexed
+    own = shutil.copytree(run_dir, tmp_path / "run")
+
+    def outside(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows.copy()
+        rows.loc[rows.index[-1], "key"] = 10 ** 6
+        return rows
+    _rewritten(own, "latent_trigger_examples.parquet", outside, record=True)
+    done = _serve(own)
+    line = error_line(done.stderr)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert (f"{own / 'latent_trigger_examples.parquet'} is damaged (its ids lie outside the run's shape: memory "
+            f"1000000 of layer {LAYER} in its rows; that layer has 24)") in line
+    with pytest.raises(Exception, match="its ids lie outside the run's shape") as refused:
+        RunDir(own).read_triggers(source="latents")
+    assert type(refused.value).__name__ == "DamagedRun"
+
+
+def test_neuron_ranks_outside_top_k_are_a_damaged_table(indexed, tmp_path):
+    _, run_dir = indexed
+    own = shutil.copytree(run_dir, tmp_path / "run")
+
+    def outside(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows.copy()
+        rows.loc[rows.index[0], "rank"] = 3   # indexed with --top-k 3: ranks 0 to 2
+        return rows
+    _rewritten(own, "trigger_examples.parquet", outside, record=True)
+    with pytest.raises(Exception, match=r"rank 3 in its rows; the run keeps the top 3"):
+        RunDir(own).read_triggers()
+    done = _serve(own)
+    assert done.returncode == 3 and "rank 3 in its rows" in error_line(done.stderr)
+
+
+def test_a_deleted_latent_table_is_missing_for_analyze_and_serve(indexed, tmp_path, capsys, tiny_gpt2):
+    """The audit: with latent_trigger_examples.parquet deleted, `analyze --only values,lookups` exited 0 and rebuilt
+    the explorer without latents; serve then said the run "was indexed without a sparse dictionary" though its
+    manifest records one. Now both refuse it as missing, as a deleted control table is (exit 3)."""
+    root, run_dir = indexed
+    own = shutil.copytree(run_dir, tmp_path / "run")
+    (own / "latent_trigger_examples.parquet").unlink()
+    capsys.readouterr()
+    code, _, err = run(capsys, "analyze", own, "--only", "values,lookups", "--eval-corpus", root / "corpus.txt",
+                       "--no-progress")
+    missing = f"{own / 'latent_trigger_examples.parquet'} is missing: the index cannot be rewritten in place"
+    assert code == 3 and missing in error_line(err)
+    done = _serve(own)
+    assert done.returncode == 3 and missing in error_line(done.stderr)
+    code, out, _ = run(capsys, "status", own)
+    assert code == 3 and missing in out
+
+
+def test_latents_beside_refuses_studies_of_other_held_out_examples(indexed, tmp_path, capsys, tiny_gpt2):
+    """The audit: `ffkv analyze --only latents_beside` with another --n-eval than the analysis before dropped 10
+    of its 15 rows without a word (exit 0). The studies it gathers from an earlier analyze must be of this call's
+    held-out examples; otherwise it is refused naming them and the command."""
+    root, run_dir = indexed
+    own = shutil.copytree(run_dir, tmp_path / "run")
+    corpus = root / "corpus.txt"
+    capsys.readouterr()
+    code, _, err = run(capsys, "analyze", own, "--only", "values,composition,latents_beside", "--eval-corpus", corpus,
+                       "--n-eval", "8", "--no-progress")
+    assert code == 0, err
+    first = pd.read_parquet(own / "metrics" / "latents_beside.parquet")
+    assert {"composition_latents", "values_latents"} <= set(first["study"])
+    code, _, err = run(capsys, "analyze", own, "--only", "latents_beside", "--eval-corpus", corpus, "--n-eval", "5",
+                       "--no-progress")
+    line = error_line(err)
+    assert code == 2 and "latents_beside gathers the latent tables of composition," in line
+    assert f"`ffkv analyze {own} --only composition,latents_beside`" in line and "n-eval" in line
+    pd.testing.assert_frame_equal(pd.read_parquet(own / "metrics" / "latents_beside.parquet"), first)
+    code, _, err = run(capsys, "analyze", own, "--only", "latents_beside", "--eval-corpus", corpus, "--n-eval", "8",
+                       "--no-progress")
+    assert code == 0, err   # the same examples: it reads them
+    pd.testing.assert_frame_equal(pd.read_parquet(own / "metrics" / "latents_beside.parquet"), first,
+                                  check_exact=False, rtol=1e-6)
+
+
+def test_latents_beside_of_a_gone_dictionary_is_skipped_not_written(indexed, tmp_path, capsys, tiny_gpt2, view):
+    """The audit: with the dictionary gone, analyze warned, exited 0 and still printed that latents_beside was
+    written. Now a full analyze says it was skipped and why; named alone it is refused."""
+    root, _ = indexed
+    corpus = root / "corpus.txt"
+    dicts = sparsify_dictionary(tmp_path / "dicts", view)
+    assert cli_main(*index_argv(corpus, tmp_path / "run", dicts)) == 0
+    shutil.move(dicts, tmp_path / "moved")
+    capsys.readouterr()
+    code, out, err = run(capsys, "analyze", tmp_path / "run", "--only", "values,latents_beside", "--eval-corpus",
+                         corpus, "--no-progress")
+    assert code == 2 and "latents_beside: the run's dictionary cannot be read:" in error_line(err)
+    assert f"{dicts}: the dictionary this run was indexed with is gone" in error_line(err)
+    code, out, err = run(capsys, "analyze", tmp_path / "run", "--eval-corpus", corpus, "--no-progress")
+    assert code == 0, err
+    written = out.splitlines()[0].rsplit(": ", 1)[1].split(", ")
+    assert "values" in written and "latents_beside" not in written and "lookups" not in written
+    assert "skipped latents_beside: the run's dictionary cannot be read" in out
+    assert "skipped lookups: the run's dictionary cannot be read" in out
+    code, out, _ = run(capsys, "status", tmp_path / "run")
+    assert code == 3 and f"{dicts} is missing (the sparse dictionary of FF layer {LAYER + 1}" in out
+
+
+def test_status_verify_reads_the_dictionary_again(indexed, tmp_path, capsys, tiny_gpt2, view):
+    """The audit: after the dictionary's files were swapped for a permuted one of the same shape, `ffkv status
+    --verify` said "all as written" (exit 0) while analyze, serve and intervene refused it."""
+    root, _ = indexed
+    d = random_dictionary(view, LAYER, "transcoder", "topk")
+    folder = save_sparsify(d, tmp_path / "dicts" / f"h.{LAYER}.mlp")
+    assert cli_main(*index_argv(root / "corpus.txt", tmp_path / "run", tmp_path / "dicts")) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "status", tmp_path / "run", "--verify")
+    assert code == 0 and "the sparse dictionary's files" in out and "all as written" in out, out
+    order = torch.randperm(d.encoder.shape[0], generator=torch.Generator().manual_seed(1))
+    permuted = replace(d, encoder=d.encoder[order], encoder_bias=d.encoder_bias[order], decoder=d.decoder[order])
+    shutil.rmtree(folder)
+    save_sparsify(permuted, folder)
+    code, out, _ = run(capsys, "status", tmp_path / "run")
+    assert code == 0, out   # present: without --verify the files are not read
+    code, out, _ = run(capsys, "status", tmp_path / "run", "--verify")
+    assert code == 3 and f"{folder} is damaged (the sparse dictionary of FF layer {LAYER + 1}" in out
+    assert "not the dictionary this run was indexed with" in out and "see above" in out

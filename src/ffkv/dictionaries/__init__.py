@@ -17,9 +17,9 @@ A model's dictionaries are a plain ``dict[int, Dictionary]`` keyed by FF layer. 
 
 from ffkv.dictionaries.dictionary import ACTIVATIONS, KINDS, Dictionary, check_against
 from ffkv.dictionaries.hookpoints import FF_INPUT, FF_OUTPUT, Site, ff_site
-from ffkv.dictionaries.layouts import open_dictionary, read_one, reopen
+from ffkv.dictionaries.layouts import file_problems, open_dictionary, read_one, reopen
 from ffkv.dictionaries.npz_layout import save_npz
 from ffkv.dictionaries.sparsify_layout import save_sparsify
 
 __all__ = ["ACTIVATIONS", "KINDS", "Dictionary", "check_against", "FF_INPUT", "FF_OUTPUT", "Site", "ff_site",
-           "open_dictionary", "read_one", "reopen", "save_npz", "save_sparsify"]
+           "file_problems", "open_dictionary", "read_one", "reopen", "save_npz", "save_sparsify"]

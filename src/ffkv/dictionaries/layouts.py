@@ -13,7 +13,8 @@ from typing import Any
 
 from ffkv.dictionaries import npz_layout, saelens_layout, sparsify_layout
 from ffkv.dictionaries.dictionary import Dictionary
-from ffkv.errors import FfkvError
+from ffkv.errors import FfkvError, one_line
+from ffkv.store.integrity import Problem
 
 LAYOUTS = ("sparsify", "saelens", "npz")
 
@@ -131,3 +132,26 @@ def reopen(recorded: Mapping[str, Mapping[str, Any]], where: str | Path | None =
                             f"dictionary's")
         out[layer] = one
     return out
+
+
+def file_problems(recorded: Mapping[str, Mapping[str, Any]], verify: bool = False) -> list[Problem]:
+    """What `ffkv status` says of the dictionaries a run was indexed with (`recorded`: its manifest's
+    ``index.dictionary``): each one whose files are gone, and with `verify` (``--verify``) each that cannot be read
+    again as the one indexed (`reopen`: its files read and hashed against the record). A dictionary built in memory,
+    with no files, is not checked."""
+    fix = ("name where it lies now with --dictionary PATH (analyze, serve, intervene), or put it back where the "
+           "run records it")
+    found = []
+    for key, record in sorted(recorded.items(), key=lambda item: int(item[0])):
+        path = record.get("path")
+        if path is None:
+            continue
+        about = f"the sparse dictionary of FF layer {int(key) + 1} the run was indexed with"
+        if not Path(path).exists():
+            found.append(Problem(str(path), "missing", about, fix))
+        elif verify:
+            try:
+                reopen({key: record})
+            except FfkvError as error:
+                found.append(Problem(str(path), "damaged", f"{about}: {one_line(error)}", fix))
+    return found

@@ -99,11 +99,13 @@ def analyze(
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      n_eval=n_eval, options=dict(options or {}), dictionary_at=dictionary_at)
+    ctx.steps = tuple(names)  # what a step's skip_reason may count on this call to compute
     skipped = {name: why for name in names if (why := (left_out or {}).get(name) or skip_reason(name, ctx))}
     ctx.steps = tuple(name for name in names if name not in skipped)
     asked = [name for name in skipped if name not in (left_out or {})]
     if asked and only is not None:  # asked for by name: refused before anything runs
-        raise FfkvError(skipped[asked[0]])
+        why = skipped[asked[0]]
+        raise FfkvError(why if why.startswith(asked[0]) else f"{asked[0]}: {why}")
     # One writer of the run at a time (rank 0 of a torchrun job writes; the group is not open yet).
     lock = run.lock("analyze") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):

@@ -314,28 +314,43 @@ class RunContext:
         """metrics/TABLE.parquet (default: the experiment's own table) of another experiment, only where it was
         computed on this run's identity, seed, held-out examples and projections: in this `analyze` call, or by
         an earlier one whose record says so (`provenance`). Otherwise refused with one line naming the command
-        that computes it (None when `optional`)."""
+        that computes it. `optional`: None where the run holds no result of it (never computed, skipped, or its
+        table absent); a result computed on something else (`stale`) is refused all the same, since reading
+        around it would leave its rows out without a word."""
         table = table or experiment
         why = self.provenance_mismatch(experiment)
+        absent = why is not None and self.stale(experiment) is None
         if why is None and not self.run.has_metric(table):
-            why = f"{self.run.metric_path(table)} is missing"
+            why, absent = f"{self.run.metric_path(table)} is missing", True
         if why is None:
             return self.run.read_metric(table)
-        if optional:
+        if optional and absent:
             return None
         raise FfkvError(f"{self.step or 'this step'} needs {experiment}: {why}; run "
                         f"`ffkv analyze {self.run.path} --only {experiment},{self.step or experiment}`")
 
     def provenance_mismatch(self, experiment: str) -> str | None:
-        """Why the run's results of `experiment` are not this call's to read (None when they are)."""
-        from ffkv.experiments.registry import get
-
+        """Why the run's results of `experiment` are not this call's to read (None when they are): it holds none
+        (never computed, or skipped), or they were computed on something else (`stale`)."""
         if experiment in self.analyses:  # this call
             return f"it was skipped ({self.analyses[experiment]['skipped']})" if "skipped" in self.analyses[
                 experiment] else None
         record = self.run.manifest().analyses.get(experiment)
         if not record or "skipped" in record:
             return "the run holds no result of it"
+        return self.stale(experiment)
+
+    def stale(self, experiment: str) -> str | None:
+        """Why the run's result of `experiment`, written by an earlier analyze, was computed on another identity,
+        seed, held-out examples or projections than this call's; None when it was not, or when the run holds no
+        result of it (never computed, skipped) or this call computes it."""
+        from ffkv.experiments.registry import get
+
+        if experiment in self.analyses or experiment in self.steps:
+            return None
+        record = self.run.manifest().analyses.get(experiment)
+        if not record or "skipped" in record:
+            return None
         then, now = record.get("provenance"), self.provenance()
         if then is None:
             return "it was computed by an analyze that did not record on what (seed, held-out examples)"
@@ -380,6 +395,17 @@ class RunContext:
         return self.once(("memories", source),
                          lambda: Latents.of_run(self.view, self.manifest.index.get("dictionary"), self.dictionary_at,
                                                 self.run.path))
+
+    def dictionary_problem(self) -> str | None:
+        """Why the dictionary the run was indexed with cannot be read again (its files gone or changed:
+        `memories`), or None: it can, or the run has none. A step that reads nothing but latents is skipped by it."""
+        if not self.has_latents:
+            return None
+        try:
+            self.memories("latents")
+        except FfkvError as error:
+            return f"the run's dictionary cannot be read: {error}"
+        return None
 
     def latents_for(self, table: str):
         """The run's latents (`memories`) for a study's latent `table`, as (latents, []); (None, []) for a run

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
+from ffkv.errors import FfkvError
 from ffkv.experiments.common import MIN_N, RunContext
 from ffkv.experiments.figures import COLORS, new_figure
 from ffkv.experiments.registry import Experiment, Figures, Finding, Result
@@ -222,6 +223,23 @@ def dictionary_fidelity(ctx: RunContext, latents) -> pd.DataFrame:
                  FIDELITY_SCHEMA)
 
 
+def skip_reason(ctx: RunContext) -> str | None:
+    """Why the step cannot run: the run was indexed with a dictionary whose files are gone or changed (every part
+    of the step reads its latents; the other studies keep their neuron tables), or a study it gathers holds a table
+    an earlier analyze computed on other examples or options than this call's (read around, its rows would be left
+    out of the table without a word)."""
+    if not ctx.has_latents:
+        return None
+    studies = dict.fromkeys(m.table.removesuffix("_latents") for m in MEASURES)
+    stale = {study: why for study in studies if (why := ctx.stale(study))}
+    if stale:
+        return (f"{NAME} gathers the latent tables of {', '.join(stale)}, which an earlier analyze computed on other "
+                f"examples or options than this call's ({'; '.join(f'{s}: {w}' for s, w in stale.items())}): run "
+                f"`ffkv analyze {ctx.run.path} --only {','.join(stale)},{NAME}` with this call's --eval-corpus, "
+                "--n-eval, --seed and --projection")
+    return ctx.dictionary_problem()
+
+
 def compute(ctx: RunContext, options=None) -> Result:
     """metrics/latents_beside (one row per layer and measure) and metrics/latents_beside_dictionary; nothing for a
     run indexed without a dictionary (no section in its report: it has no latents to set beside anything)."""
@@ -305,4 +323,4 @@ EXPERIMENT = Experiment(
              "shared held-out pass does not run",
     latents=("latents_beside, latents_beside_dictionary: every latent measure beside the neurons' in one table with "
              "one verdict rule, and the dictionary's FVU, dead latents and loss recovered"),
-    findings=FINDINGS, reading=reading, how=("rule", "read"), module=__name__)
+    findings=FINDINGS, reading=reading, how=("rule", "read"), skip_reason=skip_reason, module=__name__)

@@ -40,7 +40,7 @@ import torch
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
-from ffkv.errors import FfkvError
+from ffkv.errors import DamagedRun, FfkvError
 from ffkv.experiments import trigger_contexts
 from ffkv.experiments.common import RunContext, progress_bar
 from ffkv.experiments.heldout import active_threshold, threshold_source
@@ -50,7 +50,7 @@ from ffkv.memories.projection import DEFAULT_FOR_VALUES, scan_values
 from ffkv.memories.targets import trigger_targets
 from ffkv.models.loading import LoadedModel
 from ffkv.parallel import is_writer
-from ffkv.store import atomic, lookups, schemas
+from ffkv.store import atomic, integrity, lookups, ranges, schemas
 from ffkv.store.database import confine, open_database
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
@@ -371,6 +371,30 @@ def trigger_summaries(db_path: Path, table: str, sizes: Mapping[int, int], encod
     return top1, summaries.astype({"layer": "int16", "key": "int32"})
 
 
+def refuse_damaged_sources(run: RunDir, manifest: Manifest) -> None:
+    """Refuse (`DamagedRun`, naming it and what rewrites it) an index table the lookups are built from that is not
+    as written: each one hashed against its record, as `ffkv status --verify` does (the build reads every byte of
+    them anyway), so that no page is built from a table whose rows were moved; and the trigger tables' ids within the
+    run's shape (`ffkv.store.ranges`: a page would index past an array)."""
+    sources = ["examples.parquet", "trigger_examples.parquet"]
+    if manifest.identity.index.get("dictionary"):
+        sources.append("latent_trigger_examples.parquet")
+    for rel in sources:
+        run.require_table(rel, manifest, verify=True)
+    con = duckdb.connect()
+    try:
+        con.execute("SET threads TO 2")
+        confine(con, [run.path / rel for rel in sources[1:]], [])
+        for rel in sources[1:]:  # the trigger tables: their ids, within the run's shape (a page indexes by them)
+            spans = con.execute(ranges.SPANS_SQL.format(table=f"read_parquet('{_sql_path(run.path / rel)}')")).df()
+            outside = ranges.problem(spans, ranges.sizes(manifest, rel), manifest.top_k)
+            if outside is not None:
+                raise DamagedRun(f"{run.path / rel} is damaged (its ids lie outside the run's shape: {outside}): "
+                                 f"{integrity.rewrite_command(run.path, rel, 'index')}")
+    finally:
+        con.close()
+
+
 def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, threshold: np.ndarray,
           progress: bool = False, seed: int = 0, threshold_source: dict | None = None,
           sampled: tuple[list[list[int]], dict[str, np.ndarray]] | None = None,
@@ -387,6 +411,7 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     its files are not read and hashed a second time; None: read here, where the run has one."""
     started = time.perf_counter()
     view = loaded.view
+    refuse_damaged_sources(run, manifest)
     folder.mkdir(parents=True, exist_ok=True)
     sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample) if sampled is None else []
@@ -477,6 +502,12 @@ def compute(ctx: RunContext, options=None) -> Result:
 
 
 
+def skip_reason(ctx: RunContext) -> str | None:
+    """Why the lookups cannot be built: the run's dictionary cannot be read again (its latents' pages are built from
+    it; `ffkv serve --dictionary PATH` builds them once it is named)."""
+    return ctx.dictionary_problem()
+
+
 #: Not a study: the explorer's lookup tables, built by `analyze` so that `ffkv serve` answers at once.
 EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section="the explorer", order=11,
                         compute=compute, held_out=True,  # the active rule's s_l, for a signed model
@@ -490,4 +521,4 @@ EXPERIMENT = Experiment(name=NAME, title="The explorer's lookup tables", section
                                 "(trigger examples shaded by a_j, decoder-row tokens, activation histogram; its "
                                 "latent_triggers table), read from the neurons' passes "
                                 "(`ffkv.experiments.latent_lookups`)",
-                        module=__name__)
+                        skip_reason=skip_reason, module=__name__)

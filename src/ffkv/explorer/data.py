@@ -143,8 +143,9 @@ class ExplorerData:
 
     def _build(self) -> Path:
         from ffkv.experiments.heldout import run_threshold
-        from ffkv.experiments.lookups import build
+        from ffkv.experiments.lookups import build, refuse_damaged_sources
 
+        refuse_damaged_sources(self.run, self.manifest)  # before anything is computed from them
         folder = lookups.writable_folder(self.run)
         if self.progress:
             analyses = self.manifest.analyses

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ffkv.errors import DamagedRun, FfkvError, StorageError, one_line
-from ffkv.store import atomic, integrity, schemas
+from ffkv.store import atomic, integrity, ranges, schemas
 from ffkv.store.lock import Holder, exclusive, now_iso
 from ffkv.store.manifest import FORMAT_VERSION, Identity, Manifest, Process
 
@@ -192,26 +192,41 @@ class RunDir:
                 f"run {self.path} is not complete (status {manifest.status!r}); "
                 "finish it with `ffkv index ... --resume`"
             )
-        for rel in integrity.INDEX_TABLES:
+        for rel in self.index_tables(manifest):
             self.require_table(rel, manifest)
         return manifest
 
+    def index_tables(self, manifest: Manifest) -> list[str]:
+        """The tables the index wrote (relative paths): examples and trigger examples, and those its manifest
+        records of the random-key control and of the dictionary's latents (a run indexed with ``--dictionary``
+        must hold its latents' trigger examples, recorded or not)."""
+        found = list(integrity.INDEX_TABLES)
+        found += [rel for rel, record in manifest.tables.items()
+                  if record.get("step") in integrity.INDEX_STEPS and rel not in found]
+        latent = self.table("latent_trigger_examples").name
+        if manifest.identity.index.get("dictionary") and latent not in found:
+            found.append(latent)
+        return found
+
     # ------------------------------------------------------------ integrity
-    def require_table(self, rel: str, manifest: Manifest | None = None) -> None:
+    def require_table(self, rel: str, manifest: Manifest | None = None, verify: bool = False) -> None:
         """Raise `DamagedRun` naming the file and the command that rewrites it unless the table `rel`
         (``examples.parquet``, ``metrics/values.parquet``) reads as recorded when written
-        (`ffkv.store.integrity`: its size, footer, rows, columns and own name; no hashing)."""
-        found = self.table_problem(rel, manifest)
+        (`ffkv.store.integrity`: its size, footer, rows, columns and own name; with `verify`, the SHA-256 of its
+        bytes too, as `ffkv status --verify`)."""
+        found = self.table_problem(rel, manifest, verify)
         if found is not None:
             raise DamagedRun(found.line(self.path))
 
-    def table_problem(self, rel: str, manifest: Manifest | None = None) -> integrity.Problem | None:
+    def table_problem(self, rel: str, manifest: Manifest | None = None,
+                      verify: bool = False) -> integrity.Problem | None:
         """What is wrong with the table `rel` against its record (`require_table`'s check), with the command that
         rewrites it; None when it reads as written."""
         manifest = manifest or self.manifest()
         step = integrity.step_of(manifest, rel)
         return integrity.problem(self.path, rel, manifest.tables.get(rel),
-                                 integrity.rewrite_command(self.path, rel, step), schemas.INDEX_EXPECTED.get(rel))
+                                 integrity.rewrite_command(self.path, rel, step), schemas.INDEX_EXPECTED.get(rel),
+                                 verify)
 
     def record_table(self, manifest: Manifest, rel: str, step: str) -> None:
         """Record in `manifest` (not yet written) what the table `rel` is, just written by `step`."""
@@ -230,13 +245,14 @@ class RunDir:
         if found:
             raise DamagedRun(found[0].line(self.path))
 
-    def _damaged(self, rel: str, error: BaseException) -> DamagedRun:
-        """The one line for a table that passed the footer check but failed to read."""
+    def _damaged(self, rel: str, error: BaseException, what: str = "it cannot be read") -> DamagedRun:
+        """The one line for a table that passed the footer check but failed to read (or, `what`, to hold what it
+        should)."""
         try:
             step = integrity.step_of(self.manifest(), rel)
         except FfkvError:
             step = None
-        return DamagedRun(f"{self.path / rel} is damaged (it cannot be read: {one_line(error)}): "
+        return DamagedRun(f"{self.path / rel} is damaged ({what}: {one_line(error)}): "
                           f"{integrity.rewrite_command(self.path, rel, step)}")
 
     def prepare(self, identity: Identity, resume: bool) -> Manifest | None:
@@ -369,6 +385,9 @@ class RunDir:
             df = pd.read_parquet(path, filters=wanted or None)
         except (pa.ArrowException, OSError) as error:
             raise self._damaged(path.name, error) from None
+        outside = ranges.problem(ranges.spans(df), ranges.sizes(self.manifest(), path.name), self.manifest().top_k)
+        if outside is not None:
+            raise self._damaged(path.name, ValueError(outside), "its ids lie outside the run's shape")
         if not signed:
             df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
         elif direction == schemas.Direction.NEGATIVE and not len(df) and self.manifest().sign != "both":

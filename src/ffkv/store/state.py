@@ -90,8 +90,9 @@ class RunState:
             lines.append(f"  {self.cut_off.line(self.path)}")
         lines += [f"  {p.line(self.path)}" for p in self.problems]
         if self.verified:
-            lines.append(f"  verified: every recorded table ({len(m.tables)}), other file ({len(m.files)}) and "
-                         "explorer lookup file hashed, "
+            dictionary = ", the sparse dictionary's files" if m.identity.index.get("dictionary") else ""
+            lines.append(f"  verified: every recorded table ({len(m.tables)}), other file ({len(m.files)}){dictionary} "
+                         "and explorer lookup file hashed, "
                          + ("all as written" if not any(p.state == "damaged" for p in self.problems)
                             else "see above"))
         if self.writer is not None:
