@@ -5,7 +5,7 @@ new run directory: this checkout's `src/` against the source of `--base` (a git 
 `git archive` into `--work`), both on this environment's packages. The sides take turns (the order alternates),
 `--repeats` times. For each run it prints the wall and CPU time (user + system) of the whole process, the load
 average before it, the index's seconds and every analyze step's (from the run's manifest), and it writes them all
-to `--out` (JSON). Goal (issue 44): the demo within 2 minutes on an idle 2-core machine.
+to `--out` (JSON). Goal: the demo within 2 minutes on an idle 2-core machine.
 
     python benchmarks/demo_vs_release.py --base REV [--repeats 2] [--work /tmp/ffkv-demo-bench] [--out FILE.json]
 """

@@ -12,7 +12,7 @@ read), this times, per dictionary layer:
   then warm, every sort order it offers, ascending and descending, and the last page of the default order;
 
 then the search across neurons and latents (`pages.search_page`: a token's promoting memories, a text's
-trigger examples with the latents each triggers). Budgets (issue 46, item 5): a latent page's first view under
+trigger examples with the latents each triggers). Budgets: a latent page's first view under
 0.5 s, a layer page under 1 s warm.
 
     python benchmarks/latent_pages.py RUN [--per-layer 20] [--seed 0] [--tokens " the,ing, city"] [--texts "the,river"]

@@ -5,7 +5,7 @@ scheduled, so many small operations cost far more than their work. This times, o
 coefficients of one batch (B x T x d_m) and a filling state of all layers:
 
 - `positions`: each example's extreme and its first position, both directions, as the index did
-  before issue 44 (amax, then a chunked first-position pass) and as it does now while most
+  before (amax, then a chunked first-position pass) and as it does now while most
   candidates reach the state (amax, then one max / min with indices);
 - `select`: one layer's selection of the batch's best k per key, its gathers and a buffer write,
   both directions (the index now runs these on one thread);
@@ -36,7 +36,7 @@ B, T, D_M, LAYERS, K = 32, 105, 1536, 30, 20  # SmolLM2-135M: 30 layers of 1,536
 
 
 def first_position_of(c: torch.Tensor, best: torch.Tensor, chunk: int = 2**20) -> torch.Tensor:
-    """The index's first-position pass before issue 44 (chunks of 2^20 elements, marks weighted by T - t)."""
+    """The index's first-position pass as it was (chunks of 2^20 elements, marks weighted by T - t)."""
     b, t, d_m = c.shape
     reverse = torch.arange(t, 0, -1, dtype=torch.uint8)[None, :, None]
     rows = max(1, chunk // (t * d_m))

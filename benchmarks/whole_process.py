@@ -69,7 +69,7 @@ with torch.inference_mode():
 print(f"plain: {len(ids)} examples, {sum(map(len, ids))} tokens, {len(batches)} batches")
 """
 
-#: The plain script this benchmark used before issue 32: length-sorted only within ffkv's windows
+#: The plain script this benchmark used earlier: length-sorted only within ffkv's windows
 #: (batch_size x 16 lines), `torch.no_grad()`. Kept to show both plain scripts' times side by side.
 OLD_PLAIN = r"""
 import sys

@@ -34,7 +34,6 @@ import pyarrow as pa
 
 from ffkv.batching import collate, length_batches
 from ffkv.corpus import Example
-from ffkv.errors import FfkvError
 from ffkv.experiments.common import MIN_N, RunContext
 from ffkv.experiments.figures import COLORS, new_figure
 from ffkv.experiments.registry import Experiment, Figures, Finding, Result
