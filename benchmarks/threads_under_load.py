@@ -11,9 +11,10 @@ when the measurement ends). The rounds interleave the three ways, so that drift 
 spread (min-max) of the wall times are printed, with the load average.
 
 What is timed: `ffkv index` of `--verses` verses of ffkv-tiny's corpus, and a cold memory page of `ffkv serve` on
-that run (the first view of a memory runs the model over its trigger examples).
+that run (the first view of a memory runs the model over its trigger examples); with `--demo`, also the whole
+`ffkv demo` (minutes each: one round of it, whatever `--rounds` says).
 
-    python benchmarks/threads_under_load.py --rounds 3 --burners 6
+    python benchmarks/threads_under_load.py --rounds 3 --burners 6 [--demo]
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def time_index(way: str, corpus: str, verses: int, out: Path) -> float:
     return time.perf_counter() - start
 
 
+def time_demo(way: str, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    subprocess.run([*_ffkv(), "demo", "--out", str(out), "--no-progress"], env=_env(way), check=True,
+                   capture_output=True)
+    return time.perf_counter() - start
+
+
 def time_cold_page(way: str, run: Path) -> float:
     server = subprocess.Popen([*_ffkv(), "serve", str(run), "--port", "0"], env=_env(way), stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True)
@@ -87,6 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--burners", type=int, default=6, help="spinning processes under load (default: 6)")
     parser.add_argument("--verses", type=int, default=600)
+    parser.add_argument("--demo", action="store_true", help="also time `ffkv demo`, once per way")
     args = parser.parse_args()
     from ffkv.models.default_corpus import default_corpus_path
 
@@ -104,18 +114,20 @@ def main() -> None:
             times: dict[tuple[str, str], list[float]] = {}
             loads = []
             try:
-                for _ in range(args.rounds):
+                for round_ in range(args.rounds):
                     for way in WAYS:
                         loads.append(os.getloadavg()[0])
                         times.setdefault(("index", way), []).append(time_index(way, corpus, args.verses, work / way))
                         times.setdefault(("page", way), []).append(time_cold_page(way, work / "run"))
+                        if args.demo and round_ == 0:
+                            times.setdefault(("demo", way), []).append(time_demo(way, work / f"demo_{way}"))
             finally:
                 stop.set()
                 for b in burners:
                     b.join(timeout=10)
             state = f"under load ({args.burners} spinning processes)" if loaded else "idle"
             print(f"\n{state}, {len(os.sched_getaffinity(0))} cores, load average {min(loads):.1f}-{max(loads):.1f}")
-            for what in ("index", "page"):
+            for what in ("index", "page", *(("demo",) if args.demo else ())):
                 med = {way: statistics.median(times[(what, way)]) for way in WAYS}
                 cells = "  ".join(f"{way} {med[way]:7.2f} s ({min(times[(what, way)]):.2f}-{max(times[(what, way)]):.2f})"
                                   for way in WAYS)

@@ -97,7 +97,8 @@ def run_demo(out: str | Path = "runs/demo", n_eval: int = DEMO_N_EVAL, progress:
     report = write_report(out)
     minutes = (time.perf_counter() - started) / 60
     print(f"\ndone in {minutes:.1f} min. Look at:\n"
-          f"  the report, each figure next to the paper's finding:  {report}\n"
+          f"  the report, each figure next to the paper's finding:  {report} (its links to the explorer work "
+          "when the explorer shows it: its Report link)\n"
           f"  the explorer (memories, search, trace, intervene):    ffkv serve {run.path}\n"
           f"  the index itself (docs/run-directory.md):             {run.path}/trigger_examples.parquet\n"
           f"  the transcoder's latents, beside the neurons:         {run.path}/latent_trigger_examples.parquet "

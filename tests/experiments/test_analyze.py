@@ -137,14 +137,18 @@ def test_warnings_speak_the_words_of_what_the_user_runs(fresh_run, capsys, monke
     assert "eval_corpus=" not in err
 
 
-def test_a_study_left_out_is_recorded_with_why_and_status_lists_it(tmp_path):
+def test_a_study_left_out_is_recorded_with_why_and_status_lists_it(tmp_path, capsys):
     """`ffkv demo` leaves the pruning curves out: analyze records them as skipped with the demo's reason, and
-    `ffkv status` lists them with it (not run, not silently absent)."""
+    `ffkv status` lists them with it (not run, not silently absent). The steps run are counted without it (a new
+    user saw [11/13] followed by [13/13])."""
     from ffkv.store.state import run_state
 
     run, loaded = make_run(tmp_path)
-    done = analyze(run, only=["values", "pruning"], left_out={"pruning": "left out here: why"}, progress=False,
-                   loaded=loaded)
+    capsys.readouterr()
+    done = analyze(run, only=["values", "pruning", "census"], left_out={"pruning": "left out here: why"},
+                   progress=True, loaded=loaded)
+    counted = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("analyze [")]
+    assert counted == ["[1/2]", "[2/2]"]
     assert done["pruning"] == {"skipped": "left out here: why"} and "tables" in done["values"]
     assert RunDir(run).manifest().analyses["pruning"]["skipped"] == "left out here: why"
     assert "  skipped: pruning: left out here: why" in run_state(run).lines()

@@ -188,3 +188,25 @@ def test_generation_with_a_memory_switched_off(chromium, planted):
         assert page.inner_text("#generated-edited") == decode(ids + expected["off"])
         assert "part after 0 tokens" in page.inner_text("#generation")
         assert not errors, errors
+
+
+def test_short_tables_show_every_row_and_a_long_one_scrolls_in_its_box(chromium, analyzed):
+    """A new user saw 3 of the overview's 13 fidelity rows: every table sat in a box at most 85% of the window high,
+    its other rows hidden below the box's edge. A short table now shows every row on the page; a page of a layer's
+    memories scrolls inside its box, its header in view."""
+    run, loaded = analyzed
+    with live_server(create_app(run, loaded=loaded)) as url:
+        page, errors = _page(chromium)
+        page.set_viewport_size({"width": 1280, "height": 500})
+        page.goto(url + "/")
+        boxes = page.eval_on_selector_all(".scroll:not(.long)", "bs => bs.map(b => [b.scrollHeight, b.clientHeight])")
+        assert boxes and all(full <= shown + 1 for full, shown in boxes), boxes   # nothing below a box's edge
+        page.goto(url + "/layer/2")
+        box = page.locator(".scroll.long").first
+        full, shown = box.evaluate("b => [b.scrollHeight, b.clientHeight]")
+        assert full > shown and shown <= 0.85 * 500 + 1   # 100 rows in a box of the window's height
+        box.evaluate("b => b.scrollTop = b.scrollHeight / 2")
+        header = page.locator("#keys th").first.bounding_box()
+        top = box.bounding_box()
+        assert abs(header["y"] - top["y"]) < 2   # the header stays at the box's top
+        assert not errors, errors

@@ -391,6 +391,9 @@ def test_search_says_how_many_matched_and_links_every_page(client):
         assert client.get(f"/search?q=e&page={pages}").status_code == 200
     assert client.get(f"/search?q=e&page={pages + 1}").status_code == 404
     assert client.get("/search?q=e&page=x").status_code == 422
+    for empty in ("/search?q=", "/search?q=++", "/search?token=", "/search?token=&q="):  # a form sent empty
+        answer = client.get(empty)
+        assert answer.status_code == 200 and 'id="text-search"' in answer.text and 'id="hits"' not in answer.text
     assert re.search(r'class="small muted at" title="fired on token \d+ of the example">on</span>', html)
 
 

@@ -71,3 +71,14 @@ def test_an_interval_is_shown_in_its_values_cell():
     # Dropping the value drops its interval's merge: the bounds then stay as they are.
     assert [c.title for c in table_view(table, drop=["auc"]).columns][-3:] == ["auc ci low", "auc ci high",
                                                                                  "orphan ci low"]
+
+
+def test_prose_sets_backticked_commands_as_code_and_escapes_the_rest():
+    """A new user saw the report's "Skipped" note print its command between literal backticks."""
+    from ffkv.presentation.style import with_code
+
+    assert str(with_code("add with `ffkv analyze RUN --only pruning`, or <b>not</b>")) == \
+        "add with <code>ffkv analyze RUN --only pruning</code>, or &lt;b&gt;not&lt;/b&gt;"
+    assert str(with_code("`<script>`")) == "<code>&lt;script&gt;</code>"
+    assert str(with_code("an unpaired ` stays")) == "an unpaired ` stays"
+    assert str(with_code(None)) == ""

@@ -99,7 +99,7 @@ def analyze(
     spec = eval_spec(manifest, eval_corpus, eval_split, n_eval, seed) if any(every[n].held_out for n in names) else None
     ctx = RunContext(run, manifest, loaded, projections=projections, progress=progress, seed=seed, eval_spec=spec,
                      n_eval=n_eval, options=dict(options or {}), dictionary_at=dictionary_at)
-    ctx.steps = tuple(names)  # what a step's skip_reason may count on this call to compute
+    ctx.steps = tuple(names)  # what a step's skip_reason may count on this call to compute (before it runs)
     skipped = {name: why for name in names if (why := (left_out or {}).get(name) or skip_reason(name, ctx))}
     ctx.steps = tuple(name for name in names if name not in skipped)
     asked = [name for name in skipped if name not in (left_out or {})]
@@ -111,13 +111,13 @@ def analyze(
     with lock as holder, process_group(loaded.view.device), progress_record(run, holder, names, skipped):
         if progress and spec is not None and is_writer():
             print(f"analyze: held-out text: {text_measured(spec)}", flush=True)
-        for step, name in enumerate(names, 1):
+        for name in names:
             if name in skipped:  # not asked for by name: skipped, with the reason kept in the manifest
                 ctx.analyses[name] = {"skipped": skipped[name]}
                 continue
             start = time.perf_counter()
-            if progress and is_writer():  # which step, of how many; each step's own bar shows its time left
-                print(f"analyze [{step}/{len(names)}] {name}", flush=True)
+            if progress and is_writer():  # which step, of the steps run; each step's own bar shows its time left
+                print(f"analyze [{ctx.steps.index(name) + 1}/{len(ctx.steps)}] {name}", flush=True)
             run_step(ctx, every[name])
             ctx.analyses[name]["seconds"] = round(time.perf_counter() - start, 3)
             if holder is not None:

@@ -343,10 +343,10 @@ class RunContext:
     def stale(self, experiment: str) -> str | None:
         """Why the run's result of `experiment`, written by an earlier analyze, was computed on another identity,
         seed, held-out examples or projections than this call's; None when it was not, or when the run holds no
-        result of it (never computed, skipped) or this call computes it."""
+        result of it (never computed, skipped) or this call computed it."""
         from ffkv.experiments.registry import get
 
-        if experiment in self.analyses or experiment in self.steps:
+        if experiment in self.analyses:
             return None
         record = self.run.manifest().analyses.get(experiment)
         if not record or "skipped" in record:

@@ -230,7 +230,7 @@ def skip_reason(ctx: RunContext) -> str | None:
     if not ctx.has_latents:
         return None
     studies = dict.fromkeys(m.table.removesuffix("_latents") for m in MEASURES)
-    stale = {study: why for study in studies if (why := ctx.stale(study))}
+    stale = {study: why for study in studies if study not in ctx.steps and (why := ctx.stale(study))}
     if stale:
         return (f"{NAME} gathers the latent tables of {', '.join(stale)}, which an earlier analyze computed on other "
                 f"examples or options than this call's ({'; '.join(f'{s}: {w}' for s, w in stale.items())}): run "

@@ -730,6 +730,9 @@ def search_page(data: ExplorerData, token: str | None = None, q: str | None = No
     Each list says how many matched; the neurons promoting a token and the examples holding a text page through all
     of them, `SEARCH_LIMIT` a page (`page`)."""
     page = validation.integer(page, "page", 1, 10**6, 422)
+    # a form sent empty asks for nothing: the page with its forms, as before a search (a token may be a space)
+    token = token if token else None
+    q = q if q and q.strip() else None
     promoting = data.promoting(token, SEARCH_LIMIT, page) if token is not None else None
     latents_promoting = data.latents.promoting(promoting["token_ids"], SEARCH_LIMIT) \
         if promoting is not None and data.latents is not None else None

@@ -57,9 +57,12 @@ button { font: inherit; padding: .3rem .9rem; border: 1px solid var(--accent); b
 .label-shallow { color: #7a4d00; } .label-semantic { color: #1e5c9b; } .label-both { color: #5b2d8c; }
 dl.run { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
 dl.run dt { font-weight: 600; } dl.run dd { margin: 0; }
-/* A wide or long table scrolls inside its own box, never past the window: its header and first column stay in view,
-   and its horizontal scrollbar is on screen whenever the table is (the box is at most most of the window high). */
-.scroll { overflow: auto; max-width: 100%; max-height: 85vh; }
+/* A wide table scrolls sideways inside its own box, never past the window, its first column in view. A long one
+   (.long: a page of a layer's memories) also scrolls down inside a box at most most of the window high, so that its
+   header stays in view and its horizontal scrollbar is on screen whenever the table is; a short one shows every row
+   on the page itself, none hidden below a box's edge. */
+.scroll { overflow-x: auto; max-width: 100%; }
+.scroll.long { overflow: auto; max-height: 85vh; }
 .scroll table { margin: 0; }
 .scroll th { position: sticky; top: 0; z-index: 2; }
 .scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: var(--bg); }
@@ -125,6 +128,15 @@ _VISIBLE = str.maketrans(VISIBLE)
 def visible(text: str | None) -> str:
     """A token's text with its control characters made visible (`VISIBLE`); other text as it is."""
     return "" if text is None else str(text).translate(_VISIBLE)
+
+
+def with_code(text: str | None) -> Markup:
+    """A line of ffkv's prose (a skipped study's reason, a note) as HTML: escaped, each `backticked` command or
+    name set as code, as the command line prints it between backticks."""
+    parts = str(text or "").split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: shown as it is
+        return Markup(escape(str(text or "")))
+    return Markup("".join(f"<code>{escape(p)}</code>" if i % 2 else str(escape(p)) for i, p in enumerate(parts)))
 
 
 def token_html(text: str | None) -> Markup:

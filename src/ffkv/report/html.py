@@ -25,7 +25,7 @@ from markupsafe import Markup
 
 import ffkv
 from ffkv.presentation.findings import finding_heading
-from ffkv.presentation.style import CSS, layer_number
+from ffkv.presentation.style import CSS, layer_number, with_code
 from ffkv.presentation.summary import NUMBERING, fidelity_view, manifest_summary
 from ffkv.presentation.tables import table_html, table_view
 from ffkv.report.content import build_sections
@@ -71,7 +71,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 {% if not sections %}<p id="no-analyses">No analyses yet: run <code>ffkv analyze {{ run_path }}</code>, then
 <code>ffkv report {{ run_path }}</code> again.</p>{% endif %}
 {% for s in sections %}<section class="analysis" id="analysis-{{ s.name }}"><h3>{{ s.title }}</h3>
-{% if s.skipped %}<div class="warning skipped"><strong>Skipped:</strong> {{ s.skipped }}</div>{% endif %}
+{% if s.skipped %}<div class="warning skipped"><strong>Skipped:</strong> {{ s.skipped|codes }}</div>{% endif %}
 {% for m in s.missing %}<div class="warning missing"><strong>Missing:</strong> {{ m }}</div>{% endfor %}
 {% for w in s.warnings %}<div class="warning"><strong>Warning:</strong> {{ w }}</div>{% endfor %}
 {% for f in s.figures %}<div class="figure-block"><figure><img class="figure" src="{{ images[f.name] }}" alt="figure {{ f.name }}"><figcaption class="small muted">figures/{{ f.name }}.png</figcaption></figure>
@@ -88,6 +88,7 @@ layers {% for l in layers %}<a href="{{ explorer }}/layer/{{ l }}">{{ l }}</a>{%
 
 _ENV = jinja2.Environment(autoescape=True)
 _ENV.globals.update(heading=finding_heading)
+_ENV.filters["codes"] = with_code
 
 
 def _data_uri(path: Path) -> str:
