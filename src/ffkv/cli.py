@@ -531,7 +531,7 @@ def _demo_parser(sub) -> None:
     """`ffkv demo`'s arguments."""
     p = sub.add_parser("demo", help="the whole job on the embedded model ffkv-tiny and its corpus",
                        description="Index the embedded corpus with ffkv-tiny, run every analysis but those it leaves "
-                                   "out to end within 2 minutes (it names them; --all runs them too), write the report.")
+                                   "out to keep it short (it names them; --all runs them too), write the report.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
     p.add_argument("--all", action="store_true", dest="every_step",
                    help=f"also run the analyses the demo leaves out ({', '.join(LEFT_OUT)})")

@@ -20,7 +20,7 @@ DEMO_SEED = 0
 DEMO_N_EVAL = 1000
 #: Trigger examples per key (the paper's t: its experts read the top 25 of 50).
 DEMO_TOP_K = 50
-#: Default analyses the demo leaves out so that it ends within 2 minutes on an idle 2-core machine, each with
+#: Default analyses the demo leaves out to keep it short (2 to 3 minutes on an idle 2-core machine), each with
 #: why; it names them and the command that adds them (`ffkv demo --all` runs them too).
 LEFT_OUT = {"pruning": "55 passes of the masked model over held-out text, about a fifth of the demo's time"}
 
@@ -54,7 +54,7 @@ def left_out_line(out: str | Path, every_step: bool = False, n_eval: int = DEMO_
     if every_step or not LEFT_OUT:
         return None
     why = "; ".join(f"{name}: {reason}" for name, reason in LEFT_OUT.items())
-    return (f"left out to end within 2 minutes ({why}); add with `ffkv analyze {out} --only {','.join(LEFT_OUT)} "
+    return (f"left out to keep the demo short ({why}); add with `ffkv analyze {out} --only {','.join(LEFT_OUT)} "
             f"--n-eval {n_eval}`, or run `ffkv demo --all`")
 
 

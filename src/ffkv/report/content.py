@@ -170,7 +170,8 @@ def build_sections(run: RunDir, problems: Sequence[Problem] = (), skipped: Mappi
             elif name in rows_shown:
                 n = rows_shown[name]
                 section.tables.append(Table(name, len(table), table_view(table.head(n), drop=HIDDEN),
-                                            f"First {min(n, len(table))} of {len(table):,} rows.",
+                                            f"First {n} of {len(table):,} rows." if len(table) > n else
+                                            f"All {len(table):,} rows.",
                                             own.get("finding"), own.get("figure")))
             else:
                 section.listed.append((name, len(table)))
