@@ -470,3 +470,21 @@ def test_status_verify_reads_the_dictionary_again(indexed, tmp_path, capsys, tin
     code, out, _ = run(capsys, "status", tmp_path / "run", "--verify")
     assert code == 3 and f"{folder} is damaged (the sparse dictionary of FF layer {LAYER + 1}" in out
     assert "not the dictionary this run was indexed with" in out and "see above" in out
+
+
+def test_a_corpus_named_relative_to_one_folder_is_read_from_any_other(indexed, tmp_path, capsys, monkeypatch,
+                                                                      tiny_gpt2):
+    """A run indexed with `--corpus corpus.txt` recorded it so: from another folder `ffkv analyze` (whose held-out
+    examples are the run's corpus by default) said the corpus did not exist. It is recorded where it lies."""
+    root, _ = indexed
+    (tmp_path / "here").mkdir()
+    shutil.copy(root / "corpus.txt", tmp_path / "here" / "corpus.txt")
+    monkeypatch.chdir(tmp_path / "here")
+    argv = index_argv(Path("corpus.txt"), tmp_path / "run", root / "a" / "dicts")
+    assert cli_main(*argv) == 0
+    assert RunDir(tmp_path / "run").manifest().corpus["source"] == str(tmp_path / "here" / "corpus.txt")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code, _, err = run(capsys, "analyze", tmp_path / "run", "--only", "composition", "--eval-split", "all",
+                       "--no-progress")
+    assert code == 0, err

@@ -60,3 +60,11 @@ def test_path_source_is_stored_as_text(tmp_path: Path):
     spec = CorpusSpec(tmp_path / "a.txt")
     assert spec.source == str(tmp_path / "a.txt")
     assert CorpusSpec("x.txt", heldout_fraction=1 / 4).heldout_fraction == 0.25
+
+
+def test_a_local_source_is_located_by_its_absolute_path(tmp_path: Path, monkeypatch):
+    (tmp_path / "a.txt").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    assert CorpusSpec("a.txt", unit="line").located() == CorpusSpec(str(tmp_path / "a.txt"), unit="line")
+    assert CorpusSpec("hf:wikitext:wikitext-2-raw-v1").located().source == "hf:wikitext:wikitext-2-raw-v1"
+    assert CorpusSpec("missing.txt").located().source == "missing.txt"   # its reader names it missing

@@ -7,7 +7,8 @@ A `CorpusSpec` is written into the run manifest (`to_dict`) and read back
 from __future__ import annotations
 
 import codecs
-from dataclasses import asdict, dataclass, fields
+import os
+from dataclasses import asdict, dataclass, fields, replace
 from os import PathLike
 from typing import Any
 
@@ -122,6 +123,13 @@ class CorpusSpec:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values, for the run manifest."""
         return asdict(self)
+
+    def located(self) -> "CorpusSpec":
+        """The same spec with a local file or folder named by its absolute path (a dataset on the hub as it is), as
+        a run records it: a run indexed from one folder reads its corpus (its held-out examples) from any other."""
+        if self.source.startswith(HF_PREFIX) or not os.path.exists(self.source):
+            return self
+        return replace(self, source=os.path.abspath(self.source))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CorpusSpec":

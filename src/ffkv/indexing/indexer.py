@@ -303,7 +303,7 @@ def build_index(
     shard_index, n_shards = shard
     if not (isinstance(n_shards, int) and n_shards >= 1 and 0 <= shard_index < n_shards):
         raise FfkvError(f"--shard must be i/n with 0 <= i < n, got {shard_index}/{n_shards}")
-    spec = fit_positions(loaded, spec)
+    spec = fit_positions(loaded, spec).located()
     latents = _latents(loaded, dictionary, options) if dictionary is not None else None
     run = RunDir(out)
     check_output(run.path)
