@@ -470,3 +470,38 @@ def test_a_latent_page_shows_its_pattern_label_and_census_line(tmp_path, tiny):
             assert label and label.group(2) == labels.loc[(3, latent), "label"], latent
             badge = re.search(r'id="census-badge"><strong>Census:</strong> <span class="chip label-\w+">(\w+)</span>', html)
             assert badge and badge.group(1) == census.loc[(3, latent), "class"], latent
+
+
+def test_a_latent_is_annotated_as_a_neuron_is_in_its_own_labels_table(run, tiny, tmp_path):
+    """A latent's page had no annotate form (its pattern label and census line were there). Its labels go to
+    annotations/latent_labels.parquet, with the neurons' schema; the neurons' labels stay as they were; a latent
+    outside its dictionary, or a table holding one, is refused."""
+    from ffkv.store.annotations import read_labels
+    from ffkv.store.state import run_state
+
+    own = shutil.copytree(run, tmp_path / "run")
+    with TestClient(base_url="http://127.0.0.1:8000", app=create_app(own, loaded=tiny),
+                    raise_server_exceptions=False) as c:
+        page = c.get(f"/memory/t{LAYER + 1}:7").text
+        assert f'action="/memory/t{LAYER + 1}:7/annotate"' in page and 'name="label" value="semantic"' in page
+        r = c.post(f"/memory/t{LAYER + 1}:7/annotate", data={"label": "shallow", "description": "ends <b>",
+                                                             "annotator": "ada"}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == f"/memory/t{LAYER + 1}:7#pattern"
+        page = c.get(f"/memory/t{LAYER + 1}:7").text
+        assert "Human (ada," in page and 'class="label-shallow">shallow' in page and "ends &lt;b&gt;" in page
+        assert "Human (ada," not in c.get(f"/memory/{LAYER + 1}/7").text   # the neuron 4:7 is another memory
+        assert c.post(f"/memory/t{LAYER + 1}:512/annotate", data={"label": "none"}).status_code == 404
+        assert c.post(f"/memory/t{LAYER + 1}:7/annotate", data={"label": "deep"}).status_code == 422
+        assert c.post(f"/memory/t{LAYER}:7/annotate", data={"label": "none"}).status_code == 404  # no dictionary
+    latent = read_labels(own, "latents")
+    assert latent[["layer", "key", "label", "annotator"]].values.tolist() == [[LAYER, 7, "shallow", "ada"]]
+    assert read_labels(own).empty and not RunDir(own).annotations_path.exists()
+    # a latent labels table holding a latent the dictionary does not have is damaged, as the neurons' would be
+    bad = latent.copy()
+    bad.loc[0, "key"] = 600
+    pq.write_table(pa.Table.from_pandas(bad, schema=schemas.LABELS, preserve_index=False),
+                   RunDir(own).labels_path("latents"))
+    with pytest.raises(DamagedRun, match=r"latent_labels.parquet is damaged .*row 1: key 600 \(that layer's latents "
+                                         r"are 0 to 511\)"):
+        read_labels(own, "latents")
+    assert any("latent_labels.parquet is damaged" in line for line in run_state(own).lines())

@@ -9,6 +9,7 @@ Routes (LAYER counts from 1, as every page shows it; KEY is the 0-based memory i
                                             histogram, trigger examples with per-token coefficients, annotation form
     /memory/LAYER/KEY.json?projection=&shown=  the same as JSON (a stable URL)
     /memory/LAYER/KEY/annotate              POST: save a human pattern label
+    /memory/tLAYER:LATENT/annotate          POST: save a latent's (annotations/latent_labels.parquet)
     /memory/tLAYER:LATENT?projection=&shown=  a latent (`ffkv.memories.address.LatentRef`: t4:42, s4:42): value,
                                             activation histogram, trigger examples with per-token activations
     /memory/tLAYER:LATENT.json              the same as JSON
@@ -220,19 +221,30 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         return JSONResponse(await model_queue.run(pages.latent_json, data, p["address"],
                                                   _one(q, "projection"), root, _one(q, "shown", "p")))
 
-    async def annotate(request: Request):
-        p = request.path_params
-        layer, key = data.check(p["layer"], p["key"])
+    async def save_label(annotations, layer: int, key: int, request: Request, page_url: str):
+        """Save the annotate form's label of one memory (a neuron's or a latent's), then back to its page."""
         f = await _form(request)
         try:
-            data.annotations.save(layer, key, validation.label(_one(f, "label")),
-                                  validation.short_text(_one(f, "description"), "description", 2000),
-                                  validation.short_text(_one(f, "annotator"), "annotator", 100))
+            annotations.save(layer, key, validation.label(_one(f, "label")),
+                             validation.short_text(_one(f, "description"), "description", 2000),
+                             validation.short_text(_one(f, "annotator"), "annotator", 100))
         except OSError as exc:  # a read-only run (a shared copy), a full disk, no permission
             raise BadRequest(f"the label was not saved: {one_line(exc)}; labels are saved in the run directory, "
                              "which must be writable (serve a copy of the run to annotate it)",
                              507 if exc.errno == errno.ENOSPC else 403) from None
-        return RedirectResponse(f"{root}/memory/{p['layer']}/{key}#pattern", status_code=303)
+        return RedirectResponse(f"{page_url}#pattern", status_code=303)
+
+    async def annotate(request: Request):
+        p = request.path_params
+        layer, key = data.check(p["layer"], p["key"])
+        return await save_label(data.annotations, layer, key, request, f"{root}/memory/{p['layer']}/{key}")
+
+    async def annotate_latent(request: Request):
+        address = request.path_params["address"]
+        _check_latent(address)
+        latents = pages.latents_of(data)
+        ref = latents.check(address)
+        return await save_label(latents.annotations, ref.layer, ref.latent, request, f"{root}/memory/{ref}")
 
     async def search(request: Request):
         q = _query(request)
@@ -322,6 +334,7 @@ def create_app(run_dir: str | Path, loaded=None, progress: bool = False, root: s
         Route("/memory/{layer}/{key}/annotate", page(annotate), methods=["POST"]),
         Route("/memory/{address}.json", page(latent_json)),  # a latent, addressed as everywhere: /memory/t4:42
         Route("/memory/{address}", page(latent)),
+        Route("/memory/{address}/annotate", page(annotate_latent), methods=["POST"]),
         Route("/search", page(search)),
         Route("/concepts", page(concepts)),
         Route("/trace", page(trace_get), methods=["GET"]),

@@ -27,6 +27,7 @@ from ffkv.explorer.validation import BadRequest
 from ffkv.memories.address import (LATENT_PREFIX, LatentRef, MemoryLayout, MemoryRef, latent_kind, quoted,
                                   whole_number)
 from ffkv.store import integrity, lookups, schemas
+from ffkv.store.annotations import Annotations
 from ffkv.store.integrity import rewrite_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +64,8 @@ class LatentData:
 
     def __init__(self, data: "ExplorerData") -> None:
         self.data = data
+        #: the human pattern labels of the latents (RUN/annotations/latent_labels.parquet), as the neurons' are kept
+        self.annotations = Annotations(data.run.path, "latents")
         recorded = data.manifest.index.get("dictionary") or {}
         self.layout = MemoryLayout(data.n_layers, data.d_m,
                                    {int(layer): (str(d["kind"]), int(d["n_latents"])) for layer, d in recorded.items()})
@@ -216,7 +219,7 @@ class LatentData:
                       "entropy_share": value.get("entropy_share"), "uniform": value.get("uniform"),
                       "top": [{"token_id": t, "token": data.token(t), "value": v} for t, v in value["top"]],
                       "bottom": [{"token_id": t, "token": data.token(t), "value": v} for t, v in value["bottom"]]},
-            "dictionary_error": self.memories_error,
+            "dictionary_error": self.memories_error, "human": self.annotations.of(layer, key),
             "histogram": {"counts": [int(c) for c in stats.get("activation_histogram", [])],
                           "lo": float(stats.get("activation_lo", 0.0)), "hi": float(stats.get("activation_hi", 0.0)),
                           "positions": int(self.described.get("sample_positions", 0)),

@@ -619,7 +619,7 @@ def latent_page(data: ExplorerData, address: str, root: str = "", projection: st
     """A latent's page (``/memory/t4:42``): its value, activation histogram and trigger examples shaded by its
     activation at every token."""
     return render("latent.html", **_common(data, root), **latent_context(data, address, projection, shown),
-                  standalone=False)
+                  standalone=False, labels=LABELS)
 
 
 def latent_json(data: ExplorerData, address: str, projection: str | None = None, root: str = "",

@@ -175,7 +175,7 @@ dictionary's activation a_j (never negative), its value decoder row d_j, read he
 <span class="chip">value: {{ l.census.census_value_type }}</span>{% if l.census.census_eraser %}<span class="chip">eraser</span>{% endif %}
 {% if l.census.census_rule %}<span class="small">best token rule for its strong activations over the census's corpus sample (not its top trigger examples, which the pattern above reads): {{ l.census.census_rule }} (F1 {{ pct(l.census.census_rule_f1) }})</span>{% endif %}
 <span class="small muted">position explains {{ pct(l.census.census_position_eta2) }} of a's variance</span></p>{% endif %}
-<p class="small muted" id="latent-labels">Human labels are the neurons' (the annotate form of a neuron's page); a latent has none yet.</p></div>
+{% for h in l.human %}<p class="human-label"><strong>Human ({{ h.annotator }}, {{ h.time }}):</strong> <span class="label-{{ h.label }}">{{ h.label }}</span>{% if h.description %} — <span class="human-description">{{ h.description }}</span>{% endif %}</p>{% endfor %}</div>
 {% with explanations = l.explanations, explain_command = "ffkv explain --latents" %}{% include "explanations.html" %}{% endwith %}
 <h2>Value</h2>
 {% if l.dictionary_error %}<p class="warn" id="dictionary-error">The dictionary could not be read again ({{ l.dictionary_error }}): the value's top tokens below are those the lookups stored (identity projection).</p>
@@ -208,7 +208,15 @@ Active (a &gt; 0) at {{ pct(l.stats.activation_frequency, 2) }} of positions. Th
 </div>""",
 
 "latent.html": """{% extends "base.html" %}{% block title %}latent {{ l.address }}{% endblock %}
-{% block main %}{% include "latent_fragment.html" %}{% endblock %}""",
+{% block main %}{% include "latent_fragment.html" %}
+<h2>Annotate</h2>
+<form method="post" action="{{ root }}/memory/{{ l.address }}/annotate" id="annotate">
+<p>{% for name in labels %}<label><input type="radio" name="label" value="{{ name }}"{% if loop.first %} required{% endif %}> {{ name }}</label> {% endfor %}</p>
+<p><input type="text" name="description" placeholder="describe the pattern (e.g. ends with 'part of')" size="60" maxlength="2000"></p>
+<p><input type="text" name="annotator" placeholder="your name" size="20" maxlength="100"> <button type="submit">Save label</button></p>
+</form>
+<p class="small muted">A latent's labels are stored in <code>annotations/latent_labels.parquet</code> of the run, beside the neurons' (<code>annotations/labels.parquet</code>), with the same columns (<code>key</code>: the latent).</p>
+{% endblock %}""",
 
 "latent_layer.html": """{% extends "base.html" %}{% block title %}latents {{ dictionary }}{% endblock %}
 {% block main %}<h1>Latents {{ dictionary }} <span class="muted small">{{ kind }} at layer {{ ln(layer) }} of {{ n_layers }}</span></h1>

@@ -1,4 +1,6 @@
-"""Human pattern labels of keys (docs/definitions.md, the human workflow), kept in the run directory.
+"""Human pattern labels of keys (docs/definitions.md, the human workflow), kept in the run directory; the labels of
+a run's latents in a table of their own (``RUN/annotations/latent_labels.parquet``, the same schema, `key` the
+latent: `Annotations(run, "latents")`), which the patterns study does not read.
 
 Public contract: ``RUN/annotations/labels.parquet`` (`ffkv.store.schemas.LABELS`), one row
 per (layer, key, annotator), the latest label wins; ``label`` is one of `LABELS`. Every
@@ -21,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ffkv.errors import DamagedRun, FfkvError, one_line
-from ffkv.store import atomic, integrity, schemas
+from ffkv.store import atomic, integrity, ranges, schemas
 from ffkv.store.manifest import Manifest
 from ffkv.store.run import RunDir
 
@@ -35,40 +37,43 @@ RESTORE = "restore it from a copy, or move it away to start the labels again"
 NAMED_ROWS = 3
 
 
-def read_labels(run_dir: str | Path) -> pd.DataFrame:
-    """All human labels of a run (empty, with the columns, when there are none). A table that is not whole, lacks
-    a column, or holds a row the run cannot have (`label_problem`) is refused with one line (`DamagedRun`) that
-    names the file and its first offending rows."""
+def read_labels(run_dir: str | Path, source: str = "neurons") -> pd.DataFrame:
+    """All human labels of a run's neurons, or (`source` ``latents``) of its dictionary's latents (empty, with the
+    columns, when there are none). A table that is not whole, lacks a column, or holds a row the run cannot have
+    (`label_problem`) is refused with one line (`DamagedRun`) that names the file and its first offending rows."""
     run = RunDir(run_dir)
-    if not run.annotations_path.exists():
+    if not run.labels_path(source).exists():
         return schemas.LABELS.empty_table().to_pandas()
-    found, table = _checked(run, run.manifest() if run.exists() else None)
+    found, table = _checked(run, run.manifest() if run.exists() else None, source)
     if found is not None:
         raise DamagedRun(found.line(run.path))
     return table
 
 
-def label_problem(run: RunDir, manifest: Manifest | None) -> integrity.Problem | None:
-    """What is wrong with RUN/annotations/labels.parquet, or None (also when there is none): not a whole Parquet
-    file, a column of `schemas.LABELS` missing or of another type, or rows the run cannot have: a layer outside
-    the run's layers, a key outside 0..d_m-1 (`manifest`'s model; without one, a negative layer or key), a label
-    not among `LABELS`, no layer, key or annotator."""
-    if not run.annotations_path.exists():
+def label_problem(run: RunDir, manifest: Manifest | None, source: str = "neurons") -> integrity.Problem | None:
+    """What is wrong with RUN/annotations/labels.parquet (or latent_labels.parquet, `source` ``latents``), or None
+    (also when there is none): not a whole Parquet file, a column of `schemas.LABELS` missing or of another type,
+    or rows the run cannot have: a layer outside the run's layers, a key outside 0..d_m-1 (`manifest`'s model;
+    for latents, the dictionary's layers and each one's latents; without a manifest, a negative layer or key), a
+    label not among `LABELS`, no layer, key or annotator."""
+    if not run.labels_path(source).exists():
         return None
-    return _checked(run, manifest)[0]
+    return _checked(run, manifest, source)[0]
 
 
-def _checked(run: RunDir, manifest: Manifest | None) -> tuple[integrity.Problem | None, pd.DataFrame | None]:
+def _checked(run: RunDir, manifest: Manifest | None,
+             source: str = "neurons") -> tuple[integrity.Problem | None, pd.DataFrame | None]:
     """(`label_problem`'s answer, the table when it has none)."""
-    rel = run.annotations_path.relative_to(run.path).as_posix()
+    path = run.labels_path(source)
+    rel = path.relative_to(run.path).as_posix()
     found = integrity.problem(run.path, rel, None, RESTORE, schemas.LABELS)
     if found is not None:
         return found, None
     try:
-        table = pd.read_parquet(run.annotations_path)
+        table = pd.read_parquet(path)
     except (pa.ArrowException, OSError) as error:
         return integrity.Problem(rel, "damaged", f"it cannot be read: {one_line(error)}", RESTORE), None
-    bad = _offending_rows(table, manifest)
+    bad = _offending_rows(table, manifest) if source == "neurons" else _offending_latent_rows(table, manifest)
     if bad:
         more = f"; and {len(bad) - NAMED_ROWS} more" if len(bad) > NAMED_ROWS else ""
         why = (f"{len(bad)} of its {len(table)} rows hold what this run cannot have (rows counted from 1): "
@@ -91,6 +96,29 @@ def _offending_rows(table: pd.DataFrame, manifest: Manifest | None) -> list[str]
     for row, values in enumerate(table[[c for c, _, _ in checks]].itertuples(index=False), start=1):
         wrong = [f"{column} {value if isinstance(value, str) or pd.isna(value) else int(value)!r} ({why})"
                  for (column, ok, why), value in zip(checks, values) if not ok(value)]
+        if wrong:
+            out.append(f"row {row}: " + ", ".join(wrong))
+    return out
+
+
+def _offending_latent_rows(table: pd.DataFrame, manifest: Manifest | None) -> list[str]:
+    """Each row of a latent labels table that the run cannot hold, as "row N: what" (N from 1): a layer without a
+    dictionary, a latent outside its dictionary, an unknown label, no annotator."""
+    sizes = ranges.sizes(manifest, "latent_trigger_examples.parquet") if manifest is not None else None
+    out = []
+    for row, (layer, key, label, annotator) in enumerate(
+            table[["layer", "key", "label", "annotator"]].itertuples(index=False), start=1):
+        wrong = []
+        if pd.isna(layer) or (sizes is not None and int(layer) not in sizes) or int(layer) < 0:
+            wrong.append(f"layer {layer!r} (the run's dictionaries sit at layers "
+                         f"{', '.join(map(str, sorted(sizes or {}))) or 'none'}, 0-based)")
+        elif pd.isna(key) or int(key) < 0 or (sizes is not None and int(key) >= sizes[int(layer)]):
+            limit = f"0 to {sizes[int(layer)] - 1}" if sizes is not None else "from 0"
+            wrong.append(f"key {key if pd.isna(key) else int(key)!r} (that layer's latents are {limit})")
+        if label not in LABELS:
+            wrong.append(f"label {label!r} (labels are {', '.join(LABELS)})")
+        if not isinstance(annotator, str):
+            wrong.append(f"annotator {annotator!r} (every label names its annotator)")
         if wrong:
             out.append(f"row {row}: " + ", ".join(wrong))
     return out
@@ -119,11 +147,13 @@ SAVE_WAIT_SECONDS = 30.0
 
 
 class Annotations:
-    """Read and save the labels of one run; saves from several threads and processes are serialised."""
+    """Read and save the labels of one run's neurons, or (`source` ``latents``) of its dictionary's latents; saves
+    from several threads and processes are serialised."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, source: str = "neurons") -> None:
         self.run_dir = Path(run_dir)
-        self.path = RunDir(run_dir).annotations_path
+        self.source = source
+        self.path = RunDir(run_dir).labels_path(source)
 
     def _lock(self) -> filelock.FileLock:
         """Hold the lock of every save (a new descriptor each time: threads exclude each other too)."""
@@ -138,7 +168,7 @@ class Annotations:
         return lock
 
     def all(self) -> pd.DataFrame:
-        return read_labels(self.run_dir)
+        return read_labels(self.run_dir, self.source)
 
     def of(self, layer: int, key: int) -> list[dict]:
         """The labels of one key, newest first."""

@@ -302,9 +302,10 @@ def survey(run: RunDir, manifest: Manifest, verify: bool = False, writer_alive: 
         if issue is not None:
             found.append(issue)
     found += file_problems(run, manifest, verify)
-    labels = annotations.label_problem(run, manifest)
-    if labels is not None:
-        found.append(labels)
+    for source in ("neurons", "latents"):
+        labels = annotations.label_problem(run, manifest, source)
+        if labels is not None:
+            found.append(labels)
     stopped = cut_off(run, manifest, writer_alive)
     if stopped is not None:
         bad = {p.path for p in found}

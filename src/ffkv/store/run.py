@@ -93,8 +93,16 @@ class RunDir:
 
     @property
     def annotations_path(self) -> Path:
-        """RUN/annotations/labels.parquet: human pattern labels."""
-        return self.path / "annotations" / "labels.parquet"
+        """RUN/annotations/labels.parquet: human pattern labels of the model's neurons."""
+        return self.labels_path("neurons")
+
+    def labels_path(self, source: str = "neurons") -> Path:
+        """Where the human pattern labels of one source of memories lie: RUN/annotations/labels.parquet for the
+        neurons, RUN/annotations/latent_labels.parquet for the latents of the run's dictionary (the same schema;
+        ``key`` is the latent)."""
+        if source not in SOURCES:
+            raise FfkvError(f"unknown source of memories {source!r}; choose from {', '.join(SOURCES)}")
+        return self.path / "annotations" / ("labels.parquet" if source == "neurons" else "latent_labels.parquet")
 
     @property
     def cache_dir(self) -> Path:
