@@ -150,14 +150,16 @@ The trigger position is boxed, the next token underlined.{% if m.window %}
 
 "memory.html": """{% extends "base.html" %}{% block title %}memory {{ ln(m.layer) }}:{{ m.key }}{% endblock %}
 {% block main %}{% include "memory_fragment.html" %}
-<h2>Annotate</h2>
-<form method="post" action="{{ root }}/memory/{{ ln(m.layer) }}/{{ m.key }}/annotate" id="annotate">
-<p>{% for l in labels %}<label><input type="radio" name="label" value="{{ l }}"{% if loop.first %} required{% endif %}> {{ l }}</label> {% endfor %}</p>
-<p><input type="text" name="description" placeholder="describe the pattern (e.g. ends with 'part of')" size="60" maxlength="2000"></p>
-<p><input type="text" name="annotator" placeholder="your name" size="20" maxlength="100"> <button type="submit">Save label</button></p>
-</form>
+{% with action = root ~ "/memory/" ~ ln(m.layer) ~ "/" ~ m.key ~ "/annotate" %}{% include "annotate.html" %}{% endwith %}
 <p class="small muted">Labels are stored in <code>annotations/labels.parquet</code> of the run and feed the human side of the patterns experiment.</p>
 {% endblock %}""",
+
+"annotate.html": """<h2>Annotate</h2>
+<form method="post" action="{{ action }}" id="annotate">
+<p>{% for name in labels %}<label><input type="radio" name="label" value="{{ name }}"{% if loop.first %} required{% endif %}> {{ name }}</label> {% endfor %}</p>
+<p><input type="text" name="description" placeholder="describe the pattern (e.g. ends with 'part of')" size="60" maxlength="2000"></p>
+<p><input type="text" name="annotator" placeholder="your name" size="20" maxlength="100"> <button type="submit">Save label</button></p>
+</form>""",
 
 "latent_fragment.html": """<div class="ffkv-memory ffkv-latent">{% if standalone %}<style>{{ css }}</style>{% endif %}
 <h1>Latent {{ l.address }} <span class="muted small">{{ l.kind }} at layer {{ ln(l.layer) }} of {{ n_layers }}, latent {{ l.key }} of {{ "{:,}".format(l.n_latents) }}</span></h1>
@@ -209,12 +211,7 @@ Active (a &gt; 0) at {{ pct(l.stats.activation_frequency, 2) }} of positions. Th
 
 "latent.html": """{% extends "base.html" %}{% block title %}latent {{ l.address }}{% endblock %}
 {% block main %}{% include "latent_fragment.html" %}
-<h2>Annotate</h2>
-<form method="post" action="{{ root }}/memory/{{ l.address }}/annotate" id="annotate">
-<p>{% for name in labels %}<label><input type="radio" name="label" value="{{ name }}"{% if loop.first %} required{% endif %}> {{ name }}</label> {% endfor %}</p>
-<p><input type="text" name="description" placeholder="describe the pattern (e.g. ends with 'part of')" size="60" maxlength="2000"></p>
-<p><input type="text" name="annotator" placeholder="your name" size="20" maxlength="100"> <button type="submit">Save label</button></p>
-</form>
+{% with action = root ~ "/memory/" ~ l.address ~ "/annotate" %}{% include "annotate.html" %}{% endwith %}
 <p class="small muted">A latent's labels are stored in <code>annotations/latent_labels.parquet</code> of the run, beside the neurons' (<code>annotations/labels.parquet</code>), with the same columns (<code>key</code>: the latent).</p>
 {% endblock %}""",
 
