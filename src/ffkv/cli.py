@@ -1060,7 +1060,8 @@ def _status(args: argparse.Namespace) -> int:
         state = run_state(path, verify=args.verify)
         recorded = state.manifest.index.get("dictionary")
         if state.status == "complete" and recorded:
-            state = replace(state, problems=[*state.problems, *file_problems(recorded, args.verify)])
+            state = replace(state, problems=[*state.problems, *file_problems(recorded, args.verify)],
+                            dictionary_verified=args.verify)
         print("\n".join(state.lines()), flush=True)
         if state.damaged:
             code = DamagedRun.exit_code

@@ -318,27 +318,30 @@ class RunContext:
         table absent); a result computed on something else (`stale`) is refused all the same, since reading
         around it would leave its rows out without a word."""
         table = table or experiment
-        why = self.provenance_mismatch(experiment)
-        absent = why is not None and self.stale(experiment) is None
+        stale = self.stale(experiment)
+        why = stale or self.absence(experiment)
         if why is None and not self.run.has_metric(table):
-            why, absent = f"{self.run.metric_path(table)} is missing", True
+            why = f"{self.run.metric_path(table)} is missing"
         if why is None:
             return self.run.read_metric(table)
-        if optional and absent:
+        if optional and stale is None:
             return None
         raise FfkvError(f"{self.step or 'this step'} needs {experiment}: {why}; run "
                         f"`ffkv analyze {self.run.path} --only {experiment},{self.step or experiment}`")
 
     def provenance_mismatch(self, experiment: str) -> str | None:
         """Why the run's results of `experiment` are not this call's to read (None when they are): it holds none
-        (never computed, or skipped), or they were computed on something else (`stale`)."""
+        (`absence`), or they were computed on something else (`stale`)."""
+        return self.absence(experiment) or self.stale(experiment)
+
+    def absence(self, experiment: str) -> str | None:
+        """Why the run holds no result of `experiment` for this call: skipped in it, or never computed (or skipped)
+        by an earlier one; None when it holds one (this call's, or an earlier one's, `stale` or not)."""
         if experiment in self.analyses:  # this call
             return f"it was skipped ({self.analyses[experiment]['skipped']})" if "skipped" in self.analyses[
                 experiment] else None
         record = self.run.manifest().analyses.get(experiment)
-        if not record or "skipped" in record:
-            return "the run holds no result of it"
-        return self.stale(experiment)
+        return "the run holds no result of it" if not record or "skipped" in record else None
 
     def stale(self, experiment: str) -> str | None:
         """Why the run's result of `experiment`, written by an earlier analyze, was computed on another identity,

@@ -408,10 +408,11 @@ def build(run: RunDir, manifest: Manifest, loaded: LoadedModel, folder: Path, th
     (`sample_statistics`); else computed here. `dictionary_at`: where the dictionary the run was indexed with lies
     now, if its files moved (`ffkv.dictionaries.reopen`). `scan`: how the values are scanned (`value_tables`).
     `latents`: the run's dictionary, already read again and checked (`ffkv.memories.sets.Latents.of_run`), so that
-    its files are not read and hashed a second time; None: read here, where the run has one."""
+    its files are not read and hashed a second time; None: read here, where the run has one. Its callers (`compute`,
+    the explorer's first start) refuse damaged index tables first (`refuse_damaged_sources`), each once, before
+    anything is computed from them."""
     started = time.perf_counter()
     view = loaded.view
-    refuse_damaged_sources(run, manifest)
     folder.mkdir(parents=True, exist_ok=True)
     sample = sampled[0] if sampled is not None else corpus_sample(run, seed=seed)
     batches = sample_batches(loaded, sample) if sampled is None else []
@@ -488,6 +489,7 @@ def compute(ctx: RunContext, options=None) -> Result:
     missing, each written atomically, info.json last) and records them. Its active rule is the run's: tau·s_l with
     s_l of this call's held-out examples (`heldout.active_scale`, computed once and shared with the studies)."""
     folder = ctx.run.cache_dir
+    refuse_damaged_sources(ctx.run, ctx.manifest)
     threshold, source = active_threshold(ctx), threshold_source(ctx)  # every rank: the held-out pass is shared
     has_latents = lookups.has_latents(ctx.run, ctx.manifest)
     if is_writer():

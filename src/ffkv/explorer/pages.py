@@ -731,7 +731,7 @@ def search_page(data: ExplorerData, token: str | None = None, q: str | None = No
     of them, `SEARCH_LIMIT` a page (`page`)."""
     page = validation.integer(page, "page", 1, 10**6, 422)
     # a form sent empty asks for nothing: the page with its forms, as before a search (a token may be a space)
-    token = token if token else None
+    token = token or None
     q = q if q and q.strip() else None
     promoting = data.promoting(token, SEARCH_LIMIT, page) if token is not None else None
     latents_promoting = data.latents.promoting(promoting["token_ids"], SEARCH_LIMIT) \

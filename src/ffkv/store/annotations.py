@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import filelock
 import pandas as pd
@@ -73,7 +73,7 @@ def _checked(run: RunDir, manifest: Manifest | None,
         table = pd.read_parquet(path)
     except (pa.ArrowException, OSError) as error:
         return integrity.Problem(rel, "damaged", f"it cannot be read: {one_line(error)}", RESTORE), None
-    bad = _offending_rows(table, manifest) if source == "neurons" else _offending_latent_rows(table, manifest)
+    bad = _offending_rows(table, manifest, source)
     if bad:
         more = f"; and {len(bad) - NAMED_ROWS} more" if len(bad) > NAMED_ROWS else ""
         why = (f"{len(bad)} of its {len(table)} rows hold what this run cannot have (rows counted from 1): "
@@ -82,46 +82,47 @@ def _checked(run: RunDir, manifest: Manifest | None,
     return None, table
 
 
-def _offending_rows(table: pd.DataFrame, manifest: Manifest | None) -> list[str]:
-    """Each row of a labels table that the run cannot hold, as "row N: what" (N from 1)."""
-    n_layers = manifest.model.n_layers if manifest is not None else None
-    d_m = manifest.model.d_m if manifest is not None else None
-    layers = f"this run's layers are 0 to {n_layers - 1}, 0-based" if n_layers else "layers count from 0"
-    keys = f"this run's keys are 0 to {d_m - 1}" if d_m else "keys count from 0"
-    checks = [("layer", lambda v: not pd.isna(v) and 0 <= v < (n_layers or float("inf")), layers),
-              ("key", lambda v: not pd.isna(v) and 0 <= v < (d_m or float("inf")), keys),
-              ("label", lambda v: v in LABELS, f"labels are {', '.join(LABELS)}"),
-              ("annotator", lambda v: isinstance(v, str), "every label names its annotator")]
+def _offending_rows(table: pd.DataFrame, manifest: Manifest | None, source: str = "neurons") -> list[str]:
+    """Each row of a labels table (of `source`'s memories) that the run cannot hold, as "row N: what" (N from 1)."""
+    checks = _row_checks(manifest, source)
     out = []
-    for row, values in enumerate(table[[c for c, _, _ in checks]].itertuples(index=False), start=1):
-        wrong = [f"{column} {value if isinstance(value, str) or pd.isna(value) else int(value)!r} ({why})"
-                 for (column, ok, why), value in zip(checks, values) if not ok(value)]
+    for row, record in enumerate(table[[c for c, _, _ in checks]].to_dict("records"), start=1):
+        wrong = [f"{column} {_shown(record[column])!r} ({why(record) if callable(why) else why})"
+                 for column, ok, why in checks if not ok(record)]
         if wrong:
             out.append(f"row {row}: " + ", ".join(wrong))
     return out
 
 
-def _offending_latent_rows(table: pd.DataFrame, manifest: Manifest | None) -> list[str]:
-    """Each row of a latent labels table that the run cannot hold, as "row N: what" (N from 1): a layer without a
-    dictionary, a latent outside its dictionary, an unknown label, no annotator."""
-    sizes = ranges.sizes(manifest, "latent_trigger_examples.parquet") if manifest is not None else None
-    out = []
-    for row, (layer, key, label, annotator) in enumerate(
-            table[["layer", "key", "label", "annotator"]].itertuples(index=False), start=1):
-        wrong = []
-        if pd.isna(layer) or (sizes is not None and int(layer) not in sizes) or int(layer) < 0:
-            wrong.append(f"layer {layer!r} (the run's dictionaries sit at layers "
-                         f"{', '.join(map(str, sorted(sizes or {}))) or 'none'}, 0-based)")
-        elif pd.isna(key) or int(key) < 0 or (sizes is not None and int(key) >= sizes[int(layer)]):
-            limit = f"0 to {sizes[int(layer)] - 1}" if sizes is not None else "from 0"
-            wrong.append(f"key {key if pd.isna(key) else int(key)!r} (that layer's latents are {limit})")
-        if label not in LABELS:
-            wrong.append(f"label {label!r} (labels are {', '.join(LABELS)})")
-        if not isinstance(annotator, str):
-            wrong.append(f"annotator {annotator!r} (every label names its annotator)")
-        if wrong:
-            out.append(f"row {row}: " + ", ".join(wrong))
-    return out
+def _shown(value):
+    return value if isinstance(value, str) or pd.isna(value) else int(value)
+
+
+def _row_checks(manifest: Manifest | None, source: str) -> list[tuple[str, Callable, str | Callable]]:
+    """What a row of a labels table must hold, per column: (column, ok(row), why or why(row)). The neurons': a layer
+    among the run's, a key below d_m; the latents': a layer with a dictionary, a key below its number of latents
+    (judged where the layer is one); both: a known label, an annotator."""
+    if source == "neurons":
+        n_layers = manifest.model.n_layers if manifest is not None else None
+        d_m = manifest.model.d_m if manifest is not None else None
+        layers = f"this run's layers are 0 to {n_layers - 1}, 0-based" if n_layers else "layers count from 0"
+        keys = f"this run's keys are 0 to {d_m - 1}" if d_m else "keys count from 0"
+        where = [("layer", lambda r: not pd.isna(r["layer"]) and 0 <= r["layer"] < (n_layers or float("inf")), layers),
+                 ("key", lambda r: not pd.isna(r["key"]) and 0 <= r["key"] < (d_m or float("inf")), keys)]
+    else:
+        sizes = ranges.sizes(manifest, "latent_trigger_examples.parquet") if manifest is not None else None
+
+        def has_layer(r) -> bool:
+            return not pd.isna(r["layer"]) and r["layer"] >= 0 and (sizes is None or int(r["layer"]) in sizes)
+
+        where = [("layer", has_layer, f"the run's dictionaries sit at layers "
+                                      f"{', '.join(map(str, sorted(sizes or {}))) or 'none'}, 0-based"),
+                 ("key", lambda r: not has_layer(r) or (not pd.isna(r["key"]) and 0 <= r["key"] < (
+                     sizes[int(r["layer"])] if sizes is not None else float("inf"))),
+                  lambda r: f"that layer's latents are 0 to {sizes[int(r['layer'])] - 1}" if sizes is not None
+                  else "that layer's latents are from 0")]
+    return [*where, ("label", lambda r: r["label"] in LABELS, f"labels are {', '.join(LABELS)}"),
+            ("annotator", lambda r: isinstance(r["annotator"], str), "every label names its annotator")]
 
 
 def consensus(labels: pd.DataFrame) -> pd.DataFrame:

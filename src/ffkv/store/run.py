@@ -393,12 +393,13 @@ class RunDir:
             df = pd.read_parquet(path, filters=wanted or None)
         except (pa.ArrowException, OSError) as error:
             raise self._damaged(path.name, error) from None
-        outside = ranges.problem(ranges.spans(df), ranges.sizes(self.manifest(), path.name), self.manifest().top_k)
+        manifest = self.manifest()
+        outside = ranges.problem(ranges.spans(df), ranges.sizes(manifest, path.name), manifest.top_k)
         if outside is not None:
             raise self._damaged(path.name, ValueError(outside), "its ids lie outside the run's shape")
         if not signed:
             df.insert(list(df.columns).index("key") + 1, "direction", pd.Series(1, index=df.index, dtype="int8"))
-        elif direction == schemas.Direction.NEGATIVE and not len(df) and self.manifest().sign != "both":
+        elif direction == schemas.Direction.NEGATIVE and not len(df) and manifest.sign != "both":
             raise FfkvError(f"{self.path} was indexed with --sign positive: it holds no negative trigger examples; "
                             "index again with --sign both")
         return df

@@ -43,6 +43,8 @@ class RunState:
         problems: of a complete run, its damaged, missing and out-of-date files (`ffkv.store.integrity.survey`).
         cut_off: of a complete run, the `ffkv analyze` that did not finish (None: none, or it still runs).
         verified: the tables were hashed (`run_state(verify=True)`).
+        dictionary_verified: the sparse dictionary's files were read again against their hashes too (`ffkv status
+            --verify` adds what `ffkv.dictionaries.file_problems` finds to `problems`; this layer cannot read them).
     """
 
     path: Path
@@ -53,6 +55,7 @@ class RunState:
     problems: list[Problem] = field(default_factory=list)
     cut_off: CutOff | None = None
     verified: bool = False
+    dictionary_verified: bool = False
 
     def lines(self) -> list[str]:
         """What `ffkv status` prints: the state on the first line, then details and what to do."""
@@ -90,7 +93,7 @@ class RunState:
             lines.append(f"  {self.cut_off.line(self.path)}")
         lines += [f"  {p.line(self.path)}" for p in self.problems]
         if self.verified:
-            dictionary = ", the sparse dictionary's files" if m.identity.index.get("dictionary") else ""
+            dictionary = ", the sparse dictionary's files" if self.dictionary_verified else ""
             lines.append(f"  verified: every recorded table ({len(m.tables)}), other file ({len(m.files)}){dictionary} "
                          "and explorer lookup file hashed, "
                          + ("all as written" if not any(p.state == "damaged" for p in self.problems)
